@@ -1,0 +1,57 @@
+"""What every outer algorithm shares: the interface the worker calls, and gossip mixing."""
+from __future__ import annotations
+
+import torch
+
+from ..topology import Topology
+from ..transport.base import Transport
+
+
+class OuterAlgorithm:
+    """State between rounds and the outer step; never sees sockets, only a ``Transport``.
+
+    The worker calls ``begin(theta)`` once with the flat parameter buffer, then after each inner
+    phase ``outer_step(t, theta)``: ``theta`` holds the inner result on entry and the next
+    round's starting point on exit (modified in place).
+    """
+
+    name = "base"
+
+    def __init__(self, rank: int, transport: Transport, topology: Topology | None):
+        self.rank, self.transport, self.topology = rank, transport, topology
+        self.anchor: torch.Tensor | None = None  # theta at the start of the inner phase
+
+    def begin(self, theta: torch.Tensor) -> None:
+        self.anchor = theta.detach().clone()
+
+    def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def peers(self, round_idx: int) -> list[int]:
+        """The workers this one exchanges with in round ``round_idx``."""
+        return self.topology.peers(self.rank, round_idx) if self.topology else []
+
+    def state_bytes(self) -> int:
+        """Model-sized buffers this algorithm keeps between rounds (for memory reports)."""
+        return sum(t.numel() * t.element_size() for t in self._state() if t is not None)
+
+    def _state(self) -> list[torch.Tensor | None]:
+        return [self.anchor]
+
+
+@torch.no_grad()
+def gossip(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Tensor,
+           out: torch.Tensor) -> None:
+    """Send ``z`` to this round's neighbours and write sum_j W[i, j] z_j into ``out``.
+
+    The sum runs self first, then peers in increasing rank, so every transport gives the same
+    bits. ``z`` is handed over to the transport (ownership rule) and must not be ``out``.
+    """
+    peers = topo.peers(rank, round_idx)
+    for j in peers:
+        tp.send(j, round_idx, "z", z)
+    self_w, weights = topo.row(rank, round_idx)
+    received = {j: tp.recv(j, round_idx, "z") for j in peers}
+    torch.mul(z, self_w, out=out)
+    for j in peers:
+        out.add_(received[j].to(out.device, non_blocking=True), alpha=weights[j])

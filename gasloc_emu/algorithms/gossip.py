@@ -1,0 +1,26 @@
+"""Plain gossip of parameters after local steps: local-gossip (H > 1) and DSGD (H = 1).
+
+Adapt-then-combine decentralized SGD/AdamW (Lian et al. 2017; Koloskova et al. 2020):
+    theta_i <- sum_j W_t[i, j] theta_j^+
+It equals GASLoC with eta = 1 and gamma = 0, bit for bit (a test checks it).
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import OuterAlgorithm, gossip
+
+
+class PlainGossip(OuterAlgorithm):
+    name = "local-gossip"
+
+    @torch.no_grad()
+    def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        gossip(self.transport, self.topology, self.rank, round_idx, theta.clone(), theta)
+
+    def _state(self) -> list[torch.Tensor | None]:
+        return []
+
+
+class DSGD(PlainGossip):
+    name = "dsgd"

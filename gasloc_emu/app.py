@@ -1,0 +1,150 @@
+"""The bodies of the CLI commands: build what a command needs, run it, print the outcome."""
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+
+import click
+import numpy as np
+
+from .config import Config
+from .records import new_run_dir
+
+
+class RoundPrinter:
+    """Plain progress: one line per completed round (all workers reported), for logs and pipes."""
+
+    def __init__(self, workers: int, rounds: int, echo=click.echo):
+        self.workers, self.rounds, self.echo = workers, rounds, echo
+        self.rows: dict[int, list[dict]] = defaultdict(list)
+
+    def __call__(self, row: dict) -> None:
+        rows = self.rows[row["round"]]
+        rows.append(row)
+        if len(rows) == self.workers:
+            self.echo(format_round(self.rows.pop(row["round"]), self.rounds))
+
+
+def format_round(rows: list[dict], rounds: int) -> str:
+    loss = np.array([r["train_loss"] for r in rows], dtype=float)
+    ev = [r["eval_loss"] for r in rows if r.get("eval_loss") is not None]
+    parts = [f"round {rows[0]['round'] + 1}/{rounds}",
+             f"step {max(r['step'] for r in rows)}",
+             f"train {np.nanmean(loss):.4f} ± {np.nanstd(loss):.4f}" if not np.isnan(loss).all()
+             else "train -",
+             f"eval {np.mean(ev):.4f}" if ev else None,
+             f"time {max(r.get('time_s', 0.0) for r in rows):.2f}s",
+             f"wait {max(r['wait_s'] for r in rows):.2f}s",
+             f"sent {sum(r['bytes_sent'] for r in rows) / 1e6:.2f}MB"]
+    return "  ".join(p for p in parts if p)
+
+
+def use_dashboard(cfg: Config) -> bool:
+    mode = cfg.run.dashboard
+    return mode == "on" or (mode == "auto" and sys.stdout.isatty())
+
+
+def print_summary(summary: dict, path) -> None:
+    fmt = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else (  # noqa: E731
+        f"{v:.4f}" if isinstance(v, float) else str(v))
+    click.echo(f"final eval loss {fmt(summary.get('final_eval_loss'))}  "
+               f"consensus {fmt(summary.get('consensus_distance'))}  "
+               f"wall {fmt(summary.get('wall_s'))}s"
+               + (f"  predicted wall {fmt(summary['predicted_wall_s'])}s"
+                  if summary.get("predicted_wall_s") is not None else ""))
+    click.echo(f"run record: {path}")
+
+
+def simulate_command(cfg: Config, out: str | None) -> int:
+    from .simulate import build_corpus, simulate
+    from .worker import build_topology
+    build_topology(cfg)  # bad input fails before anything is created
+    link_model = _sim_link_model(cfg)
+    corpus = build_corpus(cfg)
+    path = new_run_dir(cfg, out)
+    progress = _progress(cfg, path)
+    try:
+        with progress:
+            summary = simulate(cfg, path, progress=progress, link_model=link_model, corpus=corpus)
+    except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
+        click.echo(f"error: simulation failed: {exc}", err=True)
+        return 1
+    print_summary(summary, path)
+    return 0
+
+
+def _sim_link_model(cfg: Config):
+    """The virtual clock's link model from the bandwidth profile, or None when unshaped."""
+    if not cfg.net.bw_profile:
+        return None
+    from netem.profiles import build_link_plan
+    return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
+
+
+def _progress(cfg: Config, path):
+    if use_dashboard(cfg):
+        return _Bar(cfg)
+    return _Plain(RoundPrinter(cfg.workers, cfg.run.rounds))
+
+
+class _Bar:
+    """A rich progress bar over worker-rounds, for a TTY."""
+
+    def __init__(self, cfg: Config):
+        from rich.progress import Progress
+        self.progress = Progress()
+        self.task = self.progress.add_task(f"{cfg.algo.name} on {cfg.topology.name}",
+                                           total=cfg.workers * cfg.run.rounds)
+
+    def __call__(self, row: dict) -> None:
+        self.progress.update(self.task, advance=1,
+                             description=f"round {row['round'] + 1} loss {row['train_loss']:.3f}")
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+class _Plain:
+    def __init__(self, printer: RoundPrinter):
+        self.printer = printer
+
+    def __call__(self, row: dict) -> None:
+        self.printer(row)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:
+    from .launcher import launch
+    return launch(cfg, out, dry_run=dry_run)
+
+
+def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: float, base: str,
+                 round_idx: int) -> None:
+    from .topology import Topology
+    topo = Topology(topology, workers, degree, seed, base, alpha)
+    w = topo.mixing_matrix(round_idx)
+    click.echo(f"topology {topology}  N = {workers}"
+               + (f"  (round {round_idx} of a random {topology} over {base})"
+                  if topo.time_varying else ""))
+    for i, peers in enumerate(topo.neighbors(round_idx)):
+        click.echo(f"  worker {i:3d}: peers {peers}")
+    if workers <= 16:
+        click.echo("mixing matrix W:")
+        for row in w:
+            click.echo("  " + " ".join(f"{v:5.3f}" for v in row))
+    kind = "E[W] over rounds" if topo.time_varying else "W"
+    click.echo(f"lambda2 ({kind}) = {topo.lambda2:.6f}")
+    click.echo(f"spectral gap     = {topo.spectral_gap:.6f}")
+    click.echo(f"gamma*           = {topo.gamma_star:.6f}")
+    click.echo(f"symmetric: {np.allclose(w, w.T)}  doubly stochastic: "
+               f"{np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1)}")

@@ -1,0 +1,100 @@
+"""N workers in one process: the same Worker and algorithms, an in-memory transport, a virtual clock.
+
+Each worker runs in its own thread but only one computes at a time (see ``transport.memory``),
+so results are deterministic and equal to the multi-process emulator's for the same seed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import data, model
+from .config import Config
+from .records import RunRecord
+from .transport.memory import Hub, LinkModel
+from .worker import Worker, average_and_consensus, build_topology
+
+# progress(worker, round_stats_dict) is called after every round of every worker
+Progress = Callable[[dict], None]
+
+
+def build_corpus(cfg: Config) -> data.Corpus:
+    shape = model.shape_from_config(cfg.model)
+    return data.Corpus(cfg.data, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)
+
+
+def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
+             link_model: LinkModel | None = None, corpus: data.Corpus | None = None) -> dict:
+    """Run ``cfg`` in one process, write the run record under ``out``, return the summary."""
+    t_start = time.perf_counter()
+    corpus = corpus or build_corpus(cfg)
+    topo = build_topology(cfg)
+    hub = Hub(cfg.workers, link_model)
+    workers = [Worker(cfg, r, hub.transport(r), corpus, "cpu", topo) for r in range(cfg.workers)]
+    with RunRecord(Path(out), cfg) as rec:
+        threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
+                                    args=(w, hub, cfg.run.rounds, rec, progress), daemon=True)
+                   for w in workers]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if hub.error is not None:
+            rec.summary({"status": "failed", "error": str(hub.error), "mode": "simulate"})
+            raise hub.error
+        summary = finish(cfg, workers, rec, time.perf_counter() - t_start)
+        summary["predicted_wall_s"] = max(hub.clock) if link_model is not None else None
+        summary["mode"] = "simulate"
+        rec.summary(summary)
+    return summary
+
+
+def _worker_loop(w: Worker, hub: Hub, rounds: int, rec: RunRecord, progress) -> None:
+    tp = w.transport
+    try:
+        with hub.cond:  # holding the turn lock while computing; waits inside recv release it
+            for t in range(rounds):
+                stats = w.run_round(t, on_compute_done=tp.advance)
+                if w.should_eval(t):
+                    stats.eval_loss = w.evaluate()
+                row = stats.as_dict() | {"time_s": tp.clock()}
+                rec.metric(row)
+                if progress is not None:
+                    progress(row)
+    except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
+        hub.abort(exc)
+
+
+def finish(cfg: Config, workers: list[Worker], rec: RunRecord, wall_s: float) -> dict:
+    """Evaluate each worker and the average model; the numbers every run record ends with."""
+    avg, consensus = average_and_consensus([w.theta for w in workers])
+    worker_eval = [w.evaluate() for w in workers]
+    probe = workers[0]
+    saved = probe.theta.clone()
+    with torch.no_grad():
+        probe.theta.copy_(avg)
+        final = probe.evaluate()
+        probe.theta.copy_(saved)
+    return summary_dict(cfg, final, worker_eval, consensus, wall_s,
+                        sum(w.transport.counters()["bytes_sent"].get(p, 0)
+                            for w in workers for p in range(cfg.workers)),
+                        probe.topology)
+
+
+def summary_dict(cfg: Config, final: float, worker_eval: list[float], consensus: float,
+                 wall_s: float, bytes_sent: int, topo) -> dict:
+    from .algorithms import momentum_value
+    return {
+        "status": "ok", "algorithm": cfg.algo.name,
+        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
+        "workers": cfg.workers, "rounds": cfg.run.rounds,
+        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
+        "lambda2": None if topo is None else topo.lambda2,
+        "gamma": momentum_value(cfg.algo, topo),
+        "final_eval_loss": final, "worker_eval_loss": worker_eval,
+        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
+    }

@@ -1,0 +1,226 @@
+"""Communication graphs, Metropolis–Hastings mixing weights, per-round matchings, lambda_2, gamma*.
+
+Every worker builds the same ``Topology`` from the shared config and seed, so each one derives
+the same graph (and, for ``matching``, the same matching of round t) with no coordination.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+FIXED = ("ring", "torus", "exponential", "expander", "complete")
+RANDOM = ("matching", "matching2")
+_MAX_TRIES = 1000
+
+
+class TopologyError(ValueError):
+    """The graph cannot be built for this number of workers."""
+
+
+def torus_shape(n: int) -> tuple[int, int]:
+    """The most square r x c = n with r, c >= 2."""
+    for r in range(int(math.isqrt(n)), 1, -1):
+        if n % r == 0:
+            return r, n // r
+    raise TopologyError(f"a torus needs N = r x c with r, c >= 2; N = {n} does not fit "
+                        "(try 4, 6, 8, 9, 12, 16, ...)")
+
+
+def _edges_ring(n: int) -> set[tuple[int, int]]:
+    return {_edge(i, (i + 1) % n) for i in range(n)}
+
+
+def _edges_torus(n: int) -> set[tuple[int, int]]:
+    r, c = torus_shape(n)
+    out = set()
+    for i in range(n):
+        row, col = divmod(i, c)
+        out.add(_edge(i, row * c + (col + 1) % c))
+        out.add(_edge(i, ((row + 1) % r) * c + col))
+    return out
+
+
+def _edges_exponential(n: int) -> set[tuple[int, int]]:
+    """i ~ i + 2^k (mod n) for 2^k < n, made undirected (as in one-peer exponential graphs)."""
+    out, k = set(), 1
+    while k < n:
+        out |= {_edge(i, (i + k) % n) for i in range(n)}
+        k *= 2
+    return out
+
+
+def _edges_complete(n: int) -> set[tuple[int, int]]:
+    return {(i, j) for i in range(n) for j in range(i + 1, n)}
+
+
+def _edges_expander(n: int, d: int, seed: int) -> set[tuple[int, int]]:
+    """A connected random d-regular graph by the pairing model (rejection sampling)."""
+    if d >= n:
+        raise TopologyError(f"expander degree d = {d} must be below N = {n}")
+    if (n * d) % 2:
+        raise TopologyError(f"expander needs N x d even; N = {n}, d = {d}")
+    rng = np.random.default_rng([seed, 0xE4])
+    for _ in range(_MAX_TRIES):
+        stubs = rng.permutation(np.repeat(np.arange(n), d)).reshape(-1, 2)
+        edges = {_edge(int(a), int(b)) for a, b in stubs}
+        if len(edges) == len(stubs) and all(a != b for a, b in edges) and _connected(n, edges):
+            return edges
+    raise TopologyError(f"no connected simple {d}-regular graph on {n} nodes found")
+
+
+def _edge(a: int, b: int) -> tuple[int, int]:
+    return (a, b) if a < b else (b, a)
+
+
+def _connected(n: int, edges: set[tuple[int, int]]) -> bool:
+    adj = _adjacency(n, edges)
+    seen, stack = {0}, [0]
+    while stack:
+        for j in adj[stack.pop()]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return len(seen) == n
+
+
+def _adjacency(n: int, edges: set[tuple[int, int]]) -> list[list[int]]:
+    adj: list[set[int]] = [set() for _ in range(n)]
+    for a, b in edges:
+        adj[a].add(b)
+        adj[b].add(a)
+    return [sorted(s) for s in adj]
+
+
+def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[int, int]]:
+    builders = {"ring": _edges_ring, "torus": _edges_torus, "exponential": _edges_exponential,
+                "complete": _edges_complete}
+    if name == "expander":
+        return _edges_expander(n, degree, seed)
+    if name not in builders:
+        raise TopologyError(f"unknown graph {name!r}; expected one of {', '.join(FIXED + RANDOM)}")
+    return builders[name](n)
+
+
+def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
+                    complete: bool) -> set[tuple[int, int]]:
+    """A random perfect matching using only ``edges``; uniform when the base graph is complete."""
+    if complete:
+        perm = rng.permutation(n)
+        return {_edge(int(perm[k]), int(perm[k + 1])) for k in range(0, n, 2)}
+    order = sorted(edges)
+    for _ in range(_MAX_TRIES):  # randomised greedy; retried until perfect
+        used: set[int] = set()
+        out = set()
+        for idx in rng.permutation(len(order)):
+            a, b = order[idx]
+            if a not in used and b not in used:
+                used |= {a, b}
+                out.add((a, b))
+        if len(used) == n:
+            return out
+    raise TopologyError("the base graph has no perfect matching that random search could find")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A (possibly time-varying) graph with Metropolis–Hastings weights, W_t = I - alpha L_t."""
+
+    name: str
+    n: int
+    degree: int = 4
+    seed: int = 0
+    base: str = "complete"
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.name not in FIXED + RANDOM:
+            raise TopologyError(f"unknown topology {self.name!r}; expected one of "
+                                f"{', '.join(FIXED + RANDOM)}")
+        if self.n < 2:
+            raise TopologyError(f"topology {self.name!r} needs at least 2 workers; got N = {self.n}")
+        if self.name in RANDOM and self.n % 2:
+            raise TopologyError(f"a perfect matching needs an even number of workers; N = {self.n}")
+        _ = self._fixed_edges  # build now so that bad requests fail at construction
+
+    @cached_property
+    def _fixed_edges(self) -> set[tuple[int, int]]:
+        name = self.base if self.name in RANDOM else self.name
+        return base_edges(name, self.n, self.degree, self.seed)
+
+    @property
+    def time_varying(self) -> bool:
+        return self.name in RANDOM
+
+    def edges(self, t: int) -> set[tuple[int, int]]:
+        """Edges used in round t (the same for every t on a fixed graph)."""
+        if not self.time_varying:
+            return self._fixed_edges
+        rng = np.random.default_rng([self.seed, t, 0x3A7C])
+        complete = self.base == "complete"
+        out = random_matching(self._fixed_edges, self.n, rng, complete)
+        if self.name == "matching2":
+            out |= random_matching(self._fixed_edges, self.n, rng, complete)
+        return out
+
+    def neighbors(self, t: int) -> list[list[int]]:
+        return _adjacency(self.n, self.edges(t))
+
+    def peers(self, rank: int, t: int) -> list[int]:
+        """Sorted neighbours of ``rank`` in round t."""
+        return self.neighbors(t)[rank]
+
+    def row(self, rank: int, t: int) -> tuple[float, dict[int, float]]:
+        """(W[i,i], {j: W[i,j]}) for worker ``rank`` in round t.
+
+        W_ij = alpha * lambda_ij with lambda_ij = 1 / (1 + max(d_i, d_j)) (Metropolis–Hastings),
+        W_ii = 1 - sum_j W_ij, so W is symmetric and doubly stochastic by construction.
+        """
+        adj = self.neighbors(t)
+        deg = [len(a) for a in adj]
+        off = {j: self.alpha / (1.0 + max(deg[rank], deg[j])) for j in adj[rank]}
+        return 1.0 - sum(off.values()), off
+
+    def mixing_matrix(self, t: int = 0) -> np.ndarray:
+        w = np.zeros((self.n, self.n))
+        for i in range(self.n):
+            w[i, i], off = self.row(i, t)
+            for j, v in off.items():
+                w[i, j] = v
+        return w
+
+    def expected_mixing(self, samples: int = 256) -> np.ndarray:
+        """E[W_t]: W itself for a fixed graph, an average over rounds for random matchings."""
+        if not self.time_varying:
+            return self.mixing_matrix(0)
+        return sum(self.mixing_matrix(t) for t in range(samples)) / samples
+
+    @cached_property
+    def lambda2(self) -> float:
+        """Second-largest eigenvalue modulus of (expected) W."""
+        eig = np.sort(np.abs(np.linalg.eigvalsh(self.expected_mixing())))[::-1]
+        return float(eig[1]) if len(eig) > 1 else 0.0
+
+    @property
+    def spectral_gap(self) -> float:
+        return 1.0 - self.lambda2
+
+    @property
+    def gamma_star(self) -> float:
+        return critical_momentum(self.lambda2)
+
+
+def critical_momentum(lambda2: float) -> float:
+    """gamma* = (1 - sqrt(1 - lambda2))^2 / lambda2, the critically damped heavy-ball value."""
+    if lambda2 <= 0.0:
+        return 0.0
+    lam = min(lambda2, 1.0)
+    return (1.0 - math.sqrt(1.0 - lam)) ** 2 / lam
+
+
+def from_config(cfg) -> Topology:
+    """The topology of a resolved ``Config`` (DiLoCo uses ``complete``: its peers are the ring)."""
+    t = cfg.topology
+    return Topology(t.name, cfg.workers, t.degree, cfg.seed, t.base, cfg.algo.alpha)

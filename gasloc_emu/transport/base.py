@@ -1,0 +1,121 @@
+"""The narrow interface between algorithms and the network, and what every transport shares.
+
+An algorithm only ever calls ``send``, ``recv`` and ``all_reduce_mean``. Two implementations
+exist: ``memory.InMemoryTransport`` (the in-process simulator) and ``zmq_transport.ZmqTransport``
+(the multi-process emulator). The ring All-Reduce is written once, here, over send/recv, so the
+simulator and the emulator sum in exactly the same order.
+
+Ownership rule: ``send`` takes ownership of the tensor. The caller must not modify it afterwards,
+because a zero-copy transport may still be reading it. Algorithms therefore send freshly
+allocated tensors (or views of them that are final for the rest of the round).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class TransportError(RuntimeError):
+    """A peer is gone, a wait timed out, or the run was aborted."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    rank: int
+    world_size: int
+
+    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+        """Send ``tensor`` to ``peer`` for round ``round_idx``, labelled ``kind``."""
+
+    def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
+        """Block until ``peer``'s message (round_idx, kind) is here and return it (read-only)."""
+
+    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+        """The mean of ``tensor`` over all workers (same value on every worker)."""
+
+    def counters(self) -> dict:
+        """Cumulative bytes per peer, dropped messages and seconds spent waiting."""
+
+    def clock(self) -> float:
+        """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual one)."""
+
+
+class TransportBase:
+    """Byte and wait accounting plus the ring All-Reduce, over ``_send``/``_recv``."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.bytes_sent: dict[int, int] = defaultdict(int)
+        self.bytes_recv: dict[int, int] = defaultdict(int)
+        self.dropped = 0
+        self.wait_s = 0.0
+        self.waiting_for: int | None = None
+
+    # -- implemented by subclasses
+    def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- the interface
+    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+        self._check_peer(peer)
+        self.bytes_sent[peer] += tensor.numel() * tensor.element_size()
+        self._send(peer, round_idx, kind, tensor)
+
+    def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
+        self._check_peer(peer)
+        t0, self.waiting_for = time.perf_counter(), peer
+        try:
+            out = self._recv(peer, round_idx, kind)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+            self.waiting_for = None
+        self.bytes_recv[peer] += out.numel() * out.element_size()
+        return out
+
+    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+        out = ring_all_reduce_sum_(self, round_idx, tensor)
+        return out.div_(self.world_size)
+
+    def counters(self) -> dict:
+        return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),
+                "dropped": self.dropped, "wait_s": self.wait_s}
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def _check_peer(self, peer: int) -> None:
+        if not (0 <= peer < self.world_size) or peer == self.rank:
+            raise TransportError(f"worker {self.rank}: invalid peer {peer} "
+                                 f"(world size {self.world_size})")
+
+
+def ring_all_reduce_sum_(tp: Transport, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+    """In-place ring All-Reduce (reduce-scatter, then all-gather) of a 1-D tensor.
+
+    n - 1 steps of each phase, each moving 1/n of the tensor to the next worker on the ring, so
+    every worker sends 2(n-1)/n of the model and the round is paced by the slowest ring link
+    (Patarasuk & Yuan 2009). Chunk c is reduced in the order c+1, c+2, ..., c (mod n) on every
+    worker and in every transport, so results are bitwise reproducible.
+
+    Sending views is safe: the chunk sent at reduce-scatter step s is not written again until the
+    all-gather, which cannot start before the successor has consumed it (the ring's dependency
+    chain), and the caller hands over the tensor (the ownership rule in the module docstring).
+    """
+    n, r = tp.world_size, tp.rank
+    if n == 1:
+        return tensor
+    chunks = torch.tensor_split(tensor, n)
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):  # reduce-scatter: after this, chunk (r+1) % n is fully summed here
+        tp.send(nxt, round_idx, f"rs{s}", chunks[(r - s) % n])
+        chunks[(r - s - 1) % n].add_(tp.recv(prv, round_idx, f"rs{s}"))
+    for s in range(n - 1):  # all-gather the summed chunks around the ring
+        tp.send(nxt, round_idx, f"ag{s}", chunks[(r + 1 - s) % n])
+        chunks[(r - s) % n].copy_(tp.recv(prv, round_idx, f"ag{s}"))
+    return tensor
