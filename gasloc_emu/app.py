@@ -20,6 +20,10 @@ class RoundPrinter:
         self.rows: dict[int, list[dict]] = defaultdict(list)
 
     def __call__(self, row: dict) -> None:
+        if row.get("kind"):  # status, links, warnings: only the dashboard shows them
+            if row["kind"] == "warning":
+                self.echo(f"warning: {row['text']}")
+            return
         rows = self.rows[row["round"]]
         rows.append(row)
         if len(rows) == self.workers:
@@ -98,6 +102,8 @@ class _Bar:
                                            total=cfg.workers * cfg.run.rounds)
 
     def __call__(self, row: dict) -> None:
+        if row.get("kind"):
+            return
         self.progress.update(self.task, advance=1,
                              description=f"round {row['round'] + 1} loss {row['train_loss']:.3f}")
 
@@ -125,7 +131,7 @@ class _Plain:
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:
     from .launcher import launch
-    return launch(cfg, out, dry_run=dry_run)
+    return launch(cfg, out, dry_run=dry_run, progress=_progress(cfg, out))
 
 
 def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: float, base: str,

@@ -6,6 +6,7 @@ file, a folder of text files, or a flat ``.bin`` file of uint16 tokens.
 """
 from __future__ import annotations
 
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,17 @@ class DataError(ValueError):
     """The corpus is missing, empty or does not fit the model."""
 
 
+_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
+
+
 def stdlib_files() -> list[Path]:
+    """The standard library's .py files in a stable order (installed packages pruned, not walked)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py")
-                  if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_STDLIB)
+        out += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
+    return sorted(out)
 
 
 def _read_files(files: list[Path], cap_bytes: int) -> np.ndarray:

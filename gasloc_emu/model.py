@@ -132,6 +132,13 @@ def flatten_parameters(model: nn.Module) -> torch.Tensor:
     return flat
 
 
+def count_parameters(mcfg) -> int:
+    """Parameters of the configured model, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        net = GPT(shape_from_config(mcfg))
+    return net.num_params()
+
+
 def build_model(mcfg, seed: int, device: str | torch.device = "cpu") -> tuple[GPT, torch.Tensor]:
     """The model initialised from ``seed`` (identical on every worker) and its flat buffer."""
     gen_state = torch.random.get_rng_state()

@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from . import data, model
 from .config import Config
 from .records import RunRecord
 from .transport.memory import Hub, LinkModel
-from .worker import Worker, average_and_consensus, build_topology
+from .worker import Worker, build_topology, final_summary
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
@@ -46,7 +44,7 @@ def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
         if hub.error is not None:
             rec.summary({"status": "failed", "error": str(hub.error), "mode": "simulate"})
             raise hub.error
-        summary = finish(cfg, workers, rec, time.perf_counter() - t_start)
+        summary = finish(cfg, workers, time.perf_counter() - t_start)
         summary["predicted_wall_s"] = max(hub.clock) if link_model is not None else None
         summary["mode"] = "simulate"
         rec.summary(summary)
@@ -69,32 +67,8 @@ def _worker_loop(w: Worker, hub: Hub, rounds: int, rec: RunRecord, progress) -> 
         hub.abort(exc)
 
 
-def finish(cfg: Config, workers: list[Worker], rec: RunRecord, wall_s: float) -> dict:
+def finish(cfg: Config, workers: list[Worker], wall_s: float) -> dict:
     """Evaluate each worker and the average model; the numbers every run record ends with."""
-    avg, consensus = average_and_consensus([w.theta for w in workers])
-    worker_eval = [w.evaluate() for w in workers]
-    probe = workers[0]
-    saved = probe.theta.clone()
-    with torch.no_grad():
-        probe.theta.copy_(avg)
-        final = probe.evaluate()
-        probe.theta.copy_(saved)
-    return summary_dict(cfg, final, worker_eval, consensus, wall_s,
-                        sum(w.transport.counters()["bytes_sent"].get(p, 0)
-                            for w in workers for p in range(cfg.workers)),
-                        probe.topology)
-
-
-def summary_dict(cfg: Config, final: float, worker_eval: list[float], consensus: float,
-                 wall_s: float, bytes_sent: int, topo) -> dict:
-    from .algorithms import momentum_value
-    return {
-        "status": "ok", "algorithm": cfg.algo.name,
-        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
-        "workers": cfg.workers, "rounds": cfg.run.rounds,
-        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
-        "lambda2": None if topo is None else topo.lambda2,
-        "gamma": momentum_value(cfg.algo, topo),
-        "final_eval_loss": final, "worker_eval_loss": worker_eval,
-        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
-    }
+    sent = sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers)
+    return final_summary(cfg, [w.theta for w in workers], [w.evaluate() for w in workers],
+                         workers[0].eval_set, wall_s, sent, workers[0].topology)

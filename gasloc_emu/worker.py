@@ -123,3 +123,22 @@ def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, flo
     mean.div_(len(thetas))
     sq = [float((t.detach().to("cpu", torch.float64) - mean).pow(2).sum()) for t in thetas]
     return mean.to(thetas[0].dtype), math.sqrt(sum(sq) / len(sq))
+
+
+def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
+                  wall_s: float, bytes_sent: int, topo: topology.Topology | None) -> dict:
+    """The summary every run record ends with; the average model is evaluated on the CPU."""
+    avg, consensus = average_and_consensus(thetas)
+    net, flat = model.build_model(cfg.model, cfg.seed, "cpu")
+    with torch.no_grad():
+        flat.copy_(avg)
+    return {
+        "status": "ok", "algorithm": cfg.algo.name,
+        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
+        "workers": cfg.workers, "rounds": cfg.run.rounds,
+        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
+        "lambda2": None if topo is None else topo.lambda2,
+        "gamma": algorithms.momentum_value(cfg.algo, topo),
+        "final_eval_loss": data.evaluate(net, eval_set), "worker_eval_loss": worker_eval,
+        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
+    }

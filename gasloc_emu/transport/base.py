@@ -79,8 +79,7 @@ class TransportBase:
         return out
 
     def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
-        out = ring_all_reduce_sum_(self, round_idx, tensor)
-        return out.div_(self.world_size)
+        return ring_all_reduce_sum(self, round_idx, tensor).div_(self.world_size)
 
     def counters(self) -> dict:
         return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),
@@ -95,27 +94,32 @@ class TransportBase:
                                  f"(world size {self.world_size})")
 
 
-def ring_all_reduce_sum_(tp: Transport, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
-    """In-place ring All-Reduce (reduce-scatter, then all-gather) of a 1-D tensor.
+def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+    """Ring All-Reduce (reduce-scatter, then all-gather) of a 1-D tensor; returns a new tensor.
 
     n - 1 steps of each phase, each moving 1/n of the tensor to the next worker on the ring, so
     every worker sends 2(n-1)/n of the model and the round is paced by the slowest ring link
-    (Patarasuk & Yuan 2009). Chunk c is reduced in the order c+1, c+2, ..., c (mod n) on every
+    (Patarasuk & Yuan 2009). Chunk c is summed in the order c, c+1, ..., c-1 (mod n) on every
     worker and in every transport, so results are bitwise reproducible.
 
-    Sending views is safe: the chunk sent at reduce-scatter step s is not written again until the
-    all-gather, which cannot start before the successor has consumed it (the ring's dependency
-    chain), and the caller hands over the tensor (the ownership rule in the module docstring).
+    Zero-copy safety (the ownership rule): ``tensor`` is handed over and only ever modified in
+    chunks that have not been sent yet; the all-gather writes into a fresh output and forwards
+    the chunks it receives as they are, so nothing that is in flight is ever written to.
     """
     n, r = tp.world_size, tp.rank
     if n == 1:
-        return tensor
+        return tensor.clone()
     chunks = torch.tensor_split(tensor, n)
     nxt, prv = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):  # reduce-scatter: after this, chunk (r+1) % n is fully summed here
         tp.send(nxt, round_idx, f"rs{s}", chunks[(r - s) % n])
         chunks[(r - s - 1) % n].add_(tp.recv(prv, round_idx, f"rs{s}"))
-    for s in range(n - 1):  # all-gather the summed chunks around the ring
-        tp.send(nxt, round_idx, f"ag{s}", chunks[(r + 1 - s) % n])
-        chunks[(r - s) % n].copy_(tp.recv(prv, round_idx, f"ag{s}"))
-    return tensor
+    out = torch.empty_like(tensor)
+    out_chunks = torch.tensor_split(out, n)
+    out_chunks[nxt].copy_(chunks[nxt])
+    passing = chunks[nxt]
+    for s in range(n - 1):  # all-gather: pass each summed chunk once around the ring
+        tp.send(nxt, round_idx, f"ag{s}", passing)
+        passing = tp.recv(prv, round_idx, f"ag{s}")
+        out_chunks[(r - s) % n].copy_(passing)
+    return out

@@ -1,0 +1,432 @@
+"""Read run records back and compare them: a table, a two-panel loss plot, one run in detail.
+
+A run folder is read up to its damage: a killed run leaves a cut-off last metrics line and no
+summary, a copied folder may lack its config. Each such defect becomes a line in
+``Run.warnings`` (the CLI prints them); reading never raises for a folder that exists.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from .config import ConfigError, load_toml
+
+INSTALL_PLOT = "pip install 'gasloc-emu[plot]'"
+LINK_TOLERANCE = 0.10  # a link whose measured rate is off its target by more misses it
+
+
+class CompareError(Exception):
+    """A run folder cannot be read at all, or a plot cannot be made."""
+
+
+class PlotUnavailable(CompareError):
+    """matplotlib (the optional 'plot' extra) is not installed."""
+
+
+@dataclass(frozen=True)
+class RoundPoint:
+    """One round's mean over the workers that reported a value, and when it ended."""
+
+    round: int  # 1-based
+    value: float
+    time_s: float | None  # the latest worker's time_s in that round: the round ends with it
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name or str(self.path)
+
+    @property
+    def algorithm(self) -> str:
+        return self.summary.get("algorithm") or _cfg(self.config, "algo", "name") or "?"
+
+    @property
+    def topology(self) -> str:
+        return self.summary.get("topology") or _cfg(self.config, "topology", "name") or "?"
+
+    @property
+    def profile(self) -> str:
+        return (self.summary.get("profile") or _cfg(self.config, "net", "bw_profile")
+                or "unshaped")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.algorithm}/{self.topology})"
+
+    @property
+    def rounds_done(self) -> int:
+        return max((r["round"] + 1 for r in self.rows), default=0)
+
+    @property
+    def rounds_planned(self) -> int | None:
+        return self.summary.get("rounds") or _cfg(self.config, "run", "rounds")
+
+    @property
+    def clock_s(self) -> float | None:
+        """The run's own clock at its last row (virtual in the simulator)."""
+        times = [r["time_s"] for r in self.rows if _finite(r.get("time_s"))]
+        return max(times) if times else None
+
+    @property
+    def bytes_sent(self) -> int | None:
+        if _finite(self.summary.get("bytes_sent_total")):
+            return int(self.summary["bytes_sent_total"])
+        sent = [r["bytes_sent"] for r in self.rows if _finite(r.get("bytes_sent"))]
+        return int(sum(sent)) if sent else None
+
+    def series(self, key: str) -> list[RoundPoint]:
+        return round_means(self.rows, key)
+
+
+def _cfg(config: dict, section: str, key: str):
+    sec = config.get(section)
+    return sec.get(key) if isinstance(sec, dict) else None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def round_means(rows: list[dict], key: str) -> list[RoundPoint]:
+    """Per round, the mean of ``key`` over the rows that have a finite one, in round order."""
+    acc: dict[int, list] = {}
+    for row in rows:
+        slot = acc.setdefault(row["round"], [0.0, 0, None])  # sum, count, latest time
+        if _finite(row.get(key)):
+            slot[0] += row[key]
+            slot[1] += 1
+        if _finite(row.get("time_s")):
+            slot[2] = row["time_s"] if slot[2] is None else max(slot[2], row["time_s"])
+    return [RoundPoint(rnd + 1, s / n, t) for rnd, (s, n, t) in sorted(acc.items()) if n]
+
+
+# ---------------------------------------------------------------- reading
+
+def load_run(path) -> Run:
+    """A run folder read as far as it goes; defects are listed in ``Run.warnings``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CompareError(f"{path}: no such run folder")
+    run = Run(path)
+    run.rows = _read_metrics(path / "metrics.jsonl", run.warnings)
+    run.summary = _read_summary(path / "summary.json", run.warnings)
+    run.config = _read_config(path / "config.toml", run.warnings)
+    run.links = _read_links(path / "links.json", run.warnings)
+    return run
+
+
+def _read_metrics(p: Path, warnings: list[str]) -> list[dict]:
+    if not p.is_file():
+        warnings.append("no metrics.jsonl: the run recorded no rounds")
+        return []
+    lines = p.read_text(errors="replace").split("\n")
+    rows, bad = [], []
+    for i, line in enumerate(lines, 1):
+        row = _parse_row(line) if line.strip() else {}
+        if row is None:
+            bad.append(i)
+        elif row:
+            rows.append(row)
+    # a run killed mid-write leaves its last line without the newline that ends every row
+    if bad and bad[-1] == len(lines) and lines[-1]:
+        bad.pop()
+        warnings.append(f"metrics.jsonl: the last line is cut off (line {len(lines)}), ignored")
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        warnings.append(f"metrics.jsonl: {len(bad)} unreadable line(s) skipped (line {shown})")
+    return rows
+
+
+def _parse_row(line: str) -> dict | None:
+    """A metrics row, or None for anything that is not one (garbage, a partial line)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(row, dict) and all(
+        isinstance(row.get(k), int) and not isinstance(row.get(k), bool) for k in ("worker", "round"))
+    return row if ok else None
+
+
+def _read_summary(p: Path, warnings: list[str]) -> dict:
+    if not p.is_file():
+        warnings.append("no summary.json: the run did not finish (killed, or still running); "
+                        "numbers come from metrics.jsonl")
+        return {}
+    try:
+        summary = json.loads(p.read_text(errors="replace"))
+    except ValueError as exc:
+        warnings.append(f"summary.json is unreadable ({exc}); numbers come from metrics.jsonl")
+        return {}
+    if not isinstance(summary, dict):
+        warnings.append("summary.json is not a JSON object; numbers come from metrics.jsonl")
+        return {}
+    if summary.get("status") == "failed":
+        warnings.append(f"the run failed: {summary.get('error') or 'no error recorded'}")
+    return summary
+
+
+def _read_config(p: Path, warnings: list[str]) -> dict:
+    if not p.is_file():
+        warnings.append("no config.toml: settings unknown beyond summary.json")
+        return {}
+    try:
+        return load_toml(p)
+    except ConfigError as exc:
+        warnings.append(str(exc))
+        return {}
+
+
+def _read_links(p: Path, warnings: list[str]) -> list[dict]:
+    """links.json is optional; it holds a list of links or {'links': [...]}."""
+    if not p.is_file():
+        return []
+    try:
+        data = json.loads(p.read_text(errors="replace"))
+    except ValueError as exc:
+        warnings.append(f"links.json is unreadable ({exc})")
+        return []
+    links = data.get("links") if isinstance(data, dict) else data
+    if not isinstance(links, list):
+        warnings.append("links.json holds no list of links")
+        return []
+    return [lk for lk in links if isinstance(lk, dict)]
+
+
+# ---------------------------------------------------------------- the table
+
+def final_eval(run: Run) -> tuple[float | None, bool]:
+    """The averaged model's final eval loss, else the last evaluated round's mean (flag True)."""
+    if _finite(run.summary.get("final_eval_loss")):
+        return run.summary["final_eval_loss"], False
+    points = run.series("eval_loss")
+    return (points[-1].value, True) if points else (None, False)
+
+
+def time_to_target(run: Run, target: float) -> float | None:
+    """The run clock at the end of the first round whose mean eval loss is <= ``target``."""
+    for p in run.series("eval_loss"):
+        if p.value <= target:
+            return p.time_s
+    return None
+
+
+def compare_table(runs: list[Run], target_loss: float | None = None) -> Table:
+    estimated = False
+    table = Table(box=box.SIMPLE_HEAD, title_justify="left")
+    for name in ("run", "algorithm", "topology", "profile", "rounds", "final eval", "wall s",
+                 "clock s", "bytes sent"):
+        table.add_column(name, no_wrap=True, justify="left" if name in (
+            "run", "algorithm", "topology", "profile") else "right")
+    if target_loss is not None:
+        table.add_column(f"s to eval ≤ {target_loss:g}", justify="right", no_wrap=True)
+    for run in runs:
+        cells, from_rows = _table_row(run, target_loss)
+        estimated |= from_rows
+        table.add_row(*cells)
+    if estimated:
+        table.caption = "~ no final evaluation: the last evaluated round's mean worker eval loss"
+    return table
+
+
+def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
+    loss, from_rows = final_eval(run)
+    planned = run.rounds_planned
+    rounds = str(run.rounds_done) if planned in (None, run.rounds_done) else \
+        f"{run.rounds_done}/{planned}"
+    cells = [run.name, run.algorithm, run.topology, run.profile, rounds,
+             ("~" if from_rows else "") + _num(loss, ".4f"),
+             _num(run.summary.get("wall_s"), ".1f"), _num(run.clock_s, ".2f"),
+             _bytes(run.bytes_sent)]
+    if target_loss is not None:
+        reached = time_to_target(run, target_loss)
+        cells.append("not reached" if reached is None else f"{reached:.2f}")
+    return cells, from_rows
+
+
+def _num(v, spec: str) -> str:
+    return format(v, spec) if _finite(v) else "-"
+
+
+def _bytes(n) -> str:
+    if not _finite(n):
+        return "-"
+    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+# ---------------------------------------------------------------- the plot
+
+def _matplotlib():
+    """Figure and the Agg canvas, imported only when a plot is asked for (an optional extra).
+    Using them directly, not pyplot, leaves the caller's global backend alone."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotUnavailable("plotting needs matplotlib, an optional extra; install it with: "
+                              f"{INSTALL_PLOT}") from None
+    return Figure, FigureCanvasAgg
+
+
+def plot(runs: list[Run], path) -> "object":
+    """Write a PNG: loss against rounds (left) and against the run clock (right); returns the
+    matplotlib Figure. Eval loss is the solid line, train loss the faint one, one colour a run."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_round, by_time = fig.subplots(1, 2)
+    colours = [f"C{i % 10}" for i in range(len(runs))]
+    drawn = sum(_plot_run(by_round, by_time, run, c) for run, c in zip(runs, colours))
+    if not drawn:
+        raise CompareError("nothing to plot: no run has a loss in its metrics.jsonl")
+    _dress(fig, by_round, by_time)
+    fig.savefig(path, dpi=110)
+    return fig
+
+
+def _plot_run(by_round, by_time, run: Run, colour: str) -> int:
+    """Draw one run on both panels; the number of lines drawn."""
+    drawn = 0
+    evals, trains = run.series("eval_loss"), run.series("train_loss")
+    for points, faint in ((trains, True), (evals, False)):
+        if not points:
+            continue
+        label = run.label if not faint or not evals else None  # one legend entry per run
+        style = dict(color=colour, alpha=0.35, lw=1.2) if faint else \
+            dict(color=colour, lw=2, marker="o", ms=3)
+        by_round.plot([p.round for p in points], [p.value for p in points], label=label, **style)
+        timed = [p for p in points if p.time_s is not None]
+        by_time.plot([p.time_s for p in timed], [p.value for p in timed], **style)
+        drawn += 1
+    return drawn
+
+
+def _dress(fig, by_round, by_time) -> None:
+    by_round.set(xlabel="round", ylabel="loss", title="loss against rounds")
+    by_time.set(xlabel="seconds (run clock; virtual in the simulator)", ylabel="loss",
+                title="loss against wall-clock time")
+    by_round.xaxis.get_major_locator().set_params(integer=True)  # rounds are whole numbers
+    for ax in (by_round, by_time):
+        ax.grid(True, alpha=0.3)
+    handles, labels = by_round.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, max(1, len(labels))),
+               fontsize="small")
+    fig.suptitle("solid: eval loss (workers' own models, mean)   faint: train loss (mean)",
+                 fontsize="medium")
+
+
+# ---------------------------------------------------------------- one run
+
+_SUMMARY_ORDER = ("status", "error", "mode", "algorithm", "topology", "workers", "rounds",
+                  "local_steps", "lambda2", "gamma", "final_eval_loss", "worker_eval_loss",
+                  "consensus_distance", "bytes_sent_total", "wall_s", "predicted_wall_s")
+
+
+def show_run(run: Run) -> RenderableType:
+    """One run: warnings, its summary (or what metrics.jsonl tells), and its links."""
+    parts: list[RenderableType] = [Text(f"{run.label}  {run.path}", style="bold")]
+    parts.extend(Text(f"! {w}", style="yellow") for w in run.warnings)
+    parts.append(_summary_table(run))
+    if run.links:
+        parts.append(links_table(run.links))
+    return Group(*parts)
+
+
+def _summary_table(run: Run) -> Table:
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    keys = [k for k in _SUMMARY_ORDER if k in run.summary]
+    keys += sorted(k for k in run.summary if k not in _SUMMARY_ORDER)  # later additions too
+    for key in keys:
+        table.add_row(key, _value(key, run.summary[key]))
+    for key, value in _from_metrics(run):
+        table.add_row(key, value)
+    return table
+
+
+def _from_metrics(run: Run) -> list[tuple[str, str]]:
+    """What the metrics rows say, the only numbers a killed run has."""
+    trains, evals = run.series("train_loss"), run.series("eval_loss")
+    out = [("rounds recorded", str(run.rounds_done)),
+           ("run clock s", _num(run.clock_s, ".2f"))]
+    if trains:
+        out.append((f"train loss (round {trains[-1].round})", f"{trains[-1].value:.4f}"))
+    if evals:
+        out.append((f"eval loss (round {evals[-1].round})", f"{evals[-1].value:.4f}"))
+    if "bytes_sent_total" not in run.summary:
+        out.append(("bytes sent", _bytes(run.bytes_sent)))
+    return out
+
+
+def _value(key: str, v) -> str:
+    if v is None:
+        return "-"
+    if key.startswith("bytes"):
+        return _bytes(v)
+    if isinstance(v, list):
+        return _list(v)
+    if isinstance(v, float):
+        return f"{v:.4f}" if "loss" in key else f"{v:.4g}"
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def _list(values: list) -> str:
+    nums = [v for v in values if _finite(v)]
+    if len(values) <= 8 or len(nums) != len(values):
+        return ", ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in values)
+    return f"{min(nums):.4g} … {max(nums):.4g} ({len(nums)} values)"
+
+
+def links_table(links: list[dict]) -> Table:
+    """Configured against measured rate and latency; a miss is off by more than 10 %."""
+    table = Table(title="links", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("link", "configured", "measured", "off by", "latency ms", "measured ms", ""):
+        table.add_column(name, justify="left" if name in ("link", "") else "right")
+    for lk in links:
+        off, miss = _link_off(lk)
+        table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
+                      _mbit(lk.get("configured_mbit")), _mbit(lk.get("measured_mbit")),
+                      "-" if off is None else f"{off:+.0%}", _num(lk.get("latency_ms"), ".1f"),
+                      _num(lk.get("measured_latency_ms"), ".1f"),
+                      _link_verdict(off, miss, lk.get("ok")))
+    return table
+
+
+def _link_verdict(off, miss: bool, ok) -> Text:
+    if miss:
+        return Text("MISS", style="bold red")
+    return Text("ok" if off is not None or ok is True else "-")
+
+
+def _link_off(lk: dict) -> tuple[float | None, bool]:
+    """Relative error of the measured rate, and whether the link misses its target."""
+    conf, meas = lk.get("configured_mbit"), lk.get("measured_mbit")
+    off = (meas - conf) / conf if _finite(conf) and conf > 0 and _finite(meas) else None
+    miss = lk.get("ok") is False or (off is not None and abs(off) > LINK_TOLERANCE)
+    return off, miss
+
+
+def _mbit(v) -> str:
+    return f"{v:.1f} Mbit/s" if _finite(v) else "-"

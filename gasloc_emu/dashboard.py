@@ -1,0 +1,520 @@
+"""Live terminal dashboard: an accumulator of progress events, a pure render of its snapshot,
+and a rich ``Live`` view that redraws on a timer (used only on a TTY).
+
+Events are dicts, fed one at a time to ``DashboardState.update`` (O(1) work each, so feeding
+never slows training):
+
+    metric rows   as in metrics.jsonl (no 'kind', or kind='metric')
+    status rows   {kind: 'status', worker, state, peer, round, device}; state is one of
+                  computing, sending, waiting, done, failed
+    link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now}, ...]}
+    warning rows  {kind: 'warning', text}
+    summary row   {kind: 'summary', ...summary.json keys} (final consensus and eval loss)
+
+``render(state.snapshot(now))`` is a pure function of the snapshot, so it is tested against
+golden text and never sees a half-updated state.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+STATES = ("computing", "sending", "waiting", "done", "failed")
+_SPARK = "▁▂▃▄▅▆▇█"
+_STATE_STYLE = {"failed": "bold red", "waiting": "yellow", "done": "green", "sending": "cyan"}
+
+
+@dataclass(frozen=True)
+class Header:
+    """What is fixed for the whole run, shown at the top."""
+
+    algorithm: str = "?"
+    topology: str = "?"
+    lambda2: float | None = None
+    gamma: float | None = None
+    profile: str = "unshaped"
+    shaper: str = "none"
+    workers: int = 1
+    rounds: int = 1
+    devices: tuple[str, ...] = ()
+    tokens_per_step: int = 0  # batch_size * block_size: tokens one worker uses per inner step
+
+
+def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
+    """The header for a resolved Config; ``shaper`` is the one actually in use, when known."""
+    from .algorithms import momentum_value
+    from .model import shape_from_config
+    from .worker import build_topology
+    topo = build_topology(cfg)
+    return Header(
+        algorithm=cfg.algo.name,
+        topology="ring-allreduce" if topo is None else cfg.topology.name,
+        lambda2=None if topo is None else topo.lambda2,
+        gamma=momentum_value(cfg.algo, topo),
+        profile=cfg.net.bw_profile or "unshaped", shaper=shaper or cfg.net.shaper,
+        workers=cfg.workers, rounds=cfg.run.rounds, devices=tuple(devices),
+        tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size)
+
+
+# ---------------------------------------------------------------- snapshot (immutable)
+
+@dataclass(frozen=True)
+class WorkerView:
+    rank: int
+    device: str = ""
+    round: int = 0  # 1-based round last reported or in progress; 0 before the first report
+    step: int = 0
+    train_loss: float | None = None
+    tokens_per_s: float | None = None
+    state: str = "starting"
+    peer: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkView:
+    src: int
+    dst: int
+    configured_mbit: float | None
+    mbit_now: float | None
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    header: Header
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    clock_s: float | None = None  # the run's own clock (virtual in the simulator)
+    workers: tuple[WorkerView, ...] = ()
+    links: tuple[LinkView, ...] = ()
+    links_in_use: int = 0
+    train_mean: float | None = None
+    train_std: float | None = None
+    eval_loss: float | None = None
+    eval_round: int | None = None
+    final_eval_loss: float | None = None
+    consensus: float | None = None
+    train_history: tuple[float, ...] = ()
+    eval_history: tuple[float, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- accumulator
+
+class _Worker:
+    """Mutable per-worker state; copied into a WorkerView at snapshot time."""
+
+    __slots__ = ("rank", "device", "round", "step", "reported_step", "train_loss",
+                 "tokens_per_s", "state", "peer", "last_seen", "dropped")
+
+    def __init__(self, rank: int, device: str):
+        self.rank, self.device = rank, device
+        self.round, self.step, self.reported_step, self.dropped = 0, 0, 0, 0
+        self.train_loss = self.tokens_per_s = self.peer = self.last_seen = None
+        self.state = "starting"
+
+    def view(self) -> WorkerView:
+        return WorkerView(self.rank, self.device, self.round, self.step, self.train_loss,
+                          self.tokens_per_s, self.state, self.peer)
+
+
+class _RoundMeans:
+    """Mean of one value per round, appended to a history once every live worker reported."""
+
+    def __init__(self, history: int):
+        self.pending: dict[int, list] = {}
+        self.history: list[float] = []
+        self.cap = history
+        self.last_round: int | None = None
+
+    def add(self, rnd: int, value, expected: int) -> None:
+        acc = self.pending.setdefault(rnd, [0.0, 0, 0])  # sum, finite values, reports
+        acc[2] += 1
+        if _finite(value):
+            acc[0] += value
+            acc[1] += 1
+        if acc[2] >= expected:
+            del self.pending[rnd]
+            if acc[1]:
+                self._push(rnd, acc[0] / acc[1])
+
+    def _push(self, rnd: int, mean: float) -> None:
+        self.history.append(mean)
+        self.last_round = rnd
+        if len(self.history) > 2 * self.cap:  # trim in bulk: amortised O(1) per round
+            del self.history[:-self.cap]
+
+
+class DashboardState:
+    """Accumulates events; ``snapshot(now)`` freezes what the dashboard shows.
+
+    Thread-safe: the simulator feeds it from worker threads while the Live timer snapshots.
+    """
+
+    def __init__(self, header: Header | dict, start: float | None = None, *, top_links: int = 8,
+                 history: int = 240, late_after_s: float = 10.0, max_warnings: int = 6):
+        self.header = header if isinstance(header, Header) else Header(**header)
+        self.start = time.monotonic() if start is None else start
+        self.top_links, self.late_after_s, self.max_warnings = top_links, late_after_s, max_warnings
+        self._lock = threading.Lock()
+        devs = self.header.devices
+        self._workers = {r: _Worker(r, devs[r] if r < len(devs) else "")
+                         for r in range(self.header.workers)}
+        self._links: dict[tuple[int, int], LinkView] = {}
+        self._train, self._eval = _RoundMeans(history), _RoundMeans(history)
+        self._warnings: OrderedDict = OrderedDict()
+        self._alive = self.header.workers
+        self._reports, self._last_report = 0, self.start
+        self._clock_s = self._consensus = self._final_eval = None
+
+    # ---- feeding
+
+    def update(self, row: dict, now: float | None = None) -> None:
+        handler = _HANDLERS.get(row.get("kind", "metric"))
+        if handler is None:
+            return  # kinds from newer producers are ignored, not fatal
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            handler(self, row, now)
+
+    __call__ = update
+
+    def _worker(self, rank: int) -> _Worker:
+        w = self._workers.get(rank)
+        if w is None:  # a rank beyond the header's count still gets a row
+            w = self._workers[rank] = _Worker(rank, "")
+        return w
+
+    def _warn(self, key, text: str) -> None:
+        """Keep the latest distinct warnings; a repeated key updates its text in place."""
+        self._warnings[key] = text
+        self._warnings.move_to_end(key)
+        if len(self._warnings) > self.max_warnings:
+            self._warnings.popitem(last=False)
+
+    def _on_metric(self, row: dict, now: float) -> None:
+        w = self._worker(row["worker"])
+        self._throughput(w, row)
+        w.round, w.step = row["round"] + 1, row.get("step", w.step)
+        w.reported_step = w.step
+        w.train_loss, w.last_seen, w.peer = row.get("train_loss"), now, None
+        w.state = "done" if w.round >= self.header.rounds else "computing"
+        self._reports, self._last_report = self._reports + 1, now
+        self._train.add(row["round"], row.get("train_loss"), self._alive)
+        if row.get("eval_loss") is not None:
+            self._eval.add(row["round"], row["eval_loss"], self._alive)
+        self._extras(w, row)
+
+    def _throughput(self, w: _Worker, row: dict) -> None:
+        # steps since the last metric row: status rows may move w.step within a round
+        steps = row.get("step", w.reported_step) - w.reported_step
+        compute = row.get("compute_s") or 0.0
+        if self.header.tokens_per_step and compute > 0 and steps > 0:
+            w.tokens_per_s = self.header.tokens_per_step * steps / compute
+
+    def _extras(self, w: _Worker, row: dict) -> None:
+        if _finite(row.get("time_s")):
+            self._clock_s = max(self._clock_s or 0.0, row["time_s"])
+        if _finite(row.get("consensus_distance")):
+            self._consensus = row["consensus_distance"]
+        if row.get("dropped"):
+            w.dropped += int(row["dropped"])
+            self._warn(("dropped", w.rank), f"worker {w.rank}: {w.dropped} message(s) dropped "
+                                            f"(last in round {w.round})")
+
+    def _on_status(self, row: dict, now: float) -> None:
+        w = self._worker(row["worker"])
+        w.state, w.peer, w.last_seen = row.get("state", w.state), row.get("peer"), now
+        if row.get("round") is not None:
+            w.round = row["round"] + 1
+        w.device = row.get("device") or w.device
+        w.step = row.get("step", w.step)
+        if w.state == "failed":
+            self._alive = max(1, self._alive - 1)  # later rounds complete without it
+            self._warn(("failed", w.rank), f"worker {w.rank} failed"
+                       + (f": {row['error']}" if row.get("error") else ""))
+
+    def _on_links(self, row: dict, now: float) -> None:
+        for link in row.get("links", ()):
+            view = LinkView(link["src"], link["dst"], link.get("configured_mbit"),
+                            link.get("mbit_now"), int(link.get("bytes") or 0))
+            self._links[(view.src, view.dst)] = view
+            miss = _link_miss(view, link.get("ok"))
+            if miss:
+                self._warn(("link", view.src, view.dst), f"link {view.src}→{view.dst} {miss}")
+
+    def _on_warning(self, row: dict, now: float) -> None:
+        text = str(row.get("text", ""))
+        self._warn(("text", text), text)
+
+    def _on_summary(self, row: dict, now: float) -> None:
+        if _finite(row.get("consensus_distance")):
+            self._consensus = row["consensus_distance"]
+        if _finite(row.get("final_eval_loss")):
+            self._final_eval = row["final_eval_loss"]
+
+    # ---- reading
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            workers = tuple(w.view() for w in sorted(self._workers.values(), key=_rank))
+            late = self._late_warnings(now)
+            links = heapq.nlargest(self.top_links, self._links.values(), key=_link_key)
+            in_use = sum(1 for lk in self._links.values() if lk.bytes > 0)
+            warnings = tuple(self._warnings.values()) + late
+            train_hist, eval_hist = tuple(self._train.history), tuple(self._eval.history)
+            eval_round = self._eval.last_round
+            reports, clock_s = self._reports, self._clock_s
+            consensus, final_eval = self._consensus, self._final_eval
+        mean, std = _mean_std([w.train_loss for w in workers])
+        elapsed = max(0.0, now - self.start)
+        return Snapshot(
+            header=self.header, elapsed_s=elapsed, eta_s=self._eta(elapsed, reports),
+            clock_s=clock_s, workers=workers, links=tuple(lk for lk in links if lk.bytes > 0),
+            links_in_use=in_use, train_mean=mean, train_std=std,
+            eval_loss=eval_hist[-1] if eval_hist else None,
+            eval_round=None if eval_round is None else eval_round + 1,
+            final_eval_loss=final_eval, consensus=consensus, train_history=train_hist,
+            eval_history=eval_hist, warnings=warnings)
+
+    def _eta(self, elapsed: float, reports: int) -> float | None:
+        """Remaining time at the rate worker-rounds have been reported so far."""
+        total = self.header.workers * self.header.rounds
+        if reports <= 0 or total <= 0:
+            return None
+        return max(0.0, elapsed * (total - reports) / reports)
+
+    def _late_warnings(self, now: float) -> tuple[str, ...]:
+        """Workers silent for over 3 typical round times (at least ``late_after_s``); the
+        typical time is taken up to the last report, so a stalled run does not stretch it."""
+        done = max((w.round for w in self._workers.values()), default=0)
+        typical = (self._last_report - self.start) / done if done else 0.0
+        limit = max(self.late_after_s, 3.0 * typical)
+        out = []
+        for w in sorted(self._workers.values(), key=_rank):
+            silent = now - (self.start if w.last_seen is None else w.last_seen)
+            if w.state not in ("done", "failed") and silent > limit:
+                out.append(f"worker {w.rank} late: silent for {silent:.0f}s in round "
+                           f"{max(w.round, 1)}")
+        return tuple(out)
+
+
+_HANDLERS = {"metric": DashboardState._on_metric, "status": DashboardState._on_status,
+             "links": DashboardState._on_links, "warning": DashboardState._on_warning,
+             "summary": DashboardState._on_summary}
+
+
+def _rank(w) -> int:
+    return w.rank
+
+
+def _link_key(lk: LinkView) -> int:
+    return lk.bytes
+
+
+def _link_miss(view: LinkView, ok) -> str | None:
+    """Why a link misses its target. Only overshoot is judged from the momentary rate: an idle
+    link reads below its target without being wrong; an explicit ok=False covers the rest."""
+    if ok is False:
+        return f"misses its target of {_mbit(view.configured_mbit)}"
+    if view.configured_mbit and view.mbit_now and view.mbit_now > 1.1 * view.configured_mbit:
+        return (f"runs at {_mbit(view.mbit_now)}, above its target of "
+                f"{_mbit(view.configured_mbit)} (not shaped?)")
+    return None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _mean_std(values) -> tuple[float | None, float | None]:
+    vals = [v for v in values if _finite(v)]
+    if not vals:
+        return None, None
+    mean = sum(vals) / len(vals)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+
+
+# ---------------------------------------------------------------- render (pure)
+
+def render(snap: Snapshot, max_workers: int = 16) -> RenderableType:
+    """The whole dashboard for one snapshot."""
+    parts: list[RenderableType] = [_header_text(snap), _workers_table(snap, max_workers)]
+    if snap.links:
+        parts.append(_links_table(snap))
+    parts.append(_global_text(snap))
+    if snap.warnings:
+        parts.append(_warnings_text(snap.warnings))
+    spaced: list[RenderableType] = []
+    for part in parts:  # a blank line between sections keeps the tables apart
+        spaced.extend((Text(""), part) if spaced else (part,))
+    return Group(*spaced)
+
+
+def _header_text(snap: Snapshot) -> Text:
+    h = snap.header
+    spectral = ", ".join(f"{sym} {v:.3f}" for sym, v in (("λ₂", h.lambda2), ("γ", h.gamma))
+                         if v is not None)
+    graph = f"{h.topology} ({spectral})" if spectral else h.topology
+    done = min((w.round for w in snap.workers), default=0)
+    text = Text()
+    text.append(h.algorithm, style="bold")
+    text.append(f" on {graph} · profile {h.profile} · shaper {h.shaper} · "
+                f"{h.workers} workers · round {done}/{h.rounds}\n")
+    text.append(f"elapsed {_duration(snap.elapsed_s)} · ETA {_duration(snap.eta_s)}"
+                + (f" · run clock {snap.clock_s:.2f}s" if snap.clock_s is not None else ""))
+    return text
+
+
+def _workers_table(snap: Snapshot, max_rows: int) -> Table:
+    shown = _workers_shown(snap.workers, max_rows)
+    hidden = len(snap.workers) - len(shown)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  caption=f"{hidden} more workers not shown (the furthest behind are)"
+                  if hidden else None)
+    for name, just in (("worker", "right"), ("device", "left"), ("round", "right"),
+                       ("step", "right"), ("train loss", "right"), ("tokens/s", "right"),
+                       ("state", "left")):
+        table.add_column(name, justify=just)
+    for w in shown:
+        table.add_row(str(w.rank), w.device or "-", f"{w.round}/{snap.header.rounds}",
+                      str(w.step), _loss(w.train_loss), _count(w.tokens_per_s),
+                      Text(_state(w), style=_STATE_STYLE.get(w.state, "")))
+    return table
+
+
+def _workers_shown(workers: tuple[WorkerView, ...], max_rows: int) -> list[WorkerView]:
+    """All workers, or when there are many the ones furthest behind, in rank order."""
+    if len(workers) <= max_rows:
+        return list(workers)
+    behind = heapq.nsmallest(max_rows, workers, key=lambda w: (w.round, w.step, w.rank))
+    return sorted(behind, key=_rank)
+
+
+def _state(w: WorkerView) -> str:
+    if w.peer is None:
+        return w.state
+    if w.state == "waiting":
+        return f"waiting for peer {w.peer}"
+    if w.state == "sending":
+        return f"sending to peer {w.peer}"
+    return w.state
+
+
+def _links_table(snap: Snapshot) -> Table:
+    title = (f"links (top {len(snap.links)} of {snap.links_in_use} by bytes)"
+             if snap.links_in_use > len(snap.links) else "links")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False)
+    for name in ("link", "configured", "now", "moved"):
+        table.add_column(name, justify="left" if name == "link" else "right")
+    for lk in snap.links:
+        table.add_row(f"{lk.src}→{lk.dst}", _mbit(lk.configured_mbit), _mbit(lk.mbit_now),
+                      _bytes(lk.bytes))
+    return table
+
+
+def _global_text(snap: Snapshot) -> Text:
+    parts = [f"train loss {_loss(snap.train_mean)} ± {_loss(snap.train_std)}"]
+    if snap.eval_loss is not None:
+        parts.append(f"eval loss {_loss(snap.eval_loss)} (round {snap.eval_round})")
+    if snap.final_eval_loss is not None:
+        parts.append(f"final eval (average model) {_loss(snap.final_eval_loss)}")
+    if snap.consensus is not None:
+        parts.append(f"consensus {snap.consensus:.4g}")
+    text = Text("  ".join(parts))
+    if snap.train_history:
+        text.append(f"\ntrain {sparkline(snap.train_history)}  "
+                    f"{_loss(snap.train_history[0])} → {_loss(snap.train_history[-1])}")
+    if snap.eval_history:
+        text.append(f"\neval  {sparkline(snap.eval_history)}  "
+                    f"{_loss(snap.eval_history[0])} → {_loss(snap.eval_history[-1])}")
+    return text
+
+
+def _warnings_text(warnings: tuple[str, ...]) -> Text:
+    text = Text()
+    for i, w in enumerate(warnings):
+        text.append(("\n" if i else "") + f"! {w}", style="yellow")
+    return text
+
+
+def sparkline(values, width: int = 40) -> str:
+    """The last ``width`` values as unicode blocks, scaled between their min and max."""
+    vals = [v for v in list(values)[-width:] if _finite(v)]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    if hi - lo < 1e-12:
+        return _SPARK[len(_SPARK) // 2] * len(vals)
+    top = len(_SPARK) - 1
+    return "".join(_SPARK[round((v - lo) / (hi - lo) * top)] for v in vals)
+
+
+def _loss(v) -> str:
+    return f"{v:.4f}" if _finite(v) else "-"
+
+
+def _count(v) -> str:
+    if not _finite(v):
+        return "-"
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.1f}{unit}"
+    return f"{v:.0f}"
+
+
+def _mbit(v) -> str:
+    return f"{v:.1f} Mbit/s" if _finite(v) else "-"
+
+
+def _bytes(n) -> str:
+    if not _finite(n):
+        return "-"
+    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(s) -> str:
+    if not _finite(s):
+        return "-"
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+# ---------------------------------------------------------------- live view
+
+class LiveView:
+    """Progress callback for a TTY: ``view(row)`` only feeds the state (O(1)); a rich Live
+    redraws from a snapshot on its own timer at ``refresh_hz``, never once per row."""
+
+    def __init__(self, header: Header | dict, console=None, refresh_hz: float = 4.0):
+        self.state = DashboardState(header)
+        self._live = Live(console=console, refresh_per_second=refresh_hz, auto_refresh=True,
+                          get_renderable=self._renderable, transient=False)
+
+    def _renderable(self) -> RenderableType:
+        return render(self.state.snapshot())
+
+    def __call__(self, row: dict) -> None:
+        self.state.update(row)
+
+    def __enter__(self) -> "LiveView":
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._live.stop()  # draws the final state once more and leaves it on screen

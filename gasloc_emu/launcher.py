@@ -1,0 +1,319 @@
+"""Spawn one process per worker, pin devices, supervise, stop, collect the run record.
+
+The launcher owns the control plane (ipc:// sockets in the run directory). It never touches the
+data plane: workers bind the addresses it hands out and talk to each other directly.
+Failure handling: a worker that exits early, reports an error, or is silent for
+``run.heartbeat_timeout_s`` stops the run; every worker is stopped, then killed after a grace
+period; the metrics written so far stay, and summary.json records the failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import zmq
+
+from . import records
+from .config import Config
+from .transport import control
+
+_READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
+_EXIT_GRACE_S = 10.0
+
+
+class RunFailed(RuntimeError):
+    """A worker died, reported an error or went silent."""
+
+
+class Interrupted(RuntimeError):
+    """Ctrl-C or SIGTERM on the launcher."""
+
+
+def worker_devices(cfg: Config, workers: int) -> tuple[list[str], list[dict]]:
+    """Device name per worker and its environment: cuda:k round-robin, else CPU."""
+    import torch
+    want = cfg.run.device
+    ngpu = torch.cuda.device_count() if want in ("auto", "cuda") else 0
+    if want == "cuda" and ngpu == 0:
+        raise RunFailed("run.device = 'cuda' but no GPU is visible")
+    if ngpu:
+        return ([f"cuda:{k % ngpu}" for k in range(workers)],
+                [{"CUDA_VISIBLE_DEVICES": str(k % ngpu)} for k in range(workers)])
+    return ["cpu"] * workers, [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
+
+
+def threads_per_worker(cfg: Config) -> int:
+    """Torch threads per worker so that N workers do not oversubscribe the cores."""
+    return cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
+
+
+@dataclass
+class WorkerSlot:
+    rank: int
+    proc: subprocess.Popen
+    device: str
+    last_seen: float
+    round: int = -1
+    ready: dict | None = None
+    final: dict | None = None
+    theta: object = None
+    status: dict = field(default_factory=dict)
+
+
+class Supervisor:
+    """Runs one emulator job from spawn to summary."""
+
+    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, net, progress=None):
+        self.cfg, self.dir, self.rec, self.net, self.progress = cfg, run_dir, rec, net, progress
+        self.ctx = zmq.Context()
+        self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)
+        self.router = self._bind(zmq.ROUTER, self.ctl_addr)
+        self.pull = self._bind(zmq.PULL, self.hb_addr)
+        self.slots: list[WorkerSlot] = []
+        self.t0 = 0.0
+
+    def _bind(self, kind: int, addr: str):
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(addr)
+        return sock
+
+    # -- lifecycle
+    def run(self) -> dict:
+        devices, envs = worker_devices(self.cfg, self.cfg.workers)
+        self._write_spec(devices)
+        for rank in range(self.cfg.workers):
+            self.slots.append(self._spawn(rank, devices[rank], envs[rank]))
+        self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
+        self.t0 = time.time()
+        peers = {str(s.rank): s.ready["addr"] for s in self.slots}
+        for s in self.slots:
+            self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
+        self._await(lambda s: s.final is not None, None, "finish")
+        wall_s = time.time() - self.t0
+        for s in self.slots:
+            self._tell(s.rank, {"type": "exit"})
+        self._reap(_EXIT_GRACE_S)
+        return self._summary(wall_s)
+
+    def _write_spec(self, devices: list[str]) -> None:
+        spec = {"ctl": self.ctl_addr, "hb": self.hb_addr, "devices": devices,
+                "bind": [self.net.bind_address(r) for r in range(self.cfg.workers)],
+                "shaping": self.net.shaping_spec(), "threads": threads_per_worker(self.cfg),
+                "heartbeat_s": 0.5, "start_timeout_s": _READY_TIMEOUT_S + 60,
+                "exit_timeout_s": 3600.0}
+        (self.dir / "launch.json").write_text(json.dumps(spec, indent=2))
+
+    def _spawn(self, rank: int, device: str, env_extra: dict) -> WorkerSlot:
+        logs = self.dir / "workers"
+        logs.mkdir(exist_ok=True)
+        argv = self.net.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
+                                    str(self.dir), str(rank)])
+        env = os.environ | env_extra | {"PYTHONUNBUFFERED": "1"}
+        with open(logs / f"worker{rank}.log", "wb") as log:
+            # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        return WorkerSlot(rank, proc, device, time.monotonic())
+
+    def _await(self, done, timeout_s: float | None, what: str) -> None:
+        """Serve control traffic until ``done(slot)`` for every worker, failing fast on trouble."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not all(done(s) for s in self.slots):
+            self._serve(0.1)
+            self._check_health(done)
+            if deadline is not None and time.monotonic() > deadline:
+                late = [s.rank for s in self.slots if not done(s)]
+                raise RunFailed(f"workers {late} did not get ready to {what} in {timeout_s:.0f} s")
+
+    def _serve(self, timeout_s: float) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pull, zmq.POLLIN)
+        events = dict(poller.poll(int(timeout_s * 1000)))
+        while self.pull in events and self.pull.poll(0):
+            self._on_heartbeat(control.unpack(self.pull.recv()))
+        while self.router in events and self.router.poll(0):
+            self._on_control(self.router.recv_multipart(copy=False))
+
+    def _on_heartbeat(self, msg: dict) -> None:
+        slot = self._slot(msg.get("worker"))
+        if slot is None:
+            return
+        slot.last_seen = time.monotonic()
+        slot.status = msg
+        if self.progress is not None:
+            self.progress({"kind": "status", "worker": slot.rank, "device": slot.device,
+                           "state": msg.get("state"), "peer": msg.get("peer"),
+                           "round": msg.get("round"), "step": msg.get("step")})
+
+    def _on_control(self, frames) -> None:
+        ident, body, extra = frames[0].bytes, frames[1].bytes, frames[2:]
+        msg = control.unpack(body)
+        slot = self._slot(msg.get("worker"))
+        if slot is None or ident != f"w{slot.rank}".encode():
+            return  # not one of ours: ignore, never crash the launcher
+        slot.last_seen = time.monotonic()
+        handler = getattr(self, f"_on_{msg['type']}", None)
+        if handler is not None:
+            handler(slot, msg, extra)
+
+    def _on_ready(self, slot: WorkerSlot, msg: dict, extra) -> None:
+        slot.ready = msg
+
+    def _on_metric(self, slot: WorkerSlot, msg: dict, extra) -> None:
+        row = msg.get("row") or {}
+        slot.round = row.get("round", slot.round)
+        self.rec.metric(row)
+        if self.progress is not None:
+            self.progress(row)
+
+    def _on_final(self, slot: WorkerSlot, msg: dict, extra) -> None:
+        slot.theta = control.frame_tensor(extra[0], msg["dtype"], msg["numel"])
+        slot.final = msg
+
+    def _on_error(self, slot: WorkerSlot, msg: dict, extra) -> None:
+        raise RunFailed(f"worker {slot.rank} failed at round {slot.round}: {msg.get('error')}")
+
+    def _check_health(self, done) -> None:
+        now = time.monotonic()
+        for s in self.slots:
+            code = s.proc.poll()
+            if code is not None and not done(s) and s.final is None:
+                self._serve(0.2)  # its last words (an error message) may still be in flight
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                raise RunFailed(f"worker {s.rank} died ({how}) at round {max(s.round, 0)}; "
+                                f"log: {self.dir / 'workers' / f'worker{s.rank}.log'}")
+            if now - s.last_seen > self.cfg.run.heartbeat_timeout_s and s.final is None:
+                raise RunFailed(f"worker {s.rank} silent for {now - s.last_seen:.0f} s "
+                                f"(last round {s.round})")
+
+    def _tell(self, rank: int, msg: dict) -> None:
+        try:
+            self.router.send_multipart([f"w{rank}".encode(), control.pack(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # that worker is gone; supervision notices
+
+    def _slot(self, worker) -> WorkerSlot | None:
+        if isinstance(worker, int) and 0 <= worker < len(self.slots):
+            return self.slots[worker]
+        return None
+
+    # -- stopping
+    def stop_all(self) -> None:
+        """Ask every worker to stop, then kill whatever is left after a short grace."""
+        for s in self.slots:
+            self._tell(s.rank, {"type": "stop"})
+        self._reap(3.0)
+
+    def _reap(self, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        for s in self.slots:
+            try:
+                s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(s.proc)
+
+    def close(self) -> None:
+        for s in self.slots:
+            if s.proc.poll() is None:
+                _kill_group(s.proc)
+        self.router.close()
+        self.pull.close()
+        self.ctx.term()
+
+    # -- results
+    def _summary(self, wall_s: float) -> dict:
+        from .simulate import build_corpus
+        from .worker import build_topology, final_summary
+        corpus = build_corpus(self.cfg)
+        sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
+        out = final_summary(self.cfg, [s.theta for s in self.slots],
+                            [s.final["eval_loss"] for s in self.slots],
+                            corpus.eval_batches(), wall_s, sent, build_topology(self.cfg))
+        out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in self.slots)
+        return out
+
+    def link_bytes(self) -> list[dict]:
+        """Bytes moved on every directed link that carried traffic, from the workers' counters."""
+        rows = []
+        for s in self.slots:
+            sent = (s.final or {}).get("counters", {}).get("bytes_sent", {})
+            rows += [{"src": s.rank, "dst": int(p), "bytes": int(b)} for p, b in sent.items() if b]
+        return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class _SigTerm:
+    """Turn SIGTERM into an exception in the main thread, so cleanup runs as for Ctrl-C."""
+
+    def __enter__(self):
+        self.prev = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Interrupted("SIGTERM")
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self.prev)
+
+
+def launch(cfg: Config, out: str | None, dry_run: bool = False, progress=None) -> int:
+    """``gasloc-emu run``: validate, build the network, run the workers, write the record."""
+    from .netplan import open_network
+    from .simulate import build_corpus
+    from .worker import build_topology
+    build_topology(cfg)
+    build_corpus(cfg)  # bad data fails before anything is created
+    with ExitStack() as stack:
+        net = stack.enter_context(open_network(cfg, dry_run=dry_run))
+        if dry_run:
+            click.echo(net.dry_run_text())
+            return 0
+        path = records.new_run_dir(cfg, out)
+        rec = stack.enter_context(records.RunRecord(path, cfg))
+        prog = stack.enter_context(progress) if progress is not None else None
+        return _supervise(cfg, path, rec, net, prog)
+
+
+def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, progress) -> int:
+    sup = Supervisor(cfg, path, rec, net, progress)
+    code, summary = 0, {}
+    try:
+        with _SigTerm():
+            summary = sup.run()
+    except (RunFailed, KeyboardInterrupt, Interrupted) as exc:
+        reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        code = 1 if isinstance(exc, RunFailed) else 130
+        summary = {"status": "failed" if code == 1 else "stopped", "error": reason,
+                   "last_rounds": [s.round for s in sup.slots]}
+        sup.stop_all()
+        click.echo(f"error: {reason}", err=True)
+    finally:
+        sup.close()
+        summary |= {"mode": "run"} | net.describe_summary()
+        rec.summary(summary)
+        rec.write_json("links.json", net.links_record(sup.link_bytes()))
+    if code == 0:
+        from .app import print_summary
+        print_summary(summary, path)
+    return code

@@ -1,0 +1,335 @@
+"""Experiment sweeps: run every arm of a preset over seeds, with the same learning-rate search for
+every arm, and write one table, one plot and a results section per experiment.
+
+A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
+
+    [sweep]
+    title = "..."                 # what the experiment shows
+    claim = "..."                 # the paper's claim it checks
+    mode = "simulate"             # or "run" (real processes, shaped network)
+    seeds = [0, 1, 2]
+    tune_key = "algo.inner.lr"    # searched on seed 0 for every arm, best kept for all seeds
+    tune_values = [1e-3, 3e-3]
+    target_loss = 3.0             # for time/rounds to target
+    verdict = "beats"             # how the verdict is computed (see ``verdict``)
+    [[sweep.arm]]
+    name = "gasloc-ring"
+    group = "ring"                # arms of one group are compared with each other
+    set = { "algo.name" = "gasloc", "topology.name" = "ring" }
+
+``gasloc-emu run --config runs/<preset>.toml`` ignores ``[sweep]`` and runs the base config.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import config as C
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    sets: dict
+    group: str = ""
+    role: str = ""  # "candidate" (GASLoC) or "baseline"; drives the verdict
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    title: str
+    claim: str
+    mode: str
+    seeds: tuple
+    arms: tuple
+    tune_key: str = ""
+    tune_values: tuple = ()
+    target_loss: float | None = None
+    verdict: str = "beats"
+    tolerance: float = 0.02
+    x_axis: str = "round"
+
+
+_SPEC_KEYS = {"title", "claim", "mode", "seeds", "arm", "tune_key", "tune_values", "target_loss",
+              "verdict", "tolerance", "x_axis"}
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    tree = C.load_toml(path)
+    raw = tree.get("sweep")
+    if not isinstance(raw, dict) or not raw.get("arm"):
+        raise C.ConfigError(f"{path}: no [sweep] table with [[sweep.arm]] entries")
+    unknown = set(raw) - _SPEC_KEYS
+    if unknown:
+        raise C.ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}")
+    if raw.get("mode", "simulate") not in ("simulate", "run"):
+        raise C.ConfigError(f"sweep.mode = {raw['mode']!r}; expected 'simulate' or 'run'")
+    arms = tuple(Arm(a["name"], dict(a.get("set", {})), a.get("group", ""), a.get("role", ""))
+                 for a in raw["arm"])
+    return SweepSpec(raw.get("title", Path(path).stem), raw.get("claim", ""),
+                     raw.get("mode", "simulate"), tuple(raw.get("seeds", [0, 1, 2])), arms,
+                     raw.get("tune_key", ""), tuple(raw.get("tune_values", ())),
+                     raw.get("target_loss"), raw.get("verdict", "beats"),
+                     float(raw.get("tolerance", 0.02)), raw.get("x_axis", "round"))
+
+
+def arm_config(preset: str | Path, arm: Arm, seed: int, extra: dict | None = None) -> C.Config:
+    """The preset's config with the arm's settings, the seed and tuned values applied."""
+    overrides = dict(arm.sets) | {"seed": seed} | (extra or {})
+    return C.resolve(preset, overrides)
+
+
+# ------------------------------------------------------------------ running
+
+@dataclass
+class ArmResult:
+    arm: Arm
+    tuned: dict = field(default_factory=dict)       # tune value -> seed-0 final eval loss
+    best: object = None
+    runs: list = field(default_factory=list)        # run directories, one per seed
+
+
+def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
+    """One run of the sweep, in the simulator or the emulator; returns its record folder."""
+    if (out / "summary.json").exists():
+        return out  # resumable: a finished run is not repeated
+    if mode == "simulate":
+        from .app import _sim_link_model
+        from .simulate import simulate
+        simulate(cfg, out, link_model=_sim_link_model(cfg))
+    else:
+        from .launcher import launch
+        if launch(C.replace(cfg, **{"run.dashboard": "off"}), str(out)) != 0:
+            raise RuntimeError(f"run failed: see {out}/summary.json")
+    return out
+
+
+def final_loss(run_dir: Path) -> float:
+    s = json.loads((run_dir / "summary.json").read_text())
+    v = s.get("final_eval_loss")
+    return math.inf if v is None or not math.isfinite(v) else float(v)
+
+
+def run_arm(preset: Path, spec: SweepSpec, arm: Arm, out: Path, log) -> ArmResult:
+    res = ArmResult(arm)
+    first = spec.seeds[0]
+    for value in spec.tune_values or (None,):
+        extra = {spec.tune_key: value} if value is not None else {}
+        tag = f"{arm.name}-s{first}" + (f"-{_fmt_val(value)}" if value is not None else "")
+        d = run_one(arm_config(preset, arm, first, extra), out / tag, spec.mode)
+        res.tuned[value] = final_loss(d)
+        log(f"  {tag}: final eval loss {res.tuned[value]:.4f}")
+    res.best = min(res.tuned, key=lambda v: res.tuned[v])
+    extra = {spec.tune_key: res.best} if res.best is not None else {}
+    for seed in spec.seeds:
+        tag = f"{arm.name}-s{seed}" + (f"-{_fmt_val(res.best)}" if res.best is not None else "")
+        res.runs.append(run_one(arm_config(preset, arm, seed, extra), out / tag, spec.mode))
+        log(f"  {tag}: final eval loss {final_loss(res.runs[-1]):.4f}")
+    return res
+
+
+def _fmt_val(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, ...] = ()) -> dict:
+    preset, out = Path(preset), Path(out)
+    spec = load_spec(preset)
+    chosen = [a for a in spec.arms if not arms or a.name in arms]
+    for a in chosen:  # every arm's config must resolve before anything runs
+        arm_config(preset, a, spec.seeds[0])
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    results = []
+    for a in chosen:
+        log(f"arm {a.name}")
+        results.append(run_arm(preset, spec, a, out, log))
+    table = summarize(spec, results)
+    report = {"preset": str(preset), "spec": _spec_dict(spec), "rows": table,
+              "verdict": verdict(spec, table), "machine": machine(), "seconds": time.time() - t0}
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot_sweep(spec, results, out / "plot.png")
+    return report
+
+
+# ------------------------------------------------------------------ summarising
+
+def _curve(run_dir: Path, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mean eval loss over workers per evaluated round, against rounds or time_s."""
+    by_round: dict[int, list] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("eval_loss") is not None:
+            by_round.setdefault(row["round"], []).append((row["eval_loss"], row.get("time_s", 0)))
+    rounds = sorted(by_round)
+    x = [r + 1 if x_axis == "round" else max(t for _, t in by_round[r]) for r in rounds]
+    y = [float(np.mean([e for e, _ in by_round[r]])) for r in rounds]
+    return np.array(x, dtype=float), np.array(y, dtype=float)
+
+
+def time_to_target(run_dir: Path, target: float | None) -> float | None:
+    """Run-clock seconds (time_s) until the mean worker eval loss first reaches ``target``."""
+    if target is None:
+        return None
+    x, y = _curve(run_dir, "time")
+    hit = np.nonzero(y <= target)[0]
+    return float(x[hit[0]]) if hit.size else None
+
+
+def _stats(values: list) -> tuple[float | None, float | None, int]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None, 0
+    return float(np.mean(vals)), float(np.std(vals)), len(vals)
+
+
+def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
+    rows = []
+    for res in results:
+        sums = [json.loads((d / "summary.json").read_text()) for d in res.runs]
+        clock = "predicted_wall_s" if spec.mode == "simulate" else "wall_s"
+        rows.append({
+            "arm": res.arm.name, "group": res.arm.group, "role": res.arm.role,
+            "tuned": {_fmt_val(k) if k is not None else "-": v for k, v in res.tuned.items()},
+            "best": res.best,
+            "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
+            "wall_s": _stats([s.get(clock) if s.get(clock) is not None else s.get("wall_s")
+                              for s in sums]),
+            "time_to_target_s": _stats([time_to_target(d, spec.target_loss) for d in res.runs]),
+            "bytes_sent_total": _stats([s.get("bytes_sent_total") for s in sums]),
+            "rounds": sums[0].get("rounds"), "runs": [str(d) for d in res.runs],
+        })
+    return rows
+
+
+def verdict(spec: SweepSpec, rows: list[dict]) -> dict:
+    """Per group: does the candidate (GASLoC) arm do what the claim says against each baseline?
+
+    beats:       candidate's mean final eval loss below every baseline's in its group
+    competitive: candidate within ``tolerance`` (relative) of the best baseline
+    faster:      candidate reaches target_loss in less time than every baseline
+    """
+    out = {}
+    for group in sorted({r["group"] for r in rows}):
+        members = [r for r in rows if r["group"] == group]
+        cands = [r for r in members if r["role"] == "candidate"]
+        bases = [r for r in members if r["role"] == "baseline"]
+        if cands and bases:
+            out[group or "all"] = [_judge(spec, c, bases) for c in cands]
+    return out
+
+
+def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
+    key = "time_to_target_s" if spec.verdict == "faster" else "final_eval_loss"
+    mine = cand[key][0]
+    theirs = {b["arm"]: b[key][0] for b in bases}
+    if mine is None:
+        return {"arm": cand["arm"], "holds": False, "why": f"{cand['arm']} has no {key}"}
+    known = {k: v for k, v in theirs.items() if v is not None}
+    if spec.verdict == "competitive":
+        best = min(known.values()) if known else math.inf
+        holds = mine <= best * (1 + spec.tolerance)
+    else:  # beats / faster; a baseline that never reached the target counts as slower
+        holds = all(mine < v for v in known.values())
+    return {"arm": cand["arm"], "holds": bool(holds), "key": key, "value": mine, "baselines": theirs}
+
+
+def machine() -> dict:
+    import os
+
+    import torch
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpus": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _spec_dict(spec: SweepSpec) -> dict:
+    d = dict(spec.__dict__)
+    d["arms"] = [a.__dict__ for a in spec.arms]
+    return d
+
+
+# ------------------------------------------------------------------ plotting and reporting
+
+def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
+    """Mean eval loss (band: min..max over seeds) per arm, against rounds and run-clock seconds."""
+    from .compare import require_matplotlib
+    plt = require_matplotlib()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for res in results:
+        for ax, axis in zip(axes, ("round", "time")):
+            curves = [_curve(d, axis) for d in res.runs]
+            n = min(len(c[0]) for c in curves)
+            if n == 0:
+                continue
+            x = np.mean([c[0][:n] for c in curves], axis=0)
+            ys = np.array([c[1][:n] for c in curves])
+            line, = ax.plot(x, ys.mean(0), label=res.arm.name,
+                            linestyle="-" if res.arm.role == "candidate" else "--")
+            ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("outer round")
+    axes[1].set_xlabel("seconds" + (" (predicted by the simulator)" if spec.mode == "simulate"
+                                    else " (wall-clock, emulator)"))
+    for ax in axes:
+        ax.set_ylabel("eval loss (mean over workers)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle(spec.title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pm(stat, fmt: str = "{:.4f}") -> str:
+    mean, std, n = stat
+    return "-" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}" + (f" (n={n})" if n else "")
+
+
+def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
+    spec = report["spec"]
+    lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}", "",
+             f"Command: `{command}`", "",
+             f"Mode: {spec['mode']} ({'real processes over the shaped network' if spec['mode'] == 'run' else 'in-process simulator; rounds matter, time is predicted'}); "
+             f"seeds {spec['seeds']}; search over {spec['tune_key'] or 'nothing'} "
+             f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm.", "",
+             "| arm | best | final eval loss | time to target (s) | run clock (s) | MB sent |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in report["rows"]:
+        mb = r["bytes_sent_total"]
+        lines.append(f"| {r['arm']} | {_fmt_val(r['best']) if r['best'] is not None else '-'} | "
+                     f"{_pm(r['final_eval_loss'])} | {_pm(r['time_to_target_s'], '{:.1f}')} | "
+                     f"{_pm(r['wall_s'], '{:.1f}')} | "
+                     f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
+    lines += ["", f"![{name}]({plot_rel})", "", "Verdict (computed from the table):", ""]
+    for group, judged in report["verdict"].items():
+        for j in judged:
+            lines.append(f"- {group}: {j['arm']} {'holds' if j['holds'] else 'does not hold'} "
+                         f"({j.get('key', '')} {j.get('value', '-')!s:.8} vs "
+                         f"{ {k: (round(v, 4) if v is not None else None) for k, v in j.get('baselines', {}).items()} })")
+    m = report["machine"]
+    lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
+              f"{m['torch']}, GPU {m['gpu'] or 'none'}; sweep took {report['seconds'] / 60:.1f} min.", ""]
+    return "\n".join(lines)
+
+
+def update_results_page(page: Path, name: str, section: str) -> None:
+    """Replace (or append) the section between this experiment's markers."""
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    text = page.read_text() if page.exists() else "# Results\n"
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text)

@@ -1,0 +1,346 @@
+"""The emulator's data plane: one worker's ``Transport`` over ZeroMQ TCP sockets.
+
+Sockets. Every worker binds one PULL socket on the data-plane address the launcher gave it and,
+on its first send to a peer, connects one PUSH socket to that peer's address. A PUSH socket
+queues messages until the peer is up, so workers may start in any order. TCP only: the data
+plane must cross the shaped veths, and binding a wildcard address would bypass them.
+
+Zero copy. A send hands libzmq a view of the tensor's memory (``framing.encode``); libzmq keeps
+the view, hence the tensor, alive until the bytes are out. That is why ``send`` takes ownership
+of the tensor (``base``). A receive views the frame's memory as a tensor, so a received tensor
+lives exactly as long as the algorithm holds it.
+
+Mailbox. This worker reads its socket only while it waits inside ``recv`` or a blocked ``send``
+(no background thread competing with training for the two cores). Whatever arrives is decoded
+and validated, then kept until asked for: messages from other peers, or for later rounds, are
+normal (a neighbour may be a few rounds ahead). A message is dropped, counted in ``dropped`` and
+in ``drop_reasons``, and never touches parameters when it is malformed, from an unknown sender,
+a duplicate of an earlier (src, round, kind), outside the round window, or left unclaimed when
+its round falls out of the window. The window is [current - 1, current + max_rounds_ahead],
+where the current round is the highest round this worker has sent or asked for (or set_round).
+
+Shaping. With a userspace shaper the sender stamps each message with ``shaping.stamp(...)``
+(its delivery time) and the receiver holds it in a release queue until
+``shaping.release_at(...)``. Waits are sliced (at most POLL_SLICE_S, and never past the next
+release) so that ``should_stop`` can abort them and releases are on time.
+
+Single-threaded: one worker thread calls send/recv; nothing here is thread-safe.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+import time
+from collections import defaultdict
+from typing import Callable, Protocol
+
+import torch
+import zmq
+
+from . import framing
+from .base import TransportBase, TransportError, ring_all_reduce_sum_
+from .framing import FrameError, Message
+
+POLL_SLICE_S = 0.05        # longest wait between two should_stop checks
+MAX_DRAIN_MSGS = 64        # messages read per wake-up before checking stop and deadlines again
+# Messages queued per peer and direction. Zero-copy sends queue views, not copies, so this
+# bounds how many of the algorithm's tensors libzmq may hold, not extra memory.
+HWM_MSGS = 256
+DEFAULT_LINGER_S = 2.0
+DEFAULT_RECV_TIMEOUT_S = 600.0
+# A neighbour can run ahead of this worker by about log2(world size) rounds under
+# time-varying matchings; a message dropped for being "too early" would stall its round.
+DEFAULT_MAX_ROUNDS_AHEAD = 16
+_TCP_ADDR = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(?P<port>\d{1,5})")
+_WILDCARD_HOSTS = {"*", "0.0.0.0", "[::]", "[::0]"}
+
+Key = tuple[int, int, str]  # (src, round, kind)
+
+
+class Shaping(Protocol):
+    """The userspace shaper's hooks (implemented in the netem package)."""
+
+    def stamp(self, peer: int, nbytes: int, now_s: float) -> float:
+        """Delivery time (time.time() clock) of a message of ``nbytes`` sent to ``peer`` now."""
+
+    def release_at(self, src: int, deliver_at: float, arrival_s: float) -> float:
+        """When a message from ``src`` stamped ``deliver_at`` and arrived at ``arrival_s`` is due."""
+
+
+def check_tcp_addr(addr: str, what: str) -> str:
+    """``addr`` if it is tcp://HOST:PORT with a concrete host and port, else ValueError."""
+    m = _TCP_ADDR.fullmatch(addr) if isinstance(addr, str) else None
+    if m is None or m["host"] in _WILDCARD_HOSTS or not 0 < int(m["port"]) < 65536:
+        raise ValueError(f"{what} must be tcp://HOST:PORT with a concrete host and port "
+                         f"(no wildcard), got {addr!r}")
+    return addr
+
+
+class ZmqTransport(TransportBase):
+    def __init__(self, rank: int, world_size: int, bind_addr: str, peer_addrs: dict[int, str], *,
+                 dtype: torch.dtype = torch.float32, max_numel: int,
+                 shaping: Shaping | None = None,
+                 recv_timeout_s: float = DEFAULT_RECV_TIMEOUT_S,
+                 max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
+                 linger_s: float = DEFAULT_LINGER_S,
+                 should_stop: Callable[[], bool] | None = None,
+                 context: zmq.Context | None = None):
+        _check_config(rank, world_size, peer_addrs, max_numel, recv_timeout_s,
+                      max_rounds_ahead, linger_s)
+        super().__init__(rank, world_size)
+        self.bind_addr = check_tcp_addr(bind_addr, "bind_addr")
+        self.peer_addrs = {p: check_tcp_addr(a, f"address of peer {p}")
+                           for p, a in peer_addrs.items()}
+        self.dtype, self.max_numel, self.shaping = dtype, max_numel, shaping
+        self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
+        self.linger_s, self.should_stop = linger_s, should_stop
+        self.drop_reasons: dict[str, int] = defaultdict(int)
+        self._init_state()
+        self._own_context = context is None
+        self._ctx = zmq.Context() if context is None else context
+        self._push: dict[int, zmq.Socket] = {}
+        self._pull = self._bind_pull()
+
+    def _init_state(self) -> None:
+        self._round = 0
+        self._mailbox: dict[Key, Message] = {}
+        self._pending: list[tuple[float, int, Message]] = []  # (release time, seq, msg) heap
+        self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
+        self._seq = itertools.count()
+        self._closed = False
+
+    def _bind_pull(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, HWM_MSGS)
+        # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
+        frame_limit = max(self.max_numel * self.dtype.itemsize, framing.MAX_HEADER_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, frame_limit)
+        try:
+            sock.bind(self.bind_addr)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._close_context()
+            raise TransportError(f"worker {self.rank} cannot bind {self.bind_addr}: {exc}") from exc
+        return sock
+
+    # -- the interface TransportBase needs
+
+    def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+        self._check_open()
+        self._note_round(round_idx)
+        tensor = self._wire_tensor(tensor)
+        sock = self._socket_to(peer)
+        nbytes = tensor.numel() * tensor.element_size()
+        deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, time.time())
+        frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at)
+        self._wait_until(lambda: _try_send(sock, frames),
+                         f"room to send {kind!r} of round {round_idx} to worker {peer}", sock)
+
+    def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
+        self._check_open()
+        if round_idx < self._round - 1:
+            raise TransportError(f"worker {self.rank}: round {round_idx} is behind the window "
+                                 f"of round {self._round}; its messages were dropped")
+        self._note_round(round_idx)
+        key = (peer, round_idx, kind)
+        self._wait_until(lambda: key in self._mailbox,
+                         f"{kind!r} of round {round_idx} from worker {peer}")
+        return self._mailbox.pop(key).tensor
+
+    # -- more of the interface
+
+    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+        # The last all-gather chunk may still be leaving from ``tensor`` (zero copy) when the ring
+        # returns here, so divide into a fresh tensor instead of in place: same kernel, same bits.
+        return ring_all_reduce_sum_(self, round_idx, tensor).div(self.world_size)
+
+    def counters(self) -> dict:
+        return super().counters() | {"drop_reasons": dict(self.drop_reasons)}
+
+    def set_round(self, round_idx: int) -> None:
+        """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
+        self._round = round_idx
+        self._prune()
+
+    def close(self, linger_s: float | None = None) -> None:
+        """Flush queued sends for at most ``linger_s`` (default: the constructor's), then close.
+
+        Idempotent. Never blocks longer than the linger: unsent messages are then discarded.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        linger_ms = int(1000 * (self.linger_s if linger_s is None else linger_s))
+        for sock in self._push.values():
+            sock.close(linger=linger_ms)
+        self._pull.close(linger=0)
+        self._mailbox.clear()
+        self._pending.clear()
+        self._close_context()
+
+    def __enter__(self) -> "ZmqTransport":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- sending
+
+    def _wire_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as a contiguous CPU tensor (copies only GPU or strided tensors)."""
+        if tensor.dtype != self.dtype:
+            raise ValueError(f"worker {self.rank}: tensor dtype {tensor.dtype}, the data plane "
+                             f"carries {self.dtype}")
+        if tensor.numel() > self.max_numel:
+            raise ValueError(f"worker {self.rank}: tensor of {tensor.numel()} elements exceeds "
+                             f"max_numel {self.max_numel}")
+        return tensor.detach().cpu().contiguous()
+
+    def _socket_to(self, peer: int) -> zmq.Socket:
+        sock = self._push.get(peer)
+        if sock is None:
+            if peer not in self.peer_addrs:
+                raise TransportError(f"worker {self.rank}: no address for peer {peer}")
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, HWM_MSGS)
+            sock.connect(self.peer_addrs[peer])
+            self._push[peer] = sock
+        return sock
+
+    # -- waiting
+
+    def _wait_until(self, ready: Callable[[], bool], what: str,
+                    out_sock: zmq.Socket | None = None) -> None:
+        """Pump incoming messages until ``ready()``; TransportError on stop or timeout."""
+        deadline = time.monotonic() + self.recv_timeout_s
+        while True:
+            self._release_due()
+            if ready():
+                return
+            self._check_abort(what, deadline)
+            self._pump(self._slice_s(deadline), out_sock)
+
+    def _check_abort(self, what: str, deadline: float) -> None:
+        if self.should_stop is not None and self.should_stop():
+            raise TransportError(f"worker {self.rank}: stopped while waiting for {what}")
+        if time.monotonic() >= deadline:
+            raise TransportError(f"worker {self.rank} waited {self.recv_timeout_s:g} s "
+                                 f"for {what}")
+
+    def _slice_s(self, deadline: float) -> float:
+        """How long the next poll may sleep: short, and never past a due release or the deadline."""
+        slice_s = min(POLL_SLICE_S, deadline - time.monotonic())
+        if self._pending:
+            slice_s = min(slice_s, self._pending[0][0] - time.time())
+        return max(0.0, slice_s)
+
+    def _pump(self, timeout_s: float, out_sock: zmq.Socket | None) -> None:
+        """Sleep until input (or room on ``out_sock``) or the timeout, then read what is there."""
+        items = [(self._pull, zmq.POLLIN)]
+        if out_sock is not None:
+            items.append((out_sock, zmq.POLLOUT))
+        # whole milliseconds, rounded down: a release due in under 1 ms is polled for, not slept past
+        zmq.zmq_poll(items, int(timeout_s * 1000))
+        self._drain()
+
+    def _drain(self) -> None:
+        for _ in range(MAX_DRAIN_MSGS):
+            try:
+                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._accept(frames, time.time())
+
+    # -- receiving: validation, mailbox and release queue
+
+    def _accept(self, frames: list, arrival_s: float) -> None:
+        try:
+            msg = framing.decode(frames, world_size=self.world_size, self_rank=self.rank,
+                                 dtype=self.dtype, max_numel=self.max_numel,
+                                 round_window=self._window())
+        except FrameError as exc:
+            self._drop(exc.reason)
+            return
+        seen = self._seen[msg.round]
+        if (msg.src, msg.kind) in seen:
+            self._drop("duplicate")  # keep the first: it may already be in use
+            return
+        seen.add((msg.src, msg.kind))
+        release_s = self._release_time(msg, arrival_s)
+        if release_s is None:
+            self._mailbox[(msg.src, msg.round, msg.kind)] = msg
+        else:
+            heapq.heappush(self._pending, (release_s, next(self._seq), msg))
+
+    def _release_time(self, msg: Message, arrival_s: float) -> float | None:
+        """When the shaper lets ``msg`` out; None for now (no shaper, or an unstamped message)."""
+        if self.shaping is None or msg.deliver_at is None:
+            return None
+        release_s = self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
+        return release_s if release_s > time.time() else None
+
+    def _release_due(self) -> None:
+        now = time.time()
+        while self._pending and self._pending[0][0] <= now:
+            msg = heapq.heappop(self._pending)[2]
+            if msg.round < self._window()[0]:
+                self._drop("stale")
+            else:
+                self._mailbox[(msg.src, msg.round, msg.kind)] = msg
+
+    def _window(self) -> tuple[int, int]:
+        return self._round - 1, self._round + self.max_rounds_ahead
+
+    def _note_round(self, round_idx: int) -> None:
+        if round_idx > self._round:
+            self._round = round_idx
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget rounds that fell out of the window; unclaimed messages of theirs are drops."""
+        lo = self._window()[0]
+        for key in [k for k in self._mailbox if k[1] < lo]:
+            del self._mailbox[key]
+            self._drop("stale")
+        for rnd in [r for r in self._seen if r < lo]:
+            del self._seen[rnd]
+
+    def _drop(self, reason: str) -> None:
+        self.dropped += 1
+        self.drop_reasons[reason] += 1
+
+    # -- lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"worker {self.rank}: transport is closed")
+
+    def _close_context(self) -> None:
+        if self._own_context:
+            self._ctx.term()  # returns once every socket is closed and its linger is over
+
+
+def _try_send(sock: zmq.Socket, frames) -> bool:
+    """Queue a multipart message without blocking; False while the peer's queue is full."""
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return False
+    return True
+
+
+def _check_config(rank: int, world_size: int, peer_addrs: dict, max_numel: int,
+                  recv_timeout_s: float, max_rounds_ahead: int, linger_s: float) -> None:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside [0, {world_size})")
+    bad_peers = [p for p in peer_addrs if not (isinstance(p, int) and 0 <= p < world_size)
+                 or p == rank]
+    if bad_peers:
+        raise ValueError(f"peer_addrs has invalid ranks {bad_peers} for worker {rank} "
+                         f"(world size {world_size})")
+    if not (isinstance(max_numel, int) and max_numel > 0):
+        raise ValueError(f"max_numel must be a positive int, got {max_numel!r}")
+    if not recv_timeout_s > 0 or not linger_s >= 0 or not max_rounds_ahead >= 1:
+        raise ValueError(f"need recv_timeout_s > 0, linger_s >= 0, max_rounds_ahead >= 1; got "
+                         f"{recv_timeout_s!r}, {linger_s!r}, {max_rounds_ahead!r}")
