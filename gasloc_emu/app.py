@@ -64,10 +64,11 @@ def simulate_command(cfg: Config, out: str | None) -> int:
     from .simulate import build_corpus, simulate
     from .worker import build_topology
     build_topology(cfg)  # bad input fails before anything is created
-    link_model = _sim_link_model(cfg)
+    link_model = sim_link_model(cfg)
     corpus = build_corpus(cfg)
     path = new_run_dir(cfg, out)
-    progress = _progress(cfg, path)
+    progress = make_progress(cfg, devices=["cpu"] * cfg.workers,
+                             shaper="virtual clock" if link_model else "none")
     try:
         with progress:
             summary = simulate(cfg, path, progress=progress, link_model=link_model, corpus=corpus)
@@ -78,7 +79,7 @@ def simulate_command(cfg: Config, out: str | None) -> int:
     return 0
 
 
-def _sim_link_model(cfg: Config):
+def sim_link_model(cfg: Config):
     """The virtual clock's link model from the bandwidth profile, or None when unshaped."""
     if not cfg.net.bw_profile:
         return None
@@ -86,33 +87,12 @@ def _sim_link_model(cfg: Config):
     return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
 
 
-def _progress(cfg: Config, path):
+def make_progress(cfg: Config, devices=(), shaper: str | None = None):
+    """The live dashboard on a TTY (unless switched off), else one plain line per round."""
     if use_dashboard(cfg):
-        return _Bar(cfg)
+        from .dashboard import LiveView, header_from_config
+        return LiveView(header_from_config(cfg, devices=devices, shaper=shaper))
     return _Plain(RoundPrinter(cfg.workers, cfg.run.rounds))
-
-
-class _Bar:
-    """A rich progress bar over worker-rounds, for a TTY."""
-
-    def __init__(self, cfg: Config):
-        from rich.progress import Progress
-        self.progress = Progress()
-        self.task = self.progress.add_task(f"{cfg.algo.name} on {cfg.topology.name}",
-                                           total=cfg.workers * cfg.run.rounds)
-
-    def __call__(self, row: dict) -> None:
-        if row.get("kind"):
-            return
-        self.progress.update(self.task, advance=1,
-                             description=f"round {row['round'] + 1} loss {row['train_loss']:.3f}")
-
-    def __enter__(self):
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
 
 
 class _Plain:
@@ -131,7 +111,8 @@ class _Plain:
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:
     from .launcher import launch
-    return launch(cfg, out, dry_run=dry_run, progress=_progress(cfg, out))
+    return launch(cfg, out, dry_run=dry_run,
+                  progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper))
 
 
 def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: float, base: str,
@@ -154,3 +135,62 @@ def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: flo
     click.echo(f"gamma*           = {topo.gamma_star:.6f}")
     click.echo(f"symmetric: {np.allclose(w, w.T)}  doubly stochastic: "
                f"{np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1)}")
+
+
+def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) -> int:
+    from rich.console import Console
+
+    from .compare import CompareError, compare_table, load_run, plot
+    try:
+        runs = [load_run(d) for d in run_dirs]
+        _warn_damage(runs)
+        Console(width=None if sys.stdout.isatty() else 160).print(
+            compare_table(runs, target_loss=target_loss))
+        if plot_file:
+            plot(runs, plot_file)
+            click.echo(f"plot: {plot_file}")
+    except CompareError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    return 0
+
+
+def show_command(run_dir: str) -> int:
+    from rich.console import Console
+
+    from .compare import CompareError, load_run, show_run
+    try:
+        run = load_run(run_dir)
+    except CompareError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    _warn_damage([run])
+    Console().print(show_run(run))
+    return 0
+
+
+def _warn_damage(runs) -> None:
+    for r in runs:
+        for w in r.warnings:
+            click.echo(f"warning: {r.name}: {w}", err=True)
+
+
+def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int:
+    from pathlib import Path
+
+    from .sweep import markdown_section, run_sweep, update_results_page
+    name = Path(preset).stem
+    out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
+    result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms))
+    click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")
+    if report:
+        page = Path(report)
+        plot_copy = page.parent / "results" / f"{name}.png"
+        plot_copy.parent.mkdir(parents=True, exist_ok=True)
+        plot_copy.write_bytes((out_dir / "plot.png").read_bytes())
+        command = f"gasloc-emu sweep {preset}" + (f" --out {out}" if out else "") + \
+            "".join(f" --arm {a}" for a in arms) + f" --report {report}"
+        update_results_page(page, name, markdown_section(name, result, command,
+                                                         f"results/{name}.png"))
+        click.echo(f"report: {page}")
+    return 0

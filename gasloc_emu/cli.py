@@ -162,5 +162,40 @@ def config_cmd(list_fields: bool, **kw) -> None:
     click.echo(C.to_toml(resolve_from_flags(kw)), nl=False)
 
 
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="Write loss against rounds and against seconds to this PNG.")
+@click.option("--target-loss", type=float, help="Report the time to reach this eval loss.")
+@friendly_errors
+def compare(run_dirs: tuple[str, ...], plot_file: str | None, target_loss: float | None) -> None:
+    """Compare run records side by side (table, and a plot with --plot)."""
+    from .app import compare_command
+    sys.exit(compare_command(run_dirs, plot_file, target_loss))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@friendly_errors
+def show(run_dir: str) -> None:
+    """The summary of one run and its links (configured vs measured)."""
+    from .app import show_command
+    sys.exit(show_command(run_dir))
+
+
+@main.command()
+@click.argument("preset", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where the runs go (default runs/sweep-<preset>); finished runs are reused.")
+@click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Write this experiment's section into a results page, e.g. docs/RESULTS.md.")
+@friendly_errors
+def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | None) -> None:
+    """Run every arm of a preset over its seeds, with the same tuning for each arm."""
+    from .app import sweep_command
+    sys.exit(sweep_command(preset, out, arms, report))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

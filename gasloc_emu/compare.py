@@ -159,9 +159,12 @@ def _parse_row(line: str) -> dict | None:
         row = json.loads(line)
     except ValueError:
         return None
-    ok = isinstance(row, dict) and all(
-        isinstance(row.get(k), int) and not isinstance(row.get(k), bool) for k in ("worker", "round"))
+    ok = isinstance(row, dict) and all(_is_int(row.get(k)) for k in ("worker", "round"))
     return row if ok else None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _read_summary(p: Path, warnings: list[str]) -> dict:
@@ -275,7 +278,7 @@ def _bytes(n) -> str:
 
 # ---------------------------------------------------------------- the plot
 
-def _matplotlib():
+def matplotlib_figure():
     """Figure and the Agg canvas, imported only when a plot is asked for (an optional extra).
     Using them directly, not pyplot, leaves the caller's global backend alone."""
     try:
@@ -290,7 +293,7 @@ def _matplotlib():
 def plot(runs: list[Run], path) -> "object":
     """Write a PNG: loss against rounds (left) and against the run clock (right); returns the
     matplotlib Figure. Eval loss is the solid line, train loss the faint one, one colour a run."""
-    Figure, FigureCanvasAgg = _matplotlib()
+    Figure, FigureCanvasAgg = matplotlib_figure()
     fig = Figure(figsize=(12, 5), layout="constrained")
     FigureCanvasAgg(fig)
     by_round, by_time = fig.subplots(1, 2)

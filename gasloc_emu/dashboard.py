@@ -29,7 +29,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-STATES = ("computing", "sending", "waiting", "done", "failed")
 _SPARK = "▁▂▃▄▅▆▇█"
 _STATE_STYLE = {"failed": "bold red", "waiting": "yellow", "done": "green", "sending": "cyan"}
 
@@ -115,12 +114,13 @@ class _Worker:
     """Mutable per-worker state; copied into a WorkerView at snapshot time."""
 
     __slots__ = ("rank", "device", "round", "step", "reported_step", "train_loss",
-                 "tokens_per_s", "state", "peer", "last_seen", "dropped")
+                 "tokens_per_s", "state", "peer", "last_seen", "wait_since", "dropped")
 
     def __init__(self, rank: int, device: str):
         self.rank, self.device = rank, device
         self.round, self.step, self.reported_step, self.dropped = 0, 0, 0, 0
         self.train_loss = self.tokens_per_s = self.peer = self.last_seen = None
+        self.wait_since = None
         self.state = "starting"
 
     def view(self) -> WorkerView:
@@ -185,7 +185,11 @@ class DashboardState:
             return  # kinds from newer producers are ignored, not fatal
         now = time.monotonic() if now is None else now
         with self._lock:
-            handler(self, row, now)
+            try:
+                handler(self, row, now)
+            except (KeyError, TypeError, ValueError) as exc:  # a display must not stop a run
+                self._warn(("malformed", row.get("kind", "metric")),
+                           f"ignored a malformed {row.get('kind', 'metric')} row ({exc!r})")
 
     __call__ = update
 
@@ -207,7 +211,7 @@ class DashboardState:
         self._throughput(w, row)
         w.round, w.step = row["round"] + 1, row.get("step", w.step)
         w.reported_step = w.step
-        w.train_loss, w.last_seen, w.peer = row.get("train_loss"), now, None
+        w.train_loss, w.last_seen, w.peer, w.wait_since = row.get("train_loss"), now, None, None
         w.state = "done" if w.round >= self.header.rounds else "computing"
         self._reports, self._last_report = self._reports + 1, now
         self._train.add(row["round"], row.get("train_loss"), self._alive)
@@ -234,12 +238,15 @@ class DashboardState:
 
     def _on_status(self, row: dict, now: float) -> None:
         w = self._worker(row["worker"])
-        w.state, w.peer, w.last_seen = row.get("state", w.state), row.get("peer"), now
+        before, state, peer = w.state, row.get("state") or w.state, row.get("peer")
+        if state != "waiting" or peer != w.peer or w.wait_since is None:
+            w.wait_since = now if state == "waiting" else None  # a new wait starts its clock
+        w.state, w.peer, w.last_seen = state, peer, now
         if row.get("round") is not None:
-            w.round = row["round"] + 1
+            w.round = max(0, row["round"] + 1)
         w.device = row.get("device") or w.device
-        w.step = row.get("step", w.step)
-        if w.state == "failed":
+        w.step = w.step if row.get("step") is None else row["step"]
+        if state == "failed" and before != "failed":
             self._alive = max(1, self._alive - 1)  # later rounds complete without it
             self._warn(("failed", w.rank), f"worker {w.rank} failed"
                        + (f": {row['error']}" if row.get("error") else ""))
@@ -296,6 +303,9 @@ class DashboardState:
         return max(0.0, elapsed * (total - reports) / reports)
 
     def _late_warnings(self, now: float) -> tuple[str, ...]:
+        return self._silent_workers(now) + self._held_up(now)
+
+    def _silent_workers(self, now: float) -> tuple[str, ...]:
         """Workers silent for over 3 typical round times (at least ``late_after_s``); the
         typical time is taken up to the last report, so a stalled run does not stretch it."""
         done = max((w.round for w in self._workers.values()), default=0)
@@ -308,6 +318,16 @@ class DashboardState:
                 out.append(f"worker {w.rank} late: silent for {silent:.0f}s in round "
                            f"{max(w.round, 1)}")
         return tuple(out)
+
+    def _held_up(self, now: float) -> tuple[str, ...]:
+        """Workers that peers have waited for longer than ``late_after_s``: a heartbeating
+        worker is never silent, but a slow one shows in the others' waits."""
+        waiters: dict[int, list[int]] = {}
+        for w in sorted(self._workers.values(), key=_rank):
+            if w.wait_since is not None and now - w.wait_since > self.late_after_s:
+                waiters.setdefault(w.peer, []).append(w.rank)
+        return tuple(f"worker {p} late: worker(s) {', '.join(map(str, ranks))} waiting for it"
+                     for p, ranks in sorted(waiters.items(), key=lambda kv: str(kv[0])))
 
 
 _HANDLERS = {"metric": DashboardState._on_metric, "status": DashboardState._on_status,

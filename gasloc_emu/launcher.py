@@ -71,8 +71,10 @@ class WorkerSlot:
 class Supervisor:
     """Runs one emulator job from spawn to summary."""
 
-    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, net, progress=None):
+    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, net, devices,
+                 progress=None):
         self.cfg, self.dir, self.rec, self.net, self.progress = cfg, run_dir, rec, net, progress
+        self.devices, self.envs = devices
         self.ctx = zmq.Context()
         self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)
         self.router = self._bind(zmq.ROUTER, self.ctl_addr)
@@ -88,10 +90,9 @@ class Supervisor:
 
     # -- lifecycle
     def run(self) -> dict:
-        devices, envs = worker_devices(self.cfg, self.cfg.workers)
-        self._write_spec(devices)
+        self._write_spec(self.devices)
         for rank in range(self.cfg.workers):
-            self.slots.append(self._spawn(rank, devices[rank], envs[rank]))
+            self.slots.append(self._spawn(rank, self.devices[rank], self.envs[rank]))
         self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
         self.t0 = time.time()
         peers = {str(s.rank): s.ready["addr"] for s in self.slots}
@@ -277,7 +278,7 @@ class _SigTerm:
         signal.signal(signal.SIGTERM, self.prev)
 
 
-def launch(cfg: Config, out: str | None, dry_run: bool = False, progress=None) -> int:
+def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory=None) -> int:
     """``gasloc-emu run``: validate, build the network, run the workers, write the record."""
     from .netplan import open_network
     from .simulate import build_corpus
@@ -289,14 +290,17 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress=None) -
         if dry_run:
             click.echo(net.dry_run_text())
             return 0
+        devices = worker_devices(cfg, cfg.workers)
         path = records.new_run_dir(cfg, out)
         rec = stack.enter_context(records.RunRecord(path, cfg))
-        prog = stack.enter_context(progress) if progress is not None else None
-        return _supervise(cfg, path, rec, net, prog)
+        prog = None
+        if progress_factory is not None:
+            prog = stack.enter_context(progress_factory(devices[0], net.shaper))
+        return _supervise(cfg, path, rec, net, devices, prog)
 
 
-def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, progress) -> int:
-    sup = Supervisor(cfg, path, rec, net, progress)
+def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices, progress) -> int:
+    sup = Supervisor(cfg, path, rec, net, devices, progress)
     code, summary = 0, {}
     try:
         with _SigTerm():

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import config as C
+from .compare import load_run, matplotlib_figure, time_to_target
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,9 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     if (out / "summary.json").exists():
         return out  # resumable: a finished run is not repeated
     if mode == "simulate":
-        from .app import _sim_link_model
+        from .app import sim_link_model
         from .simulate import simulate
-        simulate(cfg, out, link_model=_sim_link_model(cfg))
+        simulate(cfg, out, link_model=sim_link_model(cfg))
     else:
         from .launcher import launch
         if launch(C.replace(cfg, **{"run.dashboard": "off"}), str(out)) != 0:
@@ -161,28 +162,10 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
 # ------------------------------------------------------------------ summarising
 
 def _curve(run_dir: Path, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
-    """Mean eval loss over workers per evaluated round, against rounds or time_s."""
-    by_round: dict[int, list] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("eval_loss") is not None:
-            by_round.setdefault(row["round"], []).append((row["eval_loss"], row.get("time_s", 0)))
-    rounds = sorted(by_round)
-    x = [r + 1 if x_axis == "round" else max(t for _, t in by_round[r]) for r in rounds]
-    y = [float(np.mean([e for e, _ in by_round[r]])) for r in rounds]
-    return np.array(x, dtype=float), np.array(y, dtype=float)
-
-
-def time_to_target(run_dir: Path, target: float | None) -> float | None:
-    """Run-clock seconds (time_s) until the mean worker eval loss first reaches ``target``."""
-    if target is None:
-        return None
-    x, y = _curve(run_dir, "time")
-    hit = np.nonzero(y <= target)[0]
-    return float(x[hit[0]]) if hit.size else None
+    """Mean eval loss over workers per evaluated round, against rounds or the run clock."""
+    pts = load_run(run_dir).series("eval_loss")
+    x = [p.round if x_axis == "round" else (p.time_s or 0.0) for p in pts]
+    return np.array(x, dtype=float), np.array([p.value for p in pts], dtype=float)
 
 
 def _stats(values: list) -> tuple[float | None, float | None, int]:
@@ -204,7 +187,9 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
             "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
             "wall_s": _stats([s.get(clock) if s.get(clock) is not None else s.get("wall_s")
                               for s in sums]),
-            "time_to_target_s": _stats([time_to_target(d, spec.target_loss) for d in res.runs]),
+            "time_to_target_s": _stats([time_to_target(load_run(d), spec.target_loss)
+                                        if spec.target_loss is not None else None
+                                        for d in res.runs]),
             "bytes_sent_total": _stats([s.get("bytes_sent_total") for s in sums]),
             "rounds": sums[0].get("rounds"), "runs": [str(d) for d in res.runs],
         })
@@ -262,9 +247,10 @@ def _spec_dict(spec: SweepSpec) -> dict:
 
 def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
     """Mean eval loss (band: min..max over seeds) per arm, against rounds and run-clock seconds."""
-    from .compare import require_matplotlib
-    plt = require_matplotlib()
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    Figure, FigureCanvasAgg = matplotlib_figure()
+    fig = Figure(figsize=(13, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
     for res in results:
         for ax, axis in zip(axes, ("round", "time")):
             curves = [_curve(d, axis) for d in res.runs]
@@ -284,9 +270,7 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(spec.title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _pm(stat, fmt: str = "{:.4f}") -> str:

@@ -20,8 +20,8 @@ its round falls out of the window. The window is [current - 1, current + max_rou
 where the current round is the highest round this worker has sent or asked for (or set_round).
 
 Shaping. With a userspace shaper the sender stamps each message with ``shaping.stamp(...)``
-(its delivery time) and the receiver holds it in a release queue until
-``shaping.release_at(...)``. Waits are sliced (at most POLL_SLICE_S, and never past the next
+(its delivery time, or None) and the receiver holds it in a release queue until
+``shaping.release_at(...)``. Arrival is when this worker reads the message off its socket. Waits are sliced (at most POLL_SLICE_S, and never past the next
 release) so that ``should_stop`` can abort them and releases are on time.
 
 Single-threaded: one worker thread calls send/recv; nothing here is thread-safe.
@@ -39,7 +39,7 @@ import torch
 import zmq
 
 from . import framing
-from .base import TransportBase, TransportError, ring_all_reduce_sum_
+from .base import TransportBase, TransportError
 from .framing import FrameError, Message
 
 POLL_SLICE_S = 0.05        # longest wait between two should_stop checks
@@ -61,11 +61,12 @@ Key = tuple[int, int, str]  # (src, round, kind)
 class Shaping(Protocol):
     """The userspace shaper's hooks (implemented in the netem package)."""
 
-    def stamp(self, peer: int, nbytes: int, now_s: float) -> float:
-        """Delivery time (time.time() clock) of a message of ``nbytes`` sent to ``peer`` now."""
+    def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
+        """Delivery time (time.time() clock) of ``nbytes`` of payload sent to ``peer`` now, or None."""
 
-    def release_at(self, src: int, deliver_at: float, arrival_s: float) -> float:
-        """When a message from ``src`` stamped ``deliver_at`` and arrived at ``arrival_s`` is due."""
+    def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
+        """When a message from ``src`` stamped ``deliver_at`` (or not) that arrived at ``arrival_s``
+        may be handed to the algorithm."""
 
 
 def check_tcp_addr(addr: str, what: str) -> str:
@@ -110,8 +111,13 @@ class ZmqTransport(TransportBase):
         self._seq = itertools.count()
         self._closed = False
 
+    def _socket(self, kind: int, addr: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.IPV6, addr.startswith("tcp://["))  # libzmq needs it for [::1]
+        return sock
+
     def _bind_pull(self) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.PULL)
+        sock = self._socket(zmq.PULL, self.bind_addr)
         sock.setsockopt(zmq.RCVHWM, HWM_MSGS)
         # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
         frame_limit = max(self.max_numel * self.dtype.itemsize, framing.MAX_HEADER_BYTES)
@@ -149,11 +155,6 @@ class ZmqTransport(TransportBase):
         return self._mailbox.pop(key).tensor
 
     # -- more of the interface
-
-    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
-        # The last all-gather chunk may still be leaving from ``tensor`` (zero copy) when the ring
-        # returns here, so divide into a fresh tensor instead of in place: same kernel, same bits.
-        return ring_all_reduce_sum_(self, round_idx, tensor).div(self.world_size)
 
     def counters(self) -> dict:
         return super().counters() | {"drop_reasons": dict(self.drop_reasons)}
@@ -202,7 +203,7 @@ class ZmqTransport(TransportBase):
         if sock is None:
             if peer not in self.peer_addrs:
                 raise TransportError(f"worker {self.rank}: no address for peer {peer}")
-            sock = self._ctx.socket(zmq.PUSH)
+            sock = self._socket(zmq.PUSH, self.peer_addrs[peer])
             sock.setsockopt(zmq.SNDHWM, HWM_MSGS)
             sock.connect(self.peer_addrs[peer])
             self._push[peer] = sock
@@ -274,8 +275,9 @@ class ZmqTransport(TransportBase):
             heapq.heappush(self._pending, (release_s, next(self._seq), msg))
 
     def _release_time(self, msg: Message, arrival_s: float) -> float | None:
-        """When the shaper lets ``msg`` out; None for now (no shaper, or an unstamped message)."""
-        if self.shaping is None or msg.deliver_at is None:
+        """When the shaper lets ``msg`` out; None for now. Unstamped messages are asked about too:
+        a delay-only shaper (tc does the rate) adds its latency at the receiver."""
+        if self.shaping is None:
             return None
         release_s = self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
         return release_s if release_s > time.time() else None
