@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,8 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     """One run of the sweep, in the simulator or the emulator; returns its record folder."""
     if (out / "summary.json").exists():
         return out  # resumable: a finished run is not repeated
+    if out.exists():
+        shutil.rmtree(out)  # a run cut short: start it again from nothing
     if mode == "simulate":
         from .app import sim_link_model
         from .simulate import simulate

@@ -1,9 +1,10 @@
 """The emulator's data plane: one worker's ``Transport`` over ZeroMQ TCP sockets.
 
-Sockets. Every worker binds one PULL socket on the data-plane address the launcher gave it and,
-on its first send to a peer, connects one PUSH socket to that peer's address. A PUSH socket
-queues messages until the peer is up, so workers may start in any order. TCP only: the data
-plane must cross the shaped veths, and binding a wildcard address would bypass them.
+Sockets. Every worker binds one PULL socket on the data-plane address the launcher gave it
+(port 0 picks a free port; ``address`` says which) and, on its first send to a peer, connects one
+PUSH socket to that peer's address (given to the constructor or later to ``connect``). A PUSH
+socket queues messages until the peer is up, so workers may start in any order. TCP only: the
+data plane must cross the shaped veths, and binding a wildcard address would bypass them.
 
 Zero copy. A send hands libzmq a view of the tensor's memory (``framing.encode``); libzmq keeps
 the view, hence the tensor, alive until the bytes are out. That is why ``send`` takes ownership
@@ -52,7 +53,7 @@ DEFAULT_RECV_TIMEOUT_S = 600.0
 # A neighbour can run ahead of this worker by about log2(world size) rounds under
 # time-varying matchings; a message dropped for being "too early" would stall its round.
 DEFAULT_MAX_ROUNDS_AHEAD = 16
-_TCP_ADDR = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(?P<port>\d{1,5})")
+_TCP_ADDR = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]*]+):(?P<port>\d{1,5})")
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "[::]", "[::0]"}
 
 Key = tuple[int, int, str]  # (src, round, kind)
@@ -69,39 +70,42 @@ class Shaping(Protocol):
         may be handed to the algorithm."""
 
 
-def check_tcp_addr(addr: str, what: str) -> str:
-    """``addr`` if it is tcp://HOST:PORT with a concrete host and port, else ValueError."""
+def check_tcp_addr(addr: str, what: str, *, any_port: bool = False) -> str:
+    """``addr`` if it is tcp://HOST:PORT with a concrete host (and port, unless ``any_port``
+    allows 0 for "pick a free one"), else ValueError."""
     m = _TCP_ADDR.fullmatch(addr) if isinstance(addr, str) else None
-    if m is None or m["host"] in _WILDCARD_HOSTS or not 0 < int(m["port"]) < 65536:
+    lowest_port = 0 if any_port else 1
+    if m is None or m["host"] in _WILDCARD_HOSTS or not lowest_port <= int(m["port"]) < 65536:
         raise ValueError(f"{what} must be tcp://HOST:PORT with a concrete host and port "
                          f"(no wildcard), got {addr!r}")
     return addr
 
 
 class ZmqTransport(TransportBase):
-    def __init__(self, rank: int, world_size: int, bind_addr: str, peer_addrs: dict[int, str], *,
-                 dtype: torch.dtype = torch.float32, max_numel: int,
+    def __init__(self, rank: int, world_size: int, bind_addr: str,
+                 peer_addrs: dict[int, str] | None = None, *, max_numel: int,
+                 dtype: torch.dtype = torch.float32,
                  shaping: Shaping | None = None,
                  recv_timeout_s: float = DEFAULT_RECV_TIMEOUT_S,
                  max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
                  linger_s: float = DEFAULT_LINGER_S,
                  should_stop: Callable[[], bool] | None = None,
-                 context: zmq.Context | None = None):
-        _check_config(rank, world_size, peer_addrs, max_numel, recv_timeout_s,
-                      max_rounds_ahead, linger_s)
+                 ctx: zmq.Context | None = None):
+        _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
         super().__init__(rank, world_size)
-        self.bind_addr = check_tcp_addr(bind_addr, "bind_addr")
-        self.peer_addrs = {p: check_tcp_addr(a, f"address of peer {p}")
-                           for p, a in peer_addrs.items()}
+        self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=True)
+        self.peer_addrs: dict[int, str] = {}
         self.dtype, self.max_numel, self.shaping = dtype, max_numel, shaping
         self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
         self.linger_s, self.should_stop = linger_s, should_stop
         self.drop_reasons: dict[str, int] = defaultdict(int)
         self._init_state()
-        self._own_context = context is None
-        self._ctx = zmq.Context() if context is None else context
+        self.connect(peer_addrs or {})
+        self._own_context = ctx is None
+        self._ctx = zmq.Context() if ctx is None else ctx
         self._push: dict[int, zmq.Socket] = {}
         self._pull = self._bind_pull()
+        self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port
 
     def _init_state(self) -> None:
         self._round = 0
@@ -129,6 +133,23 @@ class ZmqTransport(TransportBase):
             self._close_context()
             raise TransportError(f"worker {self.rank} cannot bind {self.bind_addr}: {exc}") from exc
         return sock
+
+    def connect(self, peer_addrs: dict[int, str]) -> None:
+        """Learn peers' data-plane addresses; sockets connect on the first send to each.
+
+        An entry for this worker itself is ignored, so the launcher may send everyone the same
+        table. Re-sending a known peer's address is fine; changing it is a ValueError.
+        """
+        for peer, addr in peer_addrs.items():
+            if peer == self.rank:
+                continue
+            if not (type(peer) is int and 0 <= peer < self.world_size):
+                raise ValueError(f"worker {self.rank}: peer rank {peer!r} outside "
+                                 f"[0, {self.world_size})")
+            check_tcp_addr(addr, f"address of peer {peer}")
+            if self.peer_addrs.setdefault(peer, addr) != addr:
+                raise ValueError(f"worker {self.rank}: peer {peer} is at "
+                                 f"{self.peer_addrs[peer]!r}, not {addr!r}")
 
     # -- the interface TransportBase needs
 
@@ -332,15 +353,10 @@ def _try_send(sock: zmq.Socket, frames) -> bool:
     return True
 
 
-def _check_config(rank: int, world_size: int, peer_addrs: dict, max_numel: int,
-                  recv_timeout_s: float, max_rounds_ahead: int, linger_s: float) -> None:
+def _check_config(rank: int, world_size: int, max_numel: int, recv_timeout_s: float,
+                  max_rounds_ahead: int, linger_s: float) -> None:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside [0, {world_size})")
-    bad_peers = [p for p in peer_addrs if not (isinstance(p, int) and 0 <= p < world_size)
-                 or p == rank]
-    if bad_peers:
-        raise ValueError(f"peer_addrs has invalid ranks {bad_peers} for worker {rank} "
-                         f"(world size {world_size})")
     if not (isinstance(max_numel, int) and max_numel > 0):
         raise ValueError(f"max_numel must be a positive int, got {max_numel!r}")
     if not recv_timeout_s > 0 or not linger_s >= 0 or not max_rounds_ahead >= 1:

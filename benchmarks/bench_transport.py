@@ -1,0 +1,168 @@
+"""Data-plane throughput on loopback: raw pyzmq PUSH/PULL vs ZmqTransport, side by side.
+
+Two processes (a sender and a receiver) run every trial, alternating the two paths so that
+background load hits both alike:
+  raw        PUSH/PULL, one frame of MESSAGE bytes, copy=False on both sides
+  transport  ZmqTransport.send/recv of a float32 tensor of the same size: msgpack header,
+             zero-copy payload, full validation, mailbox
+The receiver starts its clock when a warm-up message has arrived (the connection is up) and
+stops it after the last of N messages; throughput = N * bytes / elapsed. The target is
+transport / raw >= 0.90.
+
+    python benchmarks/bench_transport.py [--mib 64] [--messages 16] [--trials 3]
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from gasloc_emu.transport.zmq_transport import ZmqTransport
+
+PATHS = ("raw", "transport")
+TIMEOUT_S = 120.0  # a trial that takes this long is broken, not slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def addr(port: int) -> str:
+    return f"tcp://127.0.0.1:{port}"
+
+
+# -- raw pyzmq
+
+def raw_receive(ctx: zmq.Context, port: int, n_msgs: int, barrier) -> float:
+    sock = ctx.socket(zmq.PULL)
+    sock.bind(addr(port))
+    barrier.wait(TIMEOUT_S)
+    try:
+        sock.recv(copy=False)  # warm-up: the connection is up
+        t0 = time.perf_counter()
+        for _ in range(n_msgs):
+            sock.recv(copy=False)
+        return time.perf_counter() - t0
+    finally:
+        sock.close(linger=0)
+
+
+def raw_send(ctx: zmq.Context, port: int, n_msgs: int, nbytes: int, barrier) -> None:
+    payload = np.ones(nbytes, dtype=np.uint8)
+    barrier.wait(TIMEOUT_S)
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(addr(port))
+    for _ in range(n_msgs + 1):
+        sock.send(payload, copy=False)
+    sock.close(linger=int(TIMEOUT_S * 1000))  # returns once everything is out
+
+
+# -- ZmqTransport
+
+def transport_pair(rank: int, ports: tuple[int, int], numel: int) -> ZmqTransport:
+    peer = 1 - rank
+    return ZmqTransport(rank, 2, addr(ports[rank]), {peer: addr(ports[peer])},
+                        max_numel=numel, recv_timeout_s=TIMEOUT_S, linger_s=TIMEOUT_S)
+
+
+def transport_receive(ports: tuple[int, int], n_msgs: int, numel: int, barrier) -> float:
+    with transport_pair(1, ports, numel) as tp:
+        barrier.wait(TIMEOUT_S)
+        tp.recv(0, 0, "warmup")
+        t0 = time.perf_counter()
+        for i in range(n_msgs):
+            tp.recv(0, 0, f"m{i}")  # kinds, not rounds: a sender this far ahead is not a peer
+        return time.perf_counter() - t0
+
+
+def transport_send(ports: tuple[int, int], n_msgs: int, numel: int, barrier) -> None:
+    tensor = torch.ones(numel, dtype=torch.float32)
+    barrier.wait(TIMEOUT_S)
+    with transport_pair(0, ports, numel) as tp:  # close() waits until everything is out
+        tp.send(1, 0, "warmup", tensor)
+        for i in range(n_msgs):
+            tp.send(1, 0, f"m{i}", tensor)  # never modified: the ownership rule holds
+
+
+# -- the two processes
+
+def receiver(trials, n_msgs: int, nbytes: int, barrier, results) -> None:
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    for path, ports in trials:
+        if path == "raw":
+            elapsed = raw_receive(ctx, ports[1], n_msgs, barrier)
+        else:
+            elapsed = transport_receive(ports, n_msgs, nbytes // 4, barrier)
+        results.put((path, n_msgs * nbytes / elapsed))
+    ctx.term()
+
+
+def sender(trials, n_msgs: int, nbytes: int, barrier) -> None:
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    for path, ports in trials:
+        if path == "raw":
+            raw_send(ctx, ports[1], n_msgs, nbytes, barrier)
+        else:
+            transport_send(ports, n_msgs, nbytes // 4, barrier)
+    ctx.term()
+
+
+def run(mib: int, n_msgs: int, n_trials: int) -> dict[str, list[float]]:
+    nbytes = mib << 20
+    trials = [(path, (free_port(), free_port())) for _ in range(n_trials) for path in PATHS]
+    spawn = mp.get_context("spawn")
+    barrier, results = spawn.Barrier(2), spawn.Queue()
+    procs = [spawn.Process(target=receiver, args=(trials, n_msgs, nbytes, barrier, results)),
+             spawn.Process(target=sender, args=(trials, n_msgs, nbytes, barrier))]
+    for p in procs:
+        p.start()
+    rates: dict[str, list[float]] = {path: [] for path in PATHS}
+    for _ in trials:
+        path, rate = results.get(timeout=TIMEOUT_S)
+        rates[path].append(rate)
+    for p in procs:
+        p.join(TIMEOUT_S)
+    return rates
+
+
+def table(rates: dict[str, list[float]], mib: int, n_msgs: int) -> str:
+    raw, tp = (statistics.median(rates[p]) for p in PATHS)
+    rows = [("path", "message", "median GB/s", "best GB/s", "trials (GB/s)")]
+    labels = {"raw": "(a) raw pyzmq PUSH/PULL, copy=False",
+              "transport": "(b) ZmqTransport send/recv (framing + validation)"}
+    for path in PATHS:
+        trial_list = " ".join(f"{r / 1e9:.2f}" for r in rates[path])
+        rows.append((labels[path], f"{mib} MiB x {n_msgs}", f"{statistics.median(rates[path]) / 1e9:.2f}",
+                     f"{max(rates[path]) / 1e9:.2f}", trial_list))
+    rows.append(("ratio b/a (target >= 0.90)", "", f"{tp / raw:.3f}",
+                 f"{max(rates['transport']) / max(rates['raw']):.3f}", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=64, help="message size in MiB")
+    ap.add_argument("--messages", type=int, default=16, help="timed messages per trial")
+    ap.add_argument("--trials", type=int, default=3, help="trials per path (alternating)")
+    args = ap.parse_args()
+    rates = run(args.mib, args.messages, args.trials)
+    print(f"loopback TCP, 2 processes, pyzmq {zmq.__version__} (libzmq {zmq.zmq_version()}), "
+          f"torch {torch.__version__}")
+    print(table(rates, args.mib, args.messages))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""ZmqTransport over loopback TCP: real worker processes, plus single-process checks of its waits.
+
+Worker processes come from one spawn pool shared by the module, so each test pays for sockets,
+not for importing torch again. Scenario functions run in the workers and return plain data.
+"""
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import socket
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from gasloc_emu.transport import framing
+from gasloc_emu.transport.base import TransportError
+from gasloc_emu.transport.memory import Hub
+from gasloc_emu.transport.zmq_transport import ZmqTransport
+
+pytestmark = pytest.mark.integration
+
+RECV_TIMEOUT_S = 20.0   # a broken exchange fails a worker well before the parent gives up
+RESULT_TIMEOUT_S = 60.0
+MAX_NUMEL = 1 << 21
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _addrs(n: int) -> dict[int, str]:
+    return {r: f"tcp://127.0.0.1:{p}" for r, p in enumerate(_free_ports(n))}
+
+
+def _transport(rank: int, addrs: dict[int, str], **kw) -> ZmqTransport:
+    peers = {p: a for p, a in addrs.items() if p != rank}
+    kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
+    return ZmqTransport(rank, len(addrs), addrs[rank], peers, **kw)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPoolExecutor(max_workers=4, mp_context=mp.get_context("spawn")) as ex:
+        yield ex
+
+
+def _run_workers(pool, scenario, addrs: dict[int, str], **kw) -> list:
+    futures = [pool.submit(scenario, rank, addrs, **kw) for rank in range(len(addrs))]
+    return [f.result(timeout=RESULT_TIMEOUT_S) for f in futures]
+
+
+# -- scenarios (run inside worker processes)
+
+def _payload(src: int, dst: int, round_idx: int, numel: int) -> torch.Tensor:
+    return torch.arange(numel, dtype=torch.float32) * (1 + src) + 1000 * dst + 0.5 * round_idx
+
+
+def _exchange_all(rank: int, addrs: dict[int, str], rounds: int, sizes: list[int]) -> dict:
+    """Every worker sends to every other, every round; checks what it received."""
+    torch.set_num_threads(1)
+    with _transport(rank, addrs) as tp:
+        peers = [p for p in addrs if p != rank]
+        for t in range(rounds):
+            for size_idx, numel in enumerate(sizes):
+                for p in peers:
+                    tp.send(p, t, f"x{size_idx}", _payload(rank, p, t, numel))
+                for p in peers:
+                    got = tp.recv(p, t, f"x{size_idx}")
+                    assert torch.equal(got, _payload(p, rank, t, numel)), (rank, p, t, numel)
+        return tp.counters()
+
+
+def _all_reduce(rank: int, addrs: dict[int, str], numel: int) -> bytes:
+    torch.set_num_threads(1)
+    with _transport(rank, addrs) as tp:
+        return tp.all_reduce_mean(3, _rank_input(rank, numel)).numpy().tobytes()
+
+
+def _rank_input(rank: int, numel: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def _early_sender_or_receiver(rank: int, addrs: dict[int, str]) -> dict:
+    """Worker 1 sends rounds 3, 2, 1 before round 0 and leaves; worker 0 asks in round order."""
+    torch.set_num_threads(1)
+    with _transport(rank, addrs, linger_s=10.0) as tp:
+        if rank == 1:
+            for t in (3, 2, 2, 1):  # round 2 twice: the second is a duplicate
+                tp.send(0, t, "a", torch.full((5,), float(t)))
+            tp.send(0, 0, "go", torch.zeros(1))
+            return tp.counters()  # close() flushes within the linger
+        tp.recv(1, 0, "go")  # same connection, in order: rounds 1..3 are all in by now
+        time.sleep(0.3)
+        for t in (1, 2, 3):
+            assert torch.equal(tp.recv(1, t, "a"), torch.full((5,), float(t)))
+        return tp.counters()
+
+
+def _gossip_rounds(rank: int, addrs: dict[int, str], rounds: int) -> dict:
+    """Workers 0 and 1 swap tensors for a few rounds; worker 0 first waits for the garbage."""
+    torch.set_num_threads(1)
+    with _transport(rank, addrs) as tp:
+        if rank == 0:
+            tp.recv(1, 0, "sync")  # a spoofed, valid message sent after the whole garbage burst
+        for t in range(rounds):
+            tp.send(1 - rank, t, "z", _payload(rank, 1 - rank, t, 50_000))
+            assert torch.equal(tp.recv(1 - rank, t, "z"), _payload(1 - rank, rank, t, 50_000))
+        return tp.counters()
+
+
+# -- the tests with worker processes
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_exchange_delivers_exactly_what_was_sent(pool, world):
+    sizes = [1_000_003, 10, 0]  # a zero-copy 4 MB payload, a copied small one, an empty one
+    results = _run_workers(pool, _exchange_all, _addrs(world), rounds=3, sizes=sizes)
+    expected_bytes = 3 * 4 * sum(sizes)
+    for rank, counters in enumerate(results):
+        assert counters["dropped"] == 0
+        assert set(counters["bytes_recv"].values()) == {expected_bytes}, rank
+
+
+def _in_memory_mean(world: int, numel: int) -> list[bytes]:
+    """The simulator's all_reduce_mean over the same inputs (the same ring, from base)."""
+    hub, out = Hub(world), [b""] * world
+
+    def run(rank: int) -> None:
+        with hub.cond:
+            mean = hub.transport(rank).all_reduce_mean(3, _rank_input(rank, numel))
+            out[rank] = mean.numpy().tobytes()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(RESULT_TIMEOUT_S)
+    return out
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_ring_all_reduce_matches_in_memory_bit_for_bit(pool, world):
+    numel = 100_003  # not a multiple of the world size: unequal chunks
+    got = _run_workers(pool, _all_reduce, _addrs(world), numel=numel)
+    reference = _in_memory_mean(world, numel)
+    assert got == reference
+    assert len(set(got)) == 1  # every worker holds the same bits
+
+
+def test_early_messages_are_kept_until_asked_for(pool):
+    receiver, _sender = _run_workers(pool, _early_sender_or_receiver, _addrs(2))
+    assert receiver["drop_reasons"] == {"duplicate": 1}
+
+
+def _garbage_burst(self_rank: int = 0) -> tuple[list[list[bytes]], dict[str, int]]:
+    """Junk for worker 0 of 2, and the drop reasons it must produce."""
+    def msg(payload: bytes = bytes(8), **changes) -> list[bytes]:
+        header = {"v": 1, "src": 1, "round": 0, "kind": "junk", "dtype": "float32",
+                  "shape": [2], "nbytes": 8} | changes
+        return [msgpack.packb(header), payload]
+
+    burst = [
+        [b"junk"], [b"junk", b"junk", b"junk"],                          # frames
+        [b"\xc1\xc1", b""], [msgpack.packb([1, 2, 3]), b""],              # header
+        msg(bytes(10), shape=[100], nbytes=400),                          # nbytes (truncated)
+        msg(src=7), msg(src=self_rank),                                   # src
+        msg(round=100),                                                   # round
+        msg(dtype="float64"),                                             # dtype
+        msg(shape=[2**40], nbytes=8),                                     # numel
+        msg(v=9),                                                         # version
+        msg(kind="dup"), msg(kind="dup"),                                 # duplicate, then stale
+    ]
+    expected = {"frames": 2, "header": 2, "nbytes": 1, "src": 2, "round": 1, "dtype": 1,
+                "numel": 1, "version": 1, "duplicate": 1, "stale": 1}
+    return burst + [msg(kind="sync", shape=[1], nbytes=4, payload=bytes(4))], expected
+
+
+def test_garbage_sender_is_dropped_and_counted_while_the_exchange_completes(pool):
+    addrs = _addrs(2)
+    burst, expected = _garbage_burst()
+    ctx = zmq.Context()
+    junk = ctx.socket(zmq.PUSH)
+    junk.connect(addrs[0])  # queued until worker 0 binds; one connection keeps the order
+    try:
+        futures = [pool.submit(_gossip_rounds, r, addrs, rounds=3) for r in range(2)]
+        for frames in burst:
+            junk.send_multipart(frames)
+        worker0, worker1 = [f.result(timeout=RESULT_TIMEOUT_S) for f in futures]
+    finally:
+        junk.close(linger=0)
+        ctx.term()
+    assert worker0["drop_reasons"] == expected
+    assert worker0["dropped"] == sum(expected.values())
+    assert worker1["dropped"] == 0
+
+
+# -- single-process checks: waits, shaping, lifecycle (ports picked by the OS, as the launcher does)
+
+EPHEMERAL = "tcp://127.0.0.1:0"
+
+
+@contextmanager
+def _local_pair(**kw):
+    """Two transports in this process, bound first, then told each other's address."""
+    kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
+    with ZmqTransport(0, 2, EPHEMERAL, **kw) as a, ZmqTransport(1, 2, EPHEMERAL, **kw) as b:
+        table = {0: a.address, 1: b.address}
+        a.connect(table)
+        b.connect(table)
+        yield a, b
+
+
+def _lone(**kw) -> ZmqTransport:
+    """Worker 0 of 2 whose peer never comes up."""
+    kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
+    return ZmqTransport(0, 2, EPHEMERAL, {1: f"tcp://127.0.0.1:{_free_ports(1)[0]}"}, **kw)
+
+
+def test_recv_timeout_names_peer_round_and_kind():
+    with _lone(recv_timeout_s=0.3) as tp:
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match=r"'z' of round 4 from worker 1"):
+            tp.recv(1, 4, "z")
+        assert 0.3 <= time.monotonic() - t0 < 1.0
+
+
+def test_should_stop_aborts_a_wait_within_a_poll_slice():
+    stop_at = time.monotonic() + 0.2
+    with _lone(should_stop=lambda: time.monotonic() >= stop_at) as tp:
+        with pytest.raises(TransportError, match="stopped while waiting"):
+            tp.recv(1, 0, "z")
+        assert time.monotonic() - stop_at < 0.15
+
+
+class FakeShaping:
+    """Every message is due ``delay_s`` after it was sent (stamped by the sender), or, in
+    delay-only mode, ``delay_s`` after it arrived (the sender stamps nothing)."""
+
+    def __init__(self, delay_s: float, delay_only: bool = False):
+        self.delay_s, self.delay_only, self.stamped, self.released = delay_s, delay_only, [], []
+
+    def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
+        self.stamped.append((peer, nbytes))
+        return None if self.delay_only else now_s + self.delay_s
+
+    def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
+        self.released.append((src, deliver_at is None))
+        if deliver_at is None:
+            return arrival_s + self.delay_s
+        return max(deliver_at, arrival_s)
+
+
+@pytest.mark.parametrize("delay_only", [False, True])
+def test_shaped_messages_wait_in_the_release_queue(delay_only):
+    shaper = FakeShaping(delay_s=0.25, delay_only=delay_only)
+    with _local_pair(shaping=shaper) as (a, b):
+        sent_s = time.time()
+        a.send(1, 0, "z", torch.ones(10))
+        got = b.recv(0, 0, "z")
+        late_s = time.time() - (sent_s + shaper.delay_s)
+    assert torch.equal(got, torch.ones(10))
+    assert shaper.stamped == [(1, 40)] and shaper.released == [(0, delay_only)]
+    assert 0.0 <= late_s < 0.05  # released on time: waits never sleep past a release
+
+
+def test_shaped_messages_are_released_in_due_order_not_arrival_order():
+    slow = FakeShaping(delay_s=0.3)
+    with _local_pair(shaping=slow) as (a, b):
+        a.send(1, 0, "first", torch.zeros(1))
+        slow.delay_s = 0.05
+        a.send(1, 0, "second", torch.ones(1))
+        b.recv(0, 0, "second")
+        t0 = time.monotonic()
+        b.recv(0, 0, "first")
+        assert time.monotonic() - t0 > 0.15  # still held while "second" was handed out
+
+
+def test_close_is_bounded_when_the_peer_never_comes():
+    tp = _lone(linger_s=0.2)
+    tp.send(1, 0, "z", torch.ones(1 << 20))
+    t0 = time.monotonic()
+    tp.close()
+    tp.close()  # idempotent
+    assert time.monotonic() - t0 < 1.0
+    with pytest.raises(TransportError, match="closed"):
+        tp.recv(1, 0, "z")
+
+
+def test_sending_what_the_data_plane_cannot_carry_is_refused():
+    with _lone(max_numel=100) as tp:
+        with pytest.raises(ValueError, match="float64"):
+            tp.send(1, 0, "z", torch.ones(3, dtype=torch.float64))
+        with pytest.raises(ValueError, match="101 elements"):
+            tp.send(1, 0, "z", torch.ones(101))
+
+
+@pytest.mark.parametrize("bind_addr", ["tcp://*:7000", "tcp://0.0.0.0:7000", "tcp://[::]:7000",
+                                       "ipc:///tmp/x", "tcp://127.0.0.1", "tcp://127.0.0.1:*"])
+def test_wildcard_or_non_tcp_bind_addresses_are_refused(bind_addr):
+    with pytest.raises(ValueError, match="bind_addr"):
+        ZmqTransport(0, 2, bind_addr, max_numel=10)
+
+
+def test_connect_ignores_this_worker_and_refuses_bad_tables():
+    with _lone() as tp:
+        tp.connect({0: "tcp://10.9.9.9:1", 1: tp.peer_addrs[1]})  # own entry; same address
+        with pytest.raises(ValueError, match="peer 1 is at"):
+            tp.connect({1: "tcp://127.0.0.1:9"})
+        with pytest.raises(ValueError, match="peer rank 5"):
+            tp.connect({5: "tcp://127.0.0.1:9"})
+        with pytest.raises(ValueError, match="address of peer 1"):
+            ZmqTransport(0, 2, EPHEMERAL, {1: "tcp://127.0.0.1:0"}, max_numel=10)
+    with ZmqTransport(0, 2, EPHEMERAL, max_numel=10) as unconnected:
+        with pytest.raises(TransportError, match="no address for peer 1"):
+            unconnected.send(1, 0, "z", torch.ones(1))
+
+
+def test_a_message_for_a_round_behind_the_window_is_refused_at_once():
+    with _lone() as tp:
+        tp.set_round(5)
+        with pytest.raises(TransportError, match="round 3 is behind"):
+            tp.recv(1, 3, "z")
+
+
+def test_a_sent_tensor_stays_alive_until_it_is_out():
+    with _local_pair() as (a, b):
+        a.send(1, 0, "z", torch.arange(1 << 20, dtype=torch.float32))  # no reference kept here
+        gc.collect()
+        torch.ones(1 << 20).add_(1)  # would reuse the freed memory
+        assert torch.equal(b.recv(0, 0, "z"), torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_an_oversized_frame_is_cut_off_by_libzmq_and_the_transport_carries_on():
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.PUSH)
+    try:
+        with _local_pair(max_numel=1000) as (a, b):
+            rogue.connect(b.address)
+            rogue.send_multipart([b"h", bytes(4 * 1000 + 1)])  # over MAXMSGSIZE: never allocated
+            time.sleep(0.3)  # libzmq's I/O thread reads and refuses it while nobody polls
+            a.send(1, 0, "z", torch.ones(1000))
+            assert torch.equal(b.recv(0, 0, "z"), torch.ones(1000))
+            assert b.dropped == 0  # libzmq drops the connection before the message exists
+    finally:
+        rogue.close(linger=0)
+        ctx.term()

@@ -1,0 +1,258 @@
+"""The wire format: round trips, zero-copy receive, and hostile input that must only raise FrameError."""
+from __future__ import annotations
+
+import gc
+import math
+
+import msgpack
+import pytest
+import torch
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gasloc_emu.transport import framing
+from gasloc_emu.transport.framing import FrameError, Message, decode, encode
+
+WORLD, SELF, WINDOW, MAX_NUMEL = 4, 0, (4, 9), 1 << 20
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+          torch.int32, torch.uint8, torch.bool]
+FUZZ = settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _decode(frames, dtype=torch.float32, **overrides):
+    kw = dict(world_size=WORLD, self_rank=SELF, dtype=dtype, max_numel=MAX_NUMEL,
+              round_window=WINDOW) | overrides
+    return decode(frames, **kw)
+
+
+def _valid_header(**changes) -> dict:
+    header = {"v": framing.VERSION, "src": 1, "round": 5, "kind": "z", "dtype": "float32",
+              "shape": [2, 3], "nbytes": 24}
+    return header | changes
+
+
+def _frames(header: dict, payload: bytes = bytes(24)) -> list:
+    return [msgpack.packb(header), payload]
+
+
+def _reason(frames, **kw) -> str:
+    with pytest.raises(FrameError) as info:
+        _decode(frames, **kw)
+    return info.value.reason
+
+
+def _random_tensor(dtype: torch.dtype, shape: list[int], seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 256, (math.prod(shape) * dtype.itemsize,), dtype=torch.uint8,
+                         generator=gen)
+    if dtype == torch.bool:
+        bits = bits % 2  # only 0 and 1 are valid bools
+    return bits.view(dtype).reshape(shape)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # NaN payloads compare unequal as floats; the wire must preserve the bits
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+# -- round trips
+
+@FUZZ
+@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 5), max_size=4),
+       src=st.integers(1, WORLD - 1), rnd=st.integers(*WINDOW),
+       kind=st.text(min_size=1, max_size=framing.MAX_KIND_CHARS),
+       deliver_at=st.none() | st.floats(0, 1e10), seed=st.integers(0, 2**31))
+def test_round_trip_preserves_every_field_and_bit(dtype, shape, src, rnd, kind, deliver_at, seed):
+    tensor = _random_tensor(dtype, shape, seed)
+    header, payload = encode(src, rnd, kind, tensor, deliver_at)
+    msg = _decode([header, bytes(payload)], dtype=dtype)
+    assert (msg.src, msg.round, msg.kind, msg.deliver_at) == (src, rnd, kind, deliver_at)
+    assert _same_bits(msg.tensor, tensor)
+
+
+def test_encode_payload_is_a_view_not_a_copy():
+    tensor = torch.arange(10, dtype=torch.float32)
+    _, payload = encode(1, 0, "z", tensor)
+    tensor[0] = 42.0  # visible through the view: nothing was copied
+    assert torch.frombuffer(bytearray(payload), dtype=torch.float32)[0] == 42.0
+
+
+def test_decoded_tensor_views_the_zmq_frame_and_keeps_it_alive():
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://framing-test")
+        b.connect("inproc://framing-test")
+        sent = torch.arange(1 << 16, dtype=torch.float32)  # 256 KiB: above pyzmq's copy threshold
+        a.send_multipart(encode(1, 5, "z", sent), copy=False)
+        frames = b.recv_multipart(copy=False)
+        msg = _decode(frames)
+        frame_addr = torch.frombuffer(frames[1].buffer, dtype=torch.uint8).data_ptr()
+        assert msg.tensor.data_ptr() == frame_addr  # zero copy
+        del frames
+        gc.collect()
+        a.send_multipart(encode(1, 5, "z", torch.zeros(1 << 16)), copy=False)
+        b.recv_multipart(copy=False)  # reuses freed memory if the first frame had been freed
+        assert torch.equal(msg.tensor, sent)
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
+        ctx.term()
+
+
+def test_empty_and_scalar_tensors_round_trip():
+    for tensor in (torch.empty(0, 3), torch.tensor(3.5)):
+        header, payload = encode(1, 5, "z", tensor)
+        assert _same_bits(_decode([header, bytes(payload)]).tensor, tensor)
+
+
+def test_read_only_buffers_are_copied_into_a_writable_tensor():
+    header, payload = encode(1, 5, "z", torch.ones(4))
+    msg = _decode([header, bytes(payload)])
+    msg.tensor.add_(1)  # writable, and writing does not touch the caller's bytes
+    assert torch.equal(msg.tensor, torch.full((4,), 2.0))
+
+
+def test_encode_rejects_what_cannot_go_on_the_wire():
+    with pytest.raises(ValueError, match="contiguous"):
+        encode(1, 0, "z", torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="kind"):
+        encode(1, 0, "", torch.ones(1))
+    with pytest.raises(ValueError, match="round"):
+        encode(1, "0", "z", torch.ones(1))
+
+
+# -- hostile input: every malformed message is a FrameError with a reason
+
+@FUZZ
+@given(frames=st.lists(st.binary(max_size=64), max_size=4))
+def test_garbage_frames_raise_frame_error(frames):
+    with pytest.raises(FrameError):
+        _decode(frames)
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=8) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                  max_size=4),
+    max_leaves=12)
+
+
+@FUZZ
+@given(header=msgpack_values.filter(lambda v: not isinstance(v, dict)))
+def test_non_map_headers_raise_frame_error(header):
+    assert _reason(_frames(header)) == "header"
+
+
+@FUZZ
+@given(key=st.sampled_from(sorted(_valid_header()) + ["deliver_at", "extra"]),
+       value=msgpack_values, payload=st.binary(max_size=48))
+def test_any_corrupted_field_is_rejected_or_still_consistent(key, value, payload):
+    """Whatever one field holds, decode returns a consistent Message or raises FrameError."""
+    try:
+        msg = _decode(_frames(_valid_header(**{key: value}), payload))
+    except FrameError:
+        return
+    assert isinstance(msg, Message)
+    assert msg.tensor.numel() * 4 == len(payload) and 1 <= msg.src < WORLD
+
+
+@FUZZ
+@given(header=st.binary(max_size=200), payload=st.binary(max_size=64))
+def test_random_header_bytes_raise_frame_error(header, payload):
+    with pytest.raises(FrameError):
+        _decode([header, payload])
+
+
+@pytest.mark.parametrize("frames", [[], [b"x"], [b"a", b"b", b"c"], b"ab", None, "ab"])
+def test_wrong_frame_count_or_type(frames):
+    assert _reason(frames) == "frames"
+
+
+def test_frame_that_is_not_bytes():
+    assert _reason([msgpack.packb(_valid_header()), 12]) == "frames"
+
+
+@pytest.mark.parametrize("src", [WORLD, -1, SELF, 99, "1", True, 1.0, None])
+def test_unknown_sender(src):
+    assert _reason(_frames(_valid_header(src=src))) == "src"
+
+
+@pytest.mark.parametrize("rnd", [WINDOW[0] - 1, WINDOW[1] + 1, -5, 2**64 - 1, "5", 5.0, False])
+def test_round_outside_window(rnd):
+    assert _reason(_frames(_valid_header(round=rnd))) == "round"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "torch.float32", "", 4, None])
+def test_dtype_mismatch(dtype):
+    assert _reason(_frames(_valid_header(dtype=dtype))) == "dtype"
+
+
+@pytest.mark.parametrize("shape", [[-1, 3], [2, "3"], [2.0, 3], "23", 6, [True, 6], None])
+def test_malformed_shape(shape):
+    assert _reason(_frames(_valid_header(shape=shape))) == "shape"
+
+
+@pytest.mark.parametrize("shape", [[MAX_NUMEL + 1], [2**40, 2**40], [2**64 - 1], [2**32] * 16])
+def test_huge_shape_is_refused_before_any_allocation(shape):
+    assert _reason(_frames(_valid_header(shape=shape, nbytes=24))) == "numel"
+
+
+def test_too_many_dimensions():
+    assert _reason(_frames(_valid_header(shape=[1] * (framing.MAX_DIMS + 1)))) == "shape"
+    # long arrays are refused by the unpacker itself, before any list is built
+    assert _reason(_frames(_valid_header(shape=[1] * 200))) == "header"
+
+
+@pytest.mark.parametrize("header,payload", [
+    (_valid_header(), bytes(23)),                         # truncated payload
+    (_valid_header(), bytes(25)),                         # trailing bytes
+    (_valid_header(nbytes=23), bytes(23)),                # nbytes disagrees with the shape
+    (_valid_header(shape=[3, 3]), bytes(24)),             # shape disagrees with nbytes
+    (_valid_header(nbytes="24"), bytes(24)),
+    (_valid_header(shape=[0], nbytes=0), bytes(4)),
+])
+def test_wrong_sizes(header, payload):
+    assert _reason(_frames(header, payload)) == "nbytes"
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", 1.0, None, True])
+def test_unknown_version(version):
+    assert _reason(_frames(_valid_header(v=version))) == "version"
+
+
+@pytest.mark.parametrize("kind", ["", "k" * (framing.MAX_KIND_CHARS + 1), 3, b"z", ["z"]])
+def test_bad_kind(kind):
+    assert _reason(_frames(_valid_header(kind=kind))) == "kind"
+
+
+@pytest.mark.parametrize("deliver_at", [float("nan"), float("inf"), "soon", [1.0], True])
+def test_bad_deliver_at(deliver_at):
+    assert _reason(_frames(_valid_header(deliver_at=deliver_at))) == "deliver_at"
+
+
+@pytest.mark.parametrize("header", [
+    {k: v for k, v in _valid_header().items() if k != "kind"},   # missing key
+    _valid_header(extra=1),                                        # unknown key
+    {**_valid_header(), 7: 1},                                     # non-str key
+])
+def test_missing_or_unknown_keys(header):
+    frames = [msgpack.packb(header, strict_types=False), bytes(24)]
+    assert _reason(frames) == "header"
+
+
+def test_invalid_utf8_and_oversized_headers():
+    bad_utf8 = msgpack.packb(_valid_header()).replace(b"\xa1z", b"\xa1\xff")
+    assert _reason([bad_utf8, bytes(24)]) == "header"
+    padded = _valid_header(kind="k" * framing.MAX_KIND_CHARS, dtype="x" * 2000)
+    assert _reason(_frames(padded)) == "header"
+
+
+def test_frame_error_names_the_bad_value():
+    with pytest.raises(FrameError, match="sender 17"):
+        _decode(_frames(_valid_header(src=17)))
+    with pytest.raises(FrameError, match=r"round 42 outside the window \[4, 9\]"):
+        _decode(_frames(_valid_header(round=42)))
