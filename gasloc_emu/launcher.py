@@ -24,6 +24,7 @@ import zmq
 from . import records
 from .config import Config
 from .transport import control
+from .worker import threads_per_worker
 
 _READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
 _EXIT_GRACE_S = 10.0
@@ -48,11 +49,6 @@ def worker_devices(cfg: Config, workers: int) -> tuple[list[str], list[dict]]:
         return ([f"cuda:{k % ngpu}" for k in range(workers)],
                 [{"CUDA_VISIBLE_DEVICES": str(k % ngpu)} for k in range(workers)])
     return ["cpu"] * workers, [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
-
-
-def threads_per_worker(cfg: Config) -> int:
-    """Torch threads per worker so that N workers do not oversubscribe the cores."""
-    return cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
 
 
 @dataclass
@@ -98,6 +94,8 @@ class Supervisor:
         peers = {str(s.rank): s.ready["addr"] for s in self.slots}
         for s in self.slots:
             self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
+        self.rec.write_json("workers.json", [{"rank": s.rank, "pid": s.proc.pid, "device": s.device,
+                                              "addr": s.ready["addr"]} for s in self.slots])
         self._await(lambda s: s.final is not None, None, "finish")
         wall_s = time.time() - self.t0
         for s in self.slots:
@@ -193,7 +191,10 @@ class Supervisor:
                 how = f"signal {-code}" if code < 0 else f"exit code {code}"
                 raise RunFailed(f"worker {s.rank} died ({how}) at round {max(s.round, 0)}; "
                                 f"log: {self.dir / 'workers' / f'worker{s.rank}.log'}")
-            if now - s.last_seen > self.cfg.run.heartbeat_timeout_s and s.final is None:
+            # before it is ready a worker may be importing torch on a busy machine: the ready
+            # timeout covers that; once it trains, silence means trouble
+            silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
+            if silent and s.ready is not None and s.final is None:
                 raise RunFailed(f"worker {s.rank} silent for {now - s.last_seen:.0f} s "
                                 f"(last round {s.round})")
 

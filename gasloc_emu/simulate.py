@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from . import data, model
 from .config import Config
 from .records import RunRecord
 from .transport.memory import Hub, LinkModel
-from .worker import Worker, build_topology, final_summary
+from .worker import Worker, build_topology, final_summary, threads_per_worker
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
@@ -28,6 +30,15 @@ def build_corpus(cfg: Config) -> data.Corpus:
 def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
              link_model: LinkModel | None = None, corpus: data.Corpus | None = None) -> dict:
     """Run ``cfg`` in one process, write the run record under ``out``, return the summary."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
+    try:
+        return _simulate(cfg, Path(out), progress, link_model, corpus)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
     t_start = time.perf_counter()
     corpus = corpus or build_corpus(cfg)
     topo = build_topology(cfg)

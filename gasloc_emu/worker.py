@@ -6,6 +6,7 @@ process (ZeroMQ transport); only the transport and the device differ.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -13,6 +14,15 @@ import torch
 
 from . import algorithms, data, model, topology
 from .config import Config
+
+
+def threads_per_worker(cfg: Config) -> int:
+    """Torch CPU threads per worker, so that N emulator processes do not oversubscribe the cores.
+
+    The simulator uses the same number: CPU kernels sum in an order that depends on the thread
+    count, so equal counts are what make simulator and emulator agree to the last bit.
+    """
+    return cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
 
 
 def make_optimizer(net: torch.nn.Module, icfg) -> torch.optim.AdamW:
@@ -141,4 +151,5 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         "gamma": algorithms.momentum_value(cfg.algo, topo),
         "final_eval_loss": data.evaluate(net, eval_set), "worker_eval_loss": worker_eval,
         "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
+        "predicted_wall_s": None,  # the simulator's virtual clock fills it in
     }

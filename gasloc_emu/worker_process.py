@@ -90,18 +90,20 @@ def _serve(run_dir: Path, rank: int, spec: dict, ctx, ctl) -> int:
     from .transport.zmq_transport import ZmqTransport
     from .worker import Worker
 
-    cfg = config.resolve(run_dir / "config.toml")
-    device = spec["devices"][rank]
-    corpus = build_corpus(cfg)
-    from .model import count_parameters
-    numel = count_parameters(cfg.model)
-    tp = ZmqTransport(rank, cfg.workers, spec["bind"][rank], ctx=ctx, max_numel=numel,
-                      recv_timeout_s=cfg.run.heartbeat_timeout_s,
-                      should_stop=ctl.poll_stop, shaping=_shaping(spec, rank))
-    state = {"round": -1, "step": 0, "phase": "starting"}
-    hb = Heartbeat(ctx, spec["hb"], rank, spec["heartbeat_s"], lambda: _status(state, tp))
+    state = {"round": -1, "step": 0, "phase": "starting", "transport": None}
+    hb = Heartbeat(ctx, spec["hb"], rank, spec["heartbeat_s"], lambda: _status(state))
     hb.start()
+    tp = None
     try:
+        cfg = config.resolve(run_dir / "config.toml")
+        device = spec["devices"][rank]
+        corpus = build_corpus(cfg)
+        from .model import count_parameters
+        tp = ZmqTransport(rank, cfg.workers, spec["bind"][rank], ctx=ctx,
+                          max_numel=count_parameters(cfg.model),
+                          recv_timeout_s=cfg.run.heartbeat_timeout_s,
+                          should_stop=ctl.poll_stop, shaping=_shaping(spec, rank))
+        state["transport"] = tp
         ctl.send({"type": "ready", "addr": tp.address, "device": device})
         start = ctl.wait_for("start", spec["start_timeout_s"])
         if start["type"] == "stop":
@@ -122,7 +124,8 @@ def _serve(run_dir: Path, rank: int, spec: dict, ctx, ctl) -> int:
         return 0
     finally:
         hb.stop()
-        tp.close()
+        if tp is not None:
+            tp.close()
 
 
 def _train(cfg, worker, ctl, state: dict, t0: float) -> None:
@@ -140,8 +143,9 @@ def _train(cfg, worker, ctl, state: dict, t0: float) -> None:
         ctl.send({"type": "metric", "row": row})
 
 
-def _status(state: dict, tp) -> dict:
-    peer = tp.waiting_for
+def _status(state: dict) -> dict:
+    tp = state["transport"]
+    peer = tp.waiting_for if tp is not None else None
     phase = state["phase"]
     if phase == "communicating":
         phase = "waiting" if peer is not None else "sending"
