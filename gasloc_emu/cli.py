@@ -121,15 +121,18 @@ def simulate(**kw) -> None:
 
 @main.command()
 @run_options
-@click.option("--probe", is_flag=True, help="Measure every used link before training.")
+@click.option("--probe/--no-probe", default=None,
+              help="Measure every used link before training (default: on for shaped runs).")
 @click.option("--dry-run", is_flag=True, help="Print the network commands and stop.")
 @friendly_errors
 def run(probe: bool, dry_run: bool, **kw) -> None:
     """Start N worker processes that train over a real (shaped) network."""
     from .app import run_command
+    from .netplan import enter_userns_if_needed
     cfg = resolve_from_flags(kw)
-    if probe:
-        cfg = C.replace(cfg, **{"net.probe": True})
+    if probe is not None:
+        cfg = C.replace(cfg, **{"net.probe": probe})
+    enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
     sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run))
 
 

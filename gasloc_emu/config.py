@@ -165,8 +165,9 @@ class NetConfig(_Validated):
     _section = "net."
     shaper: str = F("auto", "How links are shaped: auto (best available), tc (namespaces + tc), "
                             "userspace (sender pacing + release queue), none.", choices=SHAPERS)
-    bw_profile: str = F("", "Bandwidth profile: uniform, skewed, two-cluster, lognormal, or a "
-                            ".toml/.json file; empty means unshaped.")
+    bw_profile: str = F("", "Bandwidth profile: uniform, skewed (a few slow links), skewed-worker "
+                            "(one slow worker), two-cluster, lognormal, or a .toml/.json file; "
+                            "empty means unshaped.")
     rate_mbit: float = F(50.0, "Fast link rate in Mbit/s (uniform rate; fast links of other profiles).",
                          lo=0.001, hi=100_000.0)
     slow_rate_mbit: float = F(5.0, "Slow link rate in Mbit/s for skewed and two-cluster.",
@@ -174,7 +175,8 @@ class NetConfig(_Validated):
     latency_ms: float = F(0.0, "One-way latency added to every link, in ms.", lo=0.0, hi=10_000.0)
     jitter_ms: float = F(0.0, "Latency jitter in ms (netem only).", lo=0.0, hi=10_000.0)
     loss_pct: float = F(0.0, "Packet loss in percent (netem only).", lo=0.0, hi=100.0)
-    probe: bool = F(False, "Measure every used link before training; record it in links.json.")
+    probe: bool = F(True, "Measure every link training uses before it starts (shaped runs); "
+                          "configured vs measured goes into links.json.")
     mtu: int = F(1500, "MTU of the emulated links.", lo=576, hi=65535)
 
 

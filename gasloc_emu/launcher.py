@@ -77,6 +77,7 @@ class Supervisor:
         self.pull = self._bind(zmq.PULL, self.hb_addr)
         self.slots: list[WorkerSlot] = []
         self.t0 = 0.0
+        self.link_meter = LinkMeter()
 
     def _bind(self, kind: int, addr: str):
         sock = self.ctx.socket(kind)
@@ -142,6 +143,9 @@ class Supervisor:
             self._on_heartbeat(control.unpack(self.pull.recv()))
         while self.router in events and self.router.poll(0):
             self._on_control(self.router.recv_multipart(copy=False))
+        rows = self.link_meter.rows(self.net.configured_mbit)
+        if rows is not None and self.progress is not None:
+            self.progress({"kind": "links", "links": rows})
 
     def _on_heartbeat(self, msg: dict) -> None:
         slot = self._slot(msg.get("worker"))
@@ -149,6 +153,8 @@ class Supervisor:
             return
         slot.last_seen = time.monotonic()
         slot.status = msg
+        if isinstance(msg.get("sent"), dict):
+            self.link_meter.update(slot.rank, msg["sent"])
         if self.progress is not None:
             self.progress({"kind": "status", "worker": slot.rank, "device": slot.device,
                            "state": msg.get("state"), "peer": msg.get("peer"),
@@ -253,6 +259,32 @@ class Supervisor:
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
 
 
+class LinkMeter:
+    """Per-link throughput from the workers' cumulative byte counters (sent in heartbeats)."""
+
+    def __init__(self, period_s: float = 1.0):
+        self.period_s = period_s
+        self.now: dict[tuple[int, int], int] = {}
+        self.prev: dict[tuple[int, int], int] = {}
+        self.t_prev = time.monotonic()
+
+    def update(self, src: int, sent: dict) -> None:
+        for dst, nbytes in sent.items():
+            self.now[(src, int(dst))] = int(nbytes)
+
+    def rows(self, configured) -> list[dict] | None:
+        """Rows for the dashboard at most once per period, else None."""
+        t = time.monotonic()
+        dt = t - self.t_prev
+        if dt < self.period_s or not self.now:
+            return None
+        rows = [{"src": s, "dst": d, "bytes": b, "configured_mbit": configured(s, d),
+                 "mbit_now": (b - self.prev.get((s, d), 0)) * 8 / dt / 1e6}
+                for (s, d), b in sorted(self.now.items())]
+        self.prev, self.t_prev = dict(self.now), t
+        return rows
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -292,12 +324,29 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
             click.echo(net.dry_run_text())
             return 0
         devices = worker_devices(cfg, cfg.workers)
+        warnings = _probe_links(cfg, net) if cfg.net.probe and hasattr(net, "probe") else []
         path = records.new_run_dir(cfg, out)
         rec = stack.enter_context(records.RunRecord(path, cfg))
         prog = None
         if progress_factory is not None:
             prog = stack.enter_context(progress_factory(devices[0], net.shaper))
+            for text in warnings:
+                prog({"kind": "warning", "text": text})
         return _supervise(cfg, path, rec, net, devices, prog)
+
+
+def _probe_links(cfg: Config, net) -> list[str]:
+    """Measure the links training will use; a warning for each that misses its target by >10%."""
+    from .netplan import used_pairs
+    from .worker import build_topology
+    click.echo(f"probing {len(used_pairs(cfg, build_topology(cfg)))} links ...", err=True)
+    rows = net.probe(used_pairs(cfg, build_topology(cfg)))
+    warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
+                f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
+                f"{r['configured_latency_ms']} ms" for r in rows if not r["ok"]]
+    for text in warnings:
+        click.echo(f"warning: {text}", err=True)
+    return warnings
 
 
 def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices, progress) -> int:

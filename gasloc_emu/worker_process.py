@@ -149,7 +149,9 @@ def _status(state: dict) -> dict:
     phase = state["phase"]
     if phase == "communicating":
         phase = "waiting" if peer is not None else "sending"
-    return {"round": state["round"], "step": state["step"], "state": phase, "peer": peer}
+    sent = dict(tp.bytes_sent) if tp is not None else {}  # cumulative, per peer: link meters
+    return {"round": state["round"], "step": state["step"], "state": phase, "peer": peer,
+            "sent": sent}
 
 
 def _shaping(spec: dict, rank: int):

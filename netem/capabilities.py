@@ -1,0 +1,203 @@
+"""What this machine can do for shaping, detected (never assumed), and which shaper to use.
+
+``probe()`` tries every feature the shaper needs inside a scratch network namespace
+(``unshare -Urn``, or ``unshare -n`` when that is what works), so nothing on the host changes:
+veth, bridge and ifb links; the htb, tbf, pfifo, netem and ingress qdiscs; the u32 classifier
+in the exact form the shaper uses; and the mirred action. It also checks whether user
+namespaces work (``unshare -Urnm true``), whether we already run inside one, and whether we
+are real root. The result is cached per process.
+
+``choose_shaper(requested, caps)`` turns ``net.shaper`` into a ``Decision``: which shaper
+(tc / userspace / none) and which delay mechanism (netem, or the receiver release queue of
+``netem.userspace`` where the kernel has no netem).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+PROBE_TIMEOUT_S = 20.0
+FEATURES = ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress", "mirred")
+# Without these the tc shaper cannot build its topology or its per-link classes.
+TC_REQUIRED = ("veth", "bridge", "htb", "pfifo", "u32")
+
+# One line per feature: "ok NAME" or "fail NAME first-error-line". Runs in a fresh network
+# namespace, on its own loopback and a veth pair it creates there.
+_PROBE_SCRIPT = r"""
+t() { name=$1; shift; if out=$("$@" 2>&1); then echo "ok $name";
+      else echo "fail $name $(printf '%s' "$out" | head -n 1)"; fi; }
+t veth ip link add gpv0 type veth peer name gpv1
+t bridge ip link add gpbr0 type bridge
+t ifb ip link add gpifb0 type ifb
+t htb tc qdisc add dev lo root handle 1: htb
+tc class add dev lo parent 1: classid 1:10 htb rate 1mbit ceil 1mbit prio 0 >/dev/null 2>&1
+t pfifo tc qdisc add dev lo parent 1:10 handle 10: pfifo limit 1000
+t u32 tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dst 198.18.0.1/32 match u16 0x0000 0xff80 at 2 flowid 1:10
+t tbf tc qdisc add dev gpv0 root tbf rate 1mbit burst 10kb latency 50ms
+t netem tc qdisc add dev gpv1 root handle 1: netem delay 1ms
+t ingress tc qdisc add dev lo handle ffff: ingress
+t mirred tc filter add dev lo parent ffff: protocol ip prio 1 u32 match u32 0 0 action mirred egress redirect dev lo
+"""
+
+
+class CapabilityError(ValueError):
+    """The requested shaping cannot be done on this machine; the message says why and what works."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What was detected. Every feature flag is True only if it was tried and worked."""
+
+    root: bool                 # euid 0 in the host's user namespace (real root)
+    in_userns: bool            # this process already runs in a user namespace (not the host's)
+    userns: bool               # `unshare -Urnm true` works: we can re-exec into our own namespace
+    tools: tuple[str, ...]     # which of ip, tc, unshare, mount were found on PATH
+    probed_with: str           # the scratch-namespace command the features were tried in, or ""
+    kernel: str = ""           # os.uname().release, for the run record
+    features: dict[str, bool] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def has(self, feature: str) -> bool:
+        return self.features.get(feature, False)
+
+    def __getattr__(self, name: str) -> bool:
+        # caps.netem, caps.htb, ... read as flags; only for known feature names
+        if name in FEATURES:
+            return self.features.get(name, False)
+        raise AttributeError(name)
+
+    def tc_missing(self) -> str:
+        """Why the tc shaper cannot run here, or "" when it can."""
+        if not {"ip", "tc"} <= set(self.tools):
+            return "the ip and tc programs (iproute2) are not installed"
+        if not (self.userns or self.in_userns or self.root):
+            return "user namespaces are disabled and this process is not root"
+        missing = [f for f in TC_REQUIRED if not self.has(f)]
+        if missing:
+            return "; ".join(f"{f}: {self.errors.get(f, 'not tried')}" for f in missing)
+        return ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The shaper chosen for a run, the delay mechanism, and why (printed and recorded)."""
+
+    shaper: str                # 'tc' | 'userspace' | 'none'
+    delay: str                 # 'netem' | 'release-queue' | 'none'
+    reason: str
+    caps: Capabilities | None = None
+
+    def as_dict(self) -> dict:
+        out = {"shaper": self.shaper, "delay": self.delay, "reason": self.reason}
+        if self.caps is not None:
+            out["capabilities"] = self.caps.as_dict()
+        return out
+
+
+# ---------------------------------------------------------------- detection
+
+def _run(argv: list[str], script: str | None = None) -> tuple[int, str]:
+    """Exit status and combined output of a short command; 127 when it cannot start."""
+    try:
+        proc = subprocess.run(argv, input=script, capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def in_user_namespace() -> bool:
+    """True unless /proc/self/uid_map is the host's identity map of all 2^32 - 1 ids."""
+    try:
+        with open("/proc/self/uid_map") as fh:
+            rows = [line.split() for line in fh if line.strip()]
+    except OSError:
+        return False
+    return rows != [["0", "0", "4294967295"]]
+
+
+def userns_works() -> bool:
+    """Whether an unprivileged user, network and mount namespace can be made here."""
+    return shutil.which("unshare") is not None and _run(["unshare", "-Urnm", "true"])[0] == 0
+
+
+def _parse_probe(output: str) -> tuple[dict[str, bool], dict[str, str]]:
+    features, errors = {}, {}
+    for line in output.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) >= 2 and parts[0] in ("ok", "fail") and parts[1] in FEATURES:
+            features[parts[1]] = parts[0] == "ok"
+            if parts[0] == "fail":
+                errors[parts[1]] = parts[2] if len(parts) > 2 else "failed"
+    return features, errors
+
+
+def _probe_features(prefixes: list[list[str]]) -> tuple[str, dict[str, bool], dict[str, str]]:
+    """Run the probe script in the first scratch namespace that can be made."""
+    last_error = "unshare is not installed"
+    for prefix in prefixes:
+        rc, out = _run([*prefix, "sh", "-s"], _PROBE_SCRIPT)
+        features, errors = _parse_probe(out)
+        if features:
+            return " ".join(prefix), features, errors
+        last_error = f"{' '.join(prefix)}: {out.splitlines()[0] if out else f'exit {rc}'}"
+    return "", {}, {f: f"no scratch namespace to test in ({last_error})" for f in FEATURES}
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Capabilities:
+    """Detect what this machine can do (cached for the life of the process)."""
+    tools = tuple(t for t in ("ip", "tc", "unshare", "mount") if shutil.which(t))
+    inside = in_user_namespace()
+    root = os.geteuid() == 0 and not inside
+    userns = userns_works()
+    prefixes = []
+    if "unshare" in tools:
+        prefixes = [["unshare", "-Urn"]] if userns else []
+        if root or inside:
+            prefixes.append(["unshare", "-n"])
+    probed_with, features, errors = _probe_features(prefixes)
+    return Capabilities(root=root, in_userns=inside, userns=userns, tools=tools,
+                        probed_with=probed_with, kernel=os.uname().release,
+                        features=features, errors=errors)
+
+
+# ---------------------------------------------------------------- choice
+
+SHAPERS = ("auto", "tc", "userspace", "none")
+
+
+def _tc_decision(caps: Capabilities, why: str) -> Decision:
+    if caps.has("netem"):
+        return Decision("tc", "netem", f"{why}; delay, jitter and loss by netem", caps)
+    return Decision("tc", "release-queue",
+                    f"{why}; this kernel has no netem ({caps.errors.get('netem', 'not found')}), "
+                    "so latency is added by the receiver's release queue", caps)
+
+
+def choose_shaper(requested: str, caps: Capabilities) -> Decision:
+    """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on request."""
+    if requested not in SHAPERS:
+        raise CapabilityError(f"net.shaper = {requested!r} is not allowed; expected one of "
+                              f"{', '.join(SHAPERS)}")
+    if requested == "none":
+        return Decision("none", "none", "shaping off (net.shaper = none)", caps)
+    if requested == "userspace":
+        return Decision("userspace", "release-queue",
+                        "userspace shaper requested: sender pacing + receiver release queue", caps)
+    missing = caps.tc_missing()
+    if requested == "tc":
+        if missing:
+            raise CapabilityError(f"net.shaper = 'tc' is not possible here: {missing}; "
+                                  "use net.shaper = 'auto' or 'userspace'")
+        return _tc_decision(caps, "tc requested and available")
+    if missing:
+        return Decision("userspace", "release-queue",
+                        f"auto: tc is not possible here ({missing}); using the userspace shaper", caps)
+    return _tc_decision(caps, "auto: network namespaces and htb work")

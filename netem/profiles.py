@@ -1,0 +1,391 @@
+"""Bandwidth profiles -> a link plan: rate, latency, jitter and loss of every directed link.
+
+A ``LinkPlan`` is the single description of the emulated network. The tc commands, the userspace
+shaper and the in-process simulator's virtual clock are all derived from it, so the three agree.
+
+Named profiles (``net.bw_profile``), N workers, seeded by the run's seed:
+
+- ``uniform``       every link at ``net.rate_mbit``.
+- ``skewed``        slow *links* among fast ones: ceil(10 %) of the N(N-1)/2 worker pairs, drawn
+                    with the seed, run at ``net.slow_rate_mbit`` in both directions (8 workers:
+                    3 of 28 pairs, the setting of ALGORITHM.md's max-plus table; 2 or 3 workers:
+                    one pair).
+- ``skewed-worker`` one slow *worker*: every link to and from one seeded worker runs at
+                    ``net.slow_rate_mbit``; a slow worker sets everyone's pace when every round
+                    waits for every partner, which ``skewed`` alone would never show.
+- ``two-cluster``   workers [0, ceil(N/2)) and [ceil(N/2), N) are two clusters: fast inside,
+                    ``net.slow_rate_mbit`` between.
+- ``lognormal``     each worker draws a rate from a seeded lognormal whose median is
+                    ``net.rate_mbit`` (sigma 0.5: the 10-90 % range is 0.53x to 1.9x); a link
+                    runs at the slower of its two endpoints.
+- a ``.toml`` or ``.json`` file::
+
+      [default]                 # optional; missing keys fall back to net.*
+      rate_mbit = 50
+      latency_ms = 0
+      [[link]]                  # optional overrides of single directed links
+      src = 0
+      dst = 3
+      rate_mbit = 5
+      latency_ms = 10           # optional; also jitter_ms, loss_pct
+      symmetric = true          # optional: the same values for dst -> src
+      [[worker]]                # optional per-worker caps (a slow worker, a shared uplink)
+      id = 2
+      up_mbit = 20
+      down_mbit = 20
+
+An empty ``bw_profile`` means "no shaping": ``build_link_plan`` returns a plan with
+``shaped = False`` and no links (its link model is instantaneous); asking for latency, jitter or
+loss without a profile is an error, because there would be no links to put them on.
+
+Every link gets ``net.latency_ms``, ``net.jitter_ms`` and ``net.loss_pct`` unless a file says
+otherwise. Everything is validated here, before any namespace or qdisc exists.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+NAMED = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
+SKEWED_FRACTION = 0.10      # share of worker pairs that are slow in ``skewed``
+LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
+RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
+LATENCY_RANGE_MS = (0.0, 10_000.0)
+LOSS_RANGE_PCT = (0.0, 100.0)
+
+LinkModel = Callable[[int, int, int], "tuple[float, float]"]
+
+
+class ProfileError(ValueError):
+    """A bandwidth profile is unknown, malformed, or names a value out of range."""
+
+
+# ---------------------------------------------------------------- value checks
+
+def _check_range(what: str, value: Any, lo: float, hi: float, *, open_lo: bool = False) -> float:
+    """``value`` as a float inside [lo, hi] (or (lo, hi]), else a ProfileError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{what} = {value!r} is not a number")
+    v = float(value)
+    below = v <= lo if open_lo else v < lo
+    if not math.isfinite(v) or below or v > hi:
+        bracket = "(" if open_lo else "["
+        raise ProfileError(f"{what} = {value!r} is out of range; expected a value in "
+                           f"{bracket}{lo:g}, {hi:g}]")
+    return v
+
+
+def _check_rate(what: str, value: Any) -> float:
+    return _check_range(what, value, 0.0, RATE_RANGE_MBIT[1], open_lo=True)
+
+
+def _check_worker(what: str, value: Any, workers: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(f"{what} = {value!r} is not a worker id (an integer)")
+    if not 0 <= value < workers:
+        raise ProfileError(f"{what} = {value} is out of range; this run has workers 0..{workers - 1}")
+    return value
+
+
+# ---------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link src -> dst. ``rate_mbit`` is goodput: what an application moves per second."""
+
+    src: int
+    dst: int
+    rate_mbit: float
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+    def __post_init__(self) -> None:
+        name = f"link {self.src}->{self.dst}"
+        if self.src == self.dst:
+            raise ProfileError(f"{name}: src and dst are the same worker")
+        _check_rate(f"{name} rate_mbit", self.rate_mbit)
+        _check_range(f"{name} latency_ms", self.latency_ms, *LATENCY_RANGE_MS)
+        _check_range(f"{name} jitter_ms", self.jitter_ms, *LATENCY_RANGE_MS)
+        _check_range(f"{name} loss_pct", self.loss_pct, *LOSS_RANGE_PCT)
+
+
+@dataclass(frozen=True)
+class WorkerCaps:
+    """Per-worker limits shared by all of its links: a slow uplink or downlink. None = no cap."""
+
+    up_mbit: float | None = None
+    down_mbit: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("up_mbit", "down_mbit"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_rate(name, value)
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """Every directed link of a run (all N(N-1) when shaped) and the per-worker caps."""
+
+    workers: int
+    links: dict[tuple[int, int], Link]
+    caps: dict[int, WorkerCaps]
+    profile: str
+    shaped: bool = True
+    note: str = ""          # what the profile chose, e.g. which pairs are slow
+    mtu: int = 1500         # of the emulated links (net.mtu)
+
+    def __post_init__(self) -> None:
+        if self.shaped:
+            missing = [(i, j) for i in range(self.workers) for j in range(self.workers)
+                       if i != j and (i, j) not in self.links]
+            if missing:
+                raise ProfileError(f"profile {self.profile!r} leaves links without a rate: "
+                                   f"{missing[:4]}")
+
+    def cap(self, rank: int) -> WorkerCaps:
+        return self.caps.get(rank, WorkerCaps())
+
+    def effective_rate_mbit(self, src: int, dst: int) -> float:
+        """The most one flow src -> dst can get: min(link, src's uplink cap, dst's downlink cap)."""
+        rates = [self.links[(src, dst)].rate_mbit, self.cap(src).up_mbit, self.cap(dst).down_mbit]
+        return min(r for r in rates if r is not None)
+
+    def has_caps(self, kind: str) -> bool:
+        """Whether any worker has an ``up`` or ``down`` cap."""
+        return any(getattr(c, f"{kind}_mbit") is not None for c in self.caps.values())
+
+    def max_of(self, attr: str) -> float:
+        """The largest latency_ms / jitter_ms / loss_pct over all links (0 when unshaped)."""
+        return max((getattr(link, attr) for link in self.links.values()), default=0.0)
+
+    def link_model(self) -> LinkModel:
+        """(src, dst, nbytes) -> (wire seconds, latency seconds) for the simulator's virtual clock.
+
+        The wire time uses ``effective_rate_mbit``: a cap is treated as if this flow had it to
+        itself. That is exact for one flow at a time per worker and optimistic when a worker
+        sends to (or receives from) several peers at once through a shared cap. Jitter and loss
+        are not modelled (their means would only add noise to a prediction).
+        """
+        if not self.shaped:
+            return lambda src, dst, nbytes: (0.0, 0.0)
+        rate_bps = {key: self.effective_rate_mbit(*key) * 1e6 for key in self.links}
+        latency_s = {key: link.latency_ms / 1e3 for key, link in self.links.items()}
+
+        def model(src: int, dst: int, nbytes: int) -> tuple[float, float]:
+            return nbytes * 8 / rate_bps[(src, dst)], latency_s[(src, dst)]
+        return model
+
+    def table(self) -> list[dict]:
+        """One row per directed link, in (src, dst) order, for display and the run record."""
+        return [{"src": s, "dst": d, "rate_mbit": link.rate_mbit,
+                 "effective_mbit": self.effective_rate_mbit(s, d), "latency_ms": link.latency_ms,
+                 "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct}
+                for (s, d), link in sorted(self.links.items())]
+
+    def describe(self) -> dict:
+        """A JSON-able summary: profile, links, caps."""
+        caps = {str(k): {"up_mbit": c.up_mbit, "down_mbit": c.down_mbit}
+                for k, c in sorted(self.caps.items())}
+        return {"profile": self.profile, "workers": self.workers, "shaped": self.shaped,
+                "note": self.note, "mtu": self.mtu, "links": self.table(), "caps": caps}
+
+
+# ---------------------------------------------------------------- named profiles
+
+def _pairs(workers: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(workers) for j in range(i + 1, workers)]
+
+
+def _uniform_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+    return {pair: net.rate_mbit for pair in _pairs(workers)}, ""
+
+
+def _skewed_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+    pairs = _pairs(workers)
+    n_slow = math.ceil(SKEWED_FRACTION * len(pairs))
+    slow = sorted(random.Random(seed).sample(pairs, n_slow))
+    rates = {p: (net.slow_rate_mbit if p in slow else net.rate_mbit) for p in pairs}
+    return rates, f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}"
+
+
+def _skewed_worker_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+    slow = random.Random(seed).randrange(workers)
+    rates = {p: (net.slow_rate_mbit if slow in p else net.rate_mbit) for p in _pairs(workers)}
+    return rates, f"slow worker: {slow}"
+
+
+def _two_cluster_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+    half = (workers + 1) // 2
+    rates = {(i, j): (net.rate_mbit if (i < half) == (j < half) else net.slow_rate_mbit)
+             for i, j in _pairs(workers)}
+    return rates, f"clusters: 0-{half - 1} and {half}-{workers - 1}"
+
+
+def lognormal_worker_rates(rate_mbit: float, workers: int, seed: int) -> list[float]:
+    """Per-worker rates with median ``rate_mbit``, rounded to 1 kbit/s and kept in the valid range."""
+    rng = random.Random(seed)
+    lo, hi = RATE_RANGE_MBIT
+    draws = (rate_mbit * math.exp(rng.gauss(0.0, LOGNORMAL_SIGMA)) for _ in range(workers))
+    return [min(hi, max(lo, round(r, 3))) for r in draws]
+
+
+def _lognormal_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+    per_worker = lognormal_worker_rates(net.rate_mbit, workers, seed)
+    rates = {(i, j): min(per_worker[i], per_worker[j]) for i, j in _pairs(workers)}
+    return rates, "worker rates (Mbit/s): " + ", ".join(f"{r:g}" for r in per_worker)
+
+
+_NAMED_BUILDERS = {"uniform": _uniform_rates, "skewed": _skewed_rates,
+                   "skewed-worker": _skewed_worker_rates, "two-cluster": _two_cluster_rates,
+                   "lognormal": _lognormal_rates}
+
+
+def _links_from_pairs(net, rates: dict[tuple[int, int], float]) -> dict[tuple[int, int], Link]:
+    """Both directions of every undirected pair, with the run's latency, jitter and loss."""
+    links = {}
+    for (i, j), rate in rates.items():
+        for s, d in ((i, j), (j, i)):
+            links[(s, d)] = Link(s, d, rate, net.latency_ms, net.jitter_ms, net.loss_pct)
+    return links
+
+
+# ---------------------------------------------------------------- file profiles
+
+_DEFAULT_KEYS = {"rate_mbit", "latency_ms", "jitter_ms", "loss_pct"}
+_LINK_KEYS = {"src", "dst", "rate_mbit", "latency_ms", "jitter_ms", "loss_pct", "symmetric"}
+_WORKER_KEYS = {"id", "up_mbit", "down_mbit"}
+_TOP_KEYS = {"default", "link", "worker"}
+
+
+def _read_profile_file(path: Path) -> dict:
+    if not path.is_file():
+        raise ProfileError(f"profile file {str(path)!r} does not exist")
+    try:
+        text = path.read_text()
+        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"profile file {str(path)!r} cannot be parsed: {exc}") from None
+
+
+def _check_keys(where: str, table: Any, allowed: set[str]) -> dict:
+    if not isinstance(table, dict):
+        raise ProfileError(f"{where} must be a table of settings, got {table!r}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    return table
+
+
+def _check_list(where: str, value: Any) -> list:
+    if not isinstance(value, list):
+        raise ProfileError(f"{where} must be a list of tables ([[{where}]] in TOML)")
+    return value
+
+
+def _file_defaults(net, data: dict, where: str) -> dict:
+    """The [default] table merged over the run's net.* values."""
+    table = _check_keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS)
+    checks = {"rate_mbit": lambda w, v: _check_rate(w, v),
+              "latency_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
+              "jitter_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
+              "loss_pct": lambda w, v: _check_range(w, v, *LOSS_RANGE_PCT)}
+    base = {"rate_mbit": net.rate_mbit, "latency_ms": net.latency_ms,
+            "jitter_ms": net.jitter_ms, "loss_pct": net.loss_pct}
+    return base | {k: checks[k](f"{where} [default] {k}", v) for k, v in table.items()}
+
+
+def _file_links(net, data: dict, workers: int, where: str) -> dict[tuple[int, int], Link]:
+    default = _file_defaults(net, data, where)
+    values = {(i, j): dict(default) for i in range(workers) for j in range(workers) if i != j}
+    seen: set[tuple[int, int]] = set()
+    for k, entry in enumerate(_check_list("link", data.get("link", []))):
+        _apply_link_entry(f"{where} [[link]] #{k + 1}", entry, values, seen, workers)
+    return {key: Link(key[0], key[1], **v) for key, v in values.items()}
+
+
+def _apply_link_entry(where: str, entry: Any, values: dict, seen: set, workers: int) -> None:
+    entry = _check_keys(where, entry, _LINK_KEYS)
+    for key in ("src", "dst"):
+        if key not in entry:
+            raise ProfileError(f"{where}: missing {key!r}")
+    src = _check_worker(f"{where} src", entry["src"], workers)
+    dst = _check_worker(f"{where} dst", entry["dst"], workers)
+    if src == dst:
+        raise ProfileError(f"{where}: src and dst are both worker {src}")
+    symmetric = entry.get("symmetric", False)
+    if not isinstance(symmetric, bool):
+        raise ProfileError(f"{where}: symmetric = {symmetric!r} is not true or false")
+    update = {k: v for k, v in entry.items() if k in _DEFAULT_KEYS}
+    for key in ([(src, dst), (dst, src)] if symmetric else [(src, dst)]):
+        if key in seen:
+            raise ProfileError(f"{where}: link {key[0]}->{key[1]} is set twice")
+        seen.add(key)
+        Link(key[0], key[1], **(values[key] | update))   # validate with the entry's name in view
+        values[key].update(update)
+
+
+def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
+    caps: dict[int, WorkerCaps] = {}
+    for k, entry in enumerate(_check_list("worker", data.get("worker", []))):
+        here = f"{where} [[worker]] #{k + 1}"
+        entry = _check_keys(here, entry, _WORKER_KEYS)
+        if "id" not in entry:
+            raise ProfileError(f"{here}: missing 'id'")
+        rank = _check_worker(f"{here} id", entry["id"], workers)
+        if rank in caps:
+            raise ProfileError(f"{here}: worker {rank} is listed twice")
+        up, down = entry.get("up_mbit"), entry.get("down_mbit")
+        caps[rank] = WorkerCaps(None if up is None else _check_rate(f"{here} up_mbit", up),
+                                None if down is None else _check_rate(f"{here} down_mbit", down))
+    return caps
+
+
+def _plan_from_file(net, workers: int, path: Path) -> LinkPlan:
+    where = f"profile {path.name}"
+    data = _check_keys(where, _read_profile_file(path), _TOP_KEYS)
+    links = _file_links(net, data, workers, where)
+    caps = _file_caps(data, workers, where)
+    return LinkPlan(workers, links, caps, profile=str(path), note=f"file {path}", mtu=net.mtu)
+
+
+# ---------------------------------------------------------------- entry point
+
+def is_file_profile(name: str) -> bool:
+    return name.endswith((".toml", ".json"))
+
+
+def build_link_plan(net, workers: int, seed: int) -> LinkPlan:
+    """The link plan of ``net.bw_profile`` for ``workers`` workers (see the module docstring)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ProfileError(f"workers = {workers!r} is out of range; expected an integer >= 1")
+    name = net.bw_profile
+    if not name:
+        return _unshaped_plan(net, workers)
+    if is_file_profile(name):
+        return _plan_from_file(net, workers, Path(name))
+    if name not in _NAMED_BUILDERS:
+        raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
+                           f"{', '.join(NAMED)}, or a path to a .toml or .json file")
+    rates, note = _NAMED_BUILDERS[name](net, workers, seed)
+    return LinkPlan(workers, _links_from_pairs(net, rates), {}, profile=name, note=note, mtu=net.mtu)
+
+
+def _unshaped_plan(net, workers: int) -> LinkPlan:
+    for attr in ("latency_ms", "jitter_ms", "loss_pct"):
+        if getattr(net, attr):
+            raise ProfileError(f"net.{attr} = {getattr(net, attr)!r} needs a bandwidth profile "
+                               "(net.bw_profile is empty, so there are no links to put it on); "
+                               "set net.bw_profile = 'uniform' with a large net.rate_mbit")
+    return LinkPlan(workers, {}, {}, profile="", shaped=False, note="unshaped", mtu=net.mtu)

@@ -1,0 +1,246 @@
+"""The ip/tc commands as data: topology, per-link HTB trees, caps, delay; no kernel needed."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from gasloc_emu.config import NetConfig
+from netem.capabilities import Capabilities, CapabilityError, Decision
+from netem.commands import (NETNS_RE, Command, NetTopology, check_supported, htb_rate_bps,
+                            overhead_factor, plan_commands, teardown_commands, topology_commands)
+from netem.profiles import build_link_plan
+
+ALL = {f: True for f in ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress",
+                         "mirred")}
+
+
+def caps(**features) -> Capabilities:
+    return Capabilities(root=True, in_userns=False, userns=True, tools=("ip", "tc", "unshare"),
+                        probed_with="test", features=ALL | features,
+                        errors={f: "missing" for f, ok in features.items() if not ok})
+
+
+TC_NETEM = Decision("tc", "netem", "test", caps())
+TC_QUEUE = Decision("tc", "release-queue", "test", caps(netem=False))
+
+
+def plan_of(profile="uniform", workers=4, **net):
+    return build_link_plan(NetConfig(bw_profile=profile, **net), workers, 0)
+
+
+def file_plan(tmp_path, data: dict, workers=3, **net):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return build_link_plan(NetConfig(bw_profile=str(path), **net), workers, 0)
+
+
+def in_ns(cmds, ns):
+    return [c for c in cmds if c.netns == ns]
+
+
+def args_after(cmd: Command, key: str) -> str:
+    return cmd.argv[cmd.argv.index(key) + 1]
+
+
+def classes(cmds, dev="eth0"):
+    return [c for c in cmds if c.argv[:3] == ("tc", "class", "add") and args_after(c, "dev") == dev]
+
+
+# ---------------------------------------------------------------- Command and topology
+
+def test_command_renders_as_a_shell_line():
+    assert str(Command(("tc", "qdisc", "show"), "glab-w1")) == "tc -n glab-w1 qdisc show"
+    assert str(Command(("ip", "link"), "glab-sw")) == "ip -n glab-sw link"
+    assert Command(("sysctl", "-w", "a=1"), "ns").full_argv() == ["ip", "netns", "exec", "ns",
+                                                                   "sysctl", "-w", "a=1"]
+    assert str(Command(("echo", "a b"))) == "echo 'a b'"
+
+
+def test_topology_names_and_addresses():
+    topo = NetTopology("a1b2c3", 300)
+    assert topo.worker_ns(3) == "gla1b2c3-w3" and topo.switch_ns == "gla1b2c3-sw"
+    assert topo.address(0) == "198.18.0.1" and topo.address(254) == "198.18.0.255"
+    assert topo.address(255) == "198.18.1.0" and topo.address(299) == "198.18.1.44"
+    assert len(set(topo.address(k) for k in range(300))) == 300
+    assert all(NETNS_RE.match(ns) for ns in topo.namespaces())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"run_id": "XYZ"}, "run_id = 'XYZ' is not allowed"),
+    ({"run_id": "0123456789abc"}, "run_id"),
+    ({"workers": 0}, "workers = 0 is out of range"),
+    ({"mtu": 100}, "mtu = 100 is out of range"),
+])
+def test_topology_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NetTopology(**({"run_id": "ab", "workers": 2} | kwargs))
+
+
+def test_our_names_only():
+    assert NETNS_RE.match("glabc-w12") and NETNS_RE.match("gl0-sw")
+    for other in ("glance", "gl-w1", "glabc-x1", "myglabc-w1", "glABC-w1", "glabc-w1x"):
+        assert not NETNS_RE.match(other)
+
+
+def test_topology_commands_make_namespaces_first_then_a_bridge_and_veths():
+    topo = NetTopology("ab", 3, mtu=9000)
+    cmds = topology_commands(topo)
+    adds = [c for c in cmds if c.argv[:3] == ("ip", "netns", "add")]
+    assert cmds[:4] == adds and [c.argv[3] for c in adds] == topo.namespaces()
+    veths = [c for c in cmds if "veth" in c.argv]
+    assert len(veths) == 3
+    v = veths[1]
+    assert v.netns == "glab-w1" and args_after(v, "netns") == "glab-sw" and args_after(v, "mtu") == "9000"
+    assert any(c.argv[-3:] == ("198.18.0.2/15", "dev", "eth0") and c.netns == "glab-w1" for c in cmds)
+    assert any(args_after(c, "master") == "br0" for c in in_ns(cmds, "glab-sw") if "master" in c.argv)
+
+
+def test_teardown_removes_every_namespace():
+    topo = NetTopology("ab", 3)
+    assert sorted(c.argv[3] for c in teardown_commands(topo)) == sorted(topo.namespaces())
+    assert all(c.argv[:3] == ("ip", "netns", "del") for c in teardown_commands(topo))
+
+
+# ---------------------------------------------------------------- egress trees
+
+def test_overhead_scaling():
+    assert overhead_factor(1500) == pytest.approx(1514 / 1448)
+    assert htb_rate_bps(50, 1500) == round(50e6 * 1514 / 1448)
+    assert htb_rate_bps(50, 9000) == round(50e6 * 9014 / 8948)
+
+
+def test_each_peer_gets_a_link_class_with_ack_and_bulk_children(tmp_path):
+    plan = file_plan(tmp_path, {"default": {"rate_mbit": 50},
+                                "link": [{"src": 0, "dst": 2, "rate_mbit": 5}]})
+    topo = NetTopology("ab", 3)
+    cmds = in_ns(plan_commands(plan, topo, TC_QUEUE), "glab-w0")
+    cls = classes(cmds)
+    links = [c for c in cls if args_after(c, "parent") == "1:"]
+    assert len(links) == 2
+    for link, rate in zip(links, (50, 5)):
+        assert args_after(link, "rate") == args_after(link, "ceil") == f"{htb_rate_bps(rate, 1500)}bit"
+        minor = args_after(link, "classid").split(":")[1]
+        kids = [c for c in cls if args_after(c, "parent") == f"1:{minor}"]
+        assert sorted(args_after(c, "prio") for c in kids) == ["0", "1"]
+        assert all(args_after(c, "ceil") == args_after(link, "ceil") for c in kids)
+        # children's guaranteed rates add up to the link's, never past it
+        total = sum(int(args_after(c, "rate")[:-3]) for c in kids)
+        assert total == int(args_after(link, "rate")[:-3])
+
+
+def test_leaves_are_pfifo_1000_and_filters_split_small_packets():
+    cmds = in_ns(plan_commands(plan_of(workers=3), NetTopology("ab", 3), TC_QUEUE), "glab-w1")
+    leaves = [c for c in cmds if c.argv[:3] == ("tc", "qdisc", "add") and "pfifo" in c.argv]
+    assert len(leaves) == 4 and all(args_after(c, "limit") == "1000" for c in leaves)
+    filters = [c for c in cmds if c.argv[:3] == ("tc", "filter", "add")]
+    assert len(filters) == 4
+    small = [f for f in filters if "u16" in f.argv]
+    assert len(small) == 2 and all(f.argv[f.argv.index("u16") + 1:][:4] == ("0x0000", "0xff80", "at", "2")
+                                   for f in small)
+    assert all(args_after(f, "prio") == "1" for f in small)
+    assert {args_after(f, "dst") for f in filters} == {"198.18.0.1/32", "198.18.0.3/32"}
+    # a small-packet filter points at the prio-0 child, the bulk filter at the prio-1 child
+    cls = {args_after(c, "classid"): c for c in classes(cmds)}
+    for f in filters:
+        child = cls[args_after(f, "flowid")]
+        assert args_after(child, "prio") == ("0" if f in small else "1")
+
+
+def test_ids_are_unique_per_device_for_many_workers():
+    cmds = plan_commands(plan_of(workers=20), NetTopology("ab", 20), TC_QUEUE)
+    for ns in {c.netns for c in cmds if c.netns}:
+        ids = Counter(args_after(c, "classid") for c in classes(in_ns(cmds, ns)))
+        handles = Counter(args_after(c, "handle") for c in in_ns(cmds, ns) if c.argv[1] == "qdisc")
+        assert all(n == 1 for n in ids.values()) and all(n == 1 for n in handles.values())
+
+
+def test_uplink_cap_is_a_parent_whose_children_cannot_exceed_it(tmp_path):
+    plan = file_plan(tmp_path, {"default": {"rate_mbit": 50}, "worker": [{"id": 0, "up_mbit": 60}]}, 4)
+    cmds = in_ns(plan_commands(plan, NetTopology("ab", 4), TC_QUEUE), "glab-w0")
+    cls = classes(cmds)
+    cap = [c for c in cls if args_after(c, "classid") == "1:1"]
+    assert len(cap) == 1 and args_after(cap[0], "rate") == f"{htb_rate_bps(60, 1500)}bit"
+    links = [c for c in cls if args_after(c, "parent") == "1:1"]
+    assert len(links) == 3
+    assert sum(int(args_after(c, "rate")[:-3]) for c in links) <= htb_rate_bps(60, 1500)
+    assert all(args_after(c, "ceil") == f"{htb_rate_bps(50, 1500)}bit" for c in links)
+    other = in_ns(plan_commands(plan, NetTopology("ab", 4), TC_QUEUE), "glab-w1")
+    assert not [c for c in classes(other) if args_after(c, "classid") == "1:1"]
+
+
+def test_download_cap_redirects_ingress_to_an_ifb_tree_matching_src(tmp_path):
+    plan = file_plan(tmp_path, {"worker": [{"id": 2, "down_mbit": 10}]}, 3)
+    cmds = in_ns(plan_commands(plan, NetTopology("ab", 3), TC_QUEUE), "glab-w2")
+    assert any(c.argv[:3] == ("ip", "link", "add") and c.argv[-2:] == ("type", "ifb") for c in cmds)
+    assert any("ingress" in c.argv and args_after(c, "dev") == "eth0" for c in cmds)
+    mirred = [c for c in cmds if "mirred" in c.argv]
+    assert len(mirred) == 1 and mirred[0].argv[-3:] == ("redirect", "dev", "ifb0")
+    ifb = classes(cmds, "ifb0")
+    assert args_after(ifb[0], "classid") == "1:1" and args_after(ifb[0], "rate") == f"{htb_rate_bps(10, 1500)}bit"
+    ifb_filters = [c for c in cmds if c.argv[1] == "filter" and args_after(c, "dev") == "ifb0"]
+    assert {args_after(f, "src") for f in ifb_filters} == {"198.18.0.1/32", "198.18.0.2/32"}
+    assert not [c for c in in_ns(plan_commands(plan, NetTopology("ab", 3), TC_QUEUE), "glab-w0")
+                if "mirred" in c.argv]
+
+
+# ---------------------------------------------------------------- delay
+
+def test_without_netem_no_delay_commands_are_emitted():
+    cmds = plan_commands(plan_of(latency_ms=20.0), NetTopology("ab", 4), TC_QUEUE)
+    assert not [c for c in cmds if "netem" in c.argv]
+
+
+def test_uniform_delay_is_one_netem_per_switch_port():
+    cmds = plan_commands(plan_of(latency_ms=20.0, rate_mbit=100.0), NetTopology("ab", 4), TC_NETEM)
+    netem = [c for c in cmds if "netem" in c.argv]
+    assert len(netem) == 4 and all(c.netns == "glab-sw" for c in netem)
+    assert {args_after(c, "dev") for c in netem} == {"p0", "p1", "p2", "p3"}
+    assert all(args_after(c, "delay") == "20ms" and "root" in c.argv for c in netem)
+    # its queue holds what is in flight over the delay (at least the pfifo's 1000)
+    assert int(args_after(netem[0], "limit")) > 1000
+
+
+def test_per_link_delay_jitter_loss_is_a_tree_per_sender(tmp_path):
+    plan = file_plan(tmp_path, {"link": [{"src": 1, "dst": 0, "latency_ms": 50, "jitter_ms": 5,
+                                          "loss_pct": 1}]}, 3, latency_ms=10.0)
+    cmds = in_ns(plan_commands(plan, NetTopology("ab", 3), TC_NETEM), "glab-sw")
+    to_p0 = [c for c in cmds if "dev" in c.argv and args_after(c, "dev") == "p0"]
+    netem = [c for c in to_p0 if "netem" in c.argv]
+    assert len(netem) == 2
+    slow = [c for c in netem if args_after(c, "delay") == "50ms"][0]
+    assert slow.argv[slow.argv.index("delay") + 2] == "5ms" and args_after(slow, "loss") == "1%"
+    srcs = {args_after(c, "src") for c in to_p0 if c.argv[1] == "filter"}
+    assert srcs == {"198.18.0.2/32", "198.18.0.3/32"}
+    to_p1 = [c for c in cmds if "netem" in c.argv and args_after(c, "dev") == "p1"]
+    assert len(to_p1) == 1 and "root" in to_p1[0].argv
+
+
+# ---------------------------------------------------------------- what cannot be done
+
+def test_jitter_and_loss_need_netem():
+    for net in ({"jitter_ms": 2.0}, {"loss_pct": 1.0}):
+        plan = plan_of(**net)
+        with pytest.raises(CapabilityError, match="needs the netem qdisc"):
+            plan_commands(plan, NetTopology("ab", 4), TC_QUEUE)
+        with pytest.raises(CapabilityError):
+            check_supported(plan, Decision("userspace", "release-queue", "t"))
+        assert plan_commands(plan, NetTopology("ab", 4), TC_NETEM)
+
+
+def test_download_caps_need_ifb_and_mirred(tmp_path):
+    plan = file_plan(tmp_path, {"worker": [{"id": 1, "down_mbit": 5}]})
+    decision = Decision("tc", "netem", "t", caps(mirred=False))
+    with pytest.raises(CapabilityError, match="mirred"):
+        plan_commands(plan, NetTopology("ab", 3), decision)
+
+
+def test_other_shapers_create_nothing():
+    for shaper in ("userspace", "none"):
+        assert plan_commands(plan_of(), NetTopology("ab", 4), Decision(shaper, "none", "t")) == []
+
+
+def test_topology_and_plan_must_agree():
+    with pytest.raises(ValueError, match="topology has 3 workers"):
+        plan_commands(plan_of(workers=4), NetTopology("ab", 3), TC_QUEUE)

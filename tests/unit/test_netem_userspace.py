@@ -1,0 +1,148 @@
+"""Sender virtual clock, receiver release times, specs and the release queue."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from gasloc_emu.config import NetConfig
+from netem.capabilities import Decision
+from netem.profiles import build_link_plan
+from netem.userspace import LinkShaper, ReleaseQueue, ShapingError, shaping_from_spec, spec_for
+
+MB = 1_000_000
+
+
+def shaper(mode="userspace", up=None, max_queue_s=0.5, sleeps=None):
+    tx = {1: (8.0, 10.0), 2: (80.0, 0.0)}           # 8 Mbit/s + 10 ms to 1, 80 Mbit/s to 2
+    rx = {1: 20.0} if mode == "delay-only" else {}
+    # a recorded sleep: these tests use made-up clocks, real sleeping would only slow them
+    return LinkShaper(0, mode, tx, rx, up, max_queue_s,
+                      sleep=(sleeps if sleeps is not None else []).append)
+
+
+def test_stamp_serialises_messages_on_a_link():
+    s = shaper()
+    assert s.stamp(1, MB, now=100.0) == pytest.approx(100.0 + 1.0 + 0.010)
+    # a second message queued behind the first, even if it is stamped at the same time
+    assert s.stamp(1, MB // 2, now=100.0) == pytest.approx(101.5 + 0.010)
+    # after the link drained, it starts from now again
+    assert s.stamp(1, MB // 8, now=200.0) == pytest.approx(200.125 + 0.010)
+
+
+def test_links_have_independent_clocks():
+    s = shaper()
+    s.stamp(1, MB, now=0.0)
+    assert s.stamp(2, MB, now=0.0) == pytest.approx(0.1)
+
+
+def test_uplink_cap_is_shared_by_all_links():
+    s = shaper(up=10.0)
+    assert s.stamp(2, MB, now=0.0) == pytest.approx(0.8)          # 10 Mbit/s, not 80
+    assert s.stamp(2, MB, now=0.0) == pytest.approx(1.6)
+    assert s.stamp(1, MB, now=0.0) == pytest.approx(2.4 + 0.010)  # waits for the shared uplink
+
+
+def test_backpressure_sleeps_beyond_the_queue_bound():
+    sleeps: list[float] = []
+    s = shaper(max_queue_s=0.5, sleeps=sleeps)
+    s.stamp(1, MB // 4, now=0.0)         # 0.25 s of data: no wait
+    assert sleeps == []
+    s.stamp(1, MB // 2, now=0.0)         # 0.75 s queued: wait 0.25 s
+    assert sleeps == [pytest.approx(0.25)]
+    assert s.queued_s(1, now=0.0) == pytest.approx(0.75)
+
+
+def test_release_at_in_userspace_mode_is_the_delivery_time():
+    s = shaper()
+    assert s.release_at(1, deliver_at=5.0, arrival=4.0) == 5.0
+    assert s.release_at(1, deliver_at=5.0, arrival=6.0) == 6.0    # never before it arrived
+    assert s.release_at(1, deliver_at=None, arrival=6.0) == 6.0
+
+
+def test_delay_only_mode_delays_at_the_receiver():
+    s = shaper("delay-only")
+    assert s.stamp(1, MB, now=0.0) is None
+    assert s.release_at(1, None, arrival=3.0) == pytest.approx(3.020)
+    assert s.release_at(2, None, arrival=3.0) == 3.0               # no latency from 2
+
+
+def test_shaper_validation():
+    with pytest.raises(ShapingError, match="mode = 'tc'"):
+        LinkShaper(0, "tc", {}, {})
+    with pytest.raises(ShapingError, match="max_queue_s"):
+        LinkShaper(0, "userspace", {}, {}, max_queue_s=0)
+    with pytest.raises(ShapingError, match="no link to worker 7"):
+        shaper().stamp(7, 10, 0.0)
+
+
+# ---------------------------------------------------------------- specs
+
+def plan_of(profile="uniform", workers=3, **net):
+    return build_link_plan(NetConfig(bw_profile=profile, **net), workers, 0)
+
+
+def test_userspace_spec_round_trips_through_json(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"default": {"rate_mbit": 50, "latency_ms": 5},
+                                "worker": [{"id": 1, "up_mbit": 20, "down_mbit": 10}]}))
+    plan = build_link_plan(NetConfig(bw_profile=str(path)), 3, 0)
+    spec = json.loads(json.dumps(spec_for(plan, Decision("userspace", "release-queue", "t"))))
+    assert spec["mode"] == "userspace" and spec["up_mbit"] == {"1": 20}
+    s0, s1 = shaping_from_spec(spec, 0), shaping_from_spec(spec, 1)
+    assert s0.stamp(1, MB, now=0.0) == pytest.approx(0.8 + 0.005)     # 1's downlink: 10 Mbit/s
+    assert s0.stamp(2, MB, now=0.0) == pytest.approx(0.16 + 0.005)
+    assert s1.stamp(0, MB, now=0.0) == pytest.approx(0.4 + 0.005)     # 1's uplink: 20 Mbit/s
+
+
+def test_delay_only_spec_only_where_tc_has_no_netem():
+    plan = plan_of(latency_ms=20.0)
+    spec = spec_for(plan, Decision("tc", "release-queue", "t"))
+    assert spec["mode"] == "delay-only"
+    s = shaping_from_spec(spec, 2)
+    assert s.stamp(0, 100, 0.0) is None and s.release_at(0, None, 1.0) == pytest.approx(1.02)
+    assert spec_for(plan, Decision("tc", "netem", "t")) is None
+    assert spec_for(plan_of(), Decision("tc", "release-queue", "t")) is None   # no latency
+    assert spec_for(plan_of(""), Decision("userspace", "release-queue", "t")) is None
+    assert spec_for(plan, Decision("none", "none", "t")) is None
+    assert shaping_from_spec(None, 0) is None
+
+
+def test_malformed_spec():
+    with pytest.raises(ShapingError, match="malformed shaping spec for worker 0"):
+        shaping_from_spec({"mode": "userspace"}, 0)
+
+
+# ---------------------------------------------------------------- release queue
+
+def test_release_queue_orders_by_release_time():
+    now = [10.0]
+    rq = ReleaseQueue(shaper("delay-only"), clock=lambda: now[0])
+    assert rq.push(1, None, 10.0, "from-1") == pytest.approx(10.02)
+    assert rq.push(2, None, 10.001, "from-2") == pytest.approx(10.001)
+    assert [item for _, item, _ in rq.pop_due()] == []
+    now[0] = 10.01
+    assert [item for _, item, _ in rq.pop_due()] == ["from-2"]
+    assert rq.next_due() == pytest.approx(10.02) and len(rq) == 1
+    now[0] = 11.0
+    assert [(src, item) for src, item, _ in rq.pop_due()] == [(1, "from-1")]
+
+
+def test_release_queue_wait_blocks_until_due():
+    rq = ReleaseQueue(None)
+    due = time.time() + 0.05
+    rq.push(0, due, due, "x")                # no shaper: released at its arrival time
+    t = time.time()
+    got = rq.wait(2.0)
+    assert [item for _, item, _ in got] == ["x"] and time.time() >= due
+    assert time.time() - t < 1.0
+    assert rq.wait(0.01) == []
+
+
+def test_release_queue_wait_wakes_on_push():
+    rq = ReleaseQueue(None)
+    threading.Timer(0.05, lambda: rq.push(3, None, time.time(), "late")).start()
+    got = rq.wait(2.0)
+    assert [(src, item) for src, item, _ in got] == [(3, "late")]
