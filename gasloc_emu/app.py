@@ -165,7 +165,7 @@ def show_command(run_dir: str) -> int:
         click.echo(f"error: {exc}", err=True)
         return 2
     _warn_damage([run])
-    Console().print(show_run(run))
+    Console(width=None if sys.stdout.isatty() else 120).print(show_run(run))
     return 0
 
 
@@ -194,3 +194,43 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
                                                          f"results/{name}.png"))
         click.echo(f"report: {page}")
     return 0
+
+
+def netem_show_command(cfg: Config) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .netplan import shaping_decision
+    plan, decision = shaping_decision(cfg)
+    table = Table(title=f"profile {plan.profile!r}, {plan.workers} workers"
+                        + (f" ({plan.note})" if getattr(plan, "note", "") else ""))
+    for col in ("link", "rate Mbit/s", "effective Mbit/s", "latency ms"):
+        table.add_column(col, justify="right")
+    for row in plan.table():
+        table.add_row(f"{row['src']}→{row['dst']}", f"{row['rate_mbit']:g}",
+                      f"{row['effective_mbit']:g}", f"{row['latency_ms']:g}")
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    console.print(table)
+    for k, c in sorted(plan.caps.items()):
+        console.print(f"worker {k}: up {c.up_mbit or '-'} Mbit/s, down {c.down_mbit or '-'} Mbit/s")
+    console.print(f"shaper here: {decision.shaper} (delay: {decision.delay}) - {decision.reason}")
+
+
+def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int:
+    from rich.console import Console
+
+    from .compare import links_table
+    from .netplan import open_network, shaped, used_pairs
+    from .worker import build_topology
+    if not shaped(cfg):
+        click.echo("error: nothing to probe: give a --bw-profile (and a shaper other than none)",
+                   err=True)
+        return 2
+    from netem.probe import probe_links
+    with open_network(cfg) as net:
+        pairs = used_pairs(cfg, build_topology(cfg)) if topology_only else None
+        rows = probe_links(net.session, pairs, seconds_per_link=seconds)
+    Console(width=None if sys.stdout.isatty() else 120).print(links_table(rows))
+    missed = [r for r in rows if not r["ok"]]
+    click.echo(f"{len(rows) - len(missed)} of {len(rows)} links within 10% of their target")
+    return 1 if missed else 0

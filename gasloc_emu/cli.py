@@ -27,11 +27,17 @@ def friendly_errors(fn):
         from .topology import TopologyError
         try:
             return fn(*args, **kwargs)
-        except (C.ConfigError, TopologyError, DataError) as exc:
+        except (C.ConfigError, TopologyError, DataError, *_netem_errors()) as exc:
             _fail(str(exc))
         except KeyboardInterrupt:
             _fail("interrupted", 130)
     return wrapper
+
+
+def _netem_errors() -> tuple[type, ...]:
+    from netem.capabilities import CapabilityError
+    from netem.profiles import ProfileError
+    return ProfileError, CapabilityError
 
 
 def _local_steps(value: str | None):
@@ -198,6 +204,62 @@ def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | Non
     """Run every arm of a preset over its seeds, with the same tuning for each arm."""
     from .app import sweep_command
     sys.exit(sweep_command(preset, out, arms, report))
+
+
+@main.group()
+def netem() -> None:
+    """Bandwidth profiles, link probes and cleanup of the emulated network."""
+
+
+NET_OPTIONS = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings."),
+    click.option("--bw-profile", help="uniform, skewed, skewed-worker, two-cluster, lognormal, or a file."),
+    click.option("--workers", "-n", type=int, help="Number of workers N."),
+    click.option("--rate-mbit", type=float, help="Fast link rate, Mbit/s."),
+    click.option("--latency-ms", type=float, help="One-way latency of every link, ms."),
+    click.option("--seed", type=int, help="Seed of seeded profiles."),
+    click.option("--shaper", type=click.Choice(C.SHAPERS), help="How links are shaped."),
+    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting."),
+]
+
+
+def net_options(fn):
+    for opt in reversed(NET_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+@netem.command("show")
+@net_options
+@friendly_errors
+def netem_show(**kw) -> None:
+    """Print a profile's links (rate, latency, caps) and the shaper this machine would use."""
+    from .app import netem_show_command
+    netem_show_command(resolve_from_flags(kw))
+
+
+@netem.command("probe")
+@net_options
+@click.option("--topology", help="Only the links this graph uses (default: every directed link).")
+@click.option("--seconds", type=float, default=2.0, show_default=True, help="Per link.")
+@friendly_errors
+def netem_probe(seconds: float, **kw) -> None:
+    """Build the shaped network and measure each link: configured vs measured."""
+    from .app import netem_probe_command
+    from .netplan import enter_userns_if_needed
+    cfg = resolve_from_flags(kw)
+    enter_userns_if_needed(cfg, sys.argv[1:], False)
+    sys.exit(netem_probe_command(cfg, seconds, bool(kw.get("topology"))))
+
+
+@netem.command("clean")
+@click.option("--dry-run", is_flag=True, help="Only print what would be removed.")
+def netem_clean(dry_run: bool) -> None:
+    """Remove namespaces left by killed root-mode runs (user-namespace runs leave nothing)."""
+    from netem.namespaces import clean_leftovers
+    done = clean_leftovers(dry_run=dry_run, echo=click.echo)
+    click.echo(f"{len(done)} commands {'would run' if dry_run else 'ran'}; "
+               + ("nothing left behind" if not done else "leftovers removed"))
 
 
 if __name__ == "__main__":  # pragma: no cover

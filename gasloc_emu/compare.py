@@ -405,14 +405,16 @@ def _list(values: list) -> str:
 def links_table(links: list[dict]) -> Table:
     """Configured against measured rate and latency; a miss is off by more than 10 %."""
     table = Table(title="links", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("link", "configured", "measured", "off by", "latency ms", "measured ms", ""):
+    for name in ("link", "configured", "measured", "off by", "latency ms", "measured ms",
+                 "bytes moved", ""):
         table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in links:
         off, miss = _link_off(lk)
         table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
                       _mbit(lk.get("configured_mbit")), _mbit(lk.get("measured_mbit")),
-                      "-" if off is None else f"{off:+.0%}", _num(lk.get("latency_ms"), ".1f"),
+                      "-" if off is None else f"{off:+.0%}", _num(lk.get("configured_latency_ms", lk.get("latency_ms")), ".1f"),
                       _num(lk.get("measured_latency_ms"), ".1f"),
+                      _bytes(lk["bytes"]) if _finite(lk.get("bytes")) else "-",
                       _link_verdict(off, miss, lk.get("ok")))
     return table
 

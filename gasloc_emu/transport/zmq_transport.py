@@ -22,16 +22,22 @@ where the current round is the highest round this worker has sent or asked for (
 
 Shaping. With a userspace shaper the sender stamps each message with ``shaping.stamp(...)``
 (its delivery time, or None) and the receiver holds it in a release queue until
-``shaping.release_at(...)``. Arrival is when this worker reads the message off its socket. Waits are sliced (at most POLL_SLICE_S, and never past the next
-release) so that ``should_stop`` can abort them and releases are on time.
+``shaping.release_at(...)``. Arrival times then matter (a delay-only shaper releases a message
+one latency after it arrived), so a small receive thread owns the bound socket, stamps each
+message with its arrival time and forwards it over inproc:// to the worker thread; a message
+that arrives while the worker computes is thus released on time, not one latency after the
+worker next looks. Without a shaper the worker thread reads the socket itself. Waits are sliced
+(at most POLL_SLICE_S, and never past the next release) so that ``should_stop`` can abort them
+and releases are on time.
 
-Single-threaded: one worker thread calls send/recv; nothing here is thread-safe.
+One worker thread calls send/recv; nothing here is thread-safe for callers.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import re
+import threading
 import time
 from collections import defaultdict
 from typing import Callable, Protocol
@@ -106,6 +112,10 @@ class ZmqTransport(TransportBase):
         self._push: dict[int, zmq.Socket] = {}
         self._pull = self._bind_pull()
         self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port
+        self._rx: _ArrivalStamper | None = None
+        if shaping is not None:
+            self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}")
+            self._pull = self._rx.inbox
 
     def _init_state(self) -> None:
         self._round = 0
@@ -196,6 +206,8 @@ class ZmqTransport(TransportBase):
         linger_ms = int(1000 * (self.linger_s if linger_s is None else linger_s))
         for sock in self._push.values():
             sock.close(linger=linger_ms)
+        if self._rx is not None:
+            self._rx.stop()
         self._pull.close(linger=0)
         self._mailbox.clear()
         self._pending.clear()
@@ -272,7 +284,10 @@ class ZmqTransport(TransportBase):
                 frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._accept(frames, time.time())
+            if self._rx is None:
+                self._accept(frames, time.time())
+            else:  # [arrival time, *the message's frames] from the receive thread
+                self._accept(frames[1:], float(frames[0].bytes))
 
     # -- receiving: validation, mailbox and release queue
 
@@ -342,6 +357,40 @@ class ZmqTransport(TransportBase):
     def _close_context(self) -> None:
         if self._own_context:
             self._ctx.term()  # returns once every socket is closed and its linger is over
+
+
+class _ArrivalStamper:
+    """Reads the bound socket in a thread of its own and forwards [arrival time, *frames].
+
+    The thread only blocks in zmq_poll (no GIL held) and wakes per message, so it costs training
+    nothing measurable. Frames are forwarded zero-copy over inproc://.
+    """
+
+    def __init__(self, ctx: zmq.Context, pull: zmq.Socket, addr: str):
+        self.inbox = ctx.socket(zmq.PULL)
+        self.inbox.bind(addr)
+        self._out = ctx.socket(zmq.PUSH)
+        self._out.connect(addr)
+        self._pull, self._halt = pull, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zmq-arrivals", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            if not self._pull.poll(int(POLL_SLICE_S * 1000)):
+                continue
+            for _ in range(MAX_DRAIN_MSGS):
+                try:
+                    frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._out.send_multipart([repr(time.time()).encode(), *frames], copy=False)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=2 * POLL_SLICE_S + 1)
+        self._pull.close(linger=0)
+        self._out.close(linger=0)
 
 
 def _try_send(sock: zmq.Socket, frames) -> bool:

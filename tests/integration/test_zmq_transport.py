@@ -275,6 +275,20 @@ def test_shaped_messages_wait_in_the_release_queue(delay_only):
     assert 0.0 <= late_s < 0.05  # released on time: waits never sleep past a release
 
 
+def test_delay_counts_from_arrival_even_while_the_worker_computes():
+    """A message that arrives while the receiver is busy (not polling) is due one latency after
+    it arrived, not one latency after the receiver next looks."""
+    shaper = FakeShaping(delay_s=0.2, delay_only=True)
+    with _local_pair(shaping=shaper) as (a, b):
+        a.send(1, 0, "z", torch.ones(10))
+        time.sleep(0.5)  # "computing": nobody calls recv, the message arrives meanwhile
+        t0 = time.monotonic()
+        got = b.recv(0, 0, "z")
+        waited = time.monotonic() - t0
+    assert torch.equal(got, torch.ones(10))
+    assert waited < 0.1, f"waited {waited:.3f} s: the delay was counted from the recv call"
+
+
 def test_shaped_messages_are_released_in_due_order_not_arrival_order():
     slow = FakeShaping(delay_s=0.3)
     with _local_pair(shaping=slow) as (a, b):
