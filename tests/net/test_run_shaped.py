@@ -1,0 +1,108 @@
+"""`gasloc-emu run` over the shaped network: it completes, records configured vs measured links,
+DiLoCo pays for the slow links every round while GASLoC mostly does not, and a killed launcher
+leaves nothing behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = ["--model", "tiny", "--no-dashboard", "--set", "data.max_corpus_mb=1"]
+
+
+def cli(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def load(run_dir: Path, name: str):
+    return json.loads((run_dir / name).read_text())
+
+
+def round_times(run_dir: Path) -> list[float]:
+    """Wall-clock length of each round: when its last worker finished minus the round before."""
+    ends: dict[int, float] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        ends[row["round"]] = max(ends.get(row["round"], 0.0), row["time_s"])
+    ordered = [ends[r] for r in sorted(ends)]
+    return [b - a for a, b in zip(ordered, ordered[1:])]
+
+
+def test_expander_under_skewed_completes_and_records_links(tc_caps, tmp_path):
+    out = tmp_path / "run"
+    res = cli("run", "--topology", "expander", "--bw-profile", "skewed", "--workers", "8",
+              "--rounds", "3", "--local-steps", "2", *TINY, "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    s = load(out, "summary.json")
+    assert s["status"] == "ok" and s["shaper"] == "tc" and s["profile"].startswith("skewed")
+    links = load(out, "links.json")["links"]
+    assert len(links) == 8 * 4  # every directed edge of the 4-regular expander
+    for lk in links:
+        assert lk["measured_mbit"] == pytest.approx(lk["configured_mbit"], rel=0.10), lk
+        assert lk["bytes"] > 0
+    assert {lk["configured_mbit"] for lk in links} <= {5.0, 50.0}
+
+
+def test_diloco_pays_for_slow_links_and_gasloc_much_less(tc_caps, tmp_path):
+    # seed 0: the skewed profile slows pairs (1,7), (4,7), (6,7); DiLoCo's ring crosses 6 -> 7
+    common = ["--bw-profile", "skewed", "--workers", "8", "--seed", "0", "--rounds", "4",
+              "--local-steps", "1", "--no-probe", *TINY]
+    runs = {}
+    for name, algo in {"diloco": ["--algo", "diloco"],
+                       "gasloc": ["--algo", "gasloc", "--topology", "matching"]}.items():
+        res = cli("run", *algo, *common, "--out", str(tmp_path / name))
+        assert res.returncode == 0, res.stderr
+        runs[name] = sorted(round_times(tmp_path / name))[1]  # a typical (low-median) round
+    # a 482 KB model: DiLoCo's ring moves 2*7/8 of it over a 5 Mbit/s link every round (>= 1.3 s)
+    assert runs["diloco"] > 1.2, runs
+    assert runs["gasloc"] < 0.6 * runs["diloco"], runs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def _host_state() -> tuple[str, str, str]:
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    qdisc = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    return ns, links, qdisc
+
+
+def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path):
+    before = _host_state()
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", "run", "--topology", "ring",
+                             "--bw-profile", "uniform", "--workers", "4", "--rounds", "500",
+                             "--no-probe", *TINY, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no round finished"
+            time.sleep(0.2)
+        pids = [w["pid"] for w in load(out, "workers.json")]
+        netns_pids = [p for p in pids if _alive(p)]
+        assert netns_pids, "workers should be running"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "worker processes survived the launcher"
+    assert _host_state() == before, "the host's namespaces, links or qdiscs changed"
