@@ -5,6 +5,7 @@ so results are deterministic and equal to the multi-process emulator's for the s
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -43,10 +44,12 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
     corpus = corpus or build_corpus(cfg)
     topo = build_topology(cfg)
     hub = Hub(cfg.workers, link_model)
+    scale = cpu_contention(cfg)
     workers = [Worker(cfg, r, hub.transport(r), corpus, "cpu", topo) for r in range(cfg.workers)]
     with RunRecord(Path(out), cfg) as rec:
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
-                                    args=(w, hub, cfg.run.rounds, rec, progress), daemon=True)
+                                    args=(w, hub, cfg.run.rounds, rec, progress, scale),
+                                    daemon=True)
                    for w in workers]
         for th in threads:
             th.start()
@@ -56,18 +59,32 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
             rec.summary({"status": "failed", "error": str(hub.error), "mode": "simulate"})
             raise hub.error
         summary = finish(cfg, workers, time.perf_counter() - t_start)
-        summary["predicted_wall_s"] = max(hub.clock) if link_model is not None else None
+        if link_model is not None:
+            summary["predicted_wall_s"] = max(hub.clock)
+            summary["compute_scale"] = scale
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
 
 
-def _worker_loop(w: Worker, hub: Hub, rounds: int, rec: RunRecord, progress) -> None:
+def cpu_contention(cfg: Config) -> float:
+    """How much slower each worker computes in the emulator than alone in the simulator.
+
+    The simulator runs one worker at a time; the emulator runs N processes of
+    ``threads_per_worker`` threads each on the same cores. The virtual clock scales measured
+    compute time by this factor so that its predicted wall-clock is the emulator's on this
+    machine (1 when every worker has cores of its own).
+    """
+    return max(1.0, cfg.workers * threads_per_worker(cfg) / (os.cpu_count() or 1))
+
+
+def _worker_loop(w: Worker, hub: Hub, rounds: int, rec: RunRecord, progress,
+                 scale: float = 1.0) -> None:
     tp = w.transport
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
             for t in range(rounds):
-                stats = w.run_round(t, on_compute_done=tp.advance)
+                stats = w.run_round(t, on_compute_done=lambda s: tp.advance(s * scale))
                 if w.should_eval(t):
                     stats.eval_loss = w.evaluate()
                 row = stats.as_dict() | {"time_s": tp.clock()}

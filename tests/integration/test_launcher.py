@@ -83,6 +83,10 @@ def test_run_matches_simulate(tmp_path, arm):
     for a, b in zip(got, want):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["bytes_sent"] == b["bytes_sent"]
+    lines = ran.stdout.strip().splitlines()  # --no-dashboard: plain lines, one per round
+    assert "\x1b" not in ran.stdout
+    assert [ln.split()[:2] for ln in lines[:3]] == [["round", f"{k}/3"] for k in (1, 2, 3)]
+    assert lines[3].startswith("final eval loss") and lines[4].startswith("run record:")
     s_run, s_sim = summary(tmp_path / "run"), summary(tmp_path / "sim")
     assert s_run["status"] == "ok" and s_run["mode"] == "run"
     assert s_run["final_eval_loss"] == pytest.approx(s_sim["final_eval_loss"], rel=1e-5)
