@@ -332,7 +332,14 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
             prog = stack.enter_context(progress_factory(devices[0], net.shaper))
             for text in warnings:
                 prog({"kind": "warning", "text": text})
-        return _supervise(cfg, path, rec, net, devices, prog)
+        code, summary = _supervise(cfg, path, rec, net, devices, prog)
+    # after the dashboard has stopped, so that these lines stay below it
+    if code == 0:
+        from .app import print_summary
+        print_summary(summary, path)
+    else:
+        click.echo(f"error: {summary.get('error')}", err=True)
+    return code
 
 
 def _probe_links(cfg: Config, net) -> list[str]:
@@ -349,7 +356,8 @@ def _probe_links(cfg: Config, net) -> list[str]:
     return warnings
 
 
-def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices, progress) -> int:
+def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices,
+               progress) -> tuple[int, dict]:
     sup = Supervisor(cfg, path, rec, net, devices, progress)
     code, summary = 0, {}
     try:
@@ -361,13 +369,9 @@ def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices, pr
         summary = {"status": "failed" if code == 1 else "stopped", "error": reason,
                    "last_rounds": [s.round for s in sup.slots]}
         sup.stop_all()
-        click.echo(f"error: {reason}", err=True)
     finally:
         sup.close()
         summary |= {"mode": "run"} | net.describe_summary()
         rec.summary(summary)
         rec.write_json("links.json", net.links_record(sup.link_bytes()))
-    if code == 0:
-        from .app import print_summary
-        print_summary(summary, path)
-    return code
+    return code, summary
