@@ -127,11 +127,14 @@ class AlgoConfig(_Validated):
         elif not (0.0 <= m <= 0.999):
             raise ConfigError(f"algo.momentum = {m!r} is out of range; expected [0, 0.999] or 'auto'")
 
+        if self.name == "diloco" and m == "auto":
+            raise ConfigError("algo.momentum = 'auto' needs a gossip graph; diloco takes a "
+                              "number in [0, 0.999]")
         h = self.local_steps
         if isinstance(h, tuple) and min(h) < 1:
             raise ConfigError(f"algo.local_steps = {list(h)} is out of range; per-worker values "
                               "must be at least 1")
-        if self.name == "dsgd" and h not in (0, 1):
+        if self.name == "dsgd" and h not in (0, 1) and set(h if isinstance(h, tuple) else ()) != {1}:
             raise ConfigError(f"algo.local_steps = {h!r} is not allowed for dsgd, which takes one "
                               "step per communication; use local-gossip for H > 1")
 
@@ -329,13 +332,22 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def _toml_char(c: str) -> str:
+    """One character of a TOML basic string: quotes, backslashes and control codes escaped."""
+    if c in '"\\':
+        return "\\" + c
+    if ord(c) < 0x20 or ord(c) == 0x7F:
+        return f"\\u{ord(c):04x}"
+    return c
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_toml_char(c) for c in v) + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} as TOML")

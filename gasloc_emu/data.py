@@ -72,6 +72,8 @@ def load_tokens(path: str, vocab_size: int, max_mb: float) -> np.ndarray:
 
 
 def _load_token_file(p: Path, vocab_size: int) -> np.ndarray:
+    if p.stat().st_size == 0:
+        return np.empty(0, dtype=np.uint16)  # reported as "holds no tokens" by the caller
     if p.stat().st_size % 2:
         raise DataError(f"token file {str(p)!r} has an odd size; expected flat uint16 tokens")
     tokens = np.memmap(p, dtype=np.uint16, mode="r")

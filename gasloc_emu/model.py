@@ -38,7 +38,8 @@ def shape_from_config(mcfg) -> GPTShape:
     for key in base:
         base[key] = getattr(mcfg, key) or base[key]
     if base["n_embd"] % base["n_head"]:
-        raise ValueError(f"model.n_embd = {base['n_embd']} must be divisible by "
+        from .config import ConfigError
+        raise ConfigError(f"model.n_embd = {base['n_embd']} must be divisible by "
                          f"model.n_head = {base['n_head']}")
     return GPTShape(dropout=mcfg.dropout, **base)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -57,18 +57,45 @@ def _edges_complete(n: int) -> set[tuple[int, int]]:
 
 
 def _edges_expander(n: int, d: int, seed: int) -> set[tuple[int, int]]:
-    """A connected random d-regular graph by the pairing model (rejection sampling)."""
-    if d >= n:
-        raise TopologyError(f"expander degree d = {d} must be below N = {n}")
+    """A connected random d-regular graph (a good expander with high probability for d >= 3).
+
+    Stubs are paired one edge at a time, each new edge drawn among the pairs still allowed
+    (Steger & Wormald 1999), restarting when stuck; dense graphs are the complement of a
+    sparse random regular graph, which is faster and just as random.
+    """
+    if d >= n or d < 1:
+        raise TopologyError(f"expander degree d = {d} must be in [1, N - 1] with N = {n}")
     if (n * d) % 2:
         raise TopologyError(f"expander needs N x d even; N = {n}, d = {d}")
     rng = np.random.default_rng([seed, 0xE4])
     for _ in range(_MAX_TRIES):
-        stubs = rng.permutation(np.repeat(np.arange(n), d)).reshape(-1, 2)
-        edges = {_edge(int(a), int(b)) for a, b in stubs}
-        if len(edges) == len(stubs) and all(a != b for a, b in edges) and _connected(n, edges):
+        edges = _regular_dense(n, d, rng) if 2 * d > n - 1 else _regular_sparse(n, d, rng)
+        if edges is not None and _connected(n, edges):
             return edges
     raise TopologyError(f"no connected simple {d}-regular graph on {n} nodes found")
+
+
+def _regular_sparse(n: int, d: int, rng: np.random.Generator) -> set[tuple[int, int]] | None:
+    """One attempt at pairing stubs into a simple d-regular graph; None when stuck."""
+    stubs = [v for v in range(n) for _ in range(d)]
+    edges: set[tuple[int, int]] = set()
+    while stubs:
+        for _ in range(64):  # a few draws find an allowed pair unless the attempt is stuck
+            i, j = rng.choice(len(stubs), 2, replace=False)
+            e = _edge(stubs[i], stubs[j])
+            if e[0] != e[1] and e not in edges:
+                break
+        else:
+            return None
+        edges.add(e)
+        for k in sorted((i, j), reverse=True):
+            stubs.pop(k)
+    return edges
+
+
+def _regular_dense(n: int, d: int, rng: np.random.Generator) -> set[tuple[int, int]] | None:
+    sparse = _regular_sparse(n, n - 1 - d, rng) if n - 1 - d > 0 else set()
+    return None if sparse is None else _edges_complete(n) - sparse
 
 
 def _edge(a: int, b: int) -> tuple[int, int]:
@@ -106,22 +133,31 @@ def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[i
 
 def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
                     complete: bool) -> set[tuple[int, int]]:
-    """A random perfect matching using only ``edges``; uniform when the base graph is complete."""
+    """A random perfect matching using only ``edges``; uniform when the base graph is complete.
+
+    On other base graphs: a randomised backtracking search that always matches the free worker
+    with the fewest free neighbours first, trying those neighbours in random order.
+    """
     if complete:
         perm = rng.permutation(n)
         return {_edge(int(perm[k]), int(perm[k + 1])) for k in range(0, n, 2)}
-    order = sorted(edges)
-    for _ in range(_MAX_TRIES):  # randomised greedy; retried until perfect
-        used: set[int] = set()
-        out = set()
-        for idx in rng.permutation(len(order)):
-            a, b = order[idx]
-            if a not in used and b not in used:
-                used |= {a, b}
-                out.add((a, b))
-        if len(used) == n:
-            return out
-    raise TopologyError("the base graph has no perfect matching that random search could find")
+    adj = [frozenset(a) for a in _adjacency(n, edges)]
+    out = _match(frozenset(range(n)), adj, rng)
+    if out is None:
+        raise TopologyError("the base graph has no perfect matching")
+    return out
+
+
+def _match(free: frozenset, adj: list[frozenset], rng: np.random.Generator):
+    if not free:
+        return set()
+    v = min(free, key=lambda u: (len(adj[u] & free), u))
+    options = sorted(adj[v] & free)
+    for k in rng.permutation(len(options)):
+        rest = _match(free - {v, options[k]}, adj, rng)
+        if rest is not None:
+            return rest | {_edge(v, options[k])}
+    return None
 
 
 @dataclass(frozen=True)
@@ -158,6 +194,9 @@ class Topology:
         """Edges used in round t (the same for every t on a fixed graph)."""
         if not self.time_varying:
             return self._fixed_edges
+        return _round_edges(self, t)
+
+    def _draw_edges(self, t: int) -> set[tuple[int, int]]:
         rng = np.random.default_rng([self.seed, t, 0x3A7C])
         complete = self.base == "complete"
         out = random_matching(self._fixed_edges, self.n, rng, complete)
@@ -172,21 +211,23 @@ class Topology:
         """Sorted neighbours of ``rank`` in round t."""
         return self.neighbors(t)[rank]
 
-    def row(self, rank: int, t: int) -> tuple[float, dict[int, float]]:
+    def row(self, rank: int, t: int, adj: list[list[int]] | None = None
+            ) -> tuple[float, dict[int, float]]:
         """(W[i,i], {j: W[i,j]}) for worker ``rank`` in round t.
 
         W_ij = alpha * lambda_ij with lambda_ij = 1 / (1 + max(d_i, d_j)) (Metropolis–Hastings),
         W_ii = 1 - sum_j W_ij, so W is symmetric and doubly stochastic by construction.
         """
-        adj = self.neighbors(t)
+        adj = adj if adj is not None else self.neighbors(t)
         deg = [len(a) for a in adj]
         off = {j: self.alpha / (1.0 + max(deg[rank], deg[j])) for j in adj[rank]}
         return 1.0 - sum(off.values()), off
 
     def mixing_matrix(self, t: int = 0) -> np.ndarray:
         w = np.zeros((self.n, self.n))
+        adj = self.neighbors(t)
         for i in range(self.n):
-            w[i, i], off = self.row(i, t)
+            w[i, i], off = self.row(i, t, adj)
             for j, v in off.items():
                 w[i, j] = v
         return w
@@ -195,6 +236,10 @@ class Topology:
         """E[W_t]: W itself for a fixed graph, an average over rounds for random matchings."""
         if not self.time_varying:
             return self.mixing_matrix(0)
+        if self.name == "matching" and self.base == "complete":
+            # exact: a uniform perfect matching pairs i with j with probability 1/(n-1)
+            off = self.alpha / 2 / (self.n - 1)
+            return np.full((self.n, self.n), off) + np.eye(self.n) * (1 - self.alpha / 2 - off)
         return sum(self.mixing_matrix(t) for t in range(samples)) / samples
 
     @cached_property
@@ -210,6 +255,12 @@ class Topology:
     @property
     def gamma_star(self) -> float:
         return critical_momentum(self.lambda2)
+
+
+@lru_cache(maxsize=64)
+def _round_edges(topo: "Topology", t: int) -> set[tuple[int, int]]:
+    """Round t's edges, memoised: every worker asks for them once per row it computes."""
+    return topo._draw_edges(t)
 
 
 def critical_momentum(lambda2: float) -> float:
