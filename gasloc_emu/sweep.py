@@ -95,6 +95,7 @@ class ArmResult:
     tuned: dict = field(default_factory=dict)       # tune value -> seed-0 final eval loss
     best: object = None
     runs: list = field(default_factory=list)        # run directories, one per seed
+    tuning_runs: list = field(default_factory=list)  # seed-0 runs of every tuned value
 
 
 def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
@@ -127,6 +128,7 @@ def run_arm(preset: Path, spec: SweepSpec, arm: Arm, out: Path, log) -> ArmResul
         extra = {spec.tune_key: value} if value is not None else {}
         tag = f"{arm.name}-s{first}" + (f"-{_fmt_val(value)}" if value is not None else "")
         d = run_one(arm_config(preset, arm, first, extra), out / tag, spec.mode)
+        res.tuning_runs.append(d)
         res.tuned[value] = final_loss(d)
         log(f"  {tag}: final eval loss {res.tuned[value]:.4f}")
     res.best = min(res.tuned, key=lambda v: res.tuned[v])
@@ -156,13 +158,25 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
         results.append(run_arm(preset, spec, a, out, log))
     table = summarize(spec, results)
     report = {"preset": str(preset), "spec": _spec_dict(spec), "rows": table,
-              "verdict": verdict(spec, table), "machine": machine(), "seconds": time.time() - t0}
+              "verdict": verdict(spec, table), "machine": machine(),
+              "seconds": time.time() - t0, "run_seconds": _run_seconds(results),
+              "runs": len(_all_runs(results))}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_sweep(spec, results, out / "plot.png")
     return report
 
 
 # ------------------------------------------------------------------ summarising
+
+def _all_runs(results: list[ArmResult]) -> set[Path]:
+    """Every run the sweep needed, tuning included."""
+    return {d for res in results for d in res.tuning_runs + res.runs}
+
+
+def _run_seconds(results: list[ArmResult]) -> float:
+    return sum(json.loads((d / "summary.json").read_text()).get("wall_s") or 0.0
+               for d in _all_runs(results))
+
 
 def _curve(run_dir: Path, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
     """Mean eval loss over workers per evaluated round, against rounds or the run clock."""
@@ -182,14 +196,15 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
     rows = []
     for res in results:
         sums = [json.loads((d / "summary.json").read_text()) for d in res.runs]
-        clock = "predicted_wall_s" if spec.mode == "simulate" else "wall_s"
+        # the emulator's wall-clock; the simulator's own (virtual) clock at its last round
+        clocks = [s.get("wall_s") for s in sums] if spec.mode == "run" else \
+            [load_run(d).clock_s for d in res.runs]
         rows.append({
             "arm": res.arm.name, "group": res.arm.group, "role": res.arm.role,
             "tuned": {_fmt_val(k) if k is not None else "-": v for k, v in res.tuned.items()},
             "best": res.best,
             "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
-            "wall_s": _stats([s.get(clock) if s.get(clock) is not None else s.get("wall_s")
-                              for s in sums]),
+            "wall_s": _stats(clocks),
             "time_to_target_s": _stats([time_to_target(load_run(d), spec.target_loss)
                                         if spec.target_loss is not None else None
                                         for d in res.runs]),
@@ -283,12 +298,19 @@ def _pm(stat, fmt: str = "{:.4f}") -> str:
 
 def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
     spec = report["spec"]
-    lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}", "",
+    emulated = spec["mode"] == "run"
+    clock = "wall-clock s (emulator)" if emulated else "clock s (simulator)"
+    lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
              f"Command: `{command}`", "",
-             f"Mode: {spec['mode']} ({'real processes over the shaped network' if spec['mode'] == 'run' else 'in-process simulator; rounds matter, time is predicted'}); "
-             f"seeds {spec['seeds']}; search over {spec['tune_key'] or 'nothing'} "
-             f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm.", "",
-             "| arm | best | final eval loss | time to target (s) | run clock (s) | MB sent |",
+             f"Mode: {spec['mode']} ("
+             + ("real worker processes over the shaped network" if emulated else
+                "in-process simulator: only rounds matter here; its clock is compute time plus "
+                "modelled transfers")
+             + f"); seeds {list(spec['seeds'])}; the same search over {spec['tune_key'] or 'nothing'} "
+             f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm, best value "
+             "kept for all seeds. Mean ± standard deviation over seeds.", "",
+             f"| arm | best {spec['tune_key'] or ''} | final eval loss | time to eval loss "
+             f"{spec['target_loss'] if spec['target_loss'] is not None else '-'} (s) | {clock} | MB sent |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
@@ -296,16 +318,27 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
                      f"{_pm(r['final_eval_loss'])} | {_pm(r['time_to_target_s'], '{:.1f}')} | "
                      f"{_pm(r['wall_s'], '{:.1f}')} | "
                      f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
-    lines += ["", f"![{name}]({plot_rel})", "", "Verdict (computed from the table):", ""]
-    for group, judged in report["verdict"].items():
-        for j in judged:
-            lines.append(f"- {group}: {j['arm']} {'holds' if j['holds'] else 'does not hold'} "
-                         f"({j.get('key', '')} {j.get('value', '-')!s:.8} vs "
-                         f"{ {k: (round(v, 4) if v is not None else None) for k, v in j.get('baselines', {}).items()} })")
+    lines += ["", f"![{name}]({plot_rel})", "", "Verdict, computed from the table "
+              f"(rule: {spec['verdict']}):", ""]
+    lines += [_verdict_line(group, j, spec) for group, judged in report["verdict"].items()
+              for j in judged]
     m = report["machine"]
     lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
-              f"{m['torch']}, GPU {m['gpu'] or 'none'}; sweep took {report['seconds'] / 60:.1f} min.", ""]
+              f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report.get('runs', '')} runs took "
+              f"{report.get('run_seconds', report['seconds']) / 60:.1f} min of wall-clock.", ""]
     return "\n".join(lines)
+
+
+def _verdict_line(group: str, j: dict, spec: dict) -> str:
+    if "value" not in j:
+        return f"- {group}: {j['arm']}: not judged ({j['why']})"
+    fmt = (lambda v: "never" if v is None else f"{v:.1f} s") if j["key"] == "time_to_target_s" \
+        else (lambda v: "-" if v is None else f"{v:.4f}")
+    others = ", ".join(f"{k} {fmt(v)}" for k, v in j["baselines"].items())
+    rule = {"beats": "lower final eval loss than", "faster": "reaches the target sooner than",
+            "competitive": f"within {spec['tolerance']:.0%} of the best of"}[spec["verdict"]]
+    return (f"- {group}: {j['arm']} ({fmt(j['value'])}) {rule} {others}: "
+            f"**{'yes' if j['holds'] else 'no'}**")
 
 
 def update_results_page(page: Path, name: str, section: str) -> None:
