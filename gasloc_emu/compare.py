@@ -7,7 +7,6 @@ summary, a copied folder may lack its config. Each such defect becomes a line in
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +14,8 @@ from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from . import fmt
 
 from .config import ConfigError, load_toml
 
@@ -80,14 +81,14 @@ class Run:
     @property
     def clock_s(self) -> float | None:
         """The run's own clock at its last row (virtual in the simulator)."""
-        times = [r["time_s"] for r in self.rows if _finite(r.get("time_s"))]
+        times = [r["time_s"] for r in self.rows if fmt.finite(r.get("time_s"))]
         return max(times) if times else None
 
     @property
     def bytes_sent(self) -> int | None:
-        if _finite(self.summary.get("bytes_sent_total")):
+        if fmt.finite(self.summary.get("bytes_sent_total")):
             return int(self.summary["bytes_sent_total"])
-        sent = [r["bytes_sent"] for r in self.rows if _finite(r.get("bytes_sent"))]
+        sent = [r["bytes_sent"] for r in self.rows if fmt.finite(r.get("bytes_sent"))]
         return int(sum(sent)) if sent else None
 
     def series(self, key: str) -> list[RoundPoint]:
@@ -99,19 +100,15 @@ def _cfg(config: dict, section: str, key: str):
     return sec.get(key) if isinstance(sec, dict) else None
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def round_means(rows: list[dict], key: str) -> list[RoundPoint]:
     """Per round, the mean of ``key`` over the rows that have a finite one, in round order."""
     acc: dict[int, list] = {}
     for row in rows:
         slot = acc.setdefault(row["round"], [0.0, 0, None])  # sum, count, latest time
-        if _finite(row.get(key)):
+        if fmt.finite(row.get(key)):
             slot[0] += row[key]
             slot[1] += 1
-        if _finite(row.get("time_s")):
+        if fmt.finite(row.get("time_s")):
             slot[2] = row["time_s"] if slot[2] is None else max(slot[2], row["time_s"])
     return [RoundPoint(rnd + 1, s / n, t) for rnd, (s, n, t) in sorted(acc.items()) if n]
 
@@ -216,7 +213,7 @@ def _read_links(p: Path, warnings: list[str]) -> list[dict]:
 
 def final_eval(run: Run) -> tuple[float | None, bool]:
     """The averaged model's final eval loss, else the last evaluated round's mean (flag True)."""
-    if _finite(run.summary.get("final_eval_loss")):
+    if fmt.finite(run.summary.get("final_eval_loss")):
         return run.summary["final_eval_loss"], False
     points = run.series("eval_loss")
     return (points[-1].value, True) if points else (None, False)
@@ -256,7 +253,7 @@ def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
     cells = [run.name, run.algorithm, run.topology, run.profile, rounds,
              ("~" if from_rows else "") + _num(loss, ".4f"),
              _num(run.summary.get("wall_s"), ".1f"), _num(run.clock_s, ".2f"),
-             _bytes(run.bytes_sent)]
+             fmt.nbytes(run.bytes_sent)]
     if target_loss is not None:
         reached = time_to_target(run, target_loss)
         cells.append("not reached" if reached is None else f"{reached:.2f}")
@@ -264,16 +261,7 @@ def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
 
 
 def _num(v, spec: str) -> str:
-    return format(v, spec) if _finite(v) else "-"
-
-
-def _bytes(n) -> str:
-    if not _finite(n):
-        return "-"
-    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
+    return format(v, spec) if fmt.finite(v) else "-"
 
 
 # ---------------------------------------------------------------- the plot
@@ -377,7 +365,7 @@ def _from_metrics(run: Run) -> list[tuple[str, str]]:
     if evals:
         out.append((f"eval loss (round {evals[-1].round})", f"{evals[-1].value:.4f}"))
     if "bytes_sent_total" not in run.summary:
-        out.append(("bytes sent", _bytes(run.bytes_sent)))
+        out.append(("bytes sent", fmt.nbytes(run.bytes_sent)))
     return out
 
 
@@ -385,7 +373,7 @@ def _value(key: str, v) -> str:
     if v is None:
         return "-"
     if key.startswith("bytes"):
-        return _bytes(v)
+        return fmt.nbytes(v)
     if isinstance(v, list):
         return _list(v)
     if isinstance(v, float):
@@ -396,7 +384,7 @@ def _value(key: str, v) -> str:
 
 
 def _list(values: list) -> str:
-    nums = [v for v in values if _finite(v)]
+    nums = [v for v in values if fmt.finite(v)]
     if len(values) <= 8 or len(nums) != len(values):
         return ", ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in values)
     return f"{min(nums):.4g} … {max(nums):.4g} ({len(nums)} values)"
@@ -411,10 +399,10 @@ def links_table(links: list[dict]) -> Table:
     for lk in links:
         off, miss = _link_off(lk)
         table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
-                      _mbit(lk.get("configured_mbit")), _mbit(lk.get("measured_mbit")),
+                      fmt.mbit(lk.get("configured_mbit")), fmt.mbit(lk.get("measured_mbit")),
                       "-" if off is None else f"{off:+.0%}", _num(lk.get("configured_latency_ms", lk.get("latency_ms")), ".1f"),
                       _num(lk.get("measured_latency_ms"), ".1f"),
-                      _bytes(lk["bytes"]) if _finite(lk.get("bytes")) else "-",
+                      fmt.nbytes(lk["bytes"]) if fmt.finite(lk.get("bytes")) else "-",
                       _link_verdict(off, miss, lk.get("ok")))
     return table
 
@@ -428,10 +416,7 @@ def _link_verdict(off, miss: bool, ok) -> Text:
 def _link_off(lk: dict) -> tuple[float | None, bool]:
     """Relative error of the measured rate, and whether the link misses its target."""
     conf, meas = lk.get("configured_mbit"), lk.get("measured_mbit")
-    off = (meas - conf) / conf if _finite(conf) and conf > 0 and _finite(meas) else None
+    off = (meas - conf) / conf if fmt.finite(conf) and conf > 0 and fmt.finite(meas) else None
     miss = lk.get("ok") is False or (off is not None and abs(off) > LINK_TOLERANCE)
     return off, miss
 
-
-def _mbit(v) -> str:
-    return f"{v:.1f} Mbit/s" if _finite(v) else "-"

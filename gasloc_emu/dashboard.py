@@ -29,6 +29,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import fmt
+
 _SPARK = "▁▂▃▄▅▆▇█"
 _STATE_STYLE = {"failed": "bold red", "waiting": "yellow", "done": "green", "sending": "cyan"}
 
@@ -140,7 +142,7 @@ class _RoundMeans:
     def add(self, rnd: int, value, expected: int) -> None:
         acc = self.pending.setdefault(rnd, [0.0, 0, 0])  # sum, finite values, reports
         acc[2] += 1
-        if _finite(value):
+        if fmt.finite(value):
             acc[0] += value
             acc[1] += 1
         if acc[2] >= expected:
@@ -227,9 +229,9 @@ class DashboardState:
             w.tokens_per_s = self.header.tokens_per_step * steps / compute
 
     def _extras(self, w: _Worker, row: dict) -> None:
-        if _finite(row.get("time_s")):
+        if fmt.finite(row.get("time_s")):
             self._clock_s = max(self._clock_s or 0.0, row["time_s"])
-        if _finite(row.get("consensus_distance")):
+        if fmt.finite(row.get("consensus_distance")):
             self._consensus = row["consensus_distance"]
         if row.get("dropped"):
             w.dropped += int(row["dropped"])
@@ -265,9 +267,9 @@ class DashboardState:
         self._warn(("text", text), text)
 
     def _on_summary(self, row: dict, now: float) -> None:
-        if _finite(row.get("consensus_distance")):
+        if fmt.finite(row.get("consensus_distance")):
             self._consensus = row["consensus_distance"]
-        if _finite(row.get("final_eval_loss")):
+        if fmt.finite(row.get("final_eval_loss")):
             self._final_eval = row["final_eval_loss"]
 
     # ---- reading
@@ -347,19 +349,15 @@ def _link_miss(view: LinkView, ok) -> str | None:
     """Why a link misses its target. Only overshoot is judged from the momentary rate: an idle
     link reads below its target without being wrong; an explicit ok=False covers the rest."""
     if ok is False:
-        return f"misses its target of {_mbit(view.configured_mbit)}"
+        return f"misses its target of {fmt.mbit(view.configured_mbit)}"
     if view.configured_mbit and view.mbit_now and view.mbit_now > 1.1 * view.configured_mbit:
-        return (f"runs at {_mbit(view.mbit_now)}, above its target of "
-                f"{_mbit(view.configured_mbit)} (not shaped?)")
+        return (f"runs at {fmt.mbit(view.mbit_now)}, above its target of "
+                f"{fmt.mbit(view.configured_mbit)} (not shaped?)")
     return None
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _mean_std(values) -> tuple[float | None, float | None]:
-    vals = [v for v in values if _finite(v)]
+    vals = [v for v in values if fmt.finite(v)]
     if not vals:
         return None, None
     mean = sum(vals) / len(vals)
@@ -409,7 +407,7 @@ def _workers_table(snap: Snapshot, max_rows: int) -> Table:
         table.add_column(name, justify=just)
     for w in shown:
         table.add_row(str(w.rank), w.device or "-", f"{w.round}/{snap.header.rounds}",
-                      str(w.step), _loss(w.train_loss), _count(w.tokens_per_s),
+                      str(w.step), _loss(w.train_loss), fmt.count(w.tokens_per_s),
                       Text(_state(w), style=_STATE_STYLE.get(w.state, "")))
     return table
 
@@ -440,8 +438,8 @@ def _links_table(snap: Snapshot) -> Table:
     for name in ("link", "configured", "now", "moved"):
         table.add_column(name, justify="left" if name == "link" else "right")
     for lk in snap.links:
-        table.add_row(f"{lk.src}→{lk.dst}", _mbit(lk.configured_mbit), _mbit(lk.mbit_now),
-                      _bytes(lk.bytes))
+        table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit), fmt.mbit(lk.mbit_now),
+                      fmt.nbytes(lk.bytes))
     return table
 
 
@@ -472,7 +470,7 @@ def _warnings_text(warnings: tuple[str, ...]) -> Text:
 
 def sparkline(values, width: int = 40) -> str:
     """The last ``width`` values as unicode blocks, scaled between their min and max."""
-    vals = [v for v in list(values)[-width:] if _finite(v)]
+    vals = [v for v in list(values)[-width:] if fmt.finite(v)]
     if not vals:
         return ""
     lo, hi = min(vals), max(vals)
@@ -483,33 +481,11 @@ def sparkline(values, width: int = 40) -> str:
 
 
 def _loss(v) -> str:
-    return f"{v:.4f}" if _finite(v) else "-"
-
-
-def _count(v) -> str:
-    if not _finite(v):
-        return "-"
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= div:
-            return f"{v / div:.1f}{unit}"
-    return f"{v:.0f}"
-
-
-def _mbit(v) -> str:
-    return f"{v:.1f} Mbit/s" if _finite(v) else "-"
-
-
-def _bytes(n) -> str:
-    if not _finite(n):
-        return "-"
-    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n:.0f} B"
+    return f"{v:.4f}" if fmt.finite(v) else "-"
 
 
 def _duration(s) -> str:
-    if not _finite(s):
+    if not fmt.finite(s):
         return "-"
     s = int(round(s))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -83,8 +83,6 @@ def main(argv: list[str]) -> int:
 
 
 def _serve(run_dir: Path, rank: int, spec: dict, ctx, ctl) -> int:
-    import torch
-
     from . import config
     from .simulate import build_corpus
     from .transport.zmq_transport import ZmqTransport

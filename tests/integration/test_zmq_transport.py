@@ -18,7 +18,6 @@ import pytest
 import torch
 import zmq
 
-from gasloc_emu.transport import framing
 from gasloc_emu.transport.base import TransportError
 from gasloc_emu.transport.memory import Hub
 from gasloc_emu.transport.zmq_transport import ZmqTransport

@@ -1,0 +1,33 @@
+"""Number formatting shared by the dashboard and the run tables: '-' for anything not a number."""
+from __future__ import annotations
+
+import math
+
+
+def finite(v) -> bool:
+    """A real, finite number (bools and None are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _scaled(v, units: tuple[tuple[float, str], ...], spec: str, plain: str) -> str:
+    if not finite(v):
+        return "-"
+    for div, unit in units:
+        if abs(v) >= div:
+            return f"{format(v / div, spec)}{unit}"
+    return format(v, plain)
+
+
+def nbytes(n) -> str:
+    """1234567 -> '1.23 MB'."""
+    out = _scaled(n, ((1e9, " GB"), (1e6, " MB"), (1e3, " kB")), ".2f", ".0f")
+    return out if out == "-" or out[-1] == "B" else out + " B"
+
+
+def count(v) -> str:
+    """12345 -> '12.3k'."""
+    return _scaled(v, ((1e9, "G"), (1e6, "M"), (1e3, "k")), ".1f", ".0f")
+
+
+def mbit(v) -> str:
+    return f"{v:.1f} Mbit/s" if finite(v) else "-"
