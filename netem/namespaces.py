@@ -254,12 +254,12 @@ class NetworkSession:
     def _choose_mode(self) -> str:
         if self.decision.shaper != "tc":
             return "loopback"
-        if inside_userns(self.env_flag):
-            return "userns"
+        if inside_userns(self.env_flag) or (self.dry_run and userns_works()):
+            return "userns"     # a real run re-executes itself into its own user namespace
         if os.geteuid() == 0:
             return "root"
         if self.dry_run:
-            return "userns"     # what a real run would do after reexec_in_userns
+            return "userns"
         raise CapabilityError("the tc shaper needs this process inside a user namespace "
                               "(call netem.namespaces.reexec_in_userns first) or root")
 
