@@ -55,7 +55,7 @@ class SweepSpec:
     target_loss: float | None = None
     verdict: str = "beats"
     tolerance: float = 0.02
-    x_axis: str = "round"
+    x_axis: str = "round"  # "both": also plot and tabulate against seconds
 
 
 _SPEC_KEYS = {"title", "claim", "mode", "seeds", "arm", "tune_key", "tune_values", "target_loss",
@@ -266,11 +266,12 @@ def _spec_dict(spec: SweepSpec) -> dict:
 def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
     """Mean eval loss (band: min..max over seeds) per arm, against rounds and run-clock seconds."""
     Figure, FigureCanvasAgg = matplotlib_figure()
-    fig = Figure(figsize=(13, 4.8), layout="constrained")
+    axes_wanted = ("round", "time") if spec.x_axis == "both" else ("round",)
+    fig = Figure(figsize=(6.5 * len(axes_wanted), 4.8), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
+    axes = list(fig.subplots(1, len(axes_wanted))) if len(axes_wanted) > 1 else [fig.subplots()]
     for res in results:
-        for ax, axis in zip(axes, ("round", "time")):
+        for ax, axis in zip(axes, axes_wanted):
             curves = [_curve(d, axis) for d in res.runs]
             n = min(len(c[0]) for c in curves)
             if n == 0:
@@ -281,8 +282,9 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
                             linestyle="-" if res.arm.role == "candidate" else "--")
             ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
     axes[0].set_xlabel("outer round")
-    axes[1].set_xlabel("seconds" + (" (predicted by the simulator)" if spec.mode == "simulate"
-                                    else " (wall-clock, emulator)"))
+    if len(axes) > 1:
+        axes[1].set_xlabel("seconds" + (" (predicted by the simulator)" if spec.mode == "simulate"
+                                        else " (wall-clock, emulator)"))
     for ax in axes:
         ax.set_ylabel("eval loss (mean over workers)")
         ax.grid(alpha=0.3)
@@ -299,7 +301,8 @@ def _pm(stat, fmt: str = "{:.4f}") -> str:
 def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
     spec = report["spec"]
     emulated = spec["mode"] == "run"
-    clock = "wall-clock s (emulator)" if emulated else "clock s (simulator)"
+    timed = spec["x_axis"] == "both"
+    clock = "wall-clock s (emulator)" if emulated else "predicted s (simulator)"
     lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
              f"Command: `{command}`", "",
              f"Mode: {spec['mode']} ("
@@ -309,15 +312,17 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
              + f"); seeds {list(spec['seeds'])}; the same search over {spec['tune_key'] or 'nothing'} "
              f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm, best value "
              "kept for all seeds. Mean ± standard deviation over seeds.", "",
-             f"| arm | best {spec['tune_key'] or ''} | final eval loss | time to eval loss "
-             f"{spec['target_loss'] if spec['target_loss'] is not None else '-'} (s) | {clock} | MB sent |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"| arm | best {spec['tune_key'] or ''} | final eval loss | "
+             + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
+             + "MB sent |",
+             "| --- | --- | --- | " + ("--- | --- | " if timed else "") + "--- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
         lines.append(f"| {r['arm']} | {_fmt_val(r['best']) if r['best'] is not None else '-'} | "
-                     f"{_pm(r['final_eval_loss'])} | {_pm(r['time_to_target_s'], '{:.1f}')} | "
-                     f"{_pm(r['wall_s'], '{:.1f}')} | "
-                     f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
+                     f"{_pm(r['final_eval_loss'])} | "
+                     + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
+                        if timed else "")
+                     + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
     lines += ["", f"![{name}]({plot_rel})", "", "Verdict, computed from the table "
               f"(rule: {spec['verdict']}):", ""]
     lines += [_verdict_line(group, j, spec) for group, judged in report["verdict"].items()

@@ -31,6 +31,7 @@ seeds = [0, 1]
 tune_key = "algo.inner.lr"
 tune_values = [0.001, 0.003]
 target_loss = 4.6
+x_axis = "both"
 verdict = "beats"
 [[sweep.arm]]
 name = "g"
