@@ -93,7 +93,7 @@ def used_pairs(cfg: Config, topo) -> list[tuple[int, int]]:
     n = cfg.workers
     if topo is None:
         return sorted({(k, (k + 1) % n) for k in range(n) if n > 1})
-    edges = topo._fixed_edges  # for matchings: every edge a round may draw
+    edges = topo.possible_edges
     return sorted({(a, b) for a, b in edges} | {(b, a) for a, b in edges})
 
 

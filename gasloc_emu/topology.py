@@ -179,10 +179,11 @@ class Topology:
             raise TopologyError(f"topology {self.name!r} needs at least 2 workers; got N = {self.n}")
         if self.name in RANDOM and self.n % 2:
             raise TopologyError(f"a perfect matching needs an even number of workers; N = {self.n}")
-        _ = self._fixed_edges  # build now so that bad requests fail at construction
+        _ = self.possible_edges  # build now so that bad requests fail at construction
 
     @cached_property
-    def _fixed_edges(self) -> set[tuple[int, int]]:
+    def possible_edges(self) -> set[tuple[int, int]]:
+        """The graph's edges; for random matchings, every edge of the base graph a round may use."""
         name = self.base if self.name in RANDOM else self.name
         return base_edges(name, self.n, self.degree, self.seed)
 
@@ -193,15 +194,15 @@ class Topology:
     def edges(self, t: int) -> set[tuple[int, int]]:
         """Edges used in round t (the same for every t on a fixed graph)."""
         if not self.time_varying:
-            return self._fixed_edges
+            return self.possible_edges
         return _round_edges(self, t)
 
     def _draw_edges(self, t: int) -> set[tuple[int, int]]:
         rng = np.random.default_rng([self.seed, t, 0x3A7C])
         complete = self.base == "complete"
-        out = random_matching(self._fixed_edges, self.n, rng, complete)
+        out = random_matching(self.possible_edges, self.n, rng, complete)
         if self.name == "matching2":
-            out |= random_matching(self._fixed_edges, self.n, rng, complete)
+            out |= random_matching(self.possible_edges, self.n, rng, complete)
         return out
 
     def neighbors(self, t: int) -> list[list[int]]:
