@@ -204,6 +204,7 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
             "tuned": {_fmt_val(k) if k is not None else "-": v for k, v in res.tuned.items()},
             "best": res.best,
             "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
+            "consensus_distance": _stats([s.get("consensus_distance") for s in sums]),
             "wall_s": _stats(clocks),
             "time_to_target_s": _stats([time_to_target(load_run(d), spec.target_loss)
                                         if spec.target_loss is not None else None
@@ -311,15 +312,17 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
                 "modelled transfers")
              + f"); seeds {list(spec['seeds'])}; the same search over {spec['tune_key'] or 'nothing'} "
              f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm, best value "
-             "kept for all seeds. Mean ± standard deviation over seeds.", "",
-             f"| arm | best {spec['tune_key'] or ''} | final eval loss | "
+             "kept for all seeds. Mean ± standard deviation over seeds. Final eval loss is that of "
+             "the average of the workers' models; consensus distance is the RMS distance of the "
+             "workers' parameters to that average.", "",
+             f"| arm | best {spec['tune_key'] or ''} | final eval loss | consensus distance | "
              + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
              + "MB sent |",
-             "| --- | --- | --- | " + ("--- | --- | " if timed else "") + "--- |"]
+             "| --- | --- | --- | --- | " + ("--- | --- | " if timed else "") + "--- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
         lines.append(f"| {r['arm']} | {_fmt_val(r['best']) if r['best'] is not None else '-'} | "
-                     f"{_pm(r['final_eval_loss'])} | "
+                     f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
                      + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
                         if timed else "")
                      + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")

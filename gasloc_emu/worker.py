@@ -148,7 +148,8 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         "workers": cfg.workers, "rounds": cfg.run.rounds,
         "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
         "lambda2": None if topo is None else topo.lambda2,
-        "gamma": algorithms.momentum_value(cfg.algo, topo),
+        "gamma": algorithms.momentum_value(cfg.algo, topo)
+        if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
         "final_eval_loss": data.evaluate(net, eval_set), "worker_eval_loss": worker_eval,
         "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
         "predicted_wall_s": None,  # the simulator's virtual clock fills it in
