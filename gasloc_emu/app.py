@@ -60,10 +60,28 @@ def print_summary(summary: dict, path) -> None:
     click.echo(f"run record: {path}")
 
 
+def momentum_warning(cfg: Config) -> str | None:
+    """A warning when GASLoC's gamma makes gossip on this graph diverge, else None."""
+    from .algorithms import momentum_value
+    from .worker import build_topology
+    topo = build_topology(cfg)
+    if cfg.algo.name != "gasloc" or topo is None:
+        return None
+    gamma = momentum_value(cfg.algo, topo)
+    growth = topo.momentum_growth(gamma)
+    if growth < 1.0 - 1e-9:
+        return None
+    return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
+            f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
+
+
 def simulate_command(cfg: Config, out: str | None) -> int:
     from .simulate import build_corpus, simulate
     from .worker import build_topology
     build_topology(cfg)  # bad input fails before anything is created
+    warning = momentum_warning(cfg)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
     link_model = sim_link_model(cfg)
     corpus = build_corpus(cfg)
     path = new_run_dir(cfg, out)

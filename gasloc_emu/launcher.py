@@ -318,6 +318,10 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
     from .worker import build_topology
     build_topology(cfg)
     build_corpus(cfg)  # bad data fails before anything is created
+    from .app import momentum_warning
+    unstable = momentum_warning(cfg)
+    if unstable:
+        click.echo(f"warning: {unstable}", err=True)
     with ExitStack() as stack:
         net = stack.enter_context(open_network(cfg, dry_run=dry_run))
         if dry_run:

@@ -257,6 +257,17 @@ class Topology:
     def gamma_star(self) -> float:
         return critical_momentum(self.lambda2)
 
+    def momentum_growth(self, gamma: float) -> float:
+        """Largest growth factor per round of pure gossip with momentum gamma (below 1: stable).
+
+        Each eigenvalue mu of W evolves as x' = mu ((1 + gamma) x - gamma x_prev); with a negative
+        mu (bipartite-like graphs, sparse Metropolis weights) a large gamma makes a root of
+        r^2 - mu (1 + gamma) r + mu gamma leave the unit circle and the workers diverge.
+        """
+        mus = np.linalg.eigvalsh(self.expected_mixing())
+        roots = [np.roots([1.0, -mu * (1 + gamma), mu * gamma]) for mu in mus[:-1]]
+        return float(max(np.abs(r).max() for r in roots)) if roots else 0.0
+
 
 @lru_cache(maxsize=64)
 def _round_edges(topo: "Topology", t: int) -> set[tuple[int, int]]:

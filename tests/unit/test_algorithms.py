@@ -267,3 +267,18 @@ def test_state_bytes_counts_model_sized_buffers():
     d = DiLoCo(0, hub.transport(0), 0.7, 0.9)
     d.begin(theta)
     assert d.state_bytes() == DIM * 8  # the momentum buffer appears after the first round
+
+
+@pytest.mark.parametrize("name, n, degree", [("expander", 8, 3), ("torus", 8, 4)])
+def test_momentum_growth_predicts_divergent_gossip(name, n, degree):
+    """The run-time warning's criterion: with growth > 1 pure gossip diverges, with gamma* it
+    converges, and the measured per-round growth matches the predicted factor."""
+    topo = Topology(name, n, degree)
+    assert topo.momentum_growth(0.9) > 1.0 > topo.momentum_growth(topo.gamma_star)
+    starts, rounds = random_starts(n, seed=3), 40
+    for gamma in (0.9, topo.gamma_star):
+        hist = run_threads(n, lambda r, tp: GASLoC(r, tp, topo, 0.0, gamma), rounds, None, 0,
+                           starts)
+        e = [consensus_error([hist[r][t] for r in range(n)]) for t in (20, 40)]
+        measured = (e[1] / e[0]) ** (1 / 20)
+        assert measured == pytest.approx(topo.momentum_growth(gamma), rel=0.05), (gamma, e)
