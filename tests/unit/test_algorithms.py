@@ -46,31 +46,39 @@ def run_threads(n: int, make_algo, rounds: int, inner=None, steps: int | list[in
     hist: list[list[torch.Tensor]] = [[] for _ in range(n)]
     per_worker = steps if isinstance(steps, list) else [steps] * n
 
+    def loop(rank: int, tp) -> None:
+        algo = make_algo(rank, tp)
+        theta = theta0[rank].clone()
+        algo.begin(theta)
+        hist[rank].append(theta.clone())
+        for t in range(rounds):
+            if inner is not None:
+                inner(rank, theta, per_worker[rank])
+            algo.outer_step(t, theta)
+            hist[rank].append(theta.clone())
+
+    on_hub(hub, loop)
+    assert all(len(h) == rounds + 1 for h in hist), "a worker thread did not finish"
+    return hist
+
+
+def on_hub(hub: Hub, body, timeout_s: float = 120.0) -> None:
+    """Run ``body(rank, transport)`` on one thread per worker, taking turns as the simulator does;
+    the first failure stops every thread and is raised here."""
     def loop(rank: int) -> None:
         try:
-            tp = hub.transport(rank)
-            algo = make_algo(rank, tp)
-            theta = theta0[rank].clone()
-            algo.begin(theta)
-            hist[rank].append(theta.clone())
             with hub.cond:  # the simulator's turn lock: one worker computes at a time
-                for t in range(rounds):
-                    if inner is not None:
-                        inner(rank, theta, per_worker[rank])
-                    algo.outer_step(t, theta)
-                    hist[rank].append(theta.clone())
+                body(rank, hub.transport(rank))
         except BaseException as exc:  # noqa: BLE001 - stop the other threads too
             hub.abort(exc)
 
-    threads = [threading.Thread(target=loop, args=(r,), daemon=True) for r in range(n)]
+    threads = [threading.Thread(target=loop, args=(r,), daemon=True) for r in range(hub.world_size)]
     for th in threads:
         th.start()
     for th in threads:
-        th.join(120)
+        th.join(timeout_s)
     if hub.error is not None:
         raise hub.error
-    assert all(len(h) == rounds + 1 for h in hist), "a worker thread did not finish"
-    return hist
 
 
 def consensus_error(thetas: list[torch.Tensor]) -> float:
@@ -93,24 +101,13 @@ def test_all_reduce_mean_is_the_exact_mean_on_every_worker(n):
     hub = Hub(n, timeout_s=60.0)
     out: dict[int, torch.Tensor] = {}
 
-    def loop(rank: int) -> None:
-        try:
-            tp = hub.transport(rank)
-            with hub.cond:
-                res = tp.all_reduce_mean(0, inputs[rank].clone())
-                out[rank] = res.clone()  # snapshot at return, as the caller sees it
-                # the caller goes on computing (a new inner phase) before the others finish
-                tp.advance(0.0)
-        except BaseException as exc:  # noqa: BLE001
-            hub.abort(exc)
+    def loop(rank: int, tp) -> None:
+        res = tp.all_reduce_mean(0, inputs[rank].clone())
+        out[rank] = res.clone()  # snapshot at return, as the caller sees it
+        # the caller goes on computing (a new inner phase) before the others finish
+        tp.advance(0.0)
 
-    threads = [threading.Thread(target=loop, args=(r,), daemon=True) for r in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    if hub.error is not None:
-        raise hub.error
+    on_hub(hub, loop, 60.0)
     expected = torch.stack(inputs).mean(0)
     for r in range(n):
         assert torch.equal(out[r], out[0]), f"worker {r} got a different All-Reduce result"
