@@ -46,8 +46,8 @@ def unpack(raw: bytes) -> dict:
 
 def tensor_frame(t: torch.Tensor) -> memoryview:
     """A zero-copy view of a contiguous CPU tensor's bytes."""
-    t = t.detach().to("cpu").contiguous()
-    return memoryview(t.numpy()).cast("B")
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy())  # via bytes: numpy has no bfloat16
 
 
 def frame_tensor(frame: zmq.Frame | bytes, dtype: str, numel: int) -> torch.Tensor:

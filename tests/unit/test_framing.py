@@ -256,3 +256,15 @@ def test_frame_error_names_the_bad_value():
         _decode(_frames(_valid_header(src=17)))
     with pytest.raises(FrameError, match=r"round 42 outside the window \[4, 9\]"):
         _decode(_frames(_valid_header(round=42)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_control_plane_parameter_frames_round_trip(dtype):
+    """Final parameters travel to the launcher as raw bytes, whatever the model's dtype."""
+    from gasloc_emu.transport import control
+    t = torch.randn(37).to(dtype)
+    frame = control.tensor_frame(t)
+    back = control.frame_tensor(bytes(frame), str(dtype).split(".")[-1], t.numel())
+    assert back.dtype == dtype and torch.equal(back, t)
+    with pytest.raises(ValueError, match="expected 36"):
+        control.frame_tensor(bytes(frame), str(dtype).split(".")[-1], 36)
