@@ -29,6 +29,12 @@ class RoundPrinter:
         if len(rows) == self.workers:
             self.echo(format_round(self.rows.pop(row["round"]), self.rounds))
 
+    def __enter__(self) -> "RoundPrinter":  # used like the live dashboard
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
 
 def format_round(rows: list[dict], rounds: int) -> str:
     loss = np.array([r["train_loss"] for r in rows], dtype=float)
@@ -110,21 +116,7 @@ def make_progress(cfg: Config, devices=(), shaper: str | None = None):
     if use_dashboard(cfg):
         from .dashboard import LiveView, header_from_config
         return LiveView(header_from_config(cfg, devices=devices, shaper=shaper))
-    return _Plain(RoundPrinter(cfg.workers, cfg.run.rounds))
-
-
-class _Plain:
-    def __init__(self, printer: RoundPrinter):
-        self.printer = printer
-
-    def __call__(self, row: dict) -> None:
-        self.printer(row)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
+    return RoundPrinter(cfg.workers, cfg.run.rounds)
 
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:

@@ -86,7 +86,7 @@ class Supervisor:
         return sock
 
     # -- lifecycle
-    def run(self) -> dict:
+    def run(self, corpus) -> dict:
         self._write_spec(self.devices)
         for rank in range(self.cfg.workers):
             self.slots.append(self._spawn(rank, self.devices[rank], self.envs[rank]))
@@ -102,7 +102,7 @@ class Supervisor:
         for s in self.slots:
             self._tell(s.rank, {"type": "exit"})
         self._reap(_EXIT_GRACE_S)
-        return self._summary(wall_s)
+        return self._summary(wall_s, corpus)
 
     def _write_spec(self, devices: list[str]) -> None:
         spec = {"ctl": self.ctl_addr, "hb": self.hb_addr, "devices": devices,
@@ -239,10 +239,8 @@ class Supervisor:
         self.ctx.term()
 
     # -- results
-    def _summary(self, wall_s: float) -> dict:
-        from .simulate import build_corpus
+    def _summary(self, wall_s: float, corpus) -> dict:
         from .worker import build_topology, final_summary
-        corpus = build_corpus(self.cfg)
         sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
         out = final_summary(self.cfg, [s.theta for s in self.slots],
                             [s.final["eval_loss"] for s in self.slots],
@@ -317,7 +315,7 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
     from .simulate import build_corpus
     from .worker import build_topology
     build_topology(cfg)
-    build_corpus(cfg)  # bad data fails before anything is created
+    corpus = build_corpus(cfg)  # bad data fails before anything is created; evaluates at the end
     from .app import momentum_warning
     unstable = momentum_warning(cfg)
     if unstable:
@@ -336,7 +334,7 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
             prog = stack.enter_context(progress_factory(devices[0], net.shaper))
             for text in warnings:
                 prog({"kind": "warning", "text": text})
-        code, summary = _supervise(cfg, path, rec, net, devices, prog)
+        code, summary = _supervise(Supervisor(cfg, path, rec, net, devices, prog), corpus)
     # after the dashboard has stopped, so that these lines stay below it
     if code == 0:
         from .app import print_summary
@@ -350,8 +348,9 @@ def _probe_links(cfg: Config, net) -> list[str]:
     """Measure the links training will use; a warning for each that misses its target by >10%."""
     from .netplan import used_pairs
     from .worker import build_topology
-    click.echo(f"probing {len(used_pairs(cfg, build_topology(cfg)))} links ...", err=True)
-    rows = net.probe(used_pairs(cfg, build_topology(cfg)))
+    pairs = used_pairs(cfg, build_topology(cfg))
+    click.echo(f"probing {len(pairs)} links ...", err=True)
+    rows = net.probe(pairs)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
                 f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
                 f"{r['configured_latency_ms']} ms" for r in rows if not r["ok"]]
@@ -360,13 +359,11 @@ def _probe_links(cfg: Config, net) -> list[str]:
     return warnings
 
 
-def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices,
-               progress) -> tuple[int, dict]:
-    sup = Supervisor(cfg, path, rec, net, devices, progress)
+def _supervise(sup: Supervisor, corpus) -> tuple[int, dict]:
     code, summary = 0, {}
     try:
         with _SigTerm():
-            summary = sup.run()
+            summary = sup.run(corpus)
     except (RunFailed, KeyboardInterrupt, Interrupted) as exc:
         reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
         code = 1 if isinstance(exc, RunFailed) else 130
@@ -375,7 +372,7 @@ def _supervise(cfg: Config, path: Path, rec: records.RunRecord, net, devices,
         sup.stop_all()
     finally:
         sup.close()
-        summary |= {"mode": "run"} | net.describe_summary()
-        rec.summary(summary)
-        rec.write_json("links.json", net.links_record(sup.link_bytes()))
+        summary |= {"mode": "run"} | sup.net.describe_summary()
+        sup.rec.summary(summary)
+        sup.rec.write_json("links.json", sup.net.links_record(sup.link_bytes()))
     return code, summary
