@@ -148,13 +148,11 @@ def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: flo
 
 
 def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) -> int:
-    from rich.console import Console
-
     from .compare import CompareError, compare_table, load_run, plot
     try:
         runs = [load_run(d) for d in run_dirs]
         _warn_damage(runs)
-        Console(width=None if sys.stdout.isatty() else 160).print(
+        _console(160).print(
             compare_table(runs, target_loss=target_loss))
         if plot_file:
             plot(runs, plot_file)
@@ -166,8 +164,6 @@ def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) 
 
 
 def show_command(run_dir: str) -> int:
-    from rich.console import Console
-
     from .compare import CompareError, load_run, show_run
     try:
         run = load_run(run_dir)
@@ -175,8 +171,14 @@ def show_command(run_dir: str) -> int:
         click.echo(f"error: {exc}", err=True)
         return 2
     _warn_damage([run])
-    Console(width=None if sys.stdout.isatty() else 120).print(show_run(run))
+    _console(120).print(show_run(run))
     return 0
+
+
+def _console(pipe_width: int):
+    """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
+    from rich.console import Console
+    return Console(width=None if sys.stdout.isatty() else pipe_width)
 
 
 def _warn_damage(runs) -> None:
@@ -207,7 +209,6 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
 
 
 def netem_show_command(cfg: Config) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from .netplan import shaping_decision
@@ -219,7 +220,7 @@ def netem_show_command(cfg: Config) -> None:
     for row in plan.table():
         table.add_row(f"{row['src']}→{row['dst']}", f"{row['rate_mbit']:g}",
                       f"{row['effective_mbit']:g}", f"{row['latency_ms']:g}")
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = _console(120)
     console.print(table)
     for k, c in sorted(plan.caps.items()):
         console.print(f"worker {k}: up {c.up_mbit or '-'} Mbit/s, down {c.down_mbit or '-'} Mbit/s")
@@ -227,8 +228,6 @@ def netem_show_command(cfg: Config) -> None:
 
 
 def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int:
-    from rich.console import Console
-
     from .compare import links_table
     from .netplan import open_network, shaped, used_pairs
     from .worker import build_topology
@@ -240,7 +239,7 @@ def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int
     with open_network(cfg) as net:
         pairs = used_pairs(cfg, build_topology(cfg)) if topology_only else None
         rows = probe_links(net.session, pairs, seconds_per_link=seconds)
-    Console(width=None if sys.stdout.isatty() else 120).print(links_table(rows))
+    _console(120).print(links_table(rows))
     missed = [r for r in rows if not r["ok"]]
     click.echo(f"{len(rows) - len(missed)} of {len(rows)} links within 10% of their target")
     return 1 if missed else 0

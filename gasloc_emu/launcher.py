@@ -326,7 +326,7 @@ def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory
             click.echo(net.dry_run_text())
             return 0
         devices = worker_devices(cfg, cfg.workers)
-        warnings = _probe_links(cfg, net) if cfg.net.probe and hasattr(net, "probe") else []
+        warnings = _probe_links(cfg, net) if cfg.net.probe and net.shaper != "none" else []
         path = records.new_run_dir(cfg, out)
         rec = stack.enter_context(records.RunRecord(path, cfg))
         prog = None

@@ -9,6 +9,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -34,8 +35,13 @@ def make_optimizer(net: torch.nn.Module, icfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=icfg.lr, betas=(icfg.beta1, icfg.beta2))
 
 
+@lru_cache(maxsize=16)
 def build_topology(cfg: Config) -> topology.Topology | None:
-    """The gossip graph, or None for DiLoCo (its peers are fixed by the ring All-Reduce)."""
+    """The gossip graph, or None for DiLoCo (its peers are fixed by the ring All-Reduce).
+
+    Memoised per (frozen, hashable) config: validation, the momentum check, the link probe, the
+    dashboard header and the summary all share one graph and its cached lambda_2.
+    """
     if cfg.algo.name == "diloco":
         return None
     return topology.from_config(cfg)
