@@ -28,6 +28,24 @@ from .worker import threads_per_worker
 
 _READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
 _EXIT_GRACE_S = 10.0
+_PEER_TIMEOUT_FLOOR_S = 600.0
+
+
+def peer_timeout_s(cfg: Config, net) -> float:
+    """How long a worker waits for one peer message before it fails the run itself.
+
+    Liveness is the supervisor's job: a worker that dies or goes silent for
+    ``run.heartbeat_timeout_s`` stops the run, and that stop also ends every peer's wait. So
+    this is only the backstop for a peer that is alive but stuck, and it must outlast every
+    legitimate wait: the peer's local steps, and one whole parameter message over the slowest
+    configured link (gpt2 over 5 Mbit/s takes minutes).
+    """
+    from .model import count_parameters
+    rates = [net.configured_mbit(a, b) for a in range(cfg.workers)
+             for b in range(cfg.workers) if a != b]
+    rates = [r for r in rates if r]
+    transfer_s = count_parameters(cfg.model) * 4 * 8 / (min(rates) * 1e6) if rates else 0.0
+    return max(_PEER_TIMEOUT_FLOOR_S, 4 * cfg.run.heartbeat_timeout_s, 4 * transfer_s)
 
 
 class RunFailed(RuntimeError):
@@ -108,7 +126,8 @@ class Supervisor:
         spec = {"ctl": self.ctl_addr, "hb": self.hb_addr, "devices": devices,
                 "bind": [self.net.bind_address(r) for r in range(self.cfg.workers)],
                 "shaping": self.net.shaping_spec(), "threads": threads_per_worker(self.cfg),
-                "heartbeat_s": 0.5, "start_timeout_s": _READY_TIMEOUT_S + 60,
+                "heartbeat_s": 0.5, "peer_timeout_s": peer_timeout_s(self.cfg, self.net),
+                "start_timeout_s": _READY_TIMEOUT_S + 60,
                 "exit_timeout_s": 3600.0}
         (self.dir / "launch.json").write_text(json.dumps(spec, indent=2))
 

@@ -99,7 +99,7 @@ def _serve(run_dir: Path, rank: int, spec: dict, ctx, ctl) -> int:
         from .model import count_parameters
         tp = ZmqTransport(rank, cfg.workers, spec["bind"][rank], ctx=ctx,
                           max_numel=count_parameters(cfg.model),
-                          recv_timeout_s=cfg.run.heartbeat_timeout_s,
+                          recv_timeout_s=spec["peer_timeout_s"],
                           should_stop=ctl.poll_stop, shaping=_shaping(spec, rank))
         state["transport"] = tp
         ctl.send({"type": "ready", "addr": tp.address, "device": device})
