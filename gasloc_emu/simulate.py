@@ -1,7 +1,9 @@
 """N workers in one process: the same Worker and algorithms, an in-memory transport, a virtual clock.
 
 Each worker runs in its own thread but only one computes at a time (see ``transport.memory``),
-so results are deterministic and equal to the multi-process emulator's for the same seed.
+so results are deterministic and equal to the multi-process emulator's for the same seed. Times
+come from ``virtual_clock``, which replays what the threads did on the emulator's network and
+cores.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from . import data, model
 from .config import Config
 from .records import RunRecord
 from .transport.memory import Hub, LinkModel
+from .virtual_clock import slots_for
 from .worker import Worker, build_topology, final_summary, threads_per_worker
 
 # progress(worker, round_stats_dict) is called after every round of every worker
@@ -43,54 +46,57 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
     t_start = time.perf_counter()
     corpus = corpus or build_corpus(cfg)
     topo = build_topology(cfg)
-    hub = Hub(cfg.workers, link_model)
-    scale = cpu_contention(cfg)
-    workers = [Worker(cfg, r, hub.transport(r), corpus, "cpu", topo) for r in range(cfg.workers)]
+    slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
+        def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
+            rec.metric(row)
+            if progress is not None:
+                progress(row)
+
+        hub = Hub(cfg.workers, link_model, slots=slots, emit=emit)
+        workers = [Worker(cfg, r, hub.transport(r), corpus, "cpu", topo)
+                   for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
-                                    args=(w, hub, cfg.run.rounds, rec, progress, scale),
-                                    daemon=True)
+                                    args=(w, hub, cfg.run.rounds), daemon=True)
                    for w in workers]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         if hub.error is not None:
+            for row in hub.clock.unsettled_rows():  # metrics up to the failure are kept
+                rec.metric(row)
             rec.summary({"status": "failed", "error": str(hub.error), "mode": "simulate"})
             raise hub.error
         summary = finish(cfg, workers, time.perf_counter() - t_start)
         if link_model is not None:
-            summary["predicted_wall_s"] = max(hub.clock)
-            summary["compute_scale"] = scale
+            summary["predicted_wall_s"] = hub.clock.now_s
+            summary["cpu_slots"] = slots
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
 
 
-def cpu_contention(cfg: Config) -> float:
-    """How much slower each worker computes in the emulator than alone in the simulator.
+def cpu_slots(cfg: Config) -> float:
+    """How many workers the emulator can run at full speed at once on this machine.
 
-    The simulator runs one worker at a time; the emulator runs N processes of
-    ``threads_per_worker`` threads each on the same cores. The virtual clock scales measured
-    compute time by this factor so that its predicted wall-clock is the emulator's on this
-    machine (1 when every worker has cores of its own).
+    The simulator measures each worker's compute alone, with the emulator's thread count; the
+    virtual clock shares these slots among the workers computing at the same virtual time, as
+    the kernel shares the cores among the emulator's busy processes.
     """
-    return max(1.0, cfg.workers * threads_per_worker(cfg) / (os.cpu_count() or 1))
+    return slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
 
 
-def _worker_loop(w: Worker, hub: Hub, rounds: int, rec: RunRecord, progress,
-                 scale: float = 1.0) -> None:
+def _worker_loop(w: Worker, hub: Hub, rounds: int) -> None:
     tp = w.transport
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
             for t in range(rounds):
-                stats = w.run_round(t, on_compute_done=lambda s: tp.advance(s * scale))
+                stats = w.run_round(t, on_compute_done=tp.advance)
                 if w.should_eval(t):
                     stats.eval_loss = w.evaluate()
-                row = stats.as_dict() | {"time_s": tp.clock()}
-                rec.metric(row)
-                if progress is not None:
-                    progress(row)
+                tp.end_round(stats.as_dict())
+            tp.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)
 

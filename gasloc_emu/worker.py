@@ -158,5 +158,7 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
         "final_eval_loss": data.evaluate(net, eval_set), "worker_eval_loss": worker_eval,
         "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
-        "predicted_wall_s": None,  # the simulator's virtual clock fills it in
+        # the simulator's virtual clock fills these in: its prediction, and the CPU slots
+        # (cores / threads per worker) it shared among workers computing at once
+        "predicted_wall_s": None, "cpu_slots": None,
     }

@@ -1,38 +1,36 @@
-"""In-process transport for the simulator: mailboxes in one process, plus a virtual clock.
+"""In-process transport for the simulator: mailboxes in one process, timed by a virtual clock.
 
 All simulated workers share one ``Hub``. Worker threads take turns: a worker holds the hub's lock
 while it computes and gives it up only while it waits for a message, so exactly one worker runs at
 a time (no oversubscribed cores, and each worker's compute time can be measured cleanly).
 
-The virtual clock predicts wall-clock time on a shaped network: every worker has a clock that its
-compute time advances; a message leaves at the sender's clock, queues behind earlier messages on
-its directed link, takes bytes * 8 / rate plus the link's latency, and a receiver's clock jumps to
-the arrival time when it has to wait. With no link model every transfer is instantaneous.
+Timing is not decided here: every send, receive and measured compute is reported to the hub's
+``VirtualClock``, which replays them in virtual time (links that queue and take bytes * 8 / rate
+plus latency, cores shared among the workers computing at once). With no link model every
+transfer is instantaneous and only compute takes time.
 """
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 import torch
 
+from ..virtual_clock import Compute, Emit, LinkModel, Mark, Recv, Send, VirtualClock, Done
 from .base import TransportBase, TransportError
 
-# (src, dst, nbytes) -> (seconds on the wire, one-way latency in seconds)
-LinkModel = Callable[[int, int, int], tuple[float, float]]
+__all__ = ["Hub", "InMemoryTransport", "LinkModel"]
 
 
 class Hub:
-    """Mailboxes, the turn lock, and the virtual clocks of every simulated worker."""
+    """Mailboxes, the turn lock, and the virtual clock of every simulated worker."""
 
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None):
         self.world_size = world_size
         self.cond = threading.Condition(threading.RLock())
-        self.mail: dict[tuple, tuple[torch.Tensor, float]] = {}
-        self.link_model = link_model
-        self.link_free: dict[tuple[int, int], float] = {}
-        self.clock = [0.0] * world_size
+        self.mail: dict[tuple, torch.Tensor] = {}
+        # slots=None: as many cores as workers, i.e. no CPU sharing in the prediction
+        self.clock = VirtualClock(world_size, link_model, slots or world_size, emit)
         self.timeout_s = timeout_s
         self.error: BaseException | None = None
 
@@ -42,15 +40,6 @@ class Hub:
             self.error = self.error or exc
             self.cond.notify_all()
 
-    def arrival(self, src: int, dst: int, nbytes: int) -> float:
-        """Virtual arrival time of a message sent now by ``src``; links serialise their messages."""
-        if self.link_model is None:
-            return self.clock[src]
-        wire_s, latency_s = self.link_model(src, dst, nbytes)
-        start = max(self.clock[src], self.link_free.get((src, dst), 0.0))
-        self.link_free[(src, dst)] = start + wire_s
-        return start + wire_s + latency_s
-
     def transport(self, rank: int) -> "InMemoryTransport":
         return InMemoryTransport(self, rank)
 
@@ -59,7 +48,6 @@ class InMemoryTransport(TransportBase):
     def __init__(self, hub: Hub, rank: int):
         super().__init__(rank, hub.world_size)
         self.hub = hub
-        self.virtual_wait_s = 0.0
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
         hub = self.hub
@@ -68,30 +56,41 @@ class InMemoryTransport(TransportBase):
             if key in hub.mail:
                 raise TransportError(f"worker {self.rank} sent {kind!r} of round {round_idx} "
                                      f"to worker {peer} twice")
-            hub.mail[key] = (tensor, hub.arrival(self.rank, peer, tensor.numel() * tensor.element_size()))
+            hub.mail[key] = tensor
+            hub.clock.report(self.rank, Send(key, tensor.numel() * tensor.element_size()))
             hub.cond.notify_all()
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         hub, key = self.hub, (self.rank, peer, round_idx, kind)
         with hub.cond:
+            hub.clock.report(self.rank, Recv(key))
             ok = hub.cond.wait_for(lambda: key in hub.mail or hub.error is not None, hub.timeout_s)
             if hub.error is not None:
                 raise TransportError(f"worker {self.rank}: simulation aborted ({hub.error})")
             if not ok:
                 raise TransportError(f"worker {self.rank} waited {hub.timeout_s:.0f} s for "
                                      f"{kind!r} of round {round_idx} from worker {peer}")
-            tensor, arrival = hub.mail.pop(key)
-            self.virtual_wait_s += max(0.0, arrival - hub.clock[self.rank])
-            hub.clock[self.rank] = max(hub.clock[self.rank], arrival)
-            return tensor
+            return hub.mail.pop(key)
 
     def counters(self) -> dict:
-        # waits in virtual time: the real time a thread sleeps while others compute means nothing
-        return super().counters() | {"wait_s": self.virtual_wait_s}
+        # waits in virtual time (as far as replayed): real sleeps while others compute mean nothing
+        return super().counters() | {"wait_s": self.hub.clock.wait_s(self.rank)}
 
     def clock(self) -> float:
-        return self.hub.clock[self.rank]
+        """How far the replay has got. It lags the threads, so a row's times come from the clock
+        when it emits the row (``end_round``), not from differences of this."""
+        return self.hub.clock.now_s
 
     def advance(self, seconds: float) -> None:
-        """Add measured compute time to this worker's virtual clock."""
-        self.hub.clock[self.rank] += seconds
+        """Report measured compute time (seconds with the machine to itself) to the clock."""
+        with self.hub.cond:
+            self.hub.clock.report(self.rank, Compute(seconds))
+
+    def end_round(self, row: dict) -> None:
+        """Hand a finished round's row to the clock, which emits it with its virtual times."""
+        with self.hub.cond:
+            self.hub.clock.report(self.rank, Mark(row))
+
+    def finish(self) -> None:
+        with self.hub.cond:
+            self.hub.clock.report(self.rank, Done())

@@ -1,0 +1,204 @@
+"""The simulator's clock: what the worker threads did, replayed in virtual time with shared cores.
+
+Simulated workers take turns (see ``transport.memory``), so their real order says nothing about
+time. Each thread reports, in program order, what it did: computed for ``work_s`` seconds
+(measured while it ran alone), sent a message, waited for one, finished a round. This module
+replays those reports as a discrete-event simulation:
+
+- a message leaves at the sender's virtual time, queues behind earlier messages on its directed
+  link, and takes ``bytes * 8 / rate`` plus the link's latency (the ``LinkModel``);
+- a receiver that needs a message before it has arrived waits, and uses no CPU meanwhile;
+- k workers computing at once share the machine as Linux's fair scheduler shares it among busy
+  processes (processor sharing): each progresses at ``min(1, slots / k)`` seconds of work per
+  second, where ``slots`` = cores / threads per worker. This is what the emulator's processes
+  see when there are fewer cores than workers: a worker that waits on a slow link leaves its
+  share to the others, so charging every worker the full contention would over-predict gossip.
+
+The replay is conservative: it only moves past a time when every worker's next step at that time
+is known, so it lags the threads a little and emits each round's row (with ``time_s``,
+``comm_s`` and ``wait_s`` on the virtual clock) once that round's end is settled.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+# (src, dst, nbytes) -> (seconds on the wire, one-way latency in seconds)
+LinkModel = Callable[[int, int, int], tuple[float, float]]
+Emit = Callable[[dict], None]
+
+_READY, _COMPUTING, _WAITING, _DONE = "ready", "computing", "waiting", "done"
+
+
+@dataclass(frozen=True)
+class Compute:
+    work_s: float  # seconds this compute took with the machine to itself
+
+
+@dataclass(frozen=True)
+class Send:
+    key: tuple  # (dst, src, round, kind): the mailbox key the receiver waits on
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Recv:
+    key: tuple
+
+
+@dataclass(frozen=True)
+class Mark:
+    row: dict  # a round's metrics row; time_s, comm_s and wait_s are filled in on the clock
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+@dataclass
+class _Lane:
+    """One worker as the replay sees it."""
+    ops: deque
+    state: str = _READY
+    remaining_s: float = 0.0  # work left in the current compute
+    wake_s: float | None = None  # when a waiting worker's message arrives, once it is sent
+    waiting_key: tuple | None = None
+    waiting_since_s: float = 0.0
+    wait_total_s: float = 0.0
+    wait_at_mark_s: float = 0.0
+    compute_end_s: float = 0.0
+
+
+class VirtualClock:
+    """Processor-sharing discrete-event replay of every worker's compute and messages."""
+
+    def __init__(self, world_size: int, link_model: LinkModel | None, slots: float,
+                 emit: Emit | None = None):
+        if not slots > 0:
+            raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
+        self.link_model, self.slots, self.emit = link_model, float(slots), emit
+        self.lanes = [_Lane(deque()) for _ in range(world_size)]
+        self.now_s = 0.0
+        self.arrivals: dict[tuple, float] = {}
+        self.link_free_s: dict[tuple[int, int], float] = {}
+
+    # -- what the threads call (under the simulator's turn lock)
+
+    def report(self, rank: int, op) -> None:
+        """Append one step of ``rank``'s program, then replay as far as is now known."""
+        self.lanes[rank].ops.append(op)
+        self._advance()
+
+    def wait_s(self, rank: int) -> float:
+        """Virtual seconds ``rank`` has spent waiting for messages, as far as replayed."""
+        return self.lanes[rank].wait_total_s
+
+    def finished(self) -> bool:
+        return all(lane.state == _DONE for lane in self.lanes)
+
+    def unsettled_rows(self) -> list[dict]:
+        """Rows of rounds the replay never reached (the run failed first): no times for them."""
+        return [op.row | {"time_s": None, "comm_s": None, "wait_s": None}
+                for lane in self.lanes for op in lane.ops if isinstance(op, Mark)]
+
+    # -- the replay
+
+    def _advance(self) -> None:
+        while True:
+            self._run_instant_ops()
+            if any(lane.state == _READY for lane in self.lanes):
+                return  # a worker's next step is not reported yet: it may start computing now
+            t_next = self._next_event_s()
+            if t_next is None:
+                return  # everyone is done, or waits on a message not sent yet
+            self._step_to(t_next)
+
+    def _run_instant_ops(self) -> None:
+        """Apply every reported step that takes no time, for every worker that is ready."""
+        busy = True
+        while busy:
+            busy = False
+            for rank, lane in enumerate(self.lanes):
+                while lane.state == _READY and lane.ops:
+                    self._apply(rank, lane, lane.ops.popleft())
+                    busy = True
+
+    def _apply(self, rank: int, lane: _Lane, op) -> None:
+        if isinstance(op, Compute):
+            if op.work_s > 0:
+                lane.state, lane.remaining_s = _COMPUTING, op.work_s
+            else:
+                lane.compute_end_s = self.now_s
+        elif isinstance(op, Send):
+            self._send(rank, op)
+        elif isinstance(op, Recv):
+            self._recv(lane, op.key)
+        elif isinstance(op, Mark):
+            self._mark(lane, op.row)
+        elif isinstance(op, Done):
+            lane.state = _DONE
+        else:
+            raise TypeError(f"unknown virtual-clock step {op!r}")
+
+    def _send(self, src: int, op: Send) -> None:
+        dst = op.key[0]
+        arrival = self.now_s
+        if self.link_model is not None:
+            wire_s, latency_s = self.link_model(src, dst, op.nbytes)
+            start = max(self.now_s, self.link_free_s.get((src, dst), 0.0))
+            self.link_free_s[(src, dst)] = start + wire_s
+            arrival = start + wire_s + latency_s
+        receiver = self.lanes[dst]
+        if receiver.state == _WAITING and receiver.waiting_key == op.key:
+            receiver.wake_s, receiver.waiting_key = arrival, None
+        else:
+            self.arrivals[op.key] = arrival
+
+    def _recv(self, lane: _Lane, key: tuple) -> None:
+        arrival = self.arrivals.pop(key, None)
+        if arrival is not None and arrival <= self.now_s:
+            return
+        lane.state, lane.waiting_since_s = _WAITING, self.now_s
+        lane.wake_s, lane.waiting_key = arrival, (key if arrival is None else None)
+
+    def _mark(self, lane: _Lane, row: dict) -> None:
+        row = row | {"time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
+                     "wait_s": lane.wait_total_s - lane.wait_at_mark_s}
+        lane.wait_at_mark_s = lane.wait_total_s
+        if self.emit is not None:
+            self.emit(row)
+
+    def _rate(self) -> float:
+        """Seconds of work per second for each computing worker: cores shared fairly."""
+        k = sum(lane.state == _COMPUTING for lane in self.lanes)
+        return min(1.0, self.slots / k) if k else 1.0
+
+    def _next_event_s(self) -> float | None:
+        rate, times = self._rate(), []
+        for lane in self.lanes:
+            if lane.state == _COMPUTING:
+                times.append(self.now_s + lane.remaining_s / rate)
+            elif lane.state == _WAITING and lane.wake_s is not None:
+                times.append(lane.wake_s)
+        return min(times) if times else None
+
+    def _step_to(self, t_s: float) -> None:
+        rate, dt = self._rate(), t_s - self.now_s
+        for lane in self.lanes:
+            if lane.state == _COMPUTING:
+                # the same expression as in _next_event_s, so the earliest finisher is exact
+                if self.now_s + lane.remaining_s / rate <= t_s:
+                    lane.state, lane.remaining_s, lane.compute_end_s = _READY, 0.0, t_s
+                else:
+                    lane.remaining_s -= rate * dt
+            elif lane.state == _WAITING and lane.wake_s is not None and lane.wake_s <= t_s:
+                lane.wait_total_s += lane.wake_s - lane.waiting_since_s
+                lane.state, lane.wake_s = _READY, None
+        self.now_s = t_s
+
+
+def slots_for(cores: int, threads_per_worker: int) -> float:
+    """How many workers can compute at full speed at once: cores over each one's threads."""
+    return max(cores, 1) / max(threads_per_worker, 1)
