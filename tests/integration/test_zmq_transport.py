@@ -285,7 +285,7 @@ def test_delay_counts_from_arrival_even_while_the_worker_computes():
         got = b.recv(0, 0, "z")
         waited = time.monotonic() - t0
     assert torch.equal(got, torch.ones(10))
-    assert waited < 0.1, f"waited {waited:.3f} s: the delay was counted from the recv call"
+    assert waited < 0.15, f"waited {waited:.3f} s: the delay was counted from the recv call"
 
 
 def test_shaped_messages_are_released_in_due_order_not_arrival_order():
