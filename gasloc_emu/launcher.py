@@ -44,7 +44,8 @@ def peer_timeout_s(cfg: Config, net) -> float:
     rates = [net.configured_mbit(a, b) for a in range(cfg.workers)
              for b in range(cfg.workers) if a != b]
     rates = [r for r in rates if r]
-    transfer_s = count_parameters(cfg.model) * 4 * 8 / (min(rates) * 1e6) if rates else 0.0
+    bits = count_parameters(cfg.model) * 32  # float32 parameters, the whole model in one message
+    transfer_s = bits / (min(rates) * 1e6) if rates else 0.0
     return max(_PEER_TIMEOUT_FLOOR_S, 4 * cfg.run.heartbeat_timeout_s, 4 * transfer_s)
 
 

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from ..virtual_clock import Compute, Emit, LinkModel, Mark, Recv, Send, VirtualClock, Done
+from ..virtual_clock import Compute, Done, Emit, LinkModel, Mark, Recv, Send, VirtualClock
 from .base import TransportBase, TransportError
 
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
