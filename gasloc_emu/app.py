@@ -104,8 +104,12 @@ def simulate_command(cfg: Config, out: str | None) -> int:
 
 
 def sim_link_model(cfg: Config):
-    """The virtual clock's link model from the bandwidth profile, or None when unshaped."""
-    if not cfg.net.bw_profile:
+    """The virtual clock's link model from the bandwidth profile, or None when unshaped.
+
+    Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``.
+    """
+    from .netplan import shaped
+    if not shaped(cfg):
         return None
     from netem.profiles import build_link_plan
     return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()

@@ -5,6 +5,7 @@ Every run here shares one corpus (the running Python's standard library) and 4 w
 from __future__ import annotations
 
 import json
+import os
 import math
 
 import pytest
@@ -159,3 +160,36 @@ def test_bytes_on_the_wire(run):
     per_worker = [r["bytes_sent"] for r in d_rows]
     assert max(per_worker) - min(per_worker) <= 2 * (N - 1) * 4  # chunks differ by one element
     assert all(math.isfinite(r["train_loss"]) for r in d_rows)
+
+
+def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
+    """Ring gossip at 8 Mbit/s + 10 ms: a round ends when the worker's own compute and both
+    neighbours' models (queued on their links) are in; its compute is stretched at most by the
+    CPU sharing."""
+    from gasloc_emu.app import sim_link_model
+    from gasloc_emu.virtual_clock import slots_for
+    from gasloc_emu.worker import threads_per_worker
+    cfg = make_cfg(**{"topology.name": "ring", "run.rounds": 3, "algo.local_steps": 1,
+                      "net.bw_profile": "uniform", "net.rate_mbit": 8.0, "net.latency_ms": 10.0})
+    out = tmp_path / "shaped"
+    summary = sim.simulate(cfg, out, link_model=sim_link_model(cfg), corpus=corpus)
+    rows = {(r["worker"], r["round"]): r for r in
+            map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    wire_s, latency_s = 120_576 * 4 * 8 / 8e6, 0.010
+    slots = slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
+    link_free: dict = {}
+    for t in range(3):
+        sent = {w: rows[w, t]["time_s"] - rows[w, t]["comm_s"] for w in range(N)}  # compute end
+        for w in range(N):
+            arrivals = []
+            for nb in ((w - 1) % N, (w + 1) % N):
+                link_free[nb, w] = max(sent[nb], link_free.get((nb, w), 0.0)) + wire_s
+                arrivals.append(link_free[nb, w] + latency_s)
+            assert rows[w, t]["time_s"] == pytest.approx(max(sent[w], *arrivals), abs=1e-9)
+            own_s = sent[w] - (rows[w, t - 1]["time_s"] if t else 0.0)
+            c = rows[w, t]["compute_s"]
+            assert c * (1 - 1e-9) <= own_s <= c * max(1.0, N / slots) * (1 + 1e-9)
+    assert summary["predicted_wall_s"] == pytest.approx(max(r["time_s"] for r in rows.values()))
+    assert summary["cpu_slots"] == slots
+    # and without shaping, as in `run --shaper none`, there is nothing to predict
+    assert sim_link_model(make_cfg(**{"net.bw_profile": "uniform", "net.shaper": "none"})) is None
