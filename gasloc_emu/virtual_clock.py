@@ -116,14 +116,14 @@ class VirtualClock:
             self._step_to(t_next)
 
     def _run_instant_ops(self) -> None:
-        """Apply every reported step that takes no time, for every worker that is ready."""
-        busy = True
-        while busy:
-            busy = False
-            for rank, lane in enumerate(self.lanes):
-                while lane.state == _READY and lane.ops:
-                    self._apply(rank, lane, lane.ops.popleft())
-                    busy = True
+        """Apply every reported step that takes no time, for every worker that is ready.
+
+        One pass is enough: a step changes only its own worker's state (a send only sets when
+        the receiver will wake, which takes effect in ``_step_to``).
+        """
+        for rank, lane in enumerate(self.lanes):
+            while lane.state == _READY and lane.ops:
+                self._apply(rank, lane, lane.ops.popleft())
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
         if isinstance(op, Compute):
