@@ -15,7 +15,7 @@ Egress of worker i (``eth0``), one HTB tree::
     1:L_j+2   prio 1 child for bulk data; each child has a ``pfifo limit 1000`` leaf
 
 The ACK class is not optional: without it ACKs of the reverse direction queue behind bulk data
-and flows on links used both ways fell to 63 % of their rate (NETWORK.md). Short leaf queues
+and flows on links used both ways fell to 63 % of their rate (docs/NETWORK.md). Short leaf queues
 (a 50 ms bfifo) stalled TCP entirely, hence pfifo limit 1000.
 
 TCP hands veth GSO packets of up to 64 KiB, which HTB releases whole: a 1 Mbit/s link

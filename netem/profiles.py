@@ -8,7 +8,7 @@ Named profiles (``net.bw_profile``), N workers, seeded by the run's seed:
 - ``uniform``       every link at ``net.rate_mbit``.
 - ``skewed``        slow *links* among fast ones: ceil(10 %) of the N(N-1)/2 worker pairs, drawn
                     with the seed, run at ``net.slow_rate_mbit`` in both directions (8 workers:
-                    3 of 28 pairs, the setting of ALGORITHM.md's max-plus table; 2 or 3 workers:
+                    3 of 28 pairs, a row of docs/ALGORITHM.md's max-plus table; 2 or 3 workers:
                     one pair).
 - ``skewed-worker`` one slow *worker*: every link to and from one seeded worker runs at
                     ``net.slow_rate_mbit``; a slow worker sets everyone's pace when every round

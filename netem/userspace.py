@@ -10,8 +10,9 @@ Two modes, both driven by the transport through two calls on ``LinkShaper``:
 - ``delay-only`` (tc shapes the bandwidth, the kernel has no netem): ``stamp`` returns None and
   the receiver releases each message at its arrival time + the link's one-way latency.
 
-Measured on loopback (NETWORK.md): 50/5/5 Mbit/s with 10 ms latency gave 49.93/4.996/4.995
-Mbit/s; messages were released within p50 0.05 ms, p99 0.12 ms of their time.
+Measured on loopback (docs/NETWORK.md, "The userspace shaper"): 50/5/5 Mbit/s with 10 ms
+latency gave 49.93/4.996/4.995 Mbit/s; messages were released within p50 0.05 ms, p99 0.12 ms
+of their time.
 
 What this does NOT do: it does not change TCP's own round-trip time. Congestion control, ACK
 clocking and retransmission timers still see the unshaped path, so effects that depend on RTT

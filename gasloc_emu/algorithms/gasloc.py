@@ -1,6 +1,6 @@
 """GASLoC: local steps, an outer step whose momentum accelerates gossip, sparse peers.
 
-Per worker i and round t (shared/design/ALGORITHM.md; Cagnasso, Belilovsky, Oyallon,
+Per worker i and round t (docs/ALGORITHM.md, "The update"; Cagnasso, Belilovsky, Oyallon,
 arXiv 2606.11081):
     g_i = theta_i^+ - theta_i                      pseudo-gradient after H_i inner steps
     y_i = theta_i + eta * g_i                      outer proposal

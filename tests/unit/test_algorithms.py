@@ -3,7 +3,7 @@
 Every worker is a thread with its own ``InMemoryTransport`` on one ``Hub``; like the simulator, a
 thread holds the hub's turn lock while it computes and gives it up only inside ``recv``. The inner
 phase is a fake: H gradient steps on a per-worker quadratic f_i(x) = 1/2 (x - c_i)^T D_i (x - c_i).
-The special cases of shared/design/ALGORITHM.md are checked on these exact iterates.
+The special cases of docs/ALGORITHM.md ("Special cases") are checked on these exact iterates.
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_all_reduce_mean_is_the_exact_mean_on_every_worker(n):
         torch.testing.assert_close(out[r], expected, rtol=1e-12, atol=1e-12)
 
 
-# ---------------------------------------------------------------- special cases of ALGORITHM.md
+# ---------------------------------------------------------------- special cases (docs/ALGORITHM.md)
 
 @pytest.mark.parametrize("n,eta,gamma", [(4, 0.7, 0.9), (3, 1.0, 0.5), (5, 0.3, 0.0)])
 def test_gasloc_on_complete_graph_equals_diloco_nesterov(n, eta, gamma):

@@ -38,7 +38,7 @@ def test_uniform_has_every_directed_link_at_the_rate():
 def test_skewed_slows_about_ten_percent_of_pairs_in_both_directions():
     plan = plan_of("skewed", 8, rate_mbit=50.0, slow_rate_mbit=5.0)
     slow = {k for k, r in rates(plan).items() if r == 5.0}
-    assert len(slow) == 2 * 3                        # 3 of 28 pairs, as in ALGORITHM.md
+    assert len(slow) == 2 * 3                        # 3 of 28 pairs, as in docs/ALGORITHM.md
     assert all((j, i) in slow for i, j in slow)
     assert plan_of("skewed", 4).note.count("-") == 1  # one of six pairs
 
