@@ -60,51 +60,190 @@ def _momentum(value: str | None):
         raise C.ConfigError(f"--momentum {value!r}: expected a number or 'auto'") from None
 
 
+# ---------------------------------------------------------------- flags generated from the tree
+
+# One row per setting flag: (flag, dotted key[, short alias]). Help comes from the field's doc,
+# choices and ranges from its metadata, the click type from its type hint, so a new setting gets
+# a flag on run, simulate and config by adding one row here.
+FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--algo", "algo.name"),
+    ("--topology", "topology.name"),
+    ("--workers", "workers", "-n"),
+    ("--local-steps", "algo.local_steps", "-H"),
+    ("--rounds", "run.rounds", "-R"),
+    ("--model", "model.preset"),
+    ("--seed", "seed"),
+    ("--data", "data.path"),
+    ("--outer-lr", "algo.outer_lr"),
+    ("--momentum", "algo.momentum"),
+    ("--lr", "algo.inner.lr"),
+    ("--degree", "topology.degree"),
+    ("--eval-every", "run.eval_every"),
+    ("--bw-profile", "net.bw_profile"),
+    ("--shaper", "net.shaper"),
+    ("--rate-mbit", "net.rate_mbit"),
+    ("--latency-ms", "net.latency_ms"),
+)
+# Rows only `run` has: probing needs real links, which simulate and config never build.
+RUN_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--probe", "net.probe"),
+)
+# The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
+NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper")
+
+# Settings whose flag has its own syntax: (parser, metavar). Parsing happens in
+# resolve_from_flags, inside friendly_errors, so a bad value is one line like any other.
+_PARSERS = {
+    "algo.local_steps": (_local_steps, "H|H1,H2,..."),
+    "algo.momentum": (_momentum, "GAMMA|auto"),
+}
+# Flags that set a setting without naming it as a value, for `config --fields`.
+_OTHER_FLAGS = {"run.dashboard": "--no-dashboard (off)"}
+
+
+class _BadFlag(click.ClickException):
+    """A flag value click rejected, shown like all bad input: one line on stderr, exit 2."""
+
+    exit_code = _BAD_INPUT
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class _SettingType:
+    """Mixin for the click type of a setting flag.
+
+    A rejected value gets the message ``--set`` would give (key, value, what is allowed) on one
+    line, instead of click's usage block, so every way of giving a setting fails alike.
+    """
+
+    def __init__(self, key: str, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.key = key
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            raise _BadFlag(_setting_message(self.key, value, exc)) from None
+
+
+def _setting_message(key: str, value, exc: click.BadParameter) -> str:
+    """The config's own message for ``value``; click's if the config would accept it."""
+    try:
+        C.check_setting(key, value)
+    except C.ConfigError as err:
+        return str(err)
+    return exc.format_message()
+
+
+class _Choice(_SettingType, click.Choice):
+    pass
+
+
+class _Int(_SettingType, click.types.IntParamType):
+    pass
+
+
+class _Float(_SettingType, click.types.FloatParamType):
+    pass
+
+
+_TYPES = {int: _Int, float: _Float}
+
+
+def _dest(flag: str) -> str:
+    """The keyword a flag's value arrives under: --rate-mbit -> rate_mbit."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _brackets(spec: C.SettingSpec, *, choices: bool) -> str:
+    """What a setting accepts, as ' [one of: ...]', ' [range: lo..hi]' and ' [names: ...]'."""
+    meta, out = spec.meta, ""
+    if choices and meta.get("choices"):
+        out += " [one of: " + ", ".join(map(str, meta["choices"])) + "]"
+    if meta.get("lo") is not None or meta.get("hi") is not None:
+        lo = meta["lo"] if meta["lo"] is not None else "-inf"
+        hi = meta["hi"] if meta["hi"] is not None else "inf"
+        out += f" [range: {lo}..{hi}]"
+    if meta.get("names"):
+        out += " [names: " + ", ".join(meta["names"]) + "]"
+    return out
+
+
+def _spelled(flag: str, spec: C.SettingSpec) -> str:
+    """A bool setting is a --x/--no-x pair; every other flag takes a value."""
+    if spec.hint is bool and spec.key not in _PARSERS:
+        return f"{flag}/--no-{flag[2:]}"
+    return flag
+
+
+def _setting_option(flag: str, key: str, short: str | None = None):
+    """The click option of one table row; a TypeError names a row the generator cannot type."""
+    spec = C.setting_spec(key)
+    decls = [d for d in (_spelled(flag, spec), short) if d]
+    kwargs = {"default": None, "help": spec.doc + _brackets(spec, choices=False)}
+    if key in _PARSERS:
+        kwargs["metavar"] = _PARSERS[key][1]
+    elif spec.meta.get("choices"):
+        kwargs["type"] = _Choice(key, spec.meta["choices"])
+    elif spec.hint in _TYPES:
+        kwargs["type"] = _TYPES[spec.hint](key)
+    elif spec.hint not in (str, bool):
+        raise TypeError(f"{flag}: {key} is {spec.hint}; give it a parser in _PARSERS")
+    return click.option(*decls, _dest(flag), **kwargs)
+
+
+def flag_names() -> dict[str, str]:
+    """Dotted key -> how to set it on the command line, for `config --fields`."""
+    names = dict(_OTHER_FLAGS)
+    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)")):
+        for flag, key, *short in rows:
+            names[key] = ", ".join([*short, _spelled(flag, C.setting_spec(key))]) + where
+    return names
+
+
+def _flag_value(key: str, value):
+    parse = _PARSERS.get(key, (None,))[0]
+    return parse(value) if parse else value
+
+
+def _apply(options):
+    """One decorator from a list of click options, first option first in --help."""
+    def decorate(fn):
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+    return decorate
+
+
+_ROWS = {row[0]: row for row in FLAGS}
+
 RUN_OPTIONS = [
     click.option("--config", "config_file", type=click.Path(dir_okay=False),
                  help="TOML file of settings (a preset in runs/)."),
-    click.option("--algo", help="gasloc, diloco, dsgd or local-gossip."),
-    click.option("--topology", help="ring, torus, exponential, expander, complete, matching, matching2."),
-    click.option("--workers", "-n", type=int, help="Number of workers N."),
-    click.option("--local-steps", "-H", help="Inner steps per round: N, or one per worker 10,5,..."),
-    click.option("--rounds", "-R", type=int, help="Outer rounds."),
-    click.option("--model", help="tiny, small or gpt2."),
-    click.option("--seed", type=int, help="Seed for init, data, graphs and matchings."),
-    click.option("--data", help="Text file, folder, or .bin uint16 token file (default: stdlib)."),
-    click.option("--outer-lr", type=float, help="Outer learning rate eta."),
-    click.option("--momentum", help="Outer momentum gamma, or 'auto' for gamma*."),
-    click.option("--lr", type=float, help="Inner AdamW learning rate."),
-    click.option("--degree", type=int, help="Expander degree d."),
-    click.option("--eval-every", type=int, help="Evaluate every K rounds (0: only at the end)."),
-    click.option("--bw-profile", help="uniform, skewed, two-cluster, lognormal, or a profile file."),
-    click.option("--shaper", type=click.Choice(C.SHAPERS), help="How links are shaped."),
-    click.option("--rate-mbit", type=float, help="Fast link rate, Mbit/s."),
-    click.option("--latency-ms", type=float, help="One-way latency of every link, ms."),
+    *[_setting_option(*row) for row in FLAGS],
     click.option("--out", type=click.Path(file_okay=False), help="Run record folder."),
     click.option("--no-dashboard", is_flag=True, help="Plain lines instead of the live dashboard."),
     click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                  help="Any setting, e.g. --set algo.inner.lr=3e-4 (repeatable)."),
 ]
 
-_FLAG_KEYS = {
-    "algo": "algo.name", "topology": "topology.name", "workers": "workers",
-    "rounds": "run.rounds", "model": "model.preset", "seed": "seed", "data": "data.path",
-    "outer_lr": "algo.outer_lr", "lr": "algo.inner.lr", "degree": "topology.degree",
-    "eval_every": "run.eval_every", "bw_profile": "net.bw_profile", "shaper": "net.shaper",
-    "rate_mbit": "net.rate_mbit", "latency_ms": "net.latency_ms",
-}
+NET_OPTIONS = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings."),
+    *[_setting_option(*_ROWS[flag]) for flag in NET_FLAGS],
+    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting."),
+]
 
-
-def run_options(fn):
-    for opt in reversed(RUN_OPTIONS):
-        fn = opt(fn)
-    return fn
+run_options = _apply(RUN_OPTIONS)
+net_options = _apply(NET_OPTIONS)
+run_only_options = _apply([_setting_option(*row) for row in RUN_FLAGS])
 
 
 def resolve_from_flags(kw: dict) -> C.Config:
-    overrides = {key: kw.get(flag) for flag, key in _FLAG_KEYS.items()}
-    overrides["algo.local_steps"] = _local_steps(kw.get("local_steps"))
-    overrides["algo.momentum"] = _momentum(kw.get("momentum"))
+    """Defaults < --config file < flags < --set; a flag not given (None) keeps the file's value."""
+    overrides = {key: _flag_value(key, kw.get(_dest(flag)))
+                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS)}
     if kw.get("no_dashboard"):
         overrides["run.dashboard"] = "off"
     return C.resolve(kw.get("config_file"), overrides, kw.get("sets", ()))
@@ -127,17 +266,14 @@ def simulate(**kw) -> None:
 
 @main.command()
 @run_options
-@click.option("--probe/--no-probe", default=None,
-              help="Measure every used link before training (default: on for shaped runs).")
+@run_only_options
 @click.option("--dry-run", is_flag=True, help="Print the network commands and stop.")
 @friendly_errors
-def run(probe: bool, dry_run: bool, **kw) -> None:
+def run(dry_run: bool, **kw) -> None:
     """Start N worker processes that train over a real (shaped) network."""
     from .app import run_command
     from .netplan import enter_userns_if_needed
     cfg = resolve_from_flags(kw)
-    if probe is not None:
-        cfg = C.replace(cfg, **{"net.probe": probe})
     enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
     sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run))
 
@@ -165,10 +301,18 @@ def topo(**kw) -> None:
 def config_cmd(list_fields: bool, **kw) -> None:
     """Print the resolved config as TOML (defaults < --config file < flags < --set)."""
     if list_fields:
-        for key, default, doc in C.field_docs():
-            click.echo(f"{key:28} {default!r:14} {doc}")
+        _list_fields()
         return
     click.echo(C.to_toml(resolve_from_flags(kw)), nl=False)
+
+
+def _list_fields() -> None:
+    """Every setting: key, flag (where one exists), default, doc and what it accepts."""
+    flags = flag_names()
+    click.echo(f"{'KEY (--set KEY=VALUE)':26} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
+    for spec in C.setting_specs():
+        click.echo(f"{spec.key:26} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
+                   f"{spec.doc}{_brackets(spec, choices=True)}")
 
 
 @main.command()
@@ -209,24 +353,6 @@ def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | Non
 @main.group()
 def netem() -> None:
     """Bandwidth profiles, link probes and cleanup of the emulated network."""
-
-
-NET_OPTIONS = [
-    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings."),
-    click.option("--bw-profile", help="uniform, skewed, skewed-worker, two-cluster, lognormal, or a file."),
-    click.option("--workers", "-n", type=int, help="Number of workers N."),
-    click.option("--rate-mbit", type=float, help="Fast link rate, Mbit/s."),
-    click.option("--latency-ms", type=float, help="One-way latency of every link, ms."),
-    click.option("--seed", type=int, help="Seed of seeded profiles."),
-    click.option("--shaper", type=click.Choice(C.SHAPERS), help="How links are shaped."),
-    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting."),
-]
-
-
-def net_options(fn):
-    for opt in reversed(NET_OPTIONS):
-        fn = opt(fn)
-    return fn
 
 
 @netem.command("show")

@@ -2,16 +2,20 @@
 
 Precedence is defaults < TOML file < CLI flags < ``--set section.key=value``. Every field
 carries its documentation and its allowed range in ``dataclasses.field(metadata=...)`` so
-that validation, error messages and ``gasloc-emu config --help-fields`` share one source.
+that validation, error messages, the CLI flags and ``gasloc-emu config --fields`` share one
+source.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,33 +27,44 @@ class ConfigError(ValueError):
     """A config value is unknown, of the wrong type or out of range."""
 
 
-def F(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
-      choices: tuple | None = None) -> Any:
-    """A documented field; ``lo``/``hi`` are inclusive bounds, ``choices`` the allowed values."""
-    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices}
+def setting(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
+            choices: tuple | None = None, names: tuple | None = None) -> Any:
+    """A documented field, so that validation, errors, CLI help and ``config --fields`` agree.
+
+    ``lo``/``hi`` are inclusive bounds, ``choices`` the only allowed values. ``names`` are the
+    known words of a field that also takes something else (a profile file, a number); they are
+    listed in help but not enforced here.
+    """
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "names": names}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def _allowed(meta: dict) -> str:
-    if meta["choices"]:
+def allowed(meta: Mapping[str, Any]) -> str:
+    """What a setting accepts, in words; empty when anything of its type goes."""
+    if meta.get("choices"):
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    lo, hi = meta["lo"], meta["hi"]
-    return f"a value in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+    parts = []
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None or hi is not None:
+        parts.append(f"a value in [{lo if lo is not None else '-inf'}, "
+                     f"{hi if hi is not None else 'inf'}]")
+    parts.extend(repr(n) for n in meta.get("names") or ())
+    return " or ".join(parts)
 
 
 def _check_value(key: str, value: Any, meta: dict) -> None:
     items = value if isinstance(value, tuple) else (value,)
     for v in items:
         if meta["choices"] and v not in meta["choices"]:
-            raise ConfigError(f"{key} = {value!r} is not allowed; expected {_allowed(meta)}")
+            raise ConfigError(f"{key} = {value!r} is not allowed; expected {allowed(meta)}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             bad = (isinstance(v, float) and not math.isfinite(v)) \
                 or (meta["lo"] is not None and v < meta["lo"]) \
                 or (meta["hi"] is not None and v > meta["hi"])
             if bad:
-                raise ConfigError(f"{key} = {value!r} is out of range; expected {_allowed(meta)}")
+                raise ConfigError(f"{key} = {value!r} is out of range; expected {allowed(meta)}")
 
 
 class _Validated:
@@ -70,36 +85,42 @@ class _Validated:
 @dataclass(frozen=True)
 class ModelConfig(_Validated):
     _section = "model."
-    preset: str = F("tiny", "Named size: tiny (~0.1M params, CI), small (~1M), gpt2 (124M, GPU).",
-                    choices=("tiny", "small", "gpt2"))
-    n_layer: int = F(0, "Transformer blocks; 0 takes the preset's value.", lo=0, hi=96)
-    n_head: int = F(0, "Attention heads; 0 takes the preset's value.", lo=0, hi=64)
-    n_embd: int = F(0, "Embedding width; 0 takes the preset's value.", lo=0, hi=8192)
-    block_size: int = F(0, "Context length in tokens; 0 takes the preset's value.", lo=0, hi=8192)
-    vocab_size: int = F(0, "Vocabulary; 0 takes the preset's (256 byte tokens; 50304 for gpt2).",
-                        lo=0, hi=1 << 20)
-    dropout: float = F(0.0, "Dropout probability (0 keeps runs deterministic).", lo=0.0, hi=0.9)
+    preset: str = setting("tiny", "Named size: tiny (~0.1M params, CI), small (~1M), "
+                                  "gpt2 (124M, GPU).", choices=("tiny", "small", "gpt2"))
+    n_layer: int = setting(0, "Transformer blocks; 0 takes the preset's value.", lo=0, hi=96)
+    n_head: int = setting(0, "Attention heads; 0 takes the preset's value.", lo=0, hi=64)
+    n_embd: int = setting(0, "Embedding width; 0 takes the preset's value.", lo=0, hi=8192)
+    block_size: int = setting(0, "Context length in tokens; 0 takes the preset's value.",
+                              lo=0, hi=8192)
+    vocab_size: int = setting(0, "Vocabulary; 0 takes the preset's (256 byte tokens; 50304 for "
+                                 "gpt2).", lo=0, hi=1 << 20)
+    dropout: float = setting(0.0, "Dropout probability (0 keeps runs deterministic).",
+                             lo=0.0, hi=0.9)
 
 
 @dataclass(frozen=True)
 class DataConfig(_Validated):
     _section = "data."
-    path: str = F("", "Text file, folder of text files, or .bin file of uint16 tokens; "
-                      "empty uses the running Python's standard library sources.")
-    batch_size: int = F(8, "Sequences per inner step per worker.", lo=1, hi=4096)
-    val_fraction: float = F(0.05, "Share of the corpus held out for evaluation.", lo=0.001, hi=0.5)
-    eval_batches: int = F(8, "Batches of the validation split per evaluation.", lo=1, hi=10000)
-    max_corpus_mb: float = F(8.0, "Cap on the text corpus read from disk, in MiB.", lo=0.01, hi=65536)
+    path: str = setting("", "Text file, folder of text files, or .bin file of uint16 tokens; "
+                            "empty uses the running Python's standard library sources.")
+    batch_size: int = setting(8, "Sequences per inner step per worker.", lo=1, hi=4096)
+    val_fraction: float = setting(0.05, "Share of the corpus held out for evaluation.",
+                                  lo=0.001, hi=0.5)
+    eval_batches: int = setting(8, "Batches of the validation split per evaluation.",
+                                lo=1, hi=10000)
+    max_corpus_mb: float = setting(8.0, "Cap on the text corpus read from disk, in MiB.",
+                                   lo=0.01, hi=65536)
 
 
 @dataclass(frozen=True)
 class InnerConfig(_Validated):
     _section = "algo.inner."
-    lr: float = F(1e-3, "Inner AdamW learning rate.", lo=0.0, hi=10.0)
-    beta1: float = F(0.9, "AdamW beta1.", lo=0.0, hi=0.99999)
-    beta2: float = F(0.95, "AdamW beta2.", lo=0.0, hi=0.99999)
-    weight_decay: float = F(0.1, "AdamW decoupled weight decay.", lo=0.0, hi=10.0)
-    grad_clip: float = F(1.0, "Clip the gradient norm to this value; 0 disables.", lo=0.0, hi=1e6)
+    lr: float = setting(1e-3, "Inner AdamW learning rate.", lo=0.0, hi=10.0)
+    beta1: float = setting(0.9, "AdamW beta1.", lo=0.0, hi=0.99999)
+    beta2: float = setting(0.95, "AdamW beta2.", lo=0.0, hi=0.99999)
+    weight_decay: float = setting(0.1, "AdamW decoupled weight decay.", lo=0.0, hi=10.0)
+    grad_clip: float = setting(1.0, "Clip the gradient norm to this value; 0 disables.",
+                               lo=0.0, hi=1e6)
 
 
 ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip")
@@ -108,25 +129,26 @@ ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip")
 @dataclass(frozen=True)
 class AlgoConfig(_Validated):
     _section = "algo."
-    name: str = F("gasloc", "Algorithm: gasloc, diloco, dsgd or local-gossip.", choices=ALGORITHMS)
-    local_steps: Union[int, tuple] = F(0, "Inner steps H per round: one number, or one per worker "
-                                          "(slow workers do fewer); 0 takes the algorithm's "
-                                          "default (dsgd 1, the others 10).", lo=0, hi=1_000_000)
-    outer_lr: float = F(0.7, "Outer learning rate eta (DiLoCo's outer SGD lr).", lo=0.0, hi=10.0)
-    momentum: Union[float, str] = F(0.9, "Outer momentum gamma (Nesterov mu for DiLoCo), or "
-                                         "'auto' for the graph's critical gamma*.")
-    alpha: float = F(1.0, "Gossip step alpha in W = I - alpha * Laplacian.", lo=0.0, hi=1.0)
+    name: str = setting("gasloc", "Algorithm: gasloc, diloco, dsgd or local-gossip.",
+                        choices=ALGORITHMS)
+    local_steps: int | tuple = setting(0, "Inner steps H per round: one number, or one per "
+                                          "worker (slow workers do fewer); 0 takes the "
+                                          "algorithm's default (dsgd 1, the others 10).",
+                                       lo=0, hi=1_000_000)
+    outer_lr: float = setting(0.7, "Outer learning rate eta (DiLoCo's outer SGD lr).",
+                              lo=0.0, hi=10.0)
+    momentum: float | str = setting(0.9, "Outer momentum gamma (Nesterov mu for DiLoCo), or "
+                                         "'auto' for the graph's critical gamma*.",
+                                    lo=0.0, hi=0.999, names=("auto",))
+    alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
+                           lo=0.0, hi=1.0)
     inner: InnerConfig = field(default_factory=InnerConfig, metadata={})
 
     def _check(self) -> None:
         m = self.momentum
-        if isinstance(m, str):
-            if m != "auto":
-                raise ConfigError(f"algo.momentum = {m!r} is not allowed; expected a number "
-                                  "in [0, 0.999] or 'auto'")
-        elif not (0.0 <= m <= 0.999):
-            raise ConfigError(f"algo.momentum = {m!r} is out of range; expected [0, 0.999] or 'auto'")
-
+        if isinstance(m, str) and m != "auto":
+            raise ConfigError(f"algo.momentum = {m!r} is not allowed; expected a number "
+                              "in [0, 0.999] or 'auto'")
         if self.name == "diloco" and m == "auto":
             raise ConfigError("algo.momentum = 'auto' needs a gossip graph; diloco takes a "
                               "number in [0, 0.999]")
@@ -134,7 +156,8 @@ class AlgoConfig(_Validated):
         if isinstance(h, tuple) and min(h) < 1:
             raise ConfigError(f"algo.local_steps = {list(h)} is out of range; per-worker values "
                               "must be at least 1")
-        if self.name == "dsgd" and h not in (0, 1) and set(h if isinstance(h, tuple) else ()) != {1}:
+        all_ones = set(h if isinstance(h, tuple) else ()) == {1}
+        if self.name == "dsgd" and h not in (0, 1) and not all_ones:
             raise ConfigError(f"algo.local_steps = {h!r} is not allowed for dsgd, which takes one "
                               "step per communication; use local-gossip for H > 1")
 
@@ -152,68 +175,96 @@ TOPOLOGIES = ("ring", "torus", "exponential", "expander", "complete", "matching"
 @dataclass(frozen=True)
 class TopologyConfig(_Validated):
     _section = "topology."
-    name: str = F("ring", "Graph: ring, torus, exponential, expander (random d-regular), complete, "
-                          "matching (random one-peer per round), matching2 (two matchings).",
-                  choices=TOPOLOGIES)
-    degree: int = F(4, "Degree d of the expander graph.", lo=1, hi=4096)
-    base: str = F("complete", "Base graph whose edges the random matchings are drawn from.",
-                  choices=("complete", "ring", "torus", "exponential", "expander"))
+    name: str = setting("ring", "Graph: ring, torus, exponential, expander (random d-regular), "
+                                "complete, matching (random one-peer per round), matching2 "
+                                "(two matchings).", choices=TOPOLOGIES)
+    degree: int = setting(4, "Degree d of the expander graph.", lo=1, hi=4096)
+    base: str = setting("complete", "Base graph whose edges the random matchings are drawn from.",
+                        choices=("complete", "ring", "torus", "exponential", "expander"))
 
 
 SHAPERS = ("auto", "tc", "userspace", "none")
+
+# The named bandwidth profiles; netem.profiles.NAMED is the list it builds (a unit test keeps
+# the two equal; config stays free of netem imports).
+BW_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
 
 
 @dataclass(frozen=True)
 class NetConfig(_Validated):
     _section = "net."
-    shaper: str = F("auto", "How links are shaped: auto (best available), tc (namespaces + tc), "
-                            "userspace (sender pacing + release queue), none.", choices=SHAPERS)
-    bw_profile: str = F("", "Bandwidth profile: uniform, skewed (a few slow links), skewed-worker "
-                            "(one slow worker), two-cluster, lognormal, or a .toml/.json file; "
-                            "empty means unshaped.")
-    rate_mbit: float = F(50.0, "Fast link rate in Mbit/s (uniform rate; fast links of other profiles).",
-                         lo=0.001, hi=100_000.0)
-    slow_rate_mbit: float = F(5.0, "Slow link rate in Mbit/s for skewed and two-cluster.",
-                              lo=0.001, hi=100_000.0)
-    latency_ms: float = F(0.0, "One-way latency added to every link, in ms.", lo=0.0, hi=10_000.0)
-    jitter_ms: float = F(0.0, "Latency jitter in ms (netem only).", lo=0.0, hi=10_000.0)
-    loss_pct: float = F(0.0, "Packet loss in percent (netem only).", lo=0.0, hi=100.0)
-    probe: bool = F(True, "Measure every link training uses before it starts (shaped runs); "
-                          "configured vs measured goes into links.json.")
-    mtu: int = F(1500, "MTU of the emulated links.", lo=576, hi=65535)
+    shaper: str = setting("auto", "How links are shaped: auto (best available), tc (namespaces "
+                                  "+ tc), userspace (sender pacing + release queue), none.",
+                          choices=SHAPERS)
+    bw_profile: str = setting("", "Bandwidth profile: a name (skewed: a few slow links; "
+                                  "skewed-worker: one slow worker; two-cluster: slow between two "
+                                  "halves; lognormal: seeded per-worker rates) or a .toml/.json "
+                                  "file; empty means unshaped.", names=BW_PROFILES)
+    rate_mbit: float = setting(50.0, "Fast link rate in Mbit/s (uniform rate; fast links of "
+                                     "other profiles).", lo=0.001, hi=100_000.0)
+    slow_rate_mbit: float = setting(5.0, "Slow link rate in Mbit/s for skewed, skewed-worker and "
+                                         "two-cluster.", lo=0.001, hi=100_000.0)
+    latency_ms: float = setting(0.0, "One-way latency added to every link, in ms.",
+                                lo=0.0, hi=10_000.0)
+    jitter_ms: float = setting(0.0, "Latency jitter in ms (netem only).", lo=0.0, hi=10_000.0)
+    loss_pct: float = setting(0.0, "Packet loss in percent (netem only).", lo=0.0, hi=100.0)
+    probe: bool = setting(True, "Measure every link training uses before it starts (shaped "
+                                "runs); configured vs measured goes into links.json.")
+    mtu: int = setting(1500, "MTU of the emulated links.", lo=576, hi=65535)
 
 
 @dataclass(frozen=True)
 class ExecConfig(_Validated):
     _section = "run."
-    name: str = F("", "Run name; empty derives it from algorithm and topology.")
-    out_dir: str = F("runs", "Folder under which run records are created.")
-    rounds: int = F(20, "Outer rounds.", lo=1, hi=10_000_000)
-    eval_every: int = F(0, "Evaluate the averaged model every this many rounds; 0 only at the end.",
-                        lo=0, hi=10_000_000)
-    device: str = F("auto", "auto (cuda:k round-robin when GPUs are visible), cpu or cuda.",
-                    choices=("auto", "cpu", "cuda"))
-    threads_per_worker: int = F(0, "Torch CPU threads per worker process; 0 divides the cores.",
-                                lo=0, hi=1024)
-    heartbeat_timeout_s: float = F(30.0, "Stop the run when a worker is silent this long.",
-                                   lo=0.5, hi=86_400.0)
-    dashboard: str = F("auto", "auto (on a TTY), on, off.", choices=("auto", "on", "off"))
+    name: str = setting("", "Run name; empty derives it from algorithm and topology.")
+    out_dir: str = setting("runs", "Folder under which run records are created.")
+    rounds: int = setting(20, "Outer rounds.", lo=1, hi=10_000_000)
+    eval_every: int = setting(0, "Evaluate the averaged model every this many rounds; 0 only at "
+                                 "the end.", lo=0, hi=10_000_000)
+    device: str = setting("auto", "auto (each worker pinned to one visible GPU, round-robin; "
+                                  "else the CPU), cpu or cuda.", choices=("auto", "cpu", "cuda"))
+    threads_per_worker: int = setting(0, "Torch CPU threads per worker process; 0 divides the "
+                                         "cores.", lo=0, hi=1024)
+    heartbeat_timeout_s: float = setting(30.0, "Stop the run when a worker is silent this long.",
+                                         lo=0.5, hi=86_400.0)
+    dashboard: str = setting("auto", "Live dashboard: auto (on a TTY), on, off.",
+                             choices=("auto", "on", "off"))
+
+
+FAULT_MODES = ("raise", "exit", "hang")
+
+
+@dataclass(frozen=True)
+class FaultConfig(_Validated):
+    _section = "fault."
+    worker: int = setting(-1, "Inject a failure into this worker (-1: none), to see how a run "
+                              "fails.", lo=-1, hi=4095)
+    round: int = setting(0, "The round whose first communication fails.", lo=0, hi=10_000_000)
+    mode: str = setting("raise", "How it fails: raise (an exception), exit (the process ends "
+                                 "with fault.exit_code), hang (stops dead, heartbeat included).",
+                        choices=FAULT_MODES)
+    exit_code: int = setting(3, "Exit status of an injected exit.", lo=1, hi=255)
 
 
 @dataclass(frozen=True)
 class Config(_Validated):
     """The whole resolved configuration of one run."""
 
-    seed: int = F(0, "Seed for model init, data order, graphs and matchings.", lo=0, hi=2**63 - 1)
-    workers: int = F(4, "Number of workers N.", lo=1, hi=4096)
+    seed: int = setting(0, "Seed for model init, data order, graphs, matchings and seeded "
+                           "bandwidth profiles.", lo=0, hi=2**63 - 1)
+    workers: int = setting(4, "Number of workers N.", lo=1, hi=4096)
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={})
     topology: TopologyConfig = field(default_factory=TopologyConfig, metadata={})
     model: ModelConfig = field(default_factory=ModelConfig, metadata={})
     data: DataConfig = field(default_factory=DataConfig, metadata={})
     net: NetConfig = field(default_factory=NetConfig, metadata={})
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
+    fault: FaultConfig = field(default_factory=FaultConfig, metadata={})
 
     def _check(self) -> None:
+        if self.fault.worker >= self.workers:
+            raise ConfigError(f"fault.worker = {self.fault.worker} is out of range; expected "
+                              f"-1 (none) or a worker in [0, {self.workers - 1}]")
         h = self.algo.local_steps
         if isinstance(h, tuple) and len(h) != self.workers:
             raise ConfigError(f"algo.local_steps has {len(h)} entries; expected one per worker "
@@ -222,13 +273,16 @@ class Config(_Validated):
 
 # ---------------------------------------------------------------- building from dicts
 
+_UNIONS = (Union, types.UnionType)  # ``int | tuple`` hints are types.UnionType, not Union
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     """Convert a TOML/CLI value to the field's type or raise a ConfigError naming the key."""
     if is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a table of settings, got {value!r}")
         return _build(hint, value, key + ".")
-    options = get_args(hint) if get_origin(hint) is Union else (hint,)
+    options = get_args(hint) if get_origin(hint) in _UNIONS else (hint,)
     for opt in options:
         ok, out = _try_coerce(value, opt)
         if ok:
@@ -315,7 +369,10 @@ def resolve(file: str | Path | None = None, overrides: dict[str, Any] | None = N
 
 
 def replace(cfg: Config, **dotted: Any) -> Config:
-    """A copy of ``cfg`` with dotted keys changed, e.g. ``replace(cfg, **{"algo.name": "dsgd"})``."""
+    """A copy of ``cfg`` with dotted keys changed and re-validated.
+
+    E.g. ``replace(cfg, **{"algo.name": "dsgd"})``.
+    """
     tree = to_dict(cfg)
     for key, value in dotted.items():
         _set_path(tree, key, value)
@@ -370,13 +427,54 @@ def _emit_table(table: dict, name: str, lines: list[str]) -> None:
             _emit_table(v, f"{name}.{k}" if name else k, lines)
 
 
-def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted key, default, doc) for every setting, for ``gasloc-emu config --fields``."""
+class SettingSpec(NamedTuple):
+    """One leaf of the tree as the CLI and ``config --fields`` see it."""
+
+    key: str
+    hint: Any
+    default: Any
+    meta: Mapping[str, Any]
+
+    @property
+    def doc(self) -> str:
+        return self.meta.get("doc", "")
+
+
+def setting_specs(cls: type = Config, prefix: str = "") -> list[SettingSpec]:
+    """Every setting of the tree in declaration order, so flags and listings follow the tree."""
+    hints = get_type_hints(cls)
     out = []
     for f in fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if is_dataclass(default):
-            out.extend(field_docs(type(default), f"{prefix}{f.name}."))
+            out.extend(setting_specs(type(default), f"{prefix}{f.name}."))
         else:
-            out.append((prefix + f.name, default, f.metadata.get("doc", "")))
+            out.append(SettingSpec(prefix + f.name, hints[f.name], default, f.metadata))
     return out
+
+
+@functools.cache
+def _specs_by_key() -> dict[str, SettingSpec]:
+    """The tree's specs by key, built once: the CLI looks up every flag row at import."""
+    return {spec.key: spec for spec in setting_specs()}
+
+
+def setting_spec(key: str) -> SettingSpec:
+    """The spec of one dotted key; a ConfigError for a key the tree does not have."""
+    try:
+        return _specs_by_key()[key]
+    except KeyError:
+        raise ConfigError(f"unknown setting {key}") from None
+
+
+def check_setting(key: str, value: Any) -> Any:
+    """``value`` coerced and checked as if given by ``--set``, for messages that match it."""
+    spec = setting_spec(key)
+    out = _coerce(key, value, spec.hint)
+    _check_value(key, out, dict(spec.meta))
+    return out
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, doc) for every setting, for ``gasloc-emu config --fields``."""
+    return [(s.key, s.default, s.doc) for s in setting_specs(cls, prefix)]

@@ -229,3 +229,34 @@ def test_every_setting_is_documented():
     # every documented key can be set through --set with its own default
     cfg = C.resolve(sets=[f"{k}={_literal(d)}" for k, d, _ in docs])
     assert cfg == C.Config()
+
+
+def test_bw_profile_names_are_the_profiles_netem_builds():
+    """config lists the names without importing netem; this keeps the two lists equal."""
+    from netem.profiles import NAMED
+    assert C.BW_PROFILES == NAMED
+    assert C.setting_spec("net.bw_profile").meta["names"] == NAMED
+
+
+def test_setting_specs_describe_the_tree():
+    specs = C.setting_specs()
+    assert [(s.key, s.default, s.doc) for s in specs] == C.field_docs()
+    assert C.setting_spec("algo.inner.lr").hint is float
+    assert C.setting_spec("net.probe").hint is bool
+    with pytest.raises(C.ConfigError, match="unknown setting algo.bogus"):
+        C.setting_spec("algo.bogus")
+
+
+@pytest.mark.parametrize("key,value,parts", [
+    ("workers", "four", ["workers", "'four'", "int"]),
+    ("algo.name", "adam", ["algo.name", "'adam'", "'gasloc'"]),
+    ("net.rate_mbit", -5.0, ["net.rate_mbit", "-5.0", "0.001"]),
+    ("algo.momentum", 1.5, ["algo.momentum", "0.999", "'auto'"]),
+])
+def test_check_setting_gives_the_set_message(key, value, parts):
+    """Flags that click rejects reuse this, so every way of giving a setting fails alike."""
+    with pytest.raises(C.ConfigError) as info:
+        C.check_setting(key, value)
+    for part in parts:
+        assert part in str(info.value), (part, str(info.value))
+    assert C.check_setting("workers", 3) == 3
