@@ -26,7 +26,8 @@ import torch
 
 from gasloc_emu import config as C
 from gasloc_emu import data, model
-from gasloc_emu.simulate import build_corpus, simulate
+from gasloc_emu.data import build_corpus
+from gasloc_emu.simulate import simulate
 from gasloc_emu.worker import make_optimizer
 
 

@@ -1,15 +1,26 @@
 """The bodies of the CLI commands: build what a command needs, run it, print the outcome."""
 from __future__ import annotations
 
-import math
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import click
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
+from netem.probe import probe_links
+
+from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
 from .config import Config
+from .dashboard import LiveView, header_from_config
+from .devices import simulator_device
+from .fmt import summary_lines
+from .netplan import open_network, shaped, shaping_decision, sim_link_model, used_pairs
 from .records import new_run_dir
+from .sweep import markdown_section, run_sweep, update_results_page
+from .topology import Topology, build_topology
 
 
 class RoundPrinter:
@@ -55,83 +66,62 @@ def use_dashboard(cfg: Config) -> bool:
     return mode == "on" or (mode == "auto" and sys.stdout.isatty())
 
 
-def print_summary(summary: dict, path) -> None:
-    fmt = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else (  # noqa: E731
-        f"{v:.4f}" if isinstance(v, float) else str(v))
-    click.echo(f"final eval loss {fmt(summary.get('final_eval_loss'))}  "
-               f"consensus {fmt(summary.get('consensus_distance'))}  "
-               f"wall {fmt(summary.get('wall_s'))}s"
-               + (f"  predicted wall {fmt(summary['predicted_wall_s'])}s"
-                  if summary.get("predicted_wall_s") is not None else ""))
-    click.echo(f"run record: {path}")
-
-
-def momentum_warning(cfg: Config) -> str | None:
-    """A warning when GASLoC's gamma makes gossip on this graph diverge, else None."""
-    from .algorithms import momentum_value
-    from .worker import build_topology
-    topo = build_topology(cfg)
-    if cfg.algo.name != "gasloc" or topo is None:
-        return None
-    gamma = momentum_value(cfg.algo, topo)
-    growth = topo.momentum_growth(gamma)
-    if growth < 1.0 - 1e-9:
-        return None
-    return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
-            f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
-
-
 def simulate_command(cfg: Config, out: str | None) -> int:
-    from .simulate import build_corpus, simulate
-    from .worker import build_topology
-    build_topology(cfg)  # bad input fails before anything is created
-    warning = momentum_warning(cfg)
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
+    from .simulate import simulate  # loads torch: only for the commands that train
+    pre = _preflight(cfg)
     link_model = sim_link_model(cfg)
-    corpus = build_corpus(cfg)
     path = new_run_dir(cfg, out)
-    progress = make_progress(cfg, devices=["cpu"] * cfg.workers,
+    device = simulator_device(cfg.run.device)
+    progress = make_progress(cfg, devices=[device] * cfg.workers,
                              shaper="virtual clock" if link_model else "none")
     try:
         with progress:
-            summary = simulate(cfg, path, progress=progress, link_model=link_model, corpus=corpus)
+            summary = simulate(cfg, path, progress=progress, link_model=link_model,
+                               corpus=pre.corpus, device=device)
     except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
         click.echo(f"error: simulation failed: {exc}", err=True)
         return 1
-    print_summary(summary, path)
+    _echo_lines(summary_lines(summary, path))
     return 0
 
 
-def sim_link_model(cfg: Config):
-    """The virtual clock's link model from the bandwidth profile, or None when unshaped.
+def _preflight(cfg: Config):
+    from .preflight import preflight  # loads torch: only the training commands need it
+    pre = preflight(cfg)
+    for text in pre.warnings:
+        click.echo(f"warning: {text}", err=True)
+    return pre
 
-    Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``.
-    """
-    from .netplan import shaped
-    if not shaped(cfg):
-        return None
-    from netem.profiles import build_link_plan
-    return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
+
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
 
 
 def make_progress(cfg: Config, devices=(), shaper: str | None = None):
     """The live dashboard on a TTY (unless switched off), else one plain line per round."""
     if use_dashboard(cfg):
-        from .dashboard import LiveView, header_from_config
         return LiveView(header_from_config(cfg, devices=devices, shaper=shaper))
     return RoundPrinter(cfg.workers, cfg.run.rounds)
 
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:
-    from .launcher import launch
-    return launch(cfg, out, dry_run=dry_run,
-                  progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper))
+    from .launcher import launch  # loads torch, as the other training commands do
+    result = launch(cfg, _preflight(cfg), out, dry_run=dry_run,
+                    progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper),
+                    log=lambda line: click.echo(line, err=True))
+    # after the dashboard has stopped, so that these lines stay below it
+    if result.dry_run_text is not None:
+        click.echo(result.dry_run_text)
+    elif result.code == 0:
+        _echo_lines(summary_lines(result.summary, result.record))
+    else:
+        click.echo(f"error: {result.error}", err=True)
+    return result.code
 
 
 def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: float, base: str,
                  round_idx: int) -> None:
-    from .topology import Topology
     topo = Topology(topology, workers, degree, seed, base, alpha)
     w = topo.mixing_matrix(round_idx)
     click.echo(f"topology {topology}  N = {workers}"
@@ -152,7 +142,6 @@ def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: flo
 
 
 def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) -> int:
-    from .compare import CompareError, compare_table, load_run, plot
     try:
         runs = [load_run(d) for d in run_dirs]
         _warn_damage(runs)
@@ -168,7 +157,6 @@ def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) 
 
 
 def show_command(run_dir: str) -> int:
-    from .compare import CompareError, load_run, show_run
     try:
         run = load_run(run_dir)
     except CompareError as exc:
@@ -181,7 +169,6 @@ def show_command(run_dir: str) -> int:
 
 def _console(pipe_width: int):
     """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
-    from rich.console import Console
     return Console(width=None if sys.stdout.isatty() else pipe_width)
 
 
@@ -192,9 +179,6 @@ def _warn_damage(runs) -> None:
 
 
 def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int:
-    from pathlib import Path
-
-    from .sweep import markdown_section, run_sweep, update_results_page
     name = Path(preset).stem
     out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
     result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms))
@@ -213,9 +197,6 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
 
 
 def netem_show_command(cfg: Config) -> None:
-    from rich.table import Table
-
-    from .netplan import shaping_decision
     plan, decision = shaping_decision(cfg)
     table = Table(title=f"profile {plan.profile!r}, {plan.workers} workers"
                         + (f" ({plan.note})" if getattr(plan, "note", "") else ""))
@@ -232,17 +213,13 @@ def netem_show_command(cfg: Config) -> None:
 
 
 def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int:
-    from .compare import links_table
-    from .netplan import open_network, shaped, used_pairs
-    from .worker import build_topology
     if not shaped(cfg):
         click.echo("error: nothing to probe: give a --bw-profile (and a shaper other than none)",
                    err=True)
         return 2
-    from netem.probe import probe_links
-    with open_network(cfg) as net:
+    with open_network(cfg) as network:
         pairs = used_pairs(cfg, build_topology(cfg)) if topology_only else None
-        rows = probe_links(net.session, pairs, seconds_per_link=seconds)
+        rows = probe_links(network.session, pairs, seconds_per_link=seconds)
     _console(120).print(links_table(rows))
     missed = [r for r in rows if not r["ok"]]
     click.echo(f"{len(rows) - len(missed)} of {len(rows)} links within 10% of their target")

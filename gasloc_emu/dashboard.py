@@ -53,9 +53,10 @@ class Header:
 
 def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
     """The header for a resolved Config; ``shaper`` is the one actually in use, when known."""
+    # these load torch; render() and the snapshot code must not need it
     from .algorithms import momentum_value
     from .model import shape_from_config
-    from .worker import build_topology
+    from .topology import build_topology
     topo = build_topology(cfg)
     return Header(
         algorithm=cfg.algo.name,

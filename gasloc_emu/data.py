@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .model import shape_from_config
+
 _SPLIT_BLOCK = 1 << 16  # the train/val split interleaves 64 KiB blocks, so both see every file kind
 
 
@@ -147,3 +149,9 @@ def evaluate(model: torch.nn.Module, batches, device: str | torch.device = "cpu"
     losses = [model(x.to(device), y.to(device))[1].item() for x, y in batches]
     model.train(was_training)
     return float(np.mean(losses))
+
+
+def build_corpus(cfg) -> Corpus:
+    """The corpus of a resolved ``Config``: token ids sized for its model, one shard per worker."""
+    shape = shape_from_config(cfg.model)
+    return Corpus(cfg.data, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)

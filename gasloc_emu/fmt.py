@@ -31,3 +31,19 @@ def count(v) -> str:
 
 def mbit(v) -> str:
     return f"{v:.1f} Mbit/s" if finite(v) else "-"
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}" if math.isfinite(v) else "-"
+    return "-" if v is None else str(v)
+
+
+def summary_lines(summary: dict, record_path) -> list[str]:
+    """The two lines a finished run ends with: its headline numbers, and where its record is."""
+    predicted = summary.get("predicted_wall_s")
+    return [f"final eval loss {_num(summary.get('final_eval_loss'))}  "
+            f"consensus {_num(summary.get('consensus_distance'))}  "
+            f"wall {_num(summary.get('wall_s'))}s"
+            + (f"  predicted wall {_num(predicted)}s" if predicted is not None else ""),
+            f"run record: {record_path}"]

@@ -8,7 +8,6 @@ period; the metrics written so far stay, and summary.json records the failure.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,21 +16,28 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-import click
 import zmq
 
 from . import records
 from .config import Config
+from .devices import DeviceAssignment, threads_per_worker, worker_devices
+from .launch_spec import LaunchSpec
+from .model import count_parameters
+from .netplan import open_network, used_pairs
+from .preflight import Preflight
+from .summary import final_summary
 from .transport import control
-from .worker import threads_per_worker
+
+Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
 _READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
 _EXIT_GRACE_S = 10.0
 _PEER_TIMEOUT_FLOOR_S = 600.0
 
 
-def peer_timeout_s(cfg: Config, net) -> float:
+def peer_timeout_s(cfg: Config, network) -> float:
     """How long a worker waits for one peer message before it fails the run itself.
 
     Liveness is the supervisor's job: a worker that dies or goes silent for
@@ -40,8 +46,7 @@ def peer_timeout_s(cfg: Config, net) -> float:
     legitimate wait: the peer's local steps, and one whole parameter message over the slowest
     configured link (gpt2 over 5 Mbit/s takes minutes).
     """
-    from .model import count_parameters
-    rates = [net.configured_mbit(a, b) for a in range(cfg.workers)
+    rates = [network.configured_mbit(a, b) for a in range(cfg.workers)
              for b in range(cfg.workers) if a != b]
     rates = [r for r in rates if r]
     bits = count_parameters(cfg.model) * 32  # float32 parameters, the whole model in one message
@@ -57,24 +62,11 @@ class Interrupted(RuntimeError):
     """Ctrl-C or SIGTERM on the launcher."""
 
 
-def worker_devices(cfg: Config, workers: int) -> tuple[list[str], list[dict]]:
-    """Device name per worker and its environment: cuda:k round-robin, else CPU."""
-    import torch
-    want = cfg.run.device
-    ngpu = torch.cuda.device_count() if want in ("auto", "cuda") else 0
-    if want == "cuda" and ngpu == 0:
-        raise RunFailed("run.device = 'cuda' but no GPU is visible")
-    if ngpu:
-        return ([f"cuda:{k % ngpu}" for k in range(workers)],
-                [{"CUDA_VISIBLE_DEVICES": str(k % ngpu)} for k in range(workers)])
-    return ["cpu"] * workers, [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(workers)]
-
-
 @dataclass
 class WorkerSlot:
     rank: int
     proc: subprocess.Popen
-    device: str
+    device: DeviceAssignment
     last_seen: float
     round: int = -1
     ready: dict | None = None
@@ -86,10 +78,10 @@ class WorkerSlot:
 class Supervisor:
     """Runs one emulator job from spawn to summary."""
 
-    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, net, devices,
-                 progress=None):
-        self.cfg, self.dir, self.rec, self.net, self.progress = cfg, run_dir, rec, net, progress
-        self.devices, self.envs = devices
+    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, network,
+                 devices: list[DeviceAssignment], progress=None):
+        self.cfg, self.dir, self.rec, self.network = cfg, run_dir, rec, network
+        self.devices, self.progress = devices, progress
         self.ctx = zmq.Context()
         self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)
         self.router = self._bind(zmq.ROUTER, self.ctl_addr)
@@ -105,39 +97,44 @@ class Supervisor:
         return sock
 
     # -- lifecycle
-    def run(self, corpus) -> dict:
-        self._write_spec(self.devices)
-        for rank in range(self.cfg.workers):
-            self.slots.append(self._spawn(rank, self.devices[rank], self.envs[rank]))
+    def run(self, pre: Preflight) -> dict:
+        """The run's protocol, as the workers see it: spawn, start, finish, exit."""
+        self.launch_spec().write(self.dir)
+        self.slots = [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]
         self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
-        self.t0 = time.time()
-        peers = {str(s.rank): s.ready["addr"] for s in self.slots}
-        for s in self.slots:
-            self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
-        self.rec.write_json("workers.json", [{"rank": s.rank, "pid": s.proc.pid, "device": s.device,
-                                              "addr": s.ready["addr"]} for s in self.slots])
+        self._start()
         self._await(lambda s: s.final is not None, None, "finish")
         wall_s = time.time() - self.t0
         for s in self.slots:
             self._tell(s.rank, {"type": "exit"})
         self._reap(_EXIT_GRACE_S)
-        return self._summary(wall_s, corpus)
+        return self._summary(wall_s, pre)
 
-    def _write_spec(self, devices: list[str]) -> None:
-        spec = {"ctl": self.ctl_addr, "hb": self.hb_addr, "devices": devices,
-                "bind": [self.net.bind_address(r) for r in range(self.cfg.workers)],
-                "shaping": self.net.shaping_spec(), "threads": threads_per_worker(self.cfg),
-                "heartbeat_s": 0.5, "peer_timeout_s": peer_timeout_s(self.cfg, self.net),
-                "start_timeout_s": _READY_TIMEOUT_S + 60,
-                "exit_timeout_s": 3600.0}
-        (self.dir / "launch.json").write_text(json.dumps(spec, indent=2))
+    def launch_spec(self) -> LaunchSpec:
+        return LaunchSpec(
+            ctl_addr=self.ctl_addr, heartbeat_addr=self.hb_addr,
+            devices=tuple(d.device for d in self.devices),
+            bind_addrs=tuple(self.network.bind_address(r) for r in range(self.cfg.workers)),
+            shaping=self.network.shaping_spec(), threads=threads_per_worker(self.cfg),
+            heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
+            start_timeout_s=_READY_TIMEOUT_S + 60, exit_timeout_s=3600.0)
 
-    def _spawn(self, rank: int, device: str, env_extra: dict) -> WorkerSlot:
+    def _start(self) -> None:
+        """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
+        self.t0 = time.time()
+        peers = {str(s.rank): s.ready["addr"] for s in self.slots}
+        for s in self.slots:
+            self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
+        self.rec.write_json("workers.json", [
+            {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device, "gpu": s.device.gpu,
+             "addr": s.ready["addr"]} for s in self.slots])
+
+    def _spawn(self, rank: int, device: DeviceAssignment) -> WorkerSlot:
         logs = self.dir / "workers"
         logs.mkdir(exist_ok=True)
-        argv = self.net.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
-                                    str(self.dir), str(rank)])
-        env = os.environ | env_extra | {"PYTHONUNBUFFERED": "1"}
+        argv = self.network.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
+                                        str(self.dir), str(rank)])
+        env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"}
         with open(logs / f"worker{rank}.log", "wb") as log:
             # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -163,7 +160,7 @@ class Supervisor:
             self._on_heartbeat(control.unpack(self.pull.recv()))
         while self.router in events and self.router.poll(0):
             self._on_control(self.router.recv_multipart(copy=False))
-        rows = self.link_meter.rows(self.net.configured_mbit)
+        rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
             self.progress({"kind": "links", "links": rows})
 
@@ -176,7 +173,7 @@ class Supervisor:
         if isinstance(msg.get("sent"), dict):
             self.link_meter.update(slot.rank, msg["sent"])
         if self.progress is not None:
-            self.progress({"kind": "status", "worker": slot.rank, "device": slot.device,
+            self.progress({"kind": "status", "worker": slot.rank, "device": slot.device.label,
                            "state": msg.get("state"), "peer": msg.get("peer"),
                            "round": msg.get("round"), "step": msg.get("step")})
 
@@ -206,7 +203,7 @@ class Supervisor:
         slot.final = msg
 
     def _on_error(self, slot: WorkerSlot, msg: dict, extra) -> None:
-        raise RunFailed(f"worker {slot.rank} failed at round {slot.round}: {msg.get('error')}")
+        raise RunFailed(f"worker {slot.rank} failed {self._when(slot)}: {msg.get('error')}")
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
@@ -215,14 +212,23 @@ class Supervisor:
             if code is not None and not done(s) and s.final is None:
                 self._serve(0.2)  # its last words (an error message) may still be in flight
                 how = f"signal {-code}" if code < 0 else f"exit code {code}"
-                raise RunFailed(f"worker {s.rank} died ({how}) at round {max(s.round, 0)}; "
+                raise RunFailed(f"worker {s.rank} died ({how}) {self._when(s)}; "
                                 f"log: {self.dir / 'workers' / f'worker{s.rank}.log'}")
             # before it is ready a worker may be importing torch on a busy machine: the ready
             # timeout covers that; once it trains, silence means trouble
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
             if silent and s.ready is not None and s.final is None:
                 raise RunFailed(f"worker {s.rank} silent for {now - s.last_seen:.0f} s "
-                                f"(last round {s.round})")
+                                f"{self._when(s)}")
+
+    def _when(self, slot: WorkerSlot) -> str:
+        """Where a worker was when it failed: rows come at the end of a round, so the round in
+        progress is the one after the last row (or the final evaluation after the last round)."""
+        if slot.ready is None or not self.t0:
+            return "before training"
+        if slot.round + 1 >= self.cfg.run.rounds:
+            return "after its last round"
+        return f"in round {slot.round + 1}"
 
     def _tell(self, rank: int, msg: dict) -> None:
         try:
@@ -259,12 +265,11 @@ class Supervisor:
         self.ctx.term()
 
     # -- results
-    def _summary(self, wall_s: float, corpus) -> dict:
-        from .worker import build_topology, final_summary
+    def _summary(self, wall_s: float, pre: Preflight) -> dict:
         sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
         out = final_summary(self.cfg, [s.theta for s in self.slots],
                             [s.final["eval_loss"] for s in self.slots],
-                            corpus.eval_batches(), wall_s, sent, build_topology(self.cfg))
+                            pre.corpus.eval_batches(), wall_s, sent, pre.topology)
         out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in self.slots)
         return out
 
@@ -329,61 +334,67 @@ class _SigTerm:
         signal.signal(signal.SIGTERM, self.prev)
 
 
-def launch(cfg: Config, out: str | None, dry_run: bool = False, progress_factory=None) -> int:
-    """``gasloc-emu run``: validate, build the network, run the workers, write the record."""
-    from .netplan import open_network
-    from .simulate import build_corpus
-    from .worker import build_topology
-    build_topology(cfg)
-    corpus = build_corpus(cfg)  # bad data fails before anything is created; evaluates at the end
-    from .app import momentum_warning
-    unstable = momentum_warning(cfg)
-    if unstable:
-        click.echo(f"warning: {unstable}", err=True)
+@dataclass
+class LaunchResult:
+    """What ``launch`` hands back to the command layer, which prints it."""
+
+    code: int                       # 0 ok, 1 the run failed, 130 stopped by Ctrl-C or SIGTERM
+    summary: dict = field(default_factory=dict)
+    record: Path | None = None      # the run folder (None for a dry run)
+    dry_run_text: str | None = None  # the network commands a dry run would execute
+
+    @property
+    def error(self) -> str | None:
+        return self.summary.get("error")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def launch(cfg: Config, pre: Preflight, out: str | None, *, dry_run: bool = False,
+           progress_factory=None, log: Log = _stderr) -> LaunchResult:
+    """``gasloc-emu run`` after its preflight: build the network, run the workers, keep a record."""
     with ExitStack() as stack:
-        net = stack.enter_context(open_network(cfg, dry_run=dry_run))
+        network = stack.enter_context(open_network(cfg, dry_run=dry_run))
         if dry_run:
-            click.echo(net.dry_run_text())
-            return 0
-        devices = worker_devices(cfg, cfg.workers)
-        warnings = _probe_links(cfg, net) if cfg.net.probe and net.shaper != "none" else []
+            return LaunchResult(0, dry_run_text=network.dry_run_text())
+        devices = worker_devices(cfg.run.device, cfg.workers)
+        warnings = _probe_links(cfg, pre, network, log) if _probes(cfg, network) else []
         path = records.new_run_dir(cfg, out)
         rec = stack.enter_context(records.RunRecord(path, cfg))
         prog = None
         if progress_factory is not None:
-            prog = stack.enter_context(progress_factory(devices[0], net.shaper))
+            prog = stack.enter_context(progress_factory([d.label for d in devices],
+                                                        network.shaper))
             for text in warnings:
                 prog({"kind": "warning", "text": text})
-        code, summary = _supervise(Supervisor(cfg, path, rec, net, devices, prog), corpus)
-    # after the dashboard has stopped, so that these lines stay below it
-    if code == 0:
-        from .app import print_summary
-        print_summary(summary, path)
-    else:
-        click.echo(f"error: {summary.get('error')}", err=True)
-    return code
+        code, summary = _supervise(Supervisor(cfg, path, rec, network, devices, prog), pre)
+    return LaunchResult(code, summary, path)
 
 
-def _probe_links(cfg: Config, net) -> list[str]:
+def _probes(cfg: Config, network) -> bool:
+    return cfg.net.probe and network.shaper != "none"
+
+
+def _probe_links(cfg: Config, pre: Preflight, network, log: Log) -> list[str]:
     """Measure the links training will use; a warning for each that misses its target by >10%."""
-    from .netplan import used_pairs
-    from .worker import build_topology
-    pairs = used_pairs(cfg, build_topology(cfg))
-    click.echo(f"probing {len(pairs)} links ...", err=True)
-    rows = net.probe(pairs)
+    pairs = used_pairs(cfg, pre.topology)
+    log(f"probing {len(pairs)} links ...")
+    rows = network.probe(pairs)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
                 f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
                 f"{r['configured_latency_ms']} ms" for r in rows if not r["ok"]]
     for text in warnings:
-        click.echo(f"warning: {text}", err=True)
+        log(f"warning: {text}")
     return warnings
 
 
-def _supervise(sup: Supervisor, corpus) -> tuple[int, dict]:
+def _supervise(sup: Supervisor, pre: Preflight) -> tuple[int, dict]:
     code, summary = 0, {}
     try:
         with _SigTerm():
-            summary = sup.run(corpus)
+            summary = sup.run(pre)
     except (RunFailed, KeyboardInterrupt, Interrupted) as exc:
         reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
         code = 1 if isinstance(exc, RunFailed) else 130
@@ -392,7 +403,7 @@ def _supervise(sup: Supervisor, corpus) -> tuple[int, dict]:
         sup.stop_all()
     finally:
         sup.close()
-        summary |= {"mode": "run"} | sup.net.describe_summary()
+        summary |= {"mode": "run"} | sup.network.describe_summary()
         sup.rec.summary(summary)
-        sup.rec.write_json("links.json", sup.net.links_record(sup.link_bytes()))
+        sup.rec.write_json("links.json", sup.network.links_record(sup.link_bytes()))
     return code, summary

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import ConfigError
+
 PRESETS = {
     # name: (n_layer, n_head, n_embd, block_size, vocab_size)
     "tiny": (2, 2, 64, 64, 256),        # ~0.12M parameters: CI and integration tests
@@ -38,7 +40,6 @@ def shape_from_config(mcfg) -> GPTShape:
     for key in base:
         base[key] = getattr(mcfg, key) or base[key]
     if base["n_embd"] % base["n_head"]:
-        from .config import ConfigError
         raise ConfigError(f"model.n_embd = {base['n_embd']} must be divisible by "
                          f"model.n_head = {base['n_head']}")
     return GPTShape(dropout=mcfg.dropout, **base)
@@ -136,8 +137,8 @@ def flatten_parameters(model: nn.Module) -> torch.Tensor:
 def count_parameters(mcfg) -> int:
     """Parameters of the configured model, counted on the meta device (nothing allocated)."""
     with torch.device("meta"):
-        net = GPT(shape_from_config(mcfg))
-    return net.num_params()
+        gpt = GPT(shape_from_config(mcfg))
+    return gpt.num_params()
 
 
 def build_model(mcfg, seed: int, device: str | torch.device = "cpu") -> tuple[GPT, torch.Tensor]:

@@ -109,6 +109,18 @@ def shaped(cfg: Config) -> bool:
     return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
 
 
+def sim_link_model(cfg: Config):
+    """The simulator's link model from the bandwidth profile, or None when unshaped.
+
+    Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``; the virtual
+    clock then predicts nothing, as the emulator then shapes nothing.
+    """
+    if not shaped(cfg):
+        return None
+    from netem.profiles import build_link_plan  # netem loads only for shaped runs
+    return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
+
+
 def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     """Re-exec the launcher in its own user + network + mount namespace when tc will shape.
 

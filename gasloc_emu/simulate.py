@@ -15,36 +15,41 @@ from typing import Callable
 
 import torch
 
-from . import data, model
+from . import data
 from .config import Config
+from .devices import simulator_device, threads_per_worker
 from .records import RunRecord
+from .summary import final_summary
+from .topology import build_topology
+from .transport.faults import InjectedFault, plan_from_config, with_fault
 from .transport.memory import Hub, LinkModel
 from .virtual_clock import slots_for
-from .worker import Worker, build_topology, final_summary, threads_per_worker
+from .worker import Worker
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
 
 
-def build_corpus(cfg: Config) -> data.Corpus:
-    shape = model.shape_from_config(cfg.model)
-    return data.Corpus(cfg.data, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)
-
-
 def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
-             link_model: LinkModel | None = None, corpus: data.Corpus | None = None) -> dict:
-    """Run ``cfg`` in one process, write the run record under ``out``, return the summary."""
+             link_model: LinkModel | None = None, corpus: data.Corpus | None = None,
+             device: str | None = None) -> dict:
+    """Run ``cfg`` in one process, write the run record under ``out``, return the summary.
+
+    Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
+    the CPU); they take turns, so one device is shared without contention.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
     try:
-        return _simulate(cfg, Path(out), progress, link_model, corpus)
+        return _simulate(cfg, Path(out), progress, link_model, corpus,
+                         device or simulator_device(cfg.run.device))
     finally:
         torch.set_num_threads(threads)
 
 
-def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
+def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str) -> dict:
     t_start = time.perf_counter()
-    corpus = corpus or build_corpus(cfg)
+    corpus = corpus or data.build_corpus(cfg)
     topo = build_topology(cfg)
     slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
@@ -54,7 +59,7 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus) -> dict:
                 progress(row)
 
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit)
-        workers = [Worker(cfg, r, hub.transport(r), corpus, "cpu", topo)
+        workers = [Worker(cfg, r, _transport(cfg, hub, r), corpus, device, topo)
                    for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
                                     args=(w, hub, cfg.run.rounds), daemon=True)
@@ -85,6 +90,23 @@ def cpu_slots(cfg: Config) -> float:
     the kernel shares the cores among the emulator's busy processes.
     """
     return slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
+
+
+def _transport(cfg: Config, hub: Hub, rank: int):
+    """Worker ``rank``'s in-memory transport, failing where ``cfg.fault`` says.
+
+    An injected exit ends the worker's thread (a thread cannot exit alone); a hang parks it
+    until the hub's stall check sees that nobody can move and aborts the run.
+    """
+    plan = plan_from_config(cfg)
+
+    def exit_(code: int) -> None:
+        raise InjectedFault(f"{plan.describe()}: worker {rank} exited with code {code}")
+
+    def hang() -> None:
+        hub.hang(rank, plan.round)
+
+    return with_fault(hub.transport(rank), plan, rank, exit_, hang)
 
 
 def _worker_loop(w: Worker, hub: Hub, rounds: int) -> None:

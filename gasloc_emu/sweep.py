@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import shutil
 import time
@@ -33,6 +34,7 @@ import numpy as np
 
 from . import config as C
 from .compare import load_run, matplotlib_figure, time_to_target
+from .netplan import sim_link_model
 
 
 @dataclass(frozen=True)
@@ -104,14 +106,16 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
         return out  # resumable: a finished run is not repeated
     if out.exists():
         shutil.rmtree(out)  # a run cut short: start it again from nothing
+    from .preflight import preflight  # loads torch, which reading results does not need
+    pre = preflight(cfg)
     if mode == "simulate":
-        from .app import sim_link_model
         from .simulate import simulate
-        simulate(cfg, out, link_model=sim_link_model(cfg))
+        simulate(cfg, out, link_model=sim_link_model(cfg), corpus=pre.corpus)
     else:
         from .launcher import launch
-        if launch(C.replace(cfg, **{"run.dashboard": "off"}), str(out)) != 0:
-            raise RuntimeError(f"run failed: see {out}/summary.json")
+        result = launch(C.replace(cfg, **{"run.dashboard": "off"}), pre, str(out))
+        if result.code != 0:
+            raise RuntimeError(f"run failed ({result.error}): see {out}/summary.json")
     return out
 
 
@@ -248,9 +252,7 @@ def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    import os
-
-    import torch
+    import torch  # only when a sweep has run, so it is loaded already
     return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

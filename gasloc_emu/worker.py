@@ -6,10 +6,8 @@ process (ZeroMQ transport); only the transport and the device differ.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 
@@ -17,34 +15,13 @@ from . import algorithms, data, model, topology
 from .config import Config
 
 
-def threads_per_worker(cfg: Config) -> int:
-    """Torch CPU threads per worker, so that N emulator processes do not oversubscribe the cores.
-
-    The simulator uses the same number: CPU kernels sum in an order that depends on the thread
-    count, so equal counts are what make simulator and emulator agree to the last bit.
-    """
-    return cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1) // cfg.workers)
-
-
-def make_optimizer(net: torch.nn.Module, icfg) -> torch.optim.AdamW:
+def make_optimizer(gpt: torch.nn.Module, icfg) -> torch.optim.AdamW:
     """Inner AdamW; matrices get weight decay, biases and norms do not (as in nanoGPT)."""
-    decay = [p for p in net.parameters() if p.dim() >= 2]
-    rest = [p for p in net.parameters() if p.dim() < 2]
+    decay = [p for p in gpt.parameters() if p.dim() >= 2]
+    rest = [p for p in gpt.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": icfg.weight_decay},
               {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=icfg.lr, betas=(icfg.beta1, icfg.beta2))
-
-
-@lru_cache(maxsize=16)
-def build_topology(cfg: Config) -> topology.Topology | None:
-    """The gossip graph, or None for DiLoCo (its peers are fixed by the ring All-Reduce).
-
-    Memoised per (frozen, hashable) config: validation, the momentum check, the link probe, the
-    dashboard header and the summary all share one graph and its cached lambda_2.
-    """
-    if cfg.algo.name == "diloco":
-        return None
-    return topology.from_config(cfg)
 
 
 @dataclass
@@ -74,11 +51,11 @@ class Worker:
     def __init__(self, cfg: Config, rank: int, transport, corpus: data.Corpus,
                  device: str | torch.device = "cpu", topo: topology.Topology | None = None):
         self.cfg, self.rank, self.transport, self.device = cfg, rank, transport, device
-        self.net, self.theta = model.build_model(cfg.model, cfg.seed, device)
-        self.opt = make_optimizer(self.net, cfg.algo.inner)
+        self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
+        self.opt = make_optimizer(self.gpt, cfg.algo.inner)
         self.shard = corpus.shard(rank)
         self.eval_set = corpus.eval_batches()
-        self.topology = topo if topo is not None else build_topology(cfg)
+        self.topology = topo if topo is not None else topology.build_topology(cfg)
         self.algo = algorithms.make(cfg.algo, rank, transport, self.topology)
         self.algo.begin(self.theta)
         self.steps_per_round = cfg.algo.steps_for(rank)
@@ -90,11 +67,11 @@ class Worker:
         clip = self.cfg.algo.inner.grad_clip
         for _ in range(self.steps_per_round):
             x, y = self.shard.batch(self.device)
-            _, loss = self.net(x, y)
+            _, loss = self.gpt(x, y)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.net.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), clip)
             self.opt.step()
             losses.append(loss.detach())
             self.step += 1
@@ -120,7 +97,7 @@ class Worker:
             peers=self.algo.peers(round_idx))
 
     def evaluate(self) -> float:
-        return data.evaluate(self.net, self.eval_set, self.device)
+        return data.evaluate(self.gpt, self.eval_set, self.device)
 
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every
@@ -129,36 +106,3 @@ class Worker:
 
 def _total(per_peer: dict) -> int:
     return int(sum(per_peer.values()))
-
-
-def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
-    """The average model (summed in rank order) and the RMS distance of workers to it."""
-    mean = thetas[0].detach().to("cpu", torch.float64).clone()
-    for t in thetas[1:]:
-        mean.add_(t.detach().to("cpu", torch.float64))
-    mean.div_(len(thetas))
-    sq = [float((t.detach().to("cpu", torch.float64) - mean).pow(2).sum()) for t in thetas]
-    return mean.to(thetas[0].dtype), math.sqrt(sum(sq) / len(sq))
-
-
-def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
-                  wall_s: float, bytes_sent: int, topo: topology.Topology | None) -> dict:
-    """The summary every run record ends with; the average model is evaluated on the CPU."""
-    avg, consensus = average_and_consensus(thetas)
-    net, flat = model.build_model(cfg.model, cfg.seed, "cpu")
-    with torch.no_grad():
-        flat.copy_(avg)
-    return {
-        "status": "ok", "algorithm": cfg.algo.name,
-        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
-        "workers": cfg.workers, "rounds": cfg.run.rounds,
-        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
-        "lambda2": None if topo is None else topo.lambda2,
-        "gamma": algorithms.momentum_value(cfg.algo, topo)
-        if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
-        "final_eval_loss": data.evaluate(net, eval_set), "worker_eval_loss": worker_eval,
-        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
-        # the simulator's virtual clock fills these in: its prediction, and the CPU slots
-        # (cores / threads per worker) it shared among workers computing at once
-        "predicted_wall_s": None, "cpu_slots": None,
-    }

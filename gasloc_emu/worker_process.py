@@ -1,21 +1,28 @@
 """The entry point of one emulator worker process: ``python -m gasloc_emu.worker_process DIR RANK``.
 
-It reads the resolved config and its launch spec from the run directory, binds its data-plane
-address, reports it, waits for the launcher's start (with every peer's address), trains, and
-sends its metrics and final parameters over the control plane. It dies with the launcher
-(PR_SET_PDEATHSIG) and stops when told to, when a peer is lost, or on any error, which it
-reports before exiting non-zero.
+It reads the resolved config and its ``LaunchSpec`` from the run directory, then follows the
+run's protocol in three named steps (``WorkerProcess.serve``):
+
+- connect: build the corpus and the data-plane transport, report its address (ready), wait for
+  the launcher's start with every peer's address;
+- train: the rounds, one metrics row to the launcher after each;
+- report: evaluate, send the final parameters, wait for the launcher's exit.
+
+It dies with the launcher (PR_SET_PDEATHSIG) and stops when told to, when a peer is lost, or on
+any error, which it reports before exiting non-zero.
 """
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from .launch_spec import LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
 
@@ -59,21 +66,40 @@ class Heartbeat(threading.Thread):
         self.sock.close()
 
 
+@dataclass
+class WorkerState:
+    """What the heartbeat thread reports: the training thread writes it, the beat reads it."""
+
+    round: int = -1
+    step: int = 0
+    phase: str = "starting"  # starting, computing, communicating, evaluating, done
+    transport: object = None  # the ZmqTransport once built: who we wait for, bytes per peer
+
+    def status(self) -> dict:
+        tp = self.transport
+        peer = tp.waiting_for if tp is not None else None
+        phase = self.phase
+        if phase == "communicating":
+            phase = "waiting" if peer is not None else "sending"
+        sent = dict(tp.bytes_sent) if tp is not None else {}  # cumulative, per peer: link meters
+        return {"round": self.round, "step": self.step, "state": phase, "peer": peer,
+                "sent": sent}
+
+
 def main(argv: list[str]) -> int:
     die_with_parent()
     run_dir, rank = Path(argv[0]), int(argv[1])
-    spec = json.loads((run_dir / "launch.json").read_text())
-    threads = spec["threads"]
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    spec = LaunchSpec.read(run_dir)
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     import torch
-    torch.set_num_threads(threads)
+    torch.set_num_threads(spec.threads)
     import zmq
 
     from .transport.control import WorkerControl
     ctx = zmq.Context()
-    ctl = WorkerControl(ctx, spec["ctl"], rank)
+    ctl = WorkerControl(ctx, spec.ctl_addr, rank)
     try:
-        return _serve(run_dir, rank, spec, ctx, ctl)
+        return WorkerProcess(run_dir, rank, spec, ctx, ctl).serve()
     except BaseException as exc:  # noqa: BLE001 - report every failure to the launcher, then exit
         ctl.send({"type": "error", "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -82,82 +108,101 @@ def main(argv: list[str]) -> int:
         ctx.term()
 
 
-def _serve(run_dir: Path, rank: int, spec: dict, ctx, ctl) -> int:
-    from . import config
-    from .simulate import build_corpus
-    from .transport.zmq_transport import ZmqTransport
-    from .worker import Worker
+class WorkerProcess:
+    """One worker's side of the run protocol: connect, train, report."""
 
-    state = {"round": -1, "step": 0, "phase": "starting", "transport": None}
-    hb = Heartbeat(ctx, spec["hb"], rank, spec["heartbeat_s"], lambda: _status(state))
-    hb.start()
-    tp = None
-    try:
-        cfg = config.resolve(run_dir / "config.toml")
-        device = spec["devices"][rank]
-        corpus = build_corpus(cfg)
+    def __init__(self, run_dir: Path, rank: int, spec: LaunchSpec, ctx, ctl):
+        from . import config
+        self.rank, self.spec, self.ctx, self.ctl = rank, spec, ctx, ctl
+        self.cfg = config.resolve(run_dir / "config.toml")
+        self.state = WorkerState()
+        self.transport = None
+        self.worker = None
+
+    def serve(self) -> int:
+        self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
+                                        self.spec.heartbeat_s, self.state.status)
+        hb.start()
+        try:
+            start = self.connect()
+            if start is None:
+                return 0
+            self.train(start["t0"])
+            if not self.ctl.stop_requested:
+                self.report()
+            return 0
+        finally:
+            hb.stop()
+            if self.transport is not None:
+                self.transport.close()
+
+    def connect(self) -> dict | None:
+        """Bind the data plane, say ready, and wait for start; None when told to stop instead."""
+        # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
+        from .data import build_corpus
         from .model import count_parameters
-        tp = ZmqTransport(rank, cfg.workers, spec["bind"][rank], ctx=ctx,
-                          max_numel=count_parameters(cfg.model),
-                          recv_timeout_s=spec["peer_timeout_s"],
-                          should_stop=ctl.poll_stop, shaping=_shaping(spec, rank))
-        state["transport"] = tp
-        ctl.send({"type": "ready", "addr": tp.address, "device": device})
-        start = ctl.wait_for("start", spec["start_timeout_s"])
+        from .transport.faults import plan_from_config, with_fault
+        from .transport.zmq_transport import ZmqTransport
+        from .worker import Worker
+        corpus = build_corpus(self.cfg)
+        self.transport = tp = ZmqTransport(
+            self.rank, self.cfg.workers, self.spec.bind_addrs[self.rank], ctx=self.ctx,
+            max_numel=count_parameters(self.cfg.model), recv_timeout_s=self.spec.peer_timeout_s,
+            should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank))
+        self.state.transport = tp
+        device = self.spec.devices[self.rank]
+        self.ctl.send({"type": "ready", "addr": tp.address, "device": device})
+        start = self.ctl.wait_for("start", self.spec.start_timeout_s)
         if start["type"] == "stop":
-            return 0
+            return None
         tp.connect({int(k): v for k, v in start["peers"].items()})
-        worker = Worker(cfg, rank, tp, corpus, device)
-        _train(cfg, worker, ctl, state, start["t0"])
-        if ctl.stop_requested:
-            return 0
-        state["phase"] = "evaluating"
-        ev = worker.evaluate()
-        theta = worker.theta.detach().to("cpu")
+        faulty = with_fault(tp, plan_from_config(self.cfg), self.rank, os._exit, self._hang)
+        self.worker = Worker(self.cfg, self.rank, faulty, corpus, device)
+        return start
+
+    def _hang(self) -> None:
+        """An injected hang: no heartbeat, no progress, until the launcher kills this process."""
+        self.heartbeat.stop()
+        threading.Event().wait()
+
+    def train(self, t0: float) -> None:
+        """Every round, then one metrics row for the launcher; returns early when told to stop."""
+        worker, state = self.worker, self.state
+        for t in range(self.cfg.run.rounds):
+            if self.ctl.poll_stop():
+                return
+            state.round, state.phase = t, "computing"
+            stats = worker.run_round(t, on_compute_done=self._communicating)
+            state.step = worker.step
+            if worker.should_eval(t):
+                state.phase = "evaluating"
+                stats.eval_loss = worker.evaluate()
+            row = stats.as_dict() | {"time_s": time.time() - t0,
+                                     "dropped": self.transport.counters()["dropped"]}
+            self.ctl.send({"type": "metric", "row": row})
+
+    def _communicating(self, compute_s: float) -> None:
+        self.state.phase = "communicating"
+
+    def report(self) -> None:
+        """Evaluate, send the final parameters as one raw frame, and wait to be let go."""
         from .transport.control import tensor_frame
-        ctl.send({"type": "final", "eval_loss": ev, "dtype": str(theta.dtype).split(".")[-1],
-                  "numel": theta.numel(), "counters": tp.counters()}, tensor_frame(theta))
-        state["phase"] = "done"
-        ctl.wait_for("exit", spec["exit_timeout_s"])
-        return 0
-    finally:
-        hb.stop()
-        if tp is not None:
-            tp.close()
+        self.state.phase = "evaluating"
+        eval_loss = self.worker.evaluate()
+        theta = self.worker.theta.detach().to("cpu")
+        self.ctl.send({"type": "final", "eval_loss": eval_loss,
+                       "dtype": str(theta.dtype).split(".")[-1], "numel": theta.numel(),
+                       "counters": self.transport.counters()}, tensor_frame(theta))
+        self.state.phase = "done"
+        self.ctl.wait_for("exit", self.spec.exit_timeout_s)
 
 
-def _train(cfg, worker, ctl, state: dict, t0: float) -> None:
-    for t in range(cfg.run.rounds):
-        if ctl.poll_stop():
-            return
-        state.update(round=t, phase="computing")
-        stats = worker.run_round(t, on_compute_done=lambda s: state.update(phase="communicating"))
-        state["step"] = worker.step
-        if worker.should_eval(t):
-            state["phase"] = "evaluating"
-            stats.eval_loss = worker.evaluate()
-        row = stats.as_dict() | {"time_s": time.time() - t0,
-                                 "dropped": worker.transport.counters()["dropped"]}
-        ctl.send({"type": "metric", "row": row})
-
-
-def _status(state: dict) -> dict:
-    tp = state["transport"]
-    peer = tp.waiting_for if tp is not None else None
-    phase = state["phase"]
-    if phase == "communicating":
-        phase = "waiting" if peer is not None else "sending"
-    sent = dict(tp.bytes_sent) if tp is not None else {}  # cumulative, per peer: link meters
-    return {"round": state["round"], "step": state["step"], "state": phase, "peer": peer,
-            "sent": sent}
-
-
-def _shaping(spec: dict, rank: int):
+def _shaping(spec: LaunchSpec, rank: int):
     """The userspace shaper for this worker, when the launcher chose one."""
-    if not spec.get("shaping"):
+    if not spec.shaping:
         return None
     from netem.userspace import shaping_from_spec
-    return shaping_from_spec(spec["shaping"], rank)
+    return shaping_from_spec(spec.shaping, rank)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,12 @@ How the launcher uses this (tc shaper):
    gone). It returns False where user namespaces are disabled: then real root builds the same
    topology in the host's namespace under run-prefixed names (``gl<run>-...``), which
    ``clean_leftovers`` removes after a kill -9; without root the userspace shaper is used.
-2. ``with NetworkSession(plan, decision, run_id) as net:`` builds everything (inside the user
+2. ``with NetworkSession(plan, decision, run_id) as session:`` builds everything (inside the user
    namespace it first mounts a private tmpfs for ``ip netns``: ``prepare_userns``), and undoes it
    on exit, also on exceptions.
-3. Start worker k with ``net.wrap(k, argv)`` (``ip netns exec gl<run>-w<k> argv``: the same pid
-   runs argv inside the namespace), bind it to ``net.bind_address(k)``, give it
-   ``net.shaping_spec()`` (``netem.userspace.shaping_from_spec``).
+3. Start worker k with ``session.wrap(k, argv)`` (``ip netns exec gl<run>-w<k> argv``: the same pid
+   runs argv inside the namespace), bind it to ``session.bind_address(k)``, give it
+   ``session.shaping_spec()`` (``netem.userspace.shaping_from_spec``).
 """
 from __future__ import annotations
 

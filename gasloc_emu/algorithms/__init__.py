@@ -1,12 +1,13 @@
 """One file per algorithm, all over the narrow ``Transport`` interface; ``make`` picks one."""
 from __future__ import annotations
 
-from ..topology import Topology
+from ..topology import Topology, build_topology
 from ..transport.base import Transport
 from .base import OuterAlgorithm
 from .diloco import DiLoCo
 from .gasloc import GASLoC
 from .gossip import DSGD, PlainGossip
+
 
 def momentum_value(acfg, topology: Topology | None) -> float:
     """gamma as a number: the configured one, or gamma* of the graph for 'auto'."""
@@ -15,6 +16,23 @@ def momentum_value(acfg, topology: Topology | None) -> float:
             raise ValueError("algo.momentum = 'auto' needs a gossip graph (not diloco)")
         return topology.gamma_star
     return float(acfg.momentum)
+
+
+def momentum_warning(cfg) -> str | None:
+    """A warning when GASLoC's gamma makes gossip on this graph diverge, else None.
+
+    The outer momentum accelerates gossip only below the stability edge of its two-term
+    recursion on W's spectrum (docs/ALGORITHM.md, "gamma*"); past it a mode grows every round.
+    """
+    topo = build_topology(cfg)
+    if cfg.algo.name != "gasloc" or topo is None:
+        return None
+    gamma = momentum_value(cfg.algo, topo)
+    growth = topo.momentum_growth(gamma)
+    if growth < 1.0 - 1e-9:
+        return None
+    return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
+            f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
 
 def make(acfg, rank: int, transport: Transport, topology: Topology | None) -> OuterAlgorithm:
     if acfg.name == "gasloc":
@@ -27,5 +45,6 @@ def make(acfg, rank: int, transport: Transport, topology: Topology | None) -> Ou
         return PlainGossip(rank, transport, topology)
     raise ValueError(f"unknown algorithm {acfg.name!r}")
 
-__all__ = ["OuterAlgorithm", "GASLoC", "DiLoCo", "DSGD", "PlainGossip", "make",
-           "momentum_value"]
+
+__all__ = ["DSGD", "DiLoCo", "GASLoC", "OuterAlgorithm", "PlainGossip", "make",
+           "momentum_value", "momentum_warning"]

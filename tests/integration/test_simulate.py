@@ -13,6 +13,7 @@ import torch
 
 import gasloc_emu.simulate as sim
 from gasloc_emu import config as C
+from gasloc_emu.data import build_corpus
 from gasloc_emu.topology import Topology
 from gasloc_emu.worker import Worker
 
@@ -29,7 +30,7 @@ def make_cfg(**dotted) -> C.Config:
 
 @pytest.fixture(scope="module")
 def corpus():
-    return sim.build_corpus(make_cfg())
+    return build_corpus(make_cfg())
 
 
 @pytest.fixture
@@ -166,9 +167,9 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
     """Ring gossip at 8 Mbit/s + 10 ms: a round ends when the worker's own compute and both
     neighbours' models (queued on their links) are in; its compute is stretched at most by the
     CPU sharing."""
-    from gasloc_emu.app import sim_link_model
+    from gasloc_emu.netplan import sim_link_model
     from gasloc_emu.virtual_clock import slots_for
-    from gasloc_emu.worker import threads_per_worker
+    from gasloc_emu.devices import threads_per_worker
     cfg = make_cfg(**{"topology.name": "ring", "run.rounds": 3, "algo.local_steps": 1,
                       "net.bw_profile": "uniform", "net.rate_mbit": 8.0, "net.latency_ms": 10.0})
     out = tmp_path / "shaped"

@@ -186,7 +186,7 @@ def test_eval_batches_identical_for_every_worker():
 
 
 def test_workers_share_the_eval_set_and_evaluate_the_same_model_alike():
-    from gasloc_emu.simulate import build_corpus
+    from gasloc_emu.data import build_corpus
     from gasloc_emu.transport.memory import Hub
     from gasloc_emu.worker import Worker
     cfg = C.resolve(overrides={"workers": 2, "data.max_corpus_mb": 0.5, "data.eval_batches": 2})

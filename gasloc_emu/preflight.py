@@ -1,0 +1,35 @@
+"""What ``simulate`` and ``run`` check and build before they create anything.
+
+Bad input (an impossible graph, a model whose width does not split into its heads, a corpus too
+small for the workers) fails here, before a run folder, a namespace or a process exists. The
+checks that are only worth a warning (an outer momentum that makes gossip diverge) come back as
+text for the command layer to print.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .algorithms import momentum_warning
+from .config import Config
+from .data import Corpus, build_corpus
+from .devices import simulator_device
+from .model import shape_from_config
+from .topology import Topology, build_topology
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The checked pieces of one run: its graph, its corpus, and the warnings to show."""
+
+    topology: Topology | None  # None for DiLoCo, whose peers are the ring All-Reduce's
+    corpus: Corpus
+    warnings: tuple[str, ...] = ()
+
+
+def preflight(cfg: Config) -> Preflight:
+    """Check ``cfg`` against everything a run needs; raises the first bad-input error."""
+    topo = build_topology(cfg)
+    shape_from_config(cfg.model)
+    simulator_device(cfg.run.device)  # run.device = cuda without a GPU
+    warnings = tuple(w for w in (momentum_warning(cfg),) if w)
+    return Preflight(topo, build_corpus(cfg), warnings)

@@ -1,0 +1,46 @@
+"""The numbers every run record ends with: the average model, its loss, the consensus distance.
+
+Both the simulator and the launcher call ``final_summary`` with the workers' final parameters;
+the average is summed in rank order and evaluated on the CPU, so both give the same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import algorithms, data, model, topology
+from .config import Config
+
+
+def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """The average model (summed in rank order) and the RMS distance of workers to it."""
+    mean = thetas[0].detach().to("cpu", torch.float64).clone()
+    for t in thetas[1:]:
+        mean.add_(t.detach().to("cpu", torch.float64))
+    mean.div_(len(thetas))
+    sq = [float((t.detach().to("cpu", torch.float64) - mean).pow(2).sum()) for t in thetas]
+    return mean.to(thetas[0].dtype), math.sqrt(sum(sq) / len(sq))
+
+
+def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
+                  wall_s: float, bytes_sent: int, topo: topology.Topology | None) -> dict:
+    """The summary every run record ends with; the average model is evaluated on the CPU."""
+    avg, consensus = average_and_consensus(thetas)
+    gpt, flat = model.build_model(cfg.model, cfg.seed, "cpu")
+    with torch.no_grad():
+        flat.copy_(avg)
+    return {
+        "status": "ok", "algorithm": cfg.algo.name,
+        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
+        "workers": cfg.workers, "rounds": cfg.run.rounds,
+        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
+        "lambda2": None if topo is None else topo.lambda2,
+        "gamma": algorithms.momentum_value(cfg.algo, topo)
+        if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
+        "final_eval_loss": data.evaluate(gpt, eval_set), "worker_eval_loss": worker_eval,
+        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
+        # the simulator's virtual clock fills these in: its prediction, and the CPU slots
+        # (cores / threads per worker) it shared among workers computing at once
+        "predicted_wall_s": None, "cpu_slots": None,
+    }
