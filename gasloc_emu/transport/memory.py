@@ -33,12 +33,39 @@ class Hub:
         self.clock = VirtualClock(world_size, link_model, slots or world_size, emit)
         self.timeout_s = timeout_s
         self.error: BaseException | None = None
+        # for the stall check: who waits for which message, who hangs (since which round), who ended
+        self.waiting: dict[int, tuple] = {}
+        self.hung: dict[int, int] = {}
+        self.done: set[int] = set()
 
     def abort(self, exc: BaseException) -> None:
         """Wake every waiting worker so that the whole simulation stops with ``exc``."""
         with self.cond:
             self.error = self.error or exc
             self.cond.notify_all()
+
+    def check_stalled(self) -> None:
+        """Abort when no worker can move again: each is waiting for a message nobody sent yet, or
+        hangs. Without this a hung worker would stall the simulation for ``timeout_s``."""
+        live = set(range(self.world_size)) - self.done
+        blocked = {r for r, key in self.waiting.items() if key not in self.mail} | set(self.hung)
+        if live and live <= blocked:
+            self.abort(TransportError(self._stall_message()))
+
+    def _stall_message(self) -> str:
+        waiting = sorted(self.waiting)
+        if self.hung:
+            rank, round_idx = min(self.hung.items())
+            return (f"worker {rank} stopped responding at round {round_idx}; workers {waiting} "
+                    "were waiting for messages")
+        return f"simulation stalled: workers {waiting} wait for messages no worker will send"
+
+    def hang(self, rank: int, round_idx: int) -> None:
+        """Worker ``rank`` stops for good (an injected hang); returns once the run is aborted."""
+        with self.cond:
+            self.hung[rank] = round_idx
+            self.check_stalled()
+            self.cond.wait_for(lambda: self.error is not None)
 
     def transport(self, rank: int) -> "InMemoryTransport":
         return InMemoryTransport(self, rank)
@@ -64,7 +91,13 @@ class InMemoryTransport(TransportBase):
         hub, key = self.hub, (self.rank, peer, round_idx, kind)
         with hub.cond:
             hub.clock.report(self.rank, Recv(key))
-            ok = hub.cond.wait_for(lambda: key in hub.mail or hub.error is not None, hub.timeout_s)
+            hub.waiting[self.rank] = key
+            try:
+                hub.check_stalled()
+                ok = hub.cond.wait_for(lambda: key in hub.mail or hub.error is not None,
+                                       hub.timeout_s)
+            finally:
+                del hub.waiting[self.rank]
             if hub.error is not None:
                 raise TransportError(f"worker {self.rank}: simulation aborted ({hub.error})")
             if not ok:
@@ -94,3 +127,5 @@ class InMemoryTransport(TransportBase):
     def finish(self) -> None:
         with self.hub.cond:
             self.hub.clock.report(self.rank, Done())
+            self.hub.done.add(self.rank)
+            self.hub.check_stalled()  # the workers left may be waiting for this one
