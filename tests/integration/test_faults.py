@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,10 +30,8 @@ EXPECT = {  # mode -> (words in the simulator's error, words in the emulator's e
 }
 
 
-def gasloc(command: str, mode: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = [command, *BASE, "--set", f"fault.mode={mode}", "--out", str(out), *extra]
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
-                          text=True, timeout=240)
+def with_fault_mode(gasloc, command: str, mode: str, out: Path, *extra: str):
+    return gasloc(command, *BASE, "--set", f"fault.mode={mode}", "--out", str(out), *extra)
 
 
 def assert_failed_as_a_user_sees_it(done: subprocess.CompletedProcess, out: Path,
@@ -50,27 +47,20 @@ def assert_failed_as_a_user_sees_it(done: subprocess.CompletedProcess, out: Path
 
 
 @pytest.mark.parametrize("mode", ["raise", "exit", "hang"])
-def test_simulate_reports_the_injected_fault(tmp_path, mode):
+def test_simulate_reports_the_injected_fault(tmp_path, gasloc, mode):
     t0 = time.monotonic()
-    done = gasloc("simulate", mode, tmp_path / "sim")
+    done = with_fault_mode(gasloc, "simulate", mode, tmp_path / "sim")
     assert_failed_as_a_user_sees_it(done, tmp_path / "sim", EXPECT[mode][0])
     assert time.monotonic() - t0 < 120  # a hang is seen as a stall at once, not after 600 s
 
 
 @pytest.mark.parametrize("mode", ["raise", "exit", "hang"])
-def test_run_reports_the_injected_fault(tmp_path, mode):
-    done = gasloc("run", mode, tmp_path / "run", "--set", "run.heartbeat_timeout_s=3")
+def test_run_reports_the_injected_fault(tmp_path, gasloc, alive, mode):
+    done = with_fault_mode(gasloc, "run", mode, tmp_path / "run",
+                           "--set", "run.heartbeat_timeout_s=3")
     assert_failed_as_a_user_sees_it(done, tmp_path / "run", EXPECT[mode][1])
     workers = json.loads((tmp_path / "run" / "workers.json").read_text())
-    for w in workers:  # nothing is left running, the hung worker included
-        assert not Path(f"/proc/{w['pid']}").exists() or _zombie(w["pid"])
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
+    assert not [w["pid"] for w in workers if alive(w["pid"])]  # the hung worker included
 
 
 class _Recorder:

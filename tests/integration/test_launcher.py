@@ -50,14 +50,6 @@ def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen | No
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purposes
-        return f.read().split()[2] != "Z"
-
 
 def worker_pids(run_dir: Path) -> list[int]:
     return [w["pid"] for w in json.loads((run_dir / "workers.json").read_text())]
@@ -107,7 +99,7 @@ def test_run_matches_simulate(tmp_path, arm):
     assert sum(lk["bytes"] for lk in links) == s_run["bytes_sent_total"] > 0
 
 
-def test_killed_worker_stops_the_run(tmp_path):
+def test_killed_worker_stops_the_run(tmp_path, alive):
     out = tmp_path / "run"
     proc, pids = start_long_run(out, "--algo", "gasloc", "--topology", "ring",
                                 "--set", "run.heartbeat_timeout_s=20")
@@ -127,7 +119,7 @@ def test_killed_worker_stops_the_run(tmp_path):
     assert rows(out), "metrics written before the failure are kept"
 
 
-def test_silent_worker_is_detected(tmp_path):
+def test_silent_worker_is_detected(tmp_path, alive):
     out = tmp_path / "run"
     proc, pids = start_long_run(out, "--algo", "gasloc", "--topology", "ring",
                                 "--set", "run.heartbeat_timeout_s=3")
@@ -141,7 +133,7 @@ def test_silent_worker_is_detected(tmp_path):
     assert not [p for p in pids if alive(p)]
 
 
-def test_sigterm_stops_every_worker(tmp_path):
+def test_sigterm_stops_every_worker(tmp_path, alive):
     out = tmp_path / "run"
     proc, pids = start_long_run(out, "--algo", "diloco")
     try:

@@ -20,14 +20,6 @@ from netem.namespaces import clean_leftovers
 GONE_WITHIN_S = 10.0
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie no longer holds namespaces: it counts as gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "State:\tZ" not in status
-
 
 def _references(inodes: set[int]) -> list[str]:
     """Every process, fd or mount (in any mount namespace) that refers to one of ``inodes``."""
@@ -73,37 +65,37 @@ def _wait_until(predicate, timeout_s: float = GONE_WITHIN_S) -> bool:
     return predicate()
 
 
-def _hold_and_kill(scenario, args: dict) -> dict:
+def _hold_and_kill(scenario, alive, args: dict) -> dict:
     proc = scenario.start({"action": "hold", "workers": 4, "children": 3, "hold_s": 30.0,
                            "net": {"bw_profile": "uniform", "rate_mbit": 20.0}} | args)
     try:
         info = scenario.read(proc)
         children = info["children"]
-        assert all(_alive(p) for p in children)
+        assert all(alive(p) for p in children)
         inodes = set(info["netns_inodes"].values())
         assert len(inodes) == 5 and _references(inodes)       # the check sees live namespaces
     finally:
         proc.send_signal(signal.SIGKILL)                      # the process we started, by its id
         proc.wait(timeout=10)
-    assert _wait_until(lambda: not any(_alive(p) for p in children)), \
-        f"worker processes survived: {[p for p in children if _alive(p)]}"
+    assert _wait_until(lambda: not any(alive(p) for p in children)), \
+        f"worker processes survived: {[p for p in children if alive(p)]}"
     return info
 
 
-def test_kill9_of_userns_launcher_leaves_nothing(tc_caps, scenario):
+def test_kill9_of_userns_launcher_leaves_nothing(tc_caps, scenario, alive):
     before = _host_state()
-    info = _hold_and_kill(scenario, {"reexec": True})
+    info = _hold_and_kill(scenario, alive, {"reexec": True})
     assert info["mode"] == "userns"
     inodes = set(info["netns_inodes"].values())
     assert _wait_until(lambda: not _references(inodes)), _references(inodes)
     assert _host_state() == before          # no namespace name, link or qdisc on the host
 
 
-def test_kill9_of_root_launcher_is_cleaned_by_clean_leftovers(tc_caps, scenario):
+def test_kill9_of_root_launcher_is_cleaned_by_clean_leftovers(tc_caps, scenario, alive):
     if os.geteuid() != 0:
         pytest.skip("root mode needs root")
     run_id = secrets.token_hex(4)
-    info = _hold_and_kill(scenario, {"reexec": False, "run_id": run_id})
+    info = _hold_and_kill(scenario, alive, {"reexec": False, "run_id": run_id})
     assert info["mode"] == "root"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"gl{run_id}-sw" in listed                     # root mode leaves names behind ...

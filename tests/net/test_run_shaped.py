@@ -4,7 +4,6 @@ leaves nothing behind."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -65,14 +64,6 @@ def test_diloco_pays_for_slow_links_and_gasloc_much_less(tc_caps, tmp_path):
     assert runs["gasloc"] < 0.6 * runs["diloco"], runs
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
-
 
 def _host_state() -> tuple[str, str, str]:
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -81,7 +72,7 @@ def _host_state() -> tuple[str, str, str]:
     return ns, links, qdisc
 
 
-def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path):
+def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path, alive):
     before = _host_state()
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", "run", "--topology", "ring",
@@ -95,14 +86,14 @@ def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path):
             assert time.monotonic() < deadline, "no round finished"
             time.sleep(0.2)
         pids = [w["pid"] for w in load(out, "workers.json")]
-        netns_pids = [p for p in pids if _alive(p)]
+        netns_pids = [p for p in pids if alive(p)]
         assert netns_pids, "workers should be running"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         proc.kill()
     deadline = time.monotonic() + 10
-    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], "worker processes survived the launcher"
+    assert not [p for p in pids if alive(p)], "worker processes survived the launcher"
     assert _host_state() == before, "the host's namespaces, links or qdiscs changed"

@@ -1,0 +1,51 @@
+"""Helpers every kind of test shares, as fixtures: process liveness, free ports, the CLI."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def process_alive(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped) holds no sockets or namespaces, so it is dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the (command name)
+
+
+def free_tcp_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports that were free a moment ago (bound together, then closed)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_gasloc(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """``gasloc-emu ARGS`` in a fresh interpreter, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def alive():
+    return process_alive
+
+
+@pytest.fixture
+def free_ports():
+    return free_tcp_ports
+
+
+@pytest.fixture
+def gasloc():
+    return run_gasloc
