@@ -67,14 +67,16 @@ def raw_send(ctx: zmq.Context, port: int, n_msgs: int, nbytes: int, barrier) -> 
 
 # -- ZmqTransport
 
-def transport_pair(rank: int, ports: tuple[int, int], numel: int) -> ZmqTransport:
+def transport_pair(rank: int, ports: tuple[int, int], numel: int, n_msgs: int) -> ZmqTransport:
     peer = 1 - rank
+    # every message of the benchmark may be early: let the mailbox hold all of them
     return ZmqTransport(rank, 2, addr(ports[rank]), {peer: addr(ports[peer])},
-                        max_numel=numel, recv_timeout_s=TIMEOUT_S, linger_s=TIMEOUT_S)
+                        max_numel=numel, recv_timeout_s=TIMEOUT_S, linger_s=TIMEOUT_S,
+                        max_msgs_per_peer=n_msgs + 1, max_bytes_per_peer=(n_msgs + 1) * numel * 4)
 
 
 def transport_receive(ports: tuple[int, int], n_msgs: int, numel: int, barrier) -> float:
-    with transport_pair(1, ports, numel) as tp:
+    with transport_pair(1, ports, numel, n_msgs) as tp:
         barrier.wait(TIMEOUT_S)
         tp.recv(0, 0, "warmup")
         t0 = time.perf_counter()
@@ -86,7 +88,7 @@ def transport_receive(ports: tuple[int, int], n_msgs: int, numel: int, barrier) 
 def transport_send(ports: tuple[int, int], n_msgs: int, numel: int, barrier) -> None:
     tensor = torch.ones(numel, dtype=torch.float32)
     barrier.wait(TIMEOUT_S)
-    with transport_pair(0, ports, numel) as tp:  # close() waits until everything is out
+    with transport_pair(0, ports, numel, n_msgs) as tp:  # close() waits until everything is out
         tp.send(1, 0, "warmup", tensor)
         for i in range(n_msgs):
             tp.send(1, 0, f"m{i}", tensor)  # never modified: the ownership rule holds

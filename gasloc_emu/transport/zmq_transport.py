@@ -13,15 +13,14 @@ lives exactly as long as the algorithm holds it.
 
 Mailbox. This worker reads its socket only while it waits inside ``recv`` or a blocked ``send``
 (no background thread competing with training for the two cores). Whatever arrives is decoded
-and validated, then kept until asked for: messages from other peers, or for later rounds, are
-normal (a neighbour may be a few rounds ahead). A message is dropped, counted in ``dropped`` and
-in ``drop_reasons``, and never touches parameters when it is malformed, from an unknown sender,
-a duplicate of an earlier (src, round, kind), outside the round window, or left unclaimed when
-its round falls out of the window. The window is [current - 1, current + max_rounds_ahead],
-where the current round is the highest round this worker has sent or asked for (or set_round).
+and validated (``framing``), then handed to a ``mailbox.Mailbox``, which owns every rule about
+what is kept and for how long: the round window, duplicates, stale rounds, the shaper's release
+queue and the per-peer bounds (``max_msgs_per_peer``, ``max_bytes_per_peer``; by default a
+multiple of the model's size that no legitimate traffic reaches). A dropped message is counted
+in ``dropped`` and in ``drop_reasons`` and never touches parameters.
 
 Shaping. With a userspace shaper the sender stamps each message with ``shaping.stamp(...)``
-(its delivery time, or None) and the receiver holds it in a release queue until
+(its delivery time, or None) and the receiver's mailbox holds it in a release queue until
 ``shaping.release_at(...)``. Arrival times then matter (a delay-only shaper releases a message
 one latency after it arrived), so a small receive thread owns the bound socket, stamps each
 message with its arrival time and forwards it over inproc:// to the worker thread; a message
@@ -34,20 +33,22 @@ One worker thread calls send/recv; nothing here is thread-safe for callers.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import re
 import threading
 import time
-from collections import defaultdict
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import zmq
 
 from . import framing
 from .base import TransportBase, TransportError
-from .framing import FrameError, Message
+from .framing import FrameError
+from .mailbox import Key, Mailbox, PeerBounds, Shaping  # Shaping: still importable from here
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 POLL_SLICE_S = 0.05        # longest wait between two should_stop checks
 MAX_DRAIN_MSGS = 64        # messages read per wake-up before checking stop and deadlines again
@@ -61,19 +62,6 @@ DEFAULT_RECV_TIMEOUT_S = 600.0
 DEFAULT_MAX_ROUNDS_AHEAD = 16
 _TCP_ADDR = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]*]+):(?P<port>\d{1,5})")
 _WILDCARD_HOSTS = {"*", "0.0.0.0", "[::]", "[::0]"}
-
-Key = tuple[int, int, str]  # (src, round, kind)
-
-
-class Shaping(Protocol):
-    """The userspace shaper's hooks (implemented in the netem package)."""
-
-    def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
-        """Delivery time (time.time() clock) of ``nbytes`` of payload sent to ``peer`` now, or None."""
-
-    def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
-        """When a message from ``src`` stamped ``deliver_at`` (or not) that arrived at ``arrival_s``
-        may be handed to the algorithm."""
 
 
 def check_tcp_addr(addr: str, what: str, *, any_port: bool = False) -> str:
@@ -94,18 +82,23 @@ class ZmqTransport(TransportBase):
                  shaping: Shaping | None = None,
                  recv_timeout_s: float = DEFAULT_RECV_TIMEOUT_S,
                  max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
+                 max_msgs_per_peer: int | None = None,
+                 max_bytes_per_peer: int | None = None,
                  linger_s: float = DEFAULT_LINGER_S,
                  should_stop: Callable[[], bool] | None = None,
                  ctx: zmq.Context | None = None):
         _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
+        bounds = _peer_bounds(max_numel * dtype.itemsize, world_size, max_rounds_ahead,
+                              max_msgs_per_peer, max_bytes_per_peer)
+        # before TransportBase zeroes ``dropped``, which the mailbox counts
+        self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=True)
         self.peer_addrs: dict[int, str] = {}
         self.dtype, self.max_numel, self.shaping = dtype, max_numel, shaping
         self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
         self.linger_s, self.should_stop = linger_s, should_stop
-        self.drop_reasons: dict[str, int] = defaultdict(int)
-        self._init_state()
+        self._closed = False
         self.connect(peer_addrs or {})
         self._own_context = ctx is None
         self._ctx = zmq.Context() if ctx is None else ctx
@@ -117,13 +110,17 @@ class ZmqTransport(TransportBase):
             self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}")
             self._pull = self._rx.inbox
 
-    def _init_state(self) -> None:
-        self._round = 0
-        self._mailbox: dict[Key, Message] = {}
-        self._pending: list[tuple[float, int, Message]] = []  # (release time, seq, msg) heap
-        self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
-        self._seq = itertools.count()
-        self._closed = False
+    @property
+    def dropped(self) -> int:
+        """Messages dropped so far (framing's refusals included), as the mailbox counted them."""
+        return self.mailbox.dropped
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        # TransportBase.__init__ zeroes the counter; any other write would disown the mailbox's
+        if value != self.mailbox.dropped:
+            raise AttributeError(f"dropped is counted by the mailbox ({self.mailbox.dropped}), "
+                                 f"it cannot be set to {value!r}")
 
     def _socket(self, kind: int, addr: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -165,7 +162,7 @@ class ZmqTransport(TransportBase):
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
         self._check_open()
-        self._note_round(round_idx)
+        self.mailbox.note_round(round_idx)
         tensor = self._wire_tensor(tensor)
         sock = self._socket_to(peer)
         nbytes = tensor.numel() * tensor.element_size()
@@ -176,24 +173,23 @@ class ZmqTransport(TransportBase):
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         self._check_open()
-        if round_idx < self._round - 1:
+        if round_idx < self.mailbox.window()[0]:
             raise TransportError(f"worker {self.rank}: round {round_idx} is behind the window "
-                                 f"of round {self._round}; its messages were dropped")
-        self._note_round(round_idx)
-        key = (peer, round_idx, kind)
-        self._wait_until(lambda: key in self._mailbox,
+                                 f"of round {self.mailbox.round}; its messages were dropped")
+        self.mailbox.note_round(round_idx)
+        key: Key = (peer, round_idx, kind)
+        self._wait_until(lambda: self.mailbox.has(key),
                          f"{kind!r} of round {round_idx} from worker {peer}")
-        return self._mailbox.pop(key).tensor
+        return self.mailbox.take(key).tensor
 
     # -- more of the interface
 
     def counters(self) -> dict:
-        return super().counters() | {"drop_reasons": dict(self.drop_reasons)}
+        return super().counters() | {"drop_reasons": self.mailbox.drop_reasons}
 
     def set_round(self, round_idx: int) -> None:
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
-        self._round = round_idx
-        self._prune()
+        self.mailbox.set_round(round_idx)
 
     def close(self, linger_s: float | None = None) -> None:
         """Flush queued sends for at most ``linger_s`` (default: the constructor's), then close.
@@ -209,11 +205,10 @@ class ZmqTransport(TransportBase):
         if self._rx is not None:
             self._rx.stop()
         self._pull.close(linger=0)
-        self._mailbox.clear()
-        self._pending.clear()
+        self.mailbox.clear()
         self._close_context()
 
-    def __enter__(self) -> "ZmqTransport":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -249,7 +244,7 @@ class ZmqTransport(TransportBase):
         """Pump incoming messages until ``ready()``; TransportError on stop or timeout."""
         deadline = time.monotonic() + self.recv_timeout_s
         while True:
-            self._release_due()
+            self.mailbox.release_due()
             if ready():
                 return
             self._check_abort(what, deadline)
@@ -265,8 +260,9 @@ class ZmqTransport(TransportBase):
     def _slice_s(self, deadline: float) -> float:
         """How long the next poll may sleep: short, and never past a due release or the deadline."""
         slice_s = min(POLL_SLICE_S, deadline - time.monotonic())
-        if self._pending:
-            slice_s = min(slice_s, self._pending[0][0] - time.time())
+        release_s = self.mailbox.next_release_s()  # on the time.time() clock
+        if release_s is not None:
+            slice_s = min(slice_s, release_s - time.time())
         return max(0.0, slice_s)
 
     def _pump(self, timeout_s: float, out_sock: zmq.Socket | None) -> None:
@@ -276,77 +272,25 @@ class ZmqTransport(TransportBase):
             items.append((out_sock, zmq.POLLOUT))
         # whole milliseconds, rounded down: a release due in under 1 ms is polled for, not slept past
         zmq.zmq_poll(items, int(timeout_s * 1000))
-        self._drain()
+        _drain(self._pull, self._on_frames)
 
-    def _drain(self) -> None:
-        for _ in range(MAX_DRAIN_MSGS):
-            try:
-                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if self._rx is None:
-                self._accept(frames, time.time())
-            else:  # [arrival time, *the message's frames] from the receive thread
-                self._accept(frames[1:], float(frames[0].bytes))
+    # -- receiving: decode, then the mailbox decides
 
-    # -- receiving: validation, mailbox and release queue
+    def _on_frames(self, frames: list) -> None:
+        if self._rx is None:
+            self._accept(frames, time.time())
+        else:  # [arrival time, *the message's frames] from the receive thread
+            self._accept(frames[1:], float(frames[0].bytes))
 
     def _accept(self, frames: list, arrival_s: float) -> None:
         try:
             msg = framing.decode(frames, world_size=self.world_size, self_rank=self.rank,
                                  dtype=self.dtype, max_numel=self.max_numel,
-                                 round_window=self._window())
+                                 round_window=self.mailbox.window())
         except FrameError as exc:
-            self._drop(exc.reason)
+            self.mailbox.refuse(exc.reason)
             return
-        seen = self._seen[msg.round]
-        if (msg.src, msg.kind) in seen:
-            self._drop("duplicate")  # keep the first: it may already be in use
-            return
-        seen.add((msg.src, msg.kind))
-        release_s = self._release_time(msg, arrival_s)
-        if release_s is None:
-            self._mailbox[(msg.src, msg.round, msg.kind)] = msg
-        else:
-            heapq.heappush(self._pending, (release_s, next(self._seq), msg))
-
-    def _release_time(self, msg: Message, arrival_s: float) -> float | None:
-        """When the shaper lets ``msg`` out; None for now. Unstamped messages are asked about too:
-        a delay-only shaper (tc does the rate) adds its latency at the receiver."""
-        if self.shaping is None:
-            return None
-        release_s = self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
-        return release_s if release_s > time.time() else None
-
-    def _release_due(self) -> None:
-        now = time.time()
-        while self._pending and self._pending[0][0] <= now:
-            msg = heapq.heappop(self._pending)[2]
-            if msg.round < self._window()[0]:
-                self._drop("stale")
-            else:
-                self._mailbox[(msg.src, msg.round, msg.kind)] = msg
-
-    def _window(self) -> tuple[int, int]:
-        return self._round - 1, self._round + self.max_rounds_ahead
-
-    def _note_round(self, round_idx: int) -> None:
-        if round_idx > self._round:
-            self._round = round_idx
-            self._prune()
-
-    def _prune(self) -> None:
-        """Forget rounds that fell out of the window; unclaimed messages of theirs are drops."""
-        lo = self._window()[0]
-        for key in [k for k in self._mailbox if k[1] < lo]:
-            del self._mailbox[key]
-            self._drop("stale")
-        for rnd in [r for r in self._seen if r < lo]:
-            del self._seen[rnd]
-
-    def _drop(self, reason: str) -> None:
-        self.dropped += 1
-        self.drop_reasons[reason] += 1
+        self.mailbox.accept(msg, arrival_s)
 
     # -- lifecycle
 
@@ -377,20 +321,28 @@ class _ArrivalStamper:
 
     def _run(self) -> None:
         while not self._halt.is_set():
-            if not self._pull.poll(int(POLL_SLICE_S * 1000)):
-                continue
-            for _ in range(MAX_DRAIN_MSGS):
-                try:
-                    frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self._out.send_multipart([repr(time.time()).encode(), *frames], copy=False)
+            if self._pull.poll(int(POLL_SLICE_S * 1000)):
+                _drain(self._pull, self._forward)
+
+    def _forward(self, frames: list) -> None:
+        self._out.send_multipart([repr(time.time()).encode(), *frames], copy=False)
 
     def stop(self) -> None:
         self._halt.set()
         self._thread.join(timeout=2 * POLL_SLICE_S + 1)
         self._pull.close(linger=0)
         self._out.close(linger=0)
+
+
+def _drain(sock: zmq.Socket, handle: Callable[[list], None]) -> None:
+    """Hand what ``sock`` holds to ``handle``, without blocking; at most MAX_DRAIN_MSGS messages,
+    so that a flood cannot keep the caller from its stop and deadline checks."""
+    for _ in range(MAX_DRAIN_MSGS):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        handle(frames)
 
 
 def _try_send(sock: zmq.Socket, frames) -> bool:
@@ -400,6 +352,18 @@ def _try_send(sock: zmq.Socket, frames) -> bool:
     except zmq.Again:
         return False
     return True
+
+
+def _peer_bounds(model_bytes: int, world_size: int, max_rounds_ahead: int,
+                 max_msgs: int | None, max_bytes: int | None) -> PeerBounds:
+    """The mailbox's per-peer bounds: the defaults for this model, or the caller's."""
+    default = PeerBounds.for_model(model_bytes, world_size, max_rounds_ahead)
+    bounds = PeerBounds(default.max_msgs if max_msgs is None else max_msgs,
+                        default.max_bytes if max_bytes is None else max_bytes)
+    if bounds.max_bytes < model_bytes:  # every model-sized message would be an overflow
+        raise ValueError(f"max_bytes_per_peer {max_bytes!r} is below one model-sized message; "
+                         f"allowed: >= {model_bytes}")
+    return bounds
 
 
 def _check_config(rank: int, world_size: int, max_numel: int, recv_timeout_s: float,

@@ -1,0 +1,267 @@
+"""Which received data-plane messages a worker keeps, for how long, and which it drops.
+
+No sockets here: ``zmq_transport`` decodes a message (``framing``) and hands it to ``accept``;
+the algorithm's ``recv`` then ``take``s it. Everything is on an injected clock (``now``, the
+time.time() clock by default, the one the shaper's stamps use), so the rules are unit-testable.
+
+Round window. The current round is the highest round this worker has sent or asked for
+(``note_round``), or the one ``set_round`` gave. Messages of rounds in [current - 1, current +
+max_rounds_ahead] are kept until asked for: messages from other peers, or for later rounds, are
+normal (a neighbour may be a few rounds ahead). A message is dropped and counted by reason
+(``drop_reasons``) when its sender is not a peer ("src"), it is outside the window ("round"),
+it duplicates an earlier (src, round, kind) ("duplicate": the first is kept, it may already be
+in use), it is left unclaimed when its round falls out of the window ("stale"), or it is over its
+sender's bound ("overflow"). Messages that framing refused are counted here too (``refuse``),
+under framing's reason.
+
+Release queue. With a userspace shaper a message is held back until ``shaping.release_at(...)``;
+``release_due`` moves the due ones into the mailbox, in release order (a message whose round
+left the window meanwhile is "stale"), and ``next_release_s`` tells the transport how long it
+may sleep.
+
+Bounds. What a peer has here (kept plus waiting for release) is bounded in messages and in
+bytes, so a misbehaving peer cannot grow this worker's memory: past either bound its messages
+are dropped as "overflow". The defaults (``PeerBounds.for_model``) never drop a legitimate one:
+- bytes: one model-sized message per round of the window, i.e. per peer at most
+  (max_rounds_ahead + 2) model-sized messages' bytes, 18 by default: 8.7 MB for tiny (0.48 MB
+  of float32 parameters), 75 MB for small, 9.0 GB for gpt2. Gossip sends one model-sized message
+  per neighbour per round, so the window itself admits no more than that from a peer. DiLoCo's
+  ring All-Reduce sends 2(n-1) chunks of 1/n of the model per round (under 2 models' bytes) and
+  is lock-step: the previous worker on the ring cannot finish round t+1 without this worker's
+  round t+1 input, so it is never more than one round ahead (under 4 models' bytes).
+- messages: max(max_rounds_ahead + 2, 3 * 2(n-1)): every round of the window for gossip, and
+  for the ring the current round and two ahead (one more than the lock-step allows).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .framing import Message
+
+Key = tuple[int, int, str]  # (src, round, kind)
+# Ring rounds a peer's chunk messages are allowed to span: the current round and two ahead.
+RING_ROUNDS_HELD = 3
+
+
+class Shaping(Protocol):
+    """The userspace shaper's hooks (implemented in the netem package)."""
+
+    def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
+        """Delivery time (time.time() clock) of ``nbytes`` of payload sent to ``peer`` now, or None."""
+
+    def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
+        """When a message from ``src`` stamped ``deliver_at`` (or not) that arrived at ``arrival_s``
+        may be handed to the algorithm."""
+
+
+@dataclass(frozen=True)
+class PeerBounds:
+    """The most one peer may have in a mailbox (kept plus waiting for release)."""
+
+    max_msgs: int
+    max_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_msgs", "max_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    @classmethod
+    def for_model(cls, model_bytes: int, world_size: int, max_rounds_ahead: int) -> PeerBounds:
+        """Bounds no algorithm's legitimate traffic reaches (see the module docstring)."""
+        window_rounds = max_rounds_ahead + 2
+        ring_msgs = RING_ROUNDS_HELD * 2 * (world_size - 1)
+        return cls(max(window_rounds, ring_msgs), window_rounds * model_bytes)
+
+
+class Mailbox:
+    """One worker's received messages: the round window, duplicates, release queue and bounds.
+
+    One thread uses it; nothing here is thread-safe.
+    """
+
+    def __init__(self, rank: int, world_size: int, max_rounds_ahead: int, bounds: PeerBounds,
+                 shaping: Shaping | None = None, now: Callable[[], float] = time.time):
+        _check_config(rank, world_size, max_rounds_ahead, bounds)
+        self.rank, self.world_size = rank, world_size
+        self.max_rounds_ahead, self.bounds = max_rounds_ahead, bounds
+        self.shaping, self._now = shaping, now
+        self._round = 0
+        self._held: dict[Key, Message] = {}
+        self._pending: list[tuple[float, int, Message]] = []  # (release time, seq, msg) heap
+        self._seq = itertools.count()  # ties in release time go out in arrival order
+        self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
+        self._usage = [[0, 0] for _ in range(world_size)]  # per src: [messages, bytes]
+        self._drops: dict[str, int] = defaultdict(int)
+
+    # -- the round window
+
+    @property
+    def round(self) -> int:
+        return self._round
+
+    def window(self) -> tuple[int, int]:
+        """Rounds whose messages are accepted, inclusive."""
+        return self._round - 1, self._round + self.max_rounds_ahead
+
+    def note_round(self, round_idx: int) -> None:
+        """This worker sent or asked for ``round_idx``: move the window forward if it is later."""
+        if round_idx > self._round:
+            self.set_round(round_idx)
+
+    def set_round(self, round_idx: int) -> None:
+        """Move the window to ``round_idx`` (either way, e.g. when a run resumes)."""
+        self._round = round_idx
+        self._prune()
+
+    # -- arrivals
+
+    def accept(self, msg: Message, arrival_s: float) -> str | None:
+        """Keep ``msg`` (decoded by framing) or drop it; returns the drop reason, or None."""
+        reason = self._refusal(msg)
+        if reason is not None:
+            self.refuse(reason)
+            return reason
+        self._seen[msg.round].add((msg.src, msg.kind))
+        self._charge(msg, +1)
+        release_s = self._release_time(msg, arrival_s)
+        if release_s is None:
+            self._held[_key(msg)] = msg
+        else:
+            heapq.heappush(self._pending, (release_s, next(self._seq), msg))
+        return None
+
+    def refuse(self, reason: str) -> None:
+        """Count a message dropped for ``reason`` (also those framing refused to decode)."""
+        self._drops[reason] += 1
+
+    def _refusal(self, msg: Message) -> str | None:
+        if not 0 <= msg.src < self.world_size or msg.src == self.rank:
+            return "src"  # framing refuses these too; here it guards the per-peer bookkeeping
+        lo, hi = self.window()
+        if not lo <= msg.round <= hi:
+            return "round"
+        if (msg.src, msg.kind) in self._seen.get(msg.round, ()):
+            return "duplicate"
+        msgs, nbytes = self._usage[msg.src]
+        if msgs + 1 > self.bounds.max_msgs or nbytes + _nbytes(msg) > self.bounds.max_bytes:
+            return "overflow"
+        return None
+
+    def _release_time(self, msg: Message, arrival_s: float) -> float | None:
+        """When the shaper lets ``msg`` out; None for now. Unstamped messages are asked about too:
+        a delay-only shaper (tc does the rate) adds its latency at the receiver."""
+        if self.shaping is None:
+            return None
+        release_s = self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
+        return release_s if release_s > self._now() else None
+
+    # -- the release queue
+
+    def release_due(self) -> None:
+        """Move every message whose release time has come into the mailbox, in release order."""
+        now = self._now()
+        while self._pending and self._pending[0][0] <= now:
+            self._release(heapq.heappop(self._pending)[2])
+
+    def _release(self, msg: Message) -> None:
+        if msg.round < self.window()[0]:
+            self._drop(msg, "stale")
+        elif _key(msg) in self._held:
+            # only after set_round moved the window back over a round whose duplicate record
+            # was pruned meanwhile; keep the one that is already claimable
+            self._drop(msg, "duplicate")
+        else:
+            self._seen[msg.round].add((msg.src, msg.kind))  # that record may be pruned too
+            self._held[_key(msg)] = msg
+
+    def next_release_s(self) -> float | None:
+        """The earliest release time waiting (on the ``now`` clock), or None."""
+        return self._pending[0][0] if self._pending else None
+
+    # -- handing out
+
+    def has(self, key: Key) -> bool:
+        return key in self._held
+
+    def take(self, key: Key) -> Message:
+        """Hand out the message (src, round, kind); KeyError if it is not here (yet)."""
+        if key not in self._held:
+            raise KeyError(f"worker {self.rank}: no message {key} in the mailbox")
+        msg = self._held.pop(key)
+        self._charge(msg, -1)
+        return msg
+
+    def clear(self) -> None:
+        """Forget every message (on close); the drop counters stay."""
+        self._held.clear()
+        self._pending.clear()
+        self._seen.clear()
+        self._usage = [[0, 0] for _ in range(self.world_size)]
+
+    # -- counters and introspection
+
+    @property
+    def dropped(self) -> int:
+        return sum(self._drops.values())
+
+    @property
+    def drop_reasons(self) -> dict[str, int]:
+        return dict(self._drops)
+
+    def peer_usage(self, src: int) -> tuple[int, int]:
+        """(messages, bytes) that ``src`` has here, kept or waiting for release."""
+        msgs, nbytes = self._usage[src]
+        return msgs, nbytes
+
+    def held_keys(self) -> list[Key]:
+        return list(self._held)
+
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    # -- bookkeeping
+
+    def _prune(self) -> None:
+        """Forget rounds that fell out of the window; unclaimed messages of theirs are drops."""
+        lo = self.window()[0]
+        for key in [k for k in self._held if k[1] < lo]:
+            self._drop(self._held.pop(key), "stale")
+        for rnd in [r for r in self._seen if r < lo]:
+            del self._seen[rnd]
+
+    def _drop(self, msg: Message, reason: str) -> None:
+        """Drop an accepted message: it no longer counts against its sender's bound."""
+        self._charge(msg, -1)
+        self.refuse(reason)
+
+    def _charge(self, msg: Message, sign: int) -> None:
+        usage = self._usage[msg.src]
+        usage[0] += sign
+        usage[1] += sign * _nbytes(msg)
+
+
+def _key(msg: Message) -> Key:
+    return msg.src, msg.round, msg.kind
+
+
+def _nbytes(msg: Message) -> int:
+    return msg.tensor.numel() * msg.tensor.element_size()
+
+
+def _check_config(rank: int, world_size: int, max_rounds_ahead: int, bounds: PeerBounds) -> None:
+    if type(world_size) is not int or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if type(rank) is not int or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} outside [0, {world_size})")
+    if type(max_rounds_ahead) is not int or max_rounds_ahead < 1:
+        raise ValueError(f"max_rounds_ahead must be an int >= 1, got {max_rounds_ahead!r}")
+    if not isinstance(bounds, PeerBounds):
+        raise TypeError(f"bounds must be a PeerBounds, got {type(bounds).__name__}")
