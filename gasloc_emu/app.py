@@ -13,6 +13,7 @@ from rich.table import Table
 from netem.probe import probe_links
 
 from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
+from . import exitcodes
 from .config import Config
 from .dashboard import LiveView, header_from_config
 from .devices import simulator_device
@@ -66,11 +67,12 @@ def use_dashboard(cfg: Config) -> bool:
     return mode == "on" or (mode == "auto" and sys.stdout.isatty())
 
 
-def simulate_command(cfg: Config, out: str | None) -> int:
+def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
     from .simulate import simulate  # loads torch: only for the commands that train
+    from .worker import Diverged
     pre = _preflight(cfg)
     link_model = sim_link_model(cfg)
-    path = new_run_dir(cfg, out)
+    path = new_run_dir(cfg, out, overwrite)
     device = simulator_device(cfg.run.device)
     progress = make_progress(cfg, devices=[device] * cfg.workers,
                              shaper="virtual clock" if link_model else "none")
@@ -78,11 +80,14 @@ def simulate_command(cfg: Config, out: str | None) -> int:
         with progress:
             summary = simulate(cfg, path, progress=progress, link_model=link_model,
                                corpus=pre.corpus, device=device)
+    except Diverged as exc:
+        click.echo(f"error: {exc}; record: {path}", err=True)
+        return exitcodes.DIVERGED
     except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
-        click.echo(f"error: simulation failed: {exc}", err=True)
-        return 1
+        click.echo(f"error: simulation failed: {exc}; record: {path}", err=True)
+        return exitcodes.RUN_FAILED
     _echo_lines(summary_lines(summary, path))
-    return 0
+    return exitcodes.OK
 
 
 def _preflight(cfg: Config):
@@ -105,18 +110,21 @@ def make_progress(cfg: Config, devices=(), shaper: str | None = None):
     return RoundPrinter(cfg.workers, cfg.run.rounds)
 
 
-def run_command(cfg: Config, out: str | None, dry_run: bool = False) -> int:
+def run_command(cfg: Config, out: str | None, dry_run: bool = False,
+                overwrite: bool = False) -> int:
     from .launcher import launch  # loads torch, as the other training commands do
-    result = launch(cfg, _preflight(cfg), out, dry_run=dry_run,
+    pre = _preflight(cfg)
+    path = None if dry_run else new_run_dir(cfg, out, overwrite)  # refused before anything runs
+    result = launch(cfg, pre, path, dry_run=dry_run,
                     progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper),
                     log=lambda line: click.echo(line, err=True))
     # after the dashboard has stopped, so that these lines stay below it
     if result.dry_run_text is not None:
         click.echo(result.dry_run_text)
-    elif result.code == 0:
+    elif result.code == exitcodes.OK:
         _echo_lines(summary_lines(result.summary, result.record))
     else:
-        click.echo(f"error: {result.error}", err=True)
+        click.echo(f"error: {result.error}; record: {result.record}", err=True)
     return result.code
 
 

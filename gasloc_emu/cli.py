@@ -1,6 +1,8 @@
 """Command line: parse, resolve the config, call one function, map errors to exit codes.
 
-Exit codes: 0 success, 1 the run failed (a worker died, a link was lost), 2 bad input.
+Exit codes (``exitcodes``): 0 success, 1 the run failed (a worker died, reported an error or
+went silent), 2 bad input (also a run record that cannot be created), 3 the run diverged,
+4 an internal error, 130 interrupted (Ctrl-C or SIGTERM).
 """
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import sys
 import click
 
 from . import config as C
+from . import exitcodes
+from .records import RecordError
 
-_BAD_INPUT = 2
+_BAD_INPUT = exitcodes.BAD_INPUT
 
 
 def _fail(msg: str, code: int = _BAD_INPUT) -> None:
@@ -27,10 +31,10 @@ def friendly_errors(fn):
         from .topology import TopologyError
         try:
             return fn(*args, **kwargs)
-        except (C.ConfigError, TopologyError, DataError, *_netem_errors()) as exc:
+        except (C.ConfigError, TopologyError, DataError, RecordError, *_netem_errors()) as exc:
             _fail(str(exc))
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail("interrupted", exitcodes.INTERRUPTED)
     return wrapper
 
 
@@ -224,6 +228,8 @@ RUN_OPTIONS = [
                  help="TOML file of settings (a preset in runs/)."),
     *[_setting_option(*row) for row in FLAGS],
     click.option("--out", type=click.Path(file_okay=False), help="Run record folder."),
+    click.option("--overwrite", is_flag=True,
+                 help="Replace the run record already in --out (else such an --out is refused)."),
     click.option("--no-dashboard", is_flag=True, help="Plain lines instead of the live dashboard."),
     click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                  help="Any setting, e.g. --set algo.inner.lr=3e-4 (repeatable)."),
@@ -261,7 +267,7 @@ def main() -> None:
 def simulate(**kw) -> None:
     """Run all N workers in one process (in-memory transport, virtual clock)."""
     from .app import simulate_command
-    sys.exit(simulate_command(resolve_from_flags(kw), kw.get("out")))
+    sys.exit(simulate_command(resolve_from_flags(kw), kw.get("out"), kw.get("overwrite", False)))
 
 
 @main.command()
@@ -275,7 +281,8 @@ def run(dry_run: bool, **kw) -> None:
     from .netplan import enter_userns_if_needed
     cfg = resolve_from_flags(kw)
     enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
-    sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run))
+    sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run,
+                         overwrite=kw.get("overwrite", False)))
 
 
 @main.command()
@@ -388,5 +395,22 @@ def netem_clean(dry_run: bool) -> None:
                + ("nothing left behind" if not done else "leftovers removed"))
 
 
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the command line and return its exit code; Ctrl-C anywhere in it is exit 130.
+
+    click's own handling would print "Aborted!" and exit 1 for a Ctrl-C outside a command
+    (while it parses, or imports what a command needs); interrupted is 130 everywhere.
+    """
+    try:
+        rv = main.main(args=argv, prog_name="gasloc-emu", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("error: interrupted", err=True)
+        return exitcodes.INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return rv if isinstance(rv, int) else exitcodes.OK
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    sys.exit(run_cli())

@@ -177,9 +177,15 @@ def _read_summary(p: Path, warnings: list[str]) -> dict:
     if not isinstance(summary, dict):
         warnings.append("summary.json is not a JSON object; numbers come from metrics.jsonl")
         return {}
-    if summary.get("status") == "failed":
-        warnings.append(f"the run failed: {summary.get('error') or 'no error recorded'}")
+    status = summary.get("status")
+    if status not in (None, "ok"):  # failed, diverged, stopped, error: not a result
+        warnings.append(f"the run {_ENDED.get(status, status)}: "
+                        f"{summary.get('error') or 'no error recorded'}")
     return summary
+
+
+_ENDED = {"failed": "failed", "diverged": "diverged", "stopped": "was stopped",
+          "error": "hit an internal error"}
 
 
 def _read_config(p: Path, warnings: list[str]) -> dict:

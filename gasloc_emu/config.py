@@ -231,7 +231,7 @@ class ExecConfig(_Validated):
                              choices=("auto", "on", "off"))
 
 
-FAULT_MODES = ("raise", "exit", "hang")
+FAULT_MODES = ("raise", "exit", "hang", "poison")
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,8 @@ class FaultConfig(_Validated):
                               "fails.", lo=-1, hi=4095)
     round: int = setting(0, "The round whose first communication fails.", lo=0, hi=10_000_000)
     mode: str = setting("raise", "How it fails: raise (an exception), exit (the process ends "
-                                 "with fault.exit_code), hang (stops dead, heartbeat included).",
+                                 "with fault.exit_code), hang (stops dead, heartbeat included), "
+                                 "poison (from then on sends NaN: its peers diverge).",
                         choices=FAULT_MODES)
     exit_code: int = setting(3, "Exit status of an injected exit.", lo=1, hi=255)
 

@@ -9,6 +9,7 @@ period; the metrics written so far stay, and summary.json records the failure.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Callable
 
 import zmq
 
-from . import records
+from . import exitcodes, records
 from .config import Config
 from .devices import DeviceAssignment, threads_per_worker, worker_devices
 from .launch_spec import LaunchSpec
@@ -60,6 +61,14 @@ class RunFailed(RuntimeError):
 
 class Interrupted(RuntimeError):
     """Ctrl-C or SIGTERM on the launcher."""
+
+
+class RunDiverged(RunFailed):
+    """A worker saw non-finite parameters or losses; ``where`` = {"worker", "round"}."""
+
+    def __init__(self, message: str, where: dict):
+        super().__init__(message)
+        self.where = where
 
 
 @dataclass
@@ -263,6 +272,7 @@ class Supervisor:
         self.router.close()
         self.pull.close()
         self.ctx.term()
+        remove_socket_files((self.ctl_addr, self.hb_addr))
 
     # -- results
     def _summary(self, wall_s: float, pre: Preflight) -> dict:
@@ -308,6 +318,27 @@ class LinkMeter:
         return rows
 
 
+def remove_socket_files(addrs) -> None:
+    """Remove the ipc:// socket files of a run, and their folder when it is a temporary one
+    (``control.ctl_paths`` puts long run paths' sockets under /tmp/gasloc-<pid>-<hash>)."""
+    for addr in addrs:
+        path = Path(addr.removeprefix("ipc://"))
+        path.unlink(missing_ok=True)
+        if path.parent.name.startswith("gasloc-") and path.parent.parent == Path("/tmp"):
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def remove_stale_socket_dirs(tmp: Path = Path("/tmp")) -> list[Path]:
+    """Socket folders left by launchers that were killed (their pid is gone); returns them."""
+    stale = []
+    for d in tmp.glob("gasloc-*-*"):
+        pid = d.name.split("-")[1]
+        if d.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            stale.append(d)
+    return stale
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -338,7 +369,7 @@ class _SigTerm:
 class LaunchResult:
     """What ``launch`` hands back to the command layer, which prints it."""
 
-    code: int                       # 0 ok, 1 the run failed, 130 stopped by Ctrl-C or SIGTERM
+    code: int                       # one of gasloc_emu.exitcodes
     summary: dict = field(default_factory=dict)
     record: Path | None = None      # the run folder (None for a dry run)
     dry_run_text: str | None = None  # the network commands a dry run would execute
@@ -352,25 +383,60 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def launch(cfg: Config, pre: Preflight, out: str | None, *, dry_run: bool = False,
+def launch(cfg: Config, pre: Preflight, path: Path | None, *, dry_run: bool = False,
            progress_factory=None, log: Log = _stderr) -> LaunchResult:
-    """``gasloc-emu run`` after its preflight: build the network, run the workers, keep a record."""
+    """``gasloc-emu run`` after its preflight: build the network, run the workers, keep the
+    record in ``path`` (made by ``records.new_run_dir``; unused for a dry run).
+
+    Whatever goes wrong once the record exists (a worker, the launcher itself, Ctrl-C, a full
+    disk) ends with a summary.json that has a status and the error, where the disk allows.
+    """
     with ExitStack() as stack:
         network = stack.enter_context(open_network(cfg, dry_run=dry_run))
         if dry_run:
-            return LaunchResult(0, dry_run_text=network.dry_run_text())
-        devices = worker_devices(cfg.run.device, cfg.workers)
-        warnings = _probe_links(cfg, pre, network, log) if _probes(cfg, network) else []
-        path = records.new_run_dir(cfg, out)
+            return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
+        remove_stale_socket_dirs()
         rec = stack.enter_context(records.RunRecord(path, cfg))
-        prog = None
-        if progress_factory is not None:
-            prog = stack.enter_context(progress_factory([d.label for d in devices],
-                                                        network.shaper))
-            for text in warnings:
-                prog({"kind": "warning", "text": text})
-        code, summary = _supervise(Supervisor(cfg, path, rec, network, devices, prog), pre)
+        try:
+            code, summary = _launch(cfg, pre, path, rec, network, stack, progress_factory, log)
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, the record says so
+            code, summary = _outcome(exc)
+            _last_words(rec, summary | {"mode": "run"} | network.describe_summary())
     return LaunchResult(code, summary, path)
+
+
+def _launch(cfg, pre, path, rec, network, stack, progress_factory, log) -> tuple[int, dict]:
+    devices = worker_devices(cfg.run.device, cfg.workers)
+    warnings = _probe_links(cfg, pre, network, log) if _probes(cfg, network) else []
+    prog = None
+    if progress_factory is not None:
+        prog = stack.enter_context(progress_factory([d.label for d in devices], network.shaper))
+        for text in warnings:
+            prog({"kind": "warning", "text": text})
+    return _supervise(Supervisor(cfg, path, rec, network, devices, prog), pre)
+
+
+def _outcome(exc: BaseException) -> tuple[int, dict]:
+    """Exit code and summary fields for a run that ended by ``exc``."""
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        return exitcodes.INTERRUPTED, {"status": "stopped", "error": why}
+    if isinstance(exc, RunDiverged):
+        return exitcodes.DIVERGED, {"status": "diverged", "error": str(exc),
+                                    "diverged_at": exc.where}
+    if isinstance(exc, (RunFailed, records.RecordError)):
+        return exitcodes.RUN_FAILED, {"status": "failed", "error": str(exc)}
+    return exitcodes.INTERNAL, {"status": "error",
+                                "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+
+def _last_words(rec: records.RunRecord, summary: dict) -> str | None:
+    """Write the summary if the disk lets us; the reason it did not, else None."""
+    try:
+        rec.summary(summary)
+    except records.RecordError as exc:
+        return str(exc)
+    return None
 
 
 def _probes(cfg: Config, network) -> bool:
@@ -391,19 +457,28 @@ def _probe_links(cfg: Config, pre: Preflight, network, log: Log) -> list[str]:
 
 
 def _supervise(sup: Supervisor, pre: Preflight) -> tuple[int, dict]:
-    code, summary = 0, {}
+    code, summary = exitcodes.OK, {}
     try:
         with _SigTerm():
             summary = sup.run(pre)
-    except (RunFailed, KeyboardInterrupt, Interrupted) as exc:
-        reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        code = 1 if isinstance(exc, RunFailed) else 130
-        summary = {"status": "failed" if code == 1 else "stopped", "error": reason,
-                   "last_rounds": [s.round for s in sup.slots]}
+    except BaseException as exc:  # noqa: BLE001 - every ending is recorded, then stops the rest
+        code, summary = _outcome(exc)
+        summary["last_rounds"] = [s.round for s in sup.slots]
         sup.stop_all()
     finally:
         sup.close()
-        summary |= {"mode": "run"} | sup.network.describe_summary()
-        sup.rec.summary(summary)
-        sup.rec.write_json("links.json", sup.network.links_record(sup.link_bytes()))
+    summary |= {"mode": "run"} | sup.network.describe_summary()
+    problem = _last_words(sup.rec, summary)
+    if problem is None:
+        problem = _write_links(sup)
+    if problem is not None and code == exitcodes.OK:
+        code, summary = exitcodes.RUN_FAILED, summary | {"status": "failed", "error": problem}
     return code, summary
+
+
+def _write_links(sup: Supervisor) -> str | None:
+    try:
+        sup.rec.write_json("links.json", sup.network.links_record(sup.link_bytes()))
+    except records.RecordError as exc:
+        return str(exc)
+    return None

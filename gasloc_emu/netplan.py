@@ -109,6 +109,25 @@ def shaped(cfg: Config) -> bool:
     return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
 
 
+def check_network(cfg: Config) -> None:
+    """Refuse network settings that would be recorded but not applied.
+
+    The profile is built (so a broken profile file fails) whether or not a shaper will run;
+    a profile, latency, jitter or loss with ``net.shaper = none`` is an error, since the run
+    record would state a network the workers never saw.
+    """
+    from netem.profiles import ProfileError, build_link_plan  # netem's own checks, no machinery
+    build_link_plan(cfg.net, cfg.workers, cfg.seed)
+    if cfg.net.shaper != "none":
+        return
+    given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in ("bw_profile", "latency_ms",
+                                                              "jitter_ms", "loss_pct")
+             if getattr(cfg.net, k)]
+    if given:
+        raise ProfileError(f"{', '.join(given)} with net.shaper = 'none' would not be applied; "
+                           "drop it, or choose a shaper (auto, tc or userspace)")
+
+
 def sim_link_model(cfg: Config):
     """The simulator's link model from the bandwidth profile, or None when unshaped.
 

@@ -1,7 +1,8 @@
 """What ``simulate`` and ``run`` check and build before they create anything.
 
-Bad input (an impossible graph, a model whose width does not split into its heads, a corpus too
-small for the workers) fails here, before a run folder, a namespace or a process exists. The
+Bad input (an impossible graph, a broken bandwidth profile or network settings that would not
+be applied, a model whose width does not split into its heads, a corpus too small for the
+workers) fails here, before a run folder, a namespace or a process exists. The
 checks that are only worth a warning (an outer momentum that makes gossip diverge) come back as
 text for the command layer to print.
 """
@@ -14,6 +15,7 @@ from .config import Config
 from .data import Corpus, build_corpus
 from .devices import simulator_device
 from .model import shape_from_config
+from .netplan import check_network
 from .topology import Topology, build_topology
 
 
@@ -29,6 +31,7 @@ class Preflight:
 def preflight(cfg: Config) -> Preflight:
     """Check ``cfg`` against everything a run needs; raises the first bad-input error."""
     topo = build_topology(cfg)
+    check_network(cfg)
     shape_from_config(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)

@@ -24,7 +24,7 @@ from .topology import build_topology
 from .transport.faults import InjectedFault, plan_from_config, with_fault
 from .transport.memory import Hub, LinkModel
 from .virtual_clock import slots_for
-from .worker import Worker
+from .worker import Diverged, Worker
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
@@ -66,12 +66,18 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
                    for w in workers]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join()
+        try:
+            for th in threads:
+                th.join()
+        except KeyboardInterrupt:
+            hub.abort(KeyboardInterrupt())  # the workers stop at their next message
+            rec.summary({"status": "stopped", "error": "interrupted (Ctrl-C)",
+                         "mode": "simulate"})
+            raise
         if hub.error is not None:
             for row in hub.clock.unsettled_rows():  # metrics up to the failure are kept
                 rec.metric(row)
-            rec.summary({"status": "failed", "error": str(hub.error), "mode": "simulate"})
+            rec.summary(_failure(hub.error))
             raise hub.error
         summary = finish(cfg, workers, time.perf_counter() - t_start)
         if link_model is not None:
@@ -90,6 +96,14 @@ def cpu_slots(cfg: Config) -> float:
     the kernel shares the cores among the emulator's busy processes.
     """
     return slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
+
+
+def _failure(exc: BaseException) -> dict:
+    """The summary of a simulation that ``exc`` ended: diverged, or failed."""
+    if isinstance(exc, Diverged):
+        return {"status": "diverged", "error": str(exc), "diverged_at": exc.where,
+                "mode": "simulate"}
+    return {"status": "failed", "error": str(exc), "mode": "simulate"}
 
 
 def _transport(cfg: Config, hub: Hub, rank: int):
@@ -116,7 +130,7 @@ def _worker_loop(w: Worker, hub: Hub, rounds: int) -> None:
             for t in range(rounds):
                 stats = w.run_round(t, on_compute_done=tp.advance)
                 if w.should_eval(t):
-                    stats.eval_loss = w.evaluate()
+                    stats.eval_loss = w.evaluate(t)
                 tp.end_round(stats.as_dict())
             tp.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
@@ -126,5 +140,6 @@ def _worker_loop(w: Worker, hub: Hub, rounds: int) -> None:
 def finish(cfg: Config, workers: list[Worker], wall_s: float) -> dict:
     """Evaluate each worker and the average model; the numbers every run record ends with."""
     sent = sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers)
-    return final_summary(cfg, [w.theta for w in workers], [w.evaluate() for w in workers],
+    last = cfg.run.rounds - 1
+    return final_summary(cfg, [w.theta for w in workers], [w.evaluate(last) for w in workers],
                          workers[0].eval_set, wall_s, sent, workers[0].topology)

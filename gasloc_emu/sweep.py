@@ -34,7 +34,9 @@ import numpy as np
 
 from . import config as C
 from .compare import load_run, matplotlib_figure, time_to_target
+from . import exitcodes
 from .netplan import sim_link_model
+from .records import new_run_dir
 
 
 @dataclass(frozen=True)
@@ -106,23 +108,38 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
         return out  # resumable: a finished run is not repeated
     if out.exists():
         shutil.rmtree(out)  # a run cut short: start it again from nothing
-    from .preflight import preflight  # loads torch, which reading results does not need
+    # these load torch, which reading and reporting results does not need
+    from .preflight import preflight
+    from .worker import Diverged
     pre = preflight(cfg)
     if mode == "simulate":
         from .simulate import simulate
-        simulate(cfg, out, link_model=sim_link_model(cfg), corpus=pre.corpus)
+        try:
+            simulate(cfg, out, link_model=sim_link_model(cfg), corpus=pre.corpus)
+        except Diverged:
+            pass  # a tuning value can diverge: its record says so, and it counts as failed
     else:
         from .launcher import launch
-        result = launch(C.replace(cfg, **{"run.dashboard": "off"}), pre, str(out))
-        if result.code != 0:
+        result = launch(C.replace(cfg, **{"run.dashboard": "off"}), pre,
+                        new_run_dir(cfg, out, overwrite=True))
+        if result.code not in (exitcodes.OK, exitcodes.DIVERGED):
             raise RuntimeError(f"run failed ({result.error}): see {out}/summary.json")
     return out
 
 
 def final_loss(run_dir: Path) -> float:
+    """The run's final eval loss; infinite for a run that failed or diverged (never the best)."""
     s = json.loads((run_dir / "summary.json").read_text())
     v = s.get("final_eval_loss")
-    return math.inf if v is None or not math.isfinite(v) else float(v)
+    if s.get("status", "ok") != "ok" or v is None or not math.isfinite(v):
+        return math.inf
+    return float(v)
+
+
+def failed_runs(run_dirs: list[Path]) -> int:
+    """How many of these runs did not end with status ok (diverged, failed, stopped)."""
+    return sum(json.loads((d / "summary.json").read_text()).get("status", "ok") != "ok"
+               for d in run_dirs)
 
 
 def run_arm(preset: Path, spec: SweepSpec, arm: Arm, out: Path, log) -> ArmResult:
@@ -215,6 +232,7 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
                                         for d in res.runs]),
             "bytes_sent_total": _stats([s.get("bytes_sent_total") for s in sums]),
             "rounds": sums[0].get("rounds"), "runs": [str(d) for d in res.runs],
+            "failed_runs": failed_runs(res.runs),
         })
     return rows
 
@@ -238,6 +256,9 @@ def verdict(spec: SweepSpec, rows: list[dict]) -> dict:
 
 def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
     key = "time_to_target_s" if spec.verdict == "faster" else "final_eval_loss"
+    if cand.get("failed_runs"):
+        return {"arm": cand["arm"], "holds": False,
+                "why": f"{cand['arm']} failed or diverged in {cand['failed_runs']} runs"}
     mine = cand[key][0]
     theirs = {b["arm"]: b[key][0] for b in bases}
     if mine is None:

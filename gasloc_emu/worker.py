@@ -24,6 +24,14 @@ def make_optimizer(gpt: torch.nn.Module, icfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=icfg.lr, betas=(icfg.beta1, icfg.beta2))
 
 
+class Diverged(RuntimeError):
+    """Non-finite parameters or losses: the run is over, and it is not a success."""
+
+    def __init__(self, worker: int, round_idx: int, what: str):
+        super().__init__(f"worker {worker} diverged in round {round_idx}: {what}")
+        self.where = {"worker": worker, "round": round_idx}
+
+
 @dataclass
 class RoundStats:
     """What one worker reports after one round (one line of metrics.jsonl)."""
@@ -88,6 +96,7 @@ class Worker:
         c1 = self.transport.clock()
         self.algo.outer_step(round_idx, self.theta)
         comm_s = self.transport.clock() - c1
+        self.check_finite(round_idx, train_loss)
         after = self.transport.counters()
         return RoundStats(
             worker=self.rank, round=round_idx, step=self.step, train_loss=train_loss,
@@ -96,8 +105,21 @@ class Worker:
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx))
 
-    def evaluate(self) -> float:
-        return data.evaluate(self.gpt, self.eval_set, self.device)
+    def check_finite(self, round_idx: int, loss: float) -> None:
+        """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour
+        within rounds, and a run that ends in NaN must not be reported as a result."""
+        if not math.isfinite(loss):
+            raise Diverged(self.rank, round_idx, f"loss {loss}")
+        if not bool(torch.isfinite(self.theta).all()):
+            bad = int((~torch.isfinite(self.theta)).sum())
+            raise Diverged(self.rank, round_idx, f"{bad} non-finite parameters")
+
+    def evaluate(self, round_idx: int | None = None) -> float:
+        """Mean eval loss; with ``round_idx``, a non-finite loss is a divergence in that round."""
+        loss = data.evaluate(self.gpt, self.eval_set, self.device)
+        if round_idx is not None:
+            self.check_finite(round_idx, loss)
+        return loss
 
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every

@@ -176,7 +176,7 @@ class WorkerProcess:
             state.step = worker.step
             if worker.should_eval(t):
                 state.phase = "evaluating"
-                stats.eval_loss = worker.evaluate()
+                stats.eval_loss = worker.evaluate(t)
             row = stats.as_dict() | {"time_s": time.time() - t0,
                                      "dropped": self.transport.counters()["dropped"]}
             self.ctl.send({"type": "metric", "row": row})
@@ -188,7 +188,7 @@ class WorkerProcess:
         """Evaluate, send the final parameters as one raw frame, and wait to be let go."""
         from .transport.control import tensor_frame
         self.state.phase = "evaluating"
-        eval_loss = self.worker.evaluate()
+        eval_loss = self.worker.evaluate(self.cfg.run.rounds - 1)
         theta = self.worker.theta.detach().to("cpu")
         self.ctl.send({"type": "final", "eval_loss": eval_loss,
                        "dtype": str(theta.dtype).split(".")[-1], "numel": theta.numel(),

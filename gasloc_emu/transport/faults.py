@@ -8,7 +8,9 @@ fails in one of three ways (torchft's ``EventInjector.fail_at(rank, step)`` is t
 - ``exit``: the process ends at once with ``exit_code``, no last words (in the simulator, whose
   workers are threads, the worker's thread ends with the same report);
 - ``hang``: the worker stops dead, heartbeat included, as under SIGSTOP; the launcher's silence
-  check (``run.heartbeat_timeout_s``), or the simulator's stall check, has to notice.
+  check (``run.heartbeat_timeout_s``), or the simulator's stall check, has to notice;
+- ``poison``: the worker keeps going but every tensor it sends from then on is NaN, as a numeric
+  blow-up on one worker would be: its peers' divergence check has to notice.
 
 Every other call goes to the wrapped transport, so a run without a fault is bit for bit a run
 without the wrapper.
@@ -59,7 +61,11 @@ class FaultyTransport:
         self.injected = 0  # how many times the fault fired (0 or 1: the failure ends the worker)
 
     def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
-        self._maybe_fail(round_idx)
+        if self.plan.mode == "poison" and round_idx >= self.plan.round:
+            self.injected += 1
+            tensor = torch.full_like(tensor, float("nan"))  # a fresh tensor: ownership holds
+        else:
+            self._maybe_fail(round_idx)
         self.inner.send(peer, round_idx, kind, tensor)
 
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
@@ -74,7 +80,7 @@ class FaultyTransport:
         return getattr(self.inner, name)  # counters, clock, and each transport's own calls
 
     def _maybe_fail(self, round_idx: int) -> None:
-        if round_idx < self.plan.round:
+        if round_idx < self.plan.round or self.plan.mode == "poison":
             return
         self.injected += 1
         if self.plan.mode == "exit":
