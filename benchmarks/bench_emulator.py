@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 
@@ -43,10 +44,11 @@ def overhead_table(tmp: Path, rounds: int) -> None:
     cli("run", "--algo", "gasloc", "--topology", "ring", "--workers", "4", "--model", "small",
         "--local-steps", "10", "--rounds", str(rounds), "--out", str(out))
     ends = round_ends(out)
-    round_s = statistics.mean(b - a for a, b in zip(ends, ends[1:]))  # skips round 0's warm-up
+    round_s = statistics.mean(b - a for a, b in pairwise(ends))  # skips round 0's warm-up
     compute_s = statistics.mean(r["compute_s"] for r in rows(out) if r["round"] > 0)
     comm_s = statistics.mean(r["comm_s"] for r in rows(out) if r["round"] > 0)
-    print("Table 1: gasloc, small model (1.04M params, 4.2 MB messages), 4 processes, loopback, H = 10")
+    print("Table 1: gasloc, small model (1.04M params, 4.2 MB messages), 4 processes, loopback, "
+          "H = 10")
     print(f"{'round s':>10} {'compute s':>10} {'comm s':>10} {'overhead of round':>18}")
     print(f"{round_s:10.3f} {compute_s:10.3f} {comm_s:10.3f} "
           f"{(round_s - compute_s) / round_s:17.1%}")

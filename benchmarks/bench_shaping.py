@@ -51,19 +51,23 @@ def all_to_all_rows(workers: int, shapers: list[str], seconds: float) -> list[di
         rows = _measure(shaper, net, workers, seconds, None)
         ratios = [r["ratio"] for r in rows]
         out.append({"case": f"{workers}x{workers - 1} flows, skewed 50/5", "shaper": shaper,
-                    "configured_mbit": "50/5", "measured_mbit": round(sum(r["measured_mbit"] for r in rows), 1),
-                    "ratio": f"{min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}",
-                    "latency_ms": round(statistics.median(r["measured_latency_ms"] for r in rows), 3)})
+                    "configured_mbit": "50/5",
+                    "measured_mbit": round(sum(r["measured_mbit"] for r in rows), 1),
+                    "ratio": f"{min(ratios):.3f} / {statistics.median(ratios):.3f} / "
+                             f"{max(ratios):.3f}",
+                    "latency_ms": round(statistics.median(r["measured_latency_ms"] for r in rows),
+                                        3)})
     return out
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ("case", "shaper", "configured Mbit/s", "measured Mbit/s", "ratio (min/median/max)", "latency ms")
+    head = ("case", "shaper", "configured Mbit/s", "measured Mbit/s", "ratio (min/median/max)",
+            "latency ms")
     keys = ("case", "shaper", "configured_mbit", "measured_mbit", "ratio", "latency_ms")
     cells = [head] + [tuple(str(r[k]) for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     for n, c in enumerate(cells):
-        print("  ".join(v.rjust(w) for v, w in zip(c, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
 
@@ -72,12 +76,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="1,5,50,200,1000", help="Mbit/s, comma-separated")
     ap.add_argument("--seconds", type=float, default=3.0, help="measurement per case")
-    ap.add_argument("--workers", type=int, default=8, help="workers of the all-to-all case (0: skip)")
+    ap.add_argument("--workers", type=int, default=8,
+                    help="workers of the all-to-all case (0: skip)")
     ap.add_argument("--shapers", default="tc,userspace")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     shapers = args.shapers.split(",")
-    if "tc" in shapers and not reexec_in_userns(sys.argv[1:], entry=[sys.executable, os.path.abspath(__file__)]):
+    if "tc" in shapers and not reexec_in_userns(sys.argv[1:],
+                                                entry=[sys.executable, os.path.abspath(__file__)]):
         missing = probe().tc_missing() or "user namespaces are disabled"
         print(f"# tc skipped: {missing}")
         shapers.remove("tc")

@@ -142,13 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["config", "plain steps/s", "simulator steps/s", "overhead % (wall)",
             "overhead % (CPU)", "CPU, excl. extra evals %"]
     widths = [max(len(c), 34) if i == 0 else len(c) for i, c in enumerate(cols)]
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         vals = [r["config"], f"{r['plain']:.1f}", f"{r['sim']:.1f}", f"{r['overhead']:+.1f}",
                 f"{r['overhead_cpu']:+.1f}", f"{r['overhead_cpu_no_eval']:+.1f}"]
         print("| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                for i, (v, w) in enumerate(zip(vals, widths))) + " |")
+                                for i, (v, w) in enumerate(zip(vals, widths, strict=True))) + " |")
     return 0
 
 

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from netem.probe import probe_links
 
-from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
 from . import exitcodes
+from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
 from .config import Config
 from .dashboard import LiveView, header_from_config
 from .devices import simulator_device
@@ -41,7 +41,7 @@ class RoundPrinter:
         if len(rows) == self.workers:
             self.echo(format_round(self.rows.pop(row["round"]), self.rounds))
 
-    def __enter__(self) -> "RoundPrinter":  # used like the live dashboard
+    def __enter__(self) -> RoundPrinter:  # used like the live dashboard
         return self
 
     def __exit__(self, *exc) -> None:

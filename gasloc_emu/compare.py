@@ -16,7 +16,6 @@ from rich.table import Table
 from rich.text import Text
 
 from . import fmt
-
 from .config import ConfigError, load_toml
 
 INSTALL_PLOT = "pip install 'gasloc-emu[plot]'"
@@ -284,7 +283,7 @@ def matplotlib_figure():
     return Figure, FigureCanvasAgg
 
 
-def plot(runs: list[Run], path) -> "object":
+def plot(runs: list[Run], path) -> object:
     """Write a PNG: loss against rounds (left) and against the run clock (right); returns the
     matplotlib Figure. Eval loss is the solid line, train loss the faint one, one colour a run."""
     Figure, FigureCanvasAgg = matplotlib_figure()
@@ -292,7 +291,7 @@ def plot(runs: list[Run], path) -> "object":
     FigureCanvasAgg(fig)
     by_round, by_time = fig.subplots(1, 2)
     colours = [f"C{i % 10}" for i in range(len(runs))]
-    drawn = sum(_plot_run(by_round, by_time, run, c) for run, c in zip(runs, colours))
+    drawn = sum(_plot_run(by_round, by_time, run, c) for run, c in zip(runs, colours, strict=True))
     if not drawn:
         raise CompareError("nothing to plot: no run has a loss in its metrics.jsonl")
     _dress(fig, by_round, by_time)
@@ -406,7 +405,8 @@ def links_table(links: list[dict]) -> Table:
         off, miss = _link_off(lk)
         table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
                       fmt.mbit(lk.get("configured_mbit")), fmt.mbit(lk.get("measured_mbit")),
-                      "-" if off is None else f"{off:+.0%}", _num(lk.get("configured_latency_ms", lk.get("latency_ms")), ".1f"),
+                      "-" if off is None else f"{off:+.0%}",
+                      _num(lk.get("configured_latency_ms", lk.get("latency_ms")), ".1f"),
                       _num(lk.get("measured_latency_ms"), ".1f"),
                       fmt.nbytes(lk["bytes"]) if fmt.finite(lk.get("bytes")) else "-",
                       _link_verdict(off, miss, lk.get("ok")))

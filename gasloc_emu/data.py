@@ -27,7 +27,8 @@ _NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
 
 
 def stdlib_files() -> list[Path]:
-    """The standard library's .py files in a stable order (installed packages pruned, not walked)."""
+    """The standard library's .py files in a stable order (installed packages pruned, not
+    walked)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -80,8 +81,8 @@ def _load_token_file(p: Path, vocab_size: int) -> np.ndarray:
         raise DataError(f"token file {str(p)!r} has an odd size; expected flat uint16 tokens")
     tokens = np.memmap(p, dtype=np.uint16, mode="r")
     if tokens.size and int(tokens.max()) >= vocab_size:
-        raise DataError(f"token file {str(p)!r} holds token {int(tokens.max())}, outside the model's "
-                        f"vocabulary of {vocab_size} (set model.vocab_size)")
+        raise DataError(f"token file {str(p)!r} holds token {int(tokens.max())}, "
+                        f"outside the model's vocabulary of {vocab_size} (set model.vocab_size)")
     return tokens
 
 

@@ -23,7 +23,8 @@ class DeviceError(ConfigError):
 
 @dataclass(frozen=True)
 class DeviceAssignment:
-    """One worker's device as torch names it inside the worker, and the environment to start it with."""
+    """One worker's device as torch names it inside the worker, and the environment to start it
+    with."""
 
     device: str                      # "cpu" or "cuda:0" (the one GPU the worker sees)
     gpu: str | None = None           # the physical GPU, as the launcher's environment names it
@@ -48,7 +49,8 @@ def visible_gpus(cuda_visible_devices: str | None, count: int) -> list[str]:
 
 
 def assign_devices(want: str, workers: int, gpus: list[str]) -> list[DeviceAssignment]:
-    """Worker k on GPU ``gpus[k % len(gpus)]`` (as ``cuda:0`` inside), or every worker on the CPU."""
+    """Worker k on GPU ``gpus[k % len(gpus)]`` (as ``cuda:0`` inside), or every worker on the
+    CPU."""
     if want not in DEVICE_CHOICES:
         raise ValueError(f"run.device = {want!r}; expected one of {DEVICE_CHOICES}")
     if want == "cuda" and not gpus:

@@ -36,7 +36,7 @@ class GPTShape:
 def shape_from_config(mcfg) -> GPTShape:
     """Preset values, each replaced by the config's value where that is non-zero."""
     base = dict(zip(("n_layer", "n_head", "n_embd", "block_size", "vocab_size"),
-                    PRESETS[mcfg.preset]))
+                    PRESETS[mcfg.preset], strict=True))
     for key in base:
         base[key] = getattr(mcfg, key) or base[key]
     if base["n_embd"] % base["n_head"]:

@@ -32,7 +32,8 @@ class LoopbackNetwork:
         return f"# shaper: none ({self.reason}); nothing to create"
 
     def describe_summary(self) -> dict:
-        return {"shaper": "none", "shaper_reason": self.reason, "bw_profile": self.cfg.net.bw_profile}
+        return {"shaper": "none", "shaper_reason": self.reason,
+                "bw_profile": self.cfg.net.bw_profile}
 
     def links_record(self, link_bytes: list[dict]) -> dict:
         return {"shaper": "none", "links": link_bytes}

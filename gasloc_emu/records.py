@@ -148,7 +148,7 @@ class RunRecord:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "RunRecord":
+    def __enter__(self) -> RunRecord:
         return self
 
     def __exit__(self, *exc) -> None:

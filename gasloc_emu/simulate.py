@@ -1,4 +1,5 @@
-"""N workers in one process: the same Worker and algorithms, an in-memory transport, a virtual clock.
+"""N workers in one process: the same Worker and algorithms, an in-memory transport, a virtual
+clock.
 
 Each worker runs in its own thread but only one computes at a time (see ``transport.memory``),
 so results are deterministic and equal to the multi-process emulator's for the same seed. Times
@@ -10,8 +11,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

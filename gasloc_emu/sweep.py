@@ -21,6 +21,7 @@ A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -33,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from . import config as C
-from .compare import load_run, matplotlib_figure, time_to_target
 from . import exitcodes
+from .compare import load_run, matplotlib_figure, time_to_target
 from .netplan import sim_link_model
 from .records import new_run_dir
 
@@ -73,7 +74,8 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise C.ConfigError(f"{path}: no [sweep] table with [[sweep.arm]] entries")
     unknown = set(raw) - _SPEC_KEYS
     if unknown:
-        raise C.ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; known: {sorted(_SPEC_KEYS)}")
+        raise C.ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
+                            f"known: {sorted(_SPEC_KEYS)}")
     if raw.get("mode", "simulate") not in ("simulate", "run"):
         raise C.ConfigError(f"sweep.mode = {raw['mode']!r}; expected 'simulate' or 'run'")
     arms = tuple(Arm(a["name"], dict(a.get("set", {})), a.get("group", ""), a.get("role", ""))
@@ -114,10 +116,9 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     pre = preflight(cfg)
     if mode == "simulate":
         from .simulate import simulate
-        try:
+        # a tuning value can diverge: its record says so, and it counts as failed
+        with contextlib.suppress(Diverged):
             simulate(cfg, out, link_model=sim_link_model(cfg), corpus=pre.corpus)
-        except Diverged:
-            pass  # a tuning value can diverge: its record says so, and it counts as failed
     else:
         from .launcher import launch
         result = launch(C.replace(cfg, **{"run.dashboard": "off"}), pre,
@@ -269,7 +270,8 @@ def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
         holds = mine <= best * (1 + spec.tolerance)
     else:  # beats / faster; a baseline that never reached the target counts as slower
         holds = all(mine < v for v in known.values())
-    return {"arm": cand["arm"], "holds": bool(holds), "key": key, "value": mine, "baselines": theirs}
+    return {"arm": cand["arm"], "holds": bool(holds), "key": key, "value": mine,
+            "baselines": theirs}
 
 
 def machine() -> dict:
@@ -295,7 +297,7 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(1, len(axes_wanted))) if len(axes_wanted) > 1 else [fig.subplots()]
     for res in results:
-        for ax, axis in zip(axes, axes_wanted):
+        for ax, axis in zip(axes, axes_wanted, strict=True):
             curves = [_curve(d, axis) for d in res.runs]
             n = min(len(c[0]) for c in curves)
             if n == 0:
@@ -319,7 +321,9 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
 
 def _pm(stat, fmt: str = "{:.4f}") -> str:
     mean, std, n = stat
-    return "-" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std)}" + (f" (n={n})" if n else "")
+    if mean is None:
+        return "-"
+    return f"{fmt.format(mean)} ± {fmt.format(std)}" + (f" (n={n})" if n else "")
 
 
 def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
@@ -333,7 +337,8 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
              + ("real worker processes over the shaped network" if emulated else
                 "in-process simulator: only rounds matter here; its clock is compute time plus "
                 "modelled transfers")
-             + f"); seeds {list(spec['seeds'])}; the same search over {spec['tune_key'] or 'nothing'} "
+             + f"); seeds {list(spec['seeds'])}; the same search over "
+             f"{spec['tune_key'] or 'nothing'} "
              f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm, best value "
              "kept for all seeds. Mean ± standard deviation over seeds. Final eval loss is that of "
              "the average of the workers' models; consensus distance is the RMS distance of the "

@@ -176,7 +176,8 @@ class Topology:
             raise TopologyError(f"unknown topology {self.name!r}; expected one of "
                                 f"{', '.join(FIXED + RANDOM)}")
         if self.n < 2:
-            raise TopologyError(f"topology {self.name!r} needs at least 2 workers; got N = {self.n}")
+            raise TopologyError(f"topology {self.name!r} needs at least 2 workers; "
+                                f"got N = {self.n}")
         if self.name in RANDOM and self.n % 2:
             raise TopologyError(f"a perfect matching needs an even number of workers; N = {self.n}")
         _ = self.possible_edges  # build now so that bad requests fail at construction
@@ -270,7 +271,7 @@ class Topology:
 
 
 @lru_cache(maxsize=64)
-def _round_edges(topo: "Topology", t: int) -> set[tuple[int, int]]:
+def _round_edges(topo: Topology, t: int) -> set[tuple[int, int]]:
     """Round t's edges, memoised: every worker asks for them once per row it computes."""
     return topo._draw_edges(t)
 

@@ -21,8 +21,8 @@ is known, so it lags the threads a little and emits each round's row (with ``tim
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # (src, dst, nbytes) -> (seconds on the wire, one-way latency in seconds)
 LinkModel = Callable[[int, int, int], tuple[float, float]]

@@ -1,4 +1,5 @@
-"""Network emulation for gasloc-emu: bandwidth profiles, link plans, and the shapers that enforce them.
+"""Network emulation for gasloc-emu: bandwidth profiles, link plans, and the shapers that
+enforce them.
 
 Modules (import them directly; this package imports nothing on its own so that the probe agent,
 started inside every worker namespace, starts fast):

@@ -35,11 +35,13 @@ t ifb ip link add gpifb0 type ifb
 t htb tc qdisc add dev lo root handle 1: htb
 tc class add dev lo parent 1: classid 1:10 htb rate 1mbit ceil 1mbit prio 0 >/dev/null 2>&1
 t pfifo tc qdisc add dev lo parent 1:10 handle 10: pfifo limit 1000
-t u32 tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dst 198.18.0.1/32 match u16 0x0000 0xff80 at 2 flowid 1:10
+t u32 tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dst 198.18.0.1/32 \
+  match u16 0x0000 0xff80 at 2 flowid 1:10
 t tbf tc qdisc add dev gpv0 root tbf rate 1mbit burst 10kb latency 50ms
 t netem tc qdisc add dev gpv1 root handle 1: netem delay 1ms
 t ingress tc qdisc add dev lo handle ffff: ingress
-t mirred tc filter add dev lo parent ffff: protocol ip prio 1 u32 match u32 0 0 action mirred egress redirect dev lo
+t mirred tc filter add dev lo parent ffff: protocol ip prio 1 u32 match u32 0 0 \
+  action mirred egress redirect dev lo
 """
 
 
@@ -182,7 +184,8 @@ def _tc_decision(caps: Capabilities, why: str) -> Decision:
 
 
 def choose_shaper(requested: str, caps: Capabilities) -> Decision:
-    """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on request."""
+    """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on
+    request."""
     if requested not in SHAPERS:
         raise CapabilityError(f"net.shaper = {requested!r} is not allowed; expected one of "
                               f"{', '.join(SHAPERS)}")
@@ -199,5 +202,6 @@ def choose_shaper(requested: str, caps: Capabilities) -> Decision:
         return _tc_decision(caps, "tc requested and available")
     if missing:
         return Decision("userspace", "release-queue",
-                        f"auto: tc is not possible here ({missing}); using the userspace shaper", caps)
+                        f"auto: tc is not possible here ({missing}); using the userspace shaper",
+                        caps)
     return _tc_decision(caps, "auto: network namespaces and htb work")

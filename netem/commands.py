@@ -75,7 +75,8 @@ class Command:
         return self.argv[0]
 
     def full_argv(self) -> list[str]:
-        """The argv to execute: ``ip -n NS ...`` / ``tc -n NS ...``, else ``ip netns exec NS ...``."""
+        """The argv to execute: ``ip -n NS ...`` / ``tc -n NS ...``, else ``ip netns exec NS
+        ...``."""
         if self.netns is None:
             return list(self.argv)
         if self.tool in ("ip", "tc"):
@@ -94,7 +95,8 @@ def _cmd(netns: str | None, desc: str, *argv: object) -> Command:
 
 @dataclass(frozen=True)
 class NetTopology:
-    """Names and addresses of one run's namespaces; ``run_id`` keeps runs apart (hex, 1-12 chars)."""
+    """Names and addresses of one run's namespaces; ``run_id`` keeps runs apart (hex, 1-12
+    chars)."""
 
     run_id: str
     workers: int
@@ -107,7 +109,8 @@ class NetTopology:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
                 or not 1 <= self.workers <= 65_534:
             raise ValueError(f"workers = {self.workers!r} is out of range; expected 1..65534")
-        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) or not 576 <= self.mtu <= 65_535:
+        if isinstance(self.mtu, bool) or not isinstance(self.mtu, int) \
+                or not 576 <= self.mtu <= 65_535:
             raise ValueError(f"mtu = {self.mtu!r} is out of range; expected 576..65535")
 
     @property
@@ -237,7 +240,8 @@ def _tree_commands(t: _Tree) -> list[Command]:
     return out
 
 
-def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow, cap_bps: int | None) -> list[Command]:
+def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow,
+                   cap_bps: int | None) -> list[Command]:
     """The link class of one peer, its ACK and bulk children, their leaves and filters."""
     ceil = htb_rate_bps(flow.rate_mbit, t.mtu)
     rate = ceil
@@ -252,7 +256,8 @@ def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow, cap_bps: int |
     return [
         _htb_class(t, parent, minor, rate, ceil, f"link {arrow} {flow.rate_mbit:g} Mbit/s"),
         _htb_class(t, f"1:{minor:x}", minor + 1, ack_rate, ceil, f"link {arrow} small packets", 0),
-        _htb_class(t, f"1:{minor:x}", minor + 2, max(8, rate - ack_rate), ceil, f"link {arrow} bulk", 1),
+        _htb_class(t, f"1:{minor:x}", minor + 2, max(8, rate - ack_rate), ceil,
+                   f"link {arrow} bulk", 1),
         _leaf(t, minor + 1), _leaf(t, minor + 2),
         _filter(t, 1, flow.address, minor + 1, small=True),
         _filter(t, 2, flow.address, minor + 2, small=False),
@@ -266,11 +271,12 @@ def _leaf(t: _Tree, minor: int) -> Command:
 
 def _filter(t: _Tree, prio: int, address: str, minor: int, small: bool) -> Command:
     # IP total length (bytes 2-3 of the header) < 128 <=> its top nine bits are zero
-    size = ["match", "u16", "0x0000", f"0x{0xffff & ~(ACK_MAX_IP_BYTES - 1):04x}", "at", "2"] if small else []
+    size = (["match", "u16", "0x0000", f"0x{0xffff & ~(ACK_MAX_IP_BYTES - 1):04x}", "at", "2"]
+            if small else [])
     what = "small packets" if small else "bulk"
-    return _cmd(t.netns, f"classify {what} {t.match} {address}", "tc", "filter", "add", "dev", t.dev,
-                "parent", "1:", "protocol", "ip", "prio", prio, "u32", "match", "ip", t.match,
-                f"{address}/32", *size, "flowid", f"1:{minor:x}")
+    return _cmd(t.netns, f"classify {what} {t.match} {address}", "tc", "filter", "add", "dev",
+                t.dev, "parent", "1:", "protocol", "ip", "prio", prio, "u32", "match", "ip",
+                t.match, f"{address}/32", *size, "flowid", f"1:{minor:x}")
 
 
 # ---------------------------------------------------------------- per worker
@@ -311,7 +317,8 @@ def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Comma
     out = [_cmd(ns, f"worker {rank} download device", "ip", "link", "add", IFB_DEV, "mtu", topo.mtu,
                 "type", "ifb"),
            _cmd(ns, f"worker {rank} download device up", "ip", "link", "set", IFB_DEV, "up"),
-           _cmd(ns, "ingress hook", "tc", "qdisc", "add", "dev", WORKER_DEV, "handle", "ffff:", "ingress"),
+           _cmd(ns, "ingress hook", "tc", "qdisc", "add", "dev", WORKER_DEV, "handle", "ffff:",
+                "ingress"),
            _cmd(ns, "redirect arriving IP packets to the download device", "tc", "filter", "add",
                 "dev", WORKER_DEV, "parent", "ffff:", "protocol", "ip", "prio", 1, "u32", "match",
                 "u32", 0, 0, "action", "mirred", "egress", "redirect", "dev", IFB_DEV)]
@@ -319,7 +326,8 @@ def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Comma
 
 
 def _netem_args(link, rate_bps: int, mtu: int) -> list[str]:
-    """netem's arguments; its queue holds every packet in flight over the delay (ACK-sized worst case)."""
+    """netem's arguments; its queue holds every packet in flight over the delay (ACK-sized worst
+    case)."""
     delay_s = (link.latency_ms + link.jitter_ms) / 1e3
     limit = LEAF_LIMIT_PKTS + math.ceil(rate_bps / 8 * delay_s / 64)
     args = ["delay", f"{link.latency_ms:g}ms"]
@@ -331,14 +339,15 @@ def _netem_args(link, rate_bps: int, mtu: int) -> list[str]:
 
 
 def delay_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Command]:
-    """netem on the switch port towards ``rank``: one qdisc when all senders look alike, else per sender."""
+    """netem on the switch port towards ``rank``: one qdisc when all senders look alike, else per
+    sender."""
     links = [plan.links[(j, rank)] for j in range(plan.workers) if j != rank]
-    if not any(l.latency_ms or l.jitter_ms or l.loss_pct for l in links):
+    if not any(link.latency_ms or link.jitter_ms or link.loss_pct for link in links):
         return []
     sw, dev = topo.switch_ns, topo.port_dev(rank)
-    shapes = {(l.latency_ms, l.jitter_ms, l.loss_pct) for l in links}
+    shapes = {(link.latency_ms, link.jitter_ms, link.loss_pct) for link in links}
     if len(shapes) == 1:
-        fastest = max(htb_rate_bps(l.rate_mbit, topo.mtu) for l in links)
+        fastest = max(htb_rate_bps(link.rate_mbit, topo.mtu) for link in links)
         return [_cmd(sw, f"delay towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
                      "netem", *_netem_args(links[0], fastest, topo.mtu))]
     out = [_cmd(sw, f"delay tree towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
@@ -356,9 +365,11 @@ def _delay_class(topo: NetTopology, rank: int, index: int, link) -> list[Command
              "htb", "rate", _bit(PASS_RATE_BPS), "ceil", _bit(PASS_RATE_BPS),
              *_burst_args(PASS_RATE_BPS, topo.mtu)),   # tc's default burst at this rate is 0
         _cmd(sw, desc, "tc", "qdisc", "add", "dev", dev, "parent", f"1:{minor:x}", "handle",
-             f"{minor:x}:", "netem", *_netem_args(link, htb_rate_bps(link.rate_mbit, topo.mtu), topo.mtu)),
-        _cmd(sw, desc, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", 1,
-             "u32", "match", "ip", "src", f"{topo.address(link.src)}/32", "flowid", f"1:{minor:x}"),
+             f"{minor:x}:", "netem",
+             *_netem_args(link, htb_rate_bps(link.rate_mbit, topo.mtu), topo.mtu)),
+        _cmd(sw, desc, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
+             1, "u32", "match", "ip", "src", f"{topo.address(link.src)}/32", "flowid",
+             f"1:{minor:x}"),
     ]
 
 
@@ -369,7 +380,7 @@ def check_supported(plan: LinkPlan, decision: Decision) -> None:
     if decision.shaper == "none" or not plan.shaped:
         return
     caps = decision.caps
-    for attr, what in (("jitter_ms", "jitter"), ("loss_pct", "loss")):
+    for attr in ("jitter_ms", "loss_pct"):
         if plan.max_of(attr) and not (decision.shaper == "tc" and decision.delay == "netem"):
             raise CapabilityError(
                 f"net.{attr} = {plan.max_of(attr):g} needs the netem qdisc, and this run has "

@@ -27,11 +27,17 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .capabilities import CapabilityError, Decision, in_user_namespace, userns_works
-from .commands import (NETNS_RE, Command, NetTopology, check_supported, plan_commands,
-                       teardown_commands)
+from .commands import (
+    NETNS_RE,
+    Command,
+    NetTopology,
+    check_supported,
+    plan_commands,
+    teardown_commands,
+)
 from .profiles import LinkPlan
 from .userspace import shaping_from_spec, spec_for
 
@@ -111,7 +117,8 @@ def reexec_argv(argv: list[str], entry: list[str] | None = None) -> list[str]:
 
 
 def inside_userns(env_flag: str = ENV_FLAG) -> bool:
-    """Whether this process was re-executed by ``reexec_in_userns`` (flag set and a user namespace)."""
+    """Whether this process was re-executed by ``reexec_in_userns`` (flag set and a user
+    namespace)."""
     return os.environ.get(env_flag) == "1" and in_user_namespace()
 
 
@@ -148,7 +155,8 @@ def prepare_userns(env_flag: str = ENV_FLAG) -> None:
         raise NamespaceError("prepare_userns() only runs inside the namespace made by "
                              "reexec_in_userns(); refusing to mount over the host's /run")
     target = "/run/netns" if os.path.isdir("/run/netns") else "/run"
-    run_commands([Command(("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "gasloc-netns", target)),
+    run_commands([Command(("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "gasloc-netns",
+                           target)),
                   Command(("mkdir", "-p", "/run/netns")),
                   Command(("ip", "link", "set", "lo", "up"))])
     _prepared = True
@@ -185,7 +193,8 @@ def _netns_pids(name: str) -> list[int]:
 
 
 def leftover_commands(names: list[str], pids: dict[str, list[int]]) -> list[Command]:
-    """Pure: kill what still runs inside each namespace, then remove it (its links and qdiscs go with it)."""
+    """Pure: kill what still runs inside each namespace, then remove it (its links and qdiscs go
+    with it)."""
     out = []
     for name in names:
         out += [Command(("kill", "-KILL", str(p)), None, f"process {p} left in {name}")
@@ -241,7 +250,8 @@ class NetworkSession:
         self.plan, self.decision, self.dry_run, self.env_flag = plan, decision, dry_run, env_flag
         self.run_id = run_id or new_run_id()
         self.mode = self._choose_mode()
-        self.topo = NetTopology(self.run_id, plan.workers, plan.mtu) if self.mode != "loopback" else None
+        self.topo = (NetTopology(self.run_id, plan.workers, plan.mtu)
+                     if self.mode != "loopback" else None)
         # both validate what the shaper cannot do, before anything exists
         self.commands = plan_commands(plan, self.topo, decision) if self.topo else []
         check_supported(plan, decision)
@@ -278,12 +288,14 @@ class NetworkSession:
         return self.topo.worker_ns(rank) if self.topo else None
 
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
-        """argv that runs ``argv`` inside worker ``rank``'s namespace (same pid: ip netns exec execs)."""
+        """argv that runs ``argv`` inside worker ``rank``'s namespace (same pid: ip netns exec
+        execs)."""
         ns = self.netns(rank)
         return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
 
     def shaping_spec(self) -> dict | None:
-        """JSON-able spec of the userspace shaping for all workers (``shaping_from_spec``), or None."""
+        """JSON-able spec of the userspace shaping for all workers (``shaping_from_spec``), or
+        None."""
         return self.spec
 
     def shaping(self, rank: int):
@@ -292,7 +304,7 @@ class NetworkSession:
 
     # -- lifecycle
 
-    def __enter__(self) -> "NetworkSession":
+    def __enter__(self) -> NetworkSession:
         self.start()
         return self
 
@@ -303,7 +315,8 @@ class NetworkSession:
         if self.dry_run:
             return
         if inside_userns(self.env_flag):
-            prepare_userns(self.env_flag)   # also for loopback modes: a new netns starts with lo down
+            # also for loopback modes: a new netns starts with lo down
+            prepare_userns(self.env_flag)
         if not self.commands:
             return
         try:

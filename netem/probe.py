@@ -37,7 +37,8 @@ import time
 
 from .userspace import ReleaseQueue, shaping_from_spec
 
-HDR = struct.Struct("!BHIddI")      # kind, src, job, send time, deliver_at (NaN: none), payload bytes
+# kind, src, job, send time, deliver_at (NaN: none), payload bytes
+HDR = struct.Struct("!BHIddI")
 PING, BULK = 0, 1
 PING_BYTES = 64
 PING_GAP_S = 0.02
@@ -52,7 +53,8 @@ SNDBUF_S = 0.25                     # sender socket buffer: this much of the lin
 SNDBUF_RANGE = (256 * 1024, 4 << 20)  # ... within these bounds (the kernel doubles it)
 MIN_FIT_POINTS = 8                  # fewer messages in the window: count bytes instead of fitting
 TOLERANCE = 0.10
-LATENCY_TOLERANCE_MS = 2.0   # the latency test's bound; a busy 2-core machine adds ~1 ms of scheduling
+# the latency test's bound; a busy 2-core machine adds ~1 ms of scheduling
+LATENCY_TOLERANCE_MS = 2.0
 
 
 class ProbeError(RuntimeError):
@@ -183,7 +185,8 @@ class _Agent:
     def _frame(self, buf: bytearray, kind: int, job: int, peer: int, nbytes: int) -> None:
         now = time.time()
         deliver = self.shaper.stamp(peer, HDR.size + nbytes, now) if self.shaper else None
-        HDR.pack_into(buf, 0, kind, self.rank, job, now, math.nan if deliver is None else deliver, nbytes)
+        HDR.pack_into(buf, 0, kind, self.rank, job, now,
+                      math.nan if deliver is None else deliver, nbytes)
 
     def _pings(self, sock: socket.socket, job: dict, peer: int, offset_s: float) -> None:
         buf = bytearray(HDR.size + PING_BYTES)
@@ -322,7 +325,8 @@ def _row(plan, src: int, dst: int, rx: dict) -> dict:
     return {"src": src, "dst": dst, "configured_mbit": rate, "measured_mbit": round(rx["mbit"], 4),
             "ratio": None if ratio is None else round(ratio, 4), "configured_latency_ms": lat,
             "measured_latency_ms": None if rx["latency_ms"] is None else round(rx["latency_ms"], 3),
-            "latency_p90_ms": None if rx["latency_p90_ms"] is None else round(rx["latency_p90_ms"], 3),
+            "latency_p90_ms": (None if rx["latency_p90_ms"] is None
+                               else round(rx["latency_p90_ms"], 3)),
             "bytes": rx["bytes"], "ok": ok}
 
 
@@ -333,12 +337,14 @@ def _check_args(pairs: list, workers: int, seconds: float, pings: int) -> None:
         raise ValueError(f"pings = {pings!r} is out of range; expected 1..1000")
     for s, d in pairs:
         if s == d or not (0 <= s < workers and 0 <= d < workers):
-            raise ValueError(f"pair ({s}, {d}) is not a link of this run (workers 0..{workers - 1})")
+            raise ValueError(f"pair ({s}, {d}) is not a link of this run "
+                             f"(workers 0..{workers - 1})")
 
 
 def probe_links(session, pairs: list[tuple[int, int]] | None = None, seconds_per_link: float = 2.0,
                 parallel: bool = True, pings: int = 10) -> list[dict]:
-    """Measure ``pairs`` (default: every directed link) of a running ``NetworkSession``; one row each."""
+    """Measure ``pairs`` (default: every directed link) of a running ``NetworkSession``; one row
+    each."""
     plan = session.plan
     pairs = [tuple(p) for p in (pairs if pairs is not None else
              [(i, j) for i in range(plan.workers) for j in range(plan.workers) if i != j])]
@@ -354,7 +360,8 @@ def probe_links(session, pairs: list[tuple[int, int]] | None = None, seconds_per
         rounds = [pairs] if parallel else [[p] for p in pairs]
         rows = []
         for job_id, round_pairs in enumerate(rounds):
-            rows += _run_round(plan, session, agents, ports, job_id, round_pairs, pings, seconds_per_link)
+            rows += _run_round(plan, session, agents, ports, job_id, round_pairs, pings,
+                               seconds_per_link)
         return rows
     finally:
         for a in agents.values():

@@ -47,9 +47,10 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,7 +94,8 @@ def _check_worker(what: str, value: Any, workers: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProfileError(f"{what} = {value!r} is not a worker id (an integer)")
     if not 0 <= value < workers:
-        raise ProfileError(f"{what} = {value} is out of range; this run has workers 0..{workers - 1}")
+        raise ProfileError(f"{what} = {value} is out of range; "
+                           f"this run has workers 0..{workers - 1}")
     return value
 
 
@@ -101,7 +103,8 @@ def _check_worker(what: str, value: Any, workers: int) -> int:
 
 @dataclass(frozen=True)
 class Link:
-    """One directed link src -> dst. ``rate_mbit`` is goodput: what an application moves per second."""
+    """One directed link src -> dst. ``rate_mbit`` is goodput: what an application moves per
+    second."""
 
     src: int
     dst: int
@@ -234,7 +237,8 @@ def _two_cluster_rates(net, workers: int, seed: int) -> tuple[dict, str]:
 
 
 def lognormal_worker_rates(rate_mbit: float, workers: int, seed: int) -> list[float]:
-    """Per-worker rates with median ``rate_mbit``, rounded to 1 kbit/s and kept in the valid range."""
+    """Per-worker rates with median ``rate_mbit``, rounded to 1 kbit/s and kept in the valid
+    range."""
     rng = random.Random(seed)
     lo, hi = RATE_RANGE_MBIT
     draws = (rate_mbit * math.exp(rng.gauss(0.0, LOGNORMAL_SIGMA)) for _ in range(workers))
@@ -284,7 +288,8 @@ def _check_keys(where: str, table: Any, allowed: set[str]) -> dict:
         raise ProfileError(f"{where} must be a table of settings, got {table!r}")
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; "
+                           f"allowed: {', '.join(sorted(allowed))}")
     return table
 
 
@@ -379,7 +384,8 @@ def build_link_plan(net, workers: int, seed: int) -> LinkPlan:
         raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
                            f"{', '.join(NAMED)}, or a path to a .toml or .json file")
     rates, note = _NAMED_BUILDERS[name](net, workers, seed)
-    return LinkPlan(workers, _links_from_pairs(net, rates), {}, profile=name, note=note, mtu=net.mtu)
+    return LinkPlan(workers, _links_from_pairs(net, rates), {}, profile=name, note=note,
+                    mtu=net.mtu)
 
 
 def _unshaped_plan(net, workers: int) -> LinkPlan:

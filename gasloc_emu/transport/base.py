@@ -40,7 +40,8 @@ class Transport(Protocol):
         """Cumulative bytes per peer, dropped messages and seconds spent waiting."""
 
     def clock(self) -> float:
-        """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual one)."""
+        """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual
+        one)."""
 
 
 class TransportBase:

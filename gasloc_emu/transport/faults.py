@@ -1,4 +1,5 @@
-"""Deterministic fault injection: worker w fails at round r, the same way in ``simulate`` and ``run``.
+"""Deterministic fault injection: worker w fails at round r, the same way in ``simulate`` and
+``run``.
 
 A ``FaultyTransport`` wraps the worker's transport and, on the target worker's first send or
 receive of round r or later (its inner steps of that round done, its outer step not yet begun),
@@ -17,8 +18,8 @@ without the wrapper.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -67,7 +67,7 @@ class Hub:
             self.check_stalled()
             self.cond.wait_for(lambda: self.error is not None)
 
-    def transport(self, rank: int) -> "InMemoryTransport":
+    def transport(self, rank: int) -> InMemoryTransport:
         return InMemoryTransport(self, rank)
 
 

@@ -5,8 +5,8 @@ Every run here shares one corpus (the running Python's standard library) and 4 w
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 
 import pytest
 import torch
@@ -99,7 +99,7 @@ def test_gasloc_complete_equals_diloco(run):
         assert torch.equal(w.theta, d_workers[0].theta)
     assert d["consensus_distance"] == 0.0
     scale = float(d_workers[0].theta.abs().max())
-    for gw, dw in zip(g_workers, d_workers):
+    for gw, dw in zip(g_workers, d_workers, strict=True):
         assert float((gw.theta - dw.theta).abs().max()) < 1e-4 * scale
     assert d["final_eval_loss"] < 4.0  # both really trained
 
@@ -112,7 +112,7 @@ def test_gasloc_h1_eta1_gamma0_is_dsgd_exactly(run, topology):
     got, got_w, got_rows = run(make_cfg(**{"algo.name": "gasloc", "topology.name": topology,
                                            "run.rounds": rounds, "algo.local_steps": 1,
                                            "algo.outer_lr": 1.0, "algo.momentum": 0.0}))
-    for a, b in zip(ref_w, got_w):
+    for a, b in zip(ref_w, got_w, strict=True):
         assert torch.equal(a.theta, b.theta), f"worker {a.rank} differs"
     assert losses(ref_rows) == losses(got_rows)
     assert ref["final_eval_loss"] == got["final_eval_loss"]
@@ -125,7 +125,7 @@ def test_gasloc_eta1_gamma0_is_local_gossip_exactly(run):
     ref, ref_w, ref_rows = run(make_cfg(**common, **{"algo.name": "local-gossip"}))
     got, got_w, got_rows = run(make_cfg(**common, **{"algo.name": "gasloc", "algo.outer_lr": 1.0,
                                                      "algo.momentum": 0.0}))
-    for a, b in zip(ref_w, got_w):
+    for a, b in zip(ref_w, got_w, strict=True):
         assert torch.equal(a.theta, b.theta), f"worker {a.rank} differs"
     assert losses(ref_rows) == losses(got_rows)
     assert ref["final_eval_loss"] == got["final_eval_loss"]
@@ -139,7 +139,7 @@ def test_simulation_is_reproducible_and_seed_dependent(run):
               "algo.momentum": "auto"}
     a, a_w, a_rows = run(make_cfg(**common))
     b, b_w, b_rows = run(make_cfg(**common))
-    for x, y in zip(a_w, b_w):
+    for x, y in zip(a_w, b_w, strict=True):
         assert torch.equal(x.theta, y.theta)
     assert losses(a_rows) == losses(b_rows)
     assert a["gamma"] == pytest.approx(Topology("matching", N, seed=0).gamma_star)
@@ -148,7 +148,8 @@ def test_simulation_is_reproducible_and_seed_dependent(run):
 
 
 def test_bytes_on_the_wire(run):
-    """GASLoC: one model-sized message per neighbour per round; DiLoCo: 2(n-1)/n model per worker."""
+    """GASLoC: one model-sized message per neighbour per round; DiLoCo: 2(n-1)/n model per
+    worker."""
     rounds = 2
     g, g_w, g_rows = run(make_cfg(**{"topology.name": "ring", "run.rounds": rounds,
                                      "algo.local_steps": 1}))
@@ -167,9 +168,9 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
     """Ring gossip at 8 Mbit/s + 10 ms: a round ends when the worker's own compute and both
     neighbours' models (queued on their links) are in; its compute is stretched at most by the
     CPU sharing."""
+    from gasloc_emu.devices import threads_per_worker
     from gasloc_emu.netplan import sim_link_model
     from gasloc_emu.virtual_clock import slots_for
-    from gasloc_emu.devices import threads_per_worker
     cfg = make_cfg(**{"topology.name": "ring", "run.rounds": 3, "algo.local_steps": 1,
                       "net.bw_profile": "uniform", "net.rate_mbit": 8.0, "net.latency_ms": 10.0})
     out = tmp_path / "shaped"

@@ -75,12 +75,14 @@ def test_mini_sweep_writes_table_plot_and_section(tmp_path):
     png = tmp_path / "out" / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert saved["rows"][0]["final_eval_loss"] == list(rows[saved["rows"][0]["arm"]]["final_eval_loss"])
+    first_row = saved["rows"][0]
+    assert first_row["final_eval_loss"] == list(rows[first_row["arm"]]["final_eval_loss"])
 
     page = tmp_path / "RESULTS.md"
     page.write_text("# Results\n\nintro stays\n")
     for _ in range(2):  # writing twice replaces the section instead of appending it again
-        sweep.update_results_page(page, "mini", sweep.markdown_section("mini", report, "cmd", "x.png"))
+        sweep.update_results_page(page, "mini",
+                                  sweep.markdown_section("mini", report, "cmd", "x.png"))
     text = page.read_text()
     assert text.count("<!-- begin mini -->") == 1 and "intro stays" in text
     assert f"{g:.4f}" in text and "| g |" in text and "| lg |" in text
@@ -97,5 +99,6 @@ def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
     stamp = (out / "g-s0-0.001" / "metrics.jsonl").stat().st_mtime_ns
     again = sweep.run_sweep(preset, out, log=lambda *_: None)
     assert (out / "g-s0-0.001" / "metrics.jsonl").stat().st_mtime_ns == stamp  # reused
-    for a, b in zip(again["rows"], first["rows"]):  # redone from nothing, same seed: same losses
+    # redone from nothing, same seed: same losses
+    for a, b in zip(again["rows"], first["rows"], strict=True):
         assert (a["tuned"], a["final_eval_loss"]) == (b["tuned"], b["final_eval_loss"])

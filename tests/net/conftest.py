@@ -55,14 +55,15 @@ def run_scenario(args: dict, timeout_s: float = 60.0) -> dict:
     """Run scenario.py to completion; its RESULT json."""
     proc = subprocess.run([sys.executable, str(SCENARIO), json.dumps(args)], capture_output=True,
                           text=True, timeout=timeout_s, cwd=REPO)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"scenario failed ({proc.returncode}): {proc.stderr[-2000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, \
+        f"scenario failed ({proc.returncode}): {proc.stderr[-2000:]}"
     return json.loads(lines[-1][len("RESULT "):])
 
 
 def start_scenario(args: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCENARIO), json.dumps(args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    return subprocess.Popen([sys.executable, str(SCENARIO), json.dumps(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
 def read_result(proc: subprocess.Popen, timeout_s: float = 30.0) -> dict:

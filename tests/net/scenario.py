@@ -69,9 +69,9 @@ def _syntax(plan, args: dict) -> None:
 
 def main(argv: list[str]) -> int:
     args = json.loads(argv[0])
-    if args.get("reexec", True):
-        if not reexec_in_userns(argv, entry=[sys.executable, os.path.abspath(__file__)]):
-            sys.exit("user namespaces do not work here")
+    if args.get("reexec", True) and not reexec_in_userns(
+            argv, entry=[sys.executable, os.path.abspath(__file__)]):
+        sys.exit("user namespaces do not work here")
     net = NetConfig(**args.get("net", {}))
     plan = build_link_plan(net, args["workers"], args.get("seed", 0))
     if args["action"] == "syntax":

@@ -7,7 +7,9 @@ from netem import capabilities as C
 
 
 def _host() -> tuple[str, str]:
-    run = lambda *a: subprocess.run(a, capture_output=True, text=True, timeout=10).stdout
+    def run(*a: str) -> str:
+        return subprocess.run(a, capture_output=True, text=True, timeout=10).stdout
+
     return run("ip", "-o", "link"), run("tc", "qdisc", "show")
 
 

@@ -51,8 +51,11 @@ def _process_refs(proc: Path, tags: set[str]) -> list[str]:
 
 
 def _host_state() -> tuple[str, str, str]:
-    run = lambda *a: subprocess.run(a, capture_output=True, text=True, timeout=10).stdout
-    links = "\n".join(sorted(l.split(":")[1].strip() for l in run("ip", "-o", "link").splitlines()))
+    def run(*a: str) -> str:
+        return subprocess.run(a, capture_output=True, text=True, timeout=10).stdout
+
+    links = "\n".join(sorted(line.split(":")[1].strip()
+                             for line in run("ip", "-o", "link").splitlines()))
     return run("ip", "netns", "list"), links, run("tc", "qdisc", "show")
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def round_times(run_dir: Path) -> list[float]:
         row = json.loads(line)
         ends[row["round"]] = max(ends.get(row["round"], 0.0), row["time_s"])
     ordered = [ends[r] for r in sorted(ends)]
-    return [b - a for a, b in zip(ordered, ordered[1:])]
+    return [b - a for a, b in pairwise(ordered)]
 
 
 def test_expander_under_skewed_completes_and_records_links(tc_caps, tmp_path):

@@ -25,7 +25,7 @@ def root(tc_caps):
 
 def _our_netns(run_id: str) -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [l.split()[0] for l in out.splitlines() if l.startswith(f"gl{run_id}-")]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"gl{run_id}-")]
 
 
 def _host_netns() -> str:
@@ -70,9 +70,8 @@ def test_failure_half_way_removes_what_was_made(root):
     broken = Command(("tc", "qdisc", "add", "dev", "nosuchdev", "root", "htb"),
                      session.topo.worker_ns(2), "a command that fails")
     session.commands = session.commands + [broken]
-    with pytest.raises(NamespaceError, match="nosuchdev"):
-        with session:
-            pass
+    with pytest.raises(NamespaceError, match="nosuchdev"), session:
+        pass
     assert _our_netns(run_id) == []
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 def _table(rows: list[dict]) -> str:
     return "\n".join(f"{r['src']}->{r['dst']}: configured {r['configured_mbit']} Mbit/s, measured "
-                     f"{r['measured_mbit']} (ratio {r['ratio']}), latency {r['measured_latency_ms']} ms "
+                     f"{r['measured_mbit']} (ratio {r['ratio']}), "
+                     f"latency {r['measured_latency_ms']} ms "
                      f"(configured {r['configured_latency_ms']})" for r in rows)
 
 
@@ -28,7 +29,8 @@ def test_one_way_latency_within_2ms(tc_caps, scenario):
                         "seconds": 0.5, "parallel": True, "pings": 20})
     rows = res["rows"]
     # netem where the kernel has it, else the receiver's release queue: detected, not assumed
-    assert res["describe"]["decision"]["delay"] == ("netem" if tc_caps.has("netem") else "release-queue")
+    assert res["describe"]["decision"]["delay"] == ("netem" if tc_caps.has("netem")
+                                                    else "release-queue")
     assert len(rows) == 12
     bad = [r for r in rows if abs(r["measured_latency_ms"] - 20.0) > 2.0]
     assert not bad, "latency off by more than 2 ms:\n" + _table(bad)
@@ -38,7 +40,8 @@ def test_every_command_is_accepted_including_netem_syntax(tc_caps, scenario, tmp
     """All command kinds (caps up and down, per-link delay, jitter, loss) against the real tools."""
     profile = tmp_path / "all.json"
     profile.write_text('{"default": {"rate_mbit": 50, "latency_ms": 5},'
-                       ' "link": [{"src": 0, "dst": 1, "latency_ms": 30, "jitter_ms": 2, "loss_pct": 0.5}],'
+                       ' "link": [{"src": 0, "dst": 1, "latency_ms": 30, "jitter_ms": 2,'
+                       ' "loss_pct": 0.5}],'
                        ' "worker": [{"id": 1, "up_mbit": 60, "down_mbit": 40}]}')
     res = scenario.run({"action": "syntax", "workers": 3, "net": {"bw_profile": str(profile)}})
     assert res["netem_commands"] >= 3

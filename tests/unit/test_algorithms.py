@@ -163,8 +163,8 @@ def test_gasloc_eta1_gamma0_equals_plain_gossip_bit_for_bit(topo_name):
     topo = Topology(topo_name, n, seed=5)
     starts = random_starts(n, seed=4)
     for steps, cls in ((5, PlainGossip), (1, DSGD)):
-        ref = run_threads(n, lambda r, tp: cls(r, tp, topo), rounds, quadratic_inner(n), steps,
-                          starts)
+        ref = run_threads(n, lambda r, tp, cls=cls: cls(r, tp, topo), rounds, quadratic_inner(n),
+                          steps, starts)
         got = run_threads(n, lambda r, tp: GASLoC(r, tp, topo, 1.0, 0.0), rounds,
                           quadratic_inner(n), steps, starts)
         for r in range(n):
@@ -209,7 +209,8 @@ def test_gasloc_round_matches_the_written_update(eta):
 
 
 def test_accelerated_gossip_on_32_ring():
-    """eta = 0 (no gradients): gamma* reaches a consensus error >= 1000x below gamma = 0 in 200 rounds."""
+    """eta = 0 (no gradients): gamma* reaches a consensus error >= 1000x below gamma = 0 in
+    200 rounds."""
     n, rounds = 32, 200
     topo = Topology("ring", n)
     gstar = topo.gamma_star
@@ -218,8 +219,8 @@ def test_accelerated_gossip_on_32_ring():
     mean0 = torch.stack(starts).mean(0)
     errors = {}
     for gamma in (0.0, gstar):
-        hist = run_threads(n, lambda r, tp: GASLoC(r, tp, topo, 0.0, gamma), rounds, None, 0,
-                           starts)
+        hist = run_threads(n, lambda r, tp, gamma=gamma: GASLoC(r, tp, topo, 0.0, gamma), rounds,
+                           None, 0, starts)
         final = [hist[r][-1] for r in range(n)]
         errors[gamma] = consensus_error(final)
         # averaging: the mean is preserved, the workers go towards it
@@ -250,7 +251,8 @@ def test_per_worker_local_steps_on_complete_graph_keep_consensus():
 
 
 def test_state_bytes_counts_model_sized_buffers():
-    """GASLoC keeps theta's anchor and y_prev (two buffers), DiLoCo anchor + momentum, gossip none."""
+    """GASLoC keeps theta's anchor and y_prev (two buffers), DiLoCo anchor + momentum, gossip
+    none."""
     n = 2
     topo = Topology("ring", n)
     hub = Hub(n)
@@ -274,8 +276,8 @@ def test_momentum_growth_predicts_divergent_gossip(name, n, degree):
     assert topo.momentum_growth(0.9) > 1.0 > topo.momentum_growth(topo.gamma_star)
     starts, rounds = random_starts(n, seed=3), 40
     for gamma in (0.9, topo.gamma_star):
-        hist = run_threads(n, lambda r, tp: GASLoC(r, tp, topo, 0.0, gamma), rounds, None, 0,
-                           starts)
+        hist = run_threads(n, lambda r, tp, gamma=gamma: GASLoC(r, tp, topo, 0.0, gamma), rounds,
+                           None, 0, starts)
         e = [consensus_error([hist[r][t] for r in range(n)]) for t in (20, 40)]
         measured = (e[1] / e[0]) ** (1 / 20)
         assert measured == pytest.approx(topo.momentum_growth(gamma), rel=0.05), (gamma, e)

@@ -30,6 +30,7 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
              "--rounds", "-R", "--model", "--seed", "--data", "--outer-lr", "--momentum", "--lr",
              "--degree", "--eval-every", "--bw-profile", "--shaper", "--rate-mbit",
              "--latency-ms", "--out", "--no-dashboard", "--set"}
+ADDED_RUN = {"--overwrite"}  # flags added since; a new flag is listed here on purpose
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
              "--seed", "--shaper", "--set"}
 
@@ -78,9 +79,9 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 
 
 @pytest.mark.parametrize("cmd,expected", [
-    (("run",), TODAY_RUN | {"--probe", "--no-probe", "--dry-run"}),
-    (("simulate",), TODAY_RUN),
-    (("config",), TODAY_RUN | {"--fields"}),
+    (("run",), TODAY_RUN | ADDED_RUN | {"--probe", "--no-probe", "--dry-run"}),
+    (("simulate",), TODAY_RUN | ADDED_RUN),
+    (("config",), TODAY_RUN | ADDED_RUN | {"--fields"}),
     (("netem", "show"), TODAY_NET),
     (("netem", "probe"), TODAY_NET | {"--topology", "--seconds"}),
 ])

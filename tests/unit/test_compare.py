@@ -8,8 +8,17 @@ import sys
 import pytest
 from rich.console import Console
 
-from gasloc_emu.compare import (CompareError, PlotUnavailable, compare_table, final_eval,
-                                load_run, plot, round_means, show_run, time_to_target)
+from gasloc_emu.compare import (
+    CompareError,
+    PlotUnavailable,
+    compare_table,
+    final_eval,
+    load_run,
+    plot,
+    round_means,
+    show_run,
+    time_to_target,
+)
 
 CONFIG = """\
 seed = 0

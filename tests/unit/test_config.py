@@ -27,10 +27,11 @@ def test_defaults_resolve_to_the_default_config():
 
 def _rich_config() -> C.Config:
     return C.resolve(overrides={
-        "seed": 17, "workers": 6, "algo.name": "local-gossip", "algo.local_steps": [3, 5, 7, 1, 2, 9],
-        "algo.outer_lr": 0.35, "algo.momentum": "auto", "algo.alpha": 0.5, "algo.inner.lr": 3e-4,
-        "algo.inner.weight_decay": 0.0, "topology.name": "matching2", "topology.base": "torus",
-        "model.preset": "small", "model.n_layer": 3, "model.dropout": 0.1, "data.path": "/data/x.bin",
+        "seed": 17, "workers": 6, "algo.name": "local-gossip",
+        "algo.local_steps": [3, 5, 7, 1, 2, 9], "algo.outer_lr": 0.35, "algo.momentum": "auto",
+        "algo.alpha": 0.5, "algo.inner.lr": 3e-4, "algo.inner.weight_decay": 0.0,
+        "topology.name": "matching2", "topology.base": "torus", "model.preset": "small",
+        "model.n_layer": 3, "model.dropout": 0.1, "data.path": "/data/x.bin",
         "data.val_fraction": 0.125, "net.bw_profile": "skewed", "net.rate_mbit": 12.5,
         "net.probe": True, "net.mtu": 9000, "run.rounds": 123, "run.eval_every": 5,
         "run.heartbeat_timeout_s": 2.5, "run.dashboard": "off"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ def test_flat_buffer_views_every_parameter():
         assert base <= p.data_ptr() < end
         spans.append((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()))
     spans.sort()
-    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))  # no overlaps
+    assert all(a_end <= b for (_, a_end), (b, _) in pairwise(spans))  # no overlaps
     assert net.head.weight is net.wte.weight  # tied weights stay tied (one copy in the buffer)
 
 
@@ -121,7 +122,8 @@ def test_shards_are_disjoint_ranges(tmp_path):
     """Unique tokens 0..N-1: every worker's shard and every batch it draws stay in its own range."""
     total, workers, block = 40_000, 4, 16
     path = write_bin(tmp_path / "u.bin", np.arange(total))
-    corpus = D.Corpus(dcfg(path=path, batch_size=8, val_fraction=0.1), block, 65536, workers, seed=3)
+    corpus = D.Corpus(dcfg(path=path, batch_size=8, val_fraction=0.1), block, 65536, workers,
+                      seed=3)
     shards = [corpus.shard(r) for r in range(workers)]
     sets = [set(s.tokens.tolist()) for s in shards]
     val = set(corpus.val.tolist())
@@ -134,7 +136,7 @@ def test_shards_are_disjoint_ranges(tmp_path):
     assert sum(len(s) for s in sets) + len(val) <= total
     assert len(val) == pytest.approx(0.1 * total, rel=0.01)
     ranges = sorted((min(s), max(s)) for s in sets)
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] < b[0] for a, b in pairwise(ranges))
     for r, shard in enumerate(shards):
         for _ in range(5):
             x, y = shard.batch()
@@ -157,7 +159,8 @@ def test_shard_sample_order_is_seeded_per_worker(tmp_path):
 
 
 def test_split_interleaves_blocks_for_large_corpora():
-    """Above 1/val_fraction blocks of 64 KiB, every k-th block is held out: a partition, spread out."""
+    """Above 1/val_fraction blocks of 64 KiB, every k-th block is held out: a partition, spread
+    out."""
     tokens = np.arange(1_500_000, dtype=np.int64)
     train, val = D.split_train_val(tokens, 0.1)
     hits = np.zeros(tokens.size, dtype=np.int64)
@@ -176,7 +179,7 @@ def test_eval_batches_identical_for_every_worker():
     sets = [c.eval_batches() for c in corpora] + [corpora[0].eval_batches()]
     assert len(sets[0]) == 3
     for other in sets[1:]:
-        for (x0, y0), (x1, y1) in zip(sets[0], other):
+        for (x0, y0), (x1, y1) in zip(sets[0], other, strict=True):
             assert torch.equal(x0, x1) and torch.equal(y0, y1)
     val = set(corpora[0].val.tolist())
     assert set(sets[0][0][0].flatten().tolist()) <= val
@@ -193,7 +196,7 @@ def test_workers_share_the_eval_set_and_evaluate_the_same_model_alike():
     corpus = build_corpus(cfg)
     hub = Hub(2)
     w = [Worker(cfg, r, hub.transport(r), corpus) for r in range(2)]
-    for (x0, y0), (x1, y1) in zip(w[0].eval_set, w[1].eval_set):
+    for (x0, y0), (x1, y1) in zip(w[0].eval_set, w[1].eval_set, strict=True):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
     assert torch.equal(w[0].theta, w[1].theta)  # same init on every worker
     assert w[0].evaluate() == w[1].evaluate()

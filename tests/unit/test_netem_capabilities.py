@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from netem.capabilities import (FEATURES, Capabilities, CapabilityError, _parse_probe,
-                                choose_shaper)
+from netem.capabilities import FEATURES, Capabilities, CapabilityError, _parse_probe, choose_shaper
 
 ALL = {f: True for f in FEATURES}
 
 
-def caps(root=False, userns=True, in_userns=False, tools=("ip", "tc", "unshare", "mount"), **features):
+def caps(root=False, userns=True, in_userns=False, tools=("ip", "tc", "unshare", "mount"),
+         **features):
     return Capabilities(root=root, in_userns=in_userns, userns=userns, tools=tools,
                         probed_with="unshare -Urn", features=ALL | features,
                         errors={f: f"{f} is unknown" for f, ok in features.items() if not ok})
@@ -71,6 +71,6 @@ def test_features_read_as_flags_and_serialise():
     c = caps(netem=False)
     assert c.htb and not c.netem and c.has("mirred")
     with pytest.raises(AttributeError):
-        c.nosuch
+        _ = c.nosuch
     back = json.loads(json.dumps(choose_shaper("auto", c).as_dict()))
     assert back["capabilities"]["features"]["netem"] is False

@@ -8,8 +8,17 @@ import pytest
 
 from gasloc_emu.config import NetConfig
 from netem.capabilities import Capabilities, CapabilityError, Decision
-from netem.commands import (NETNS_RE, Command, NetTopology, check_supported, htb_rate_bps,
-                            overhead_factor, plan_commands, teardown_commands, topology_commands)
+from netem.commands import (
+    NETNS_RE,
+    Command,
+    NetTopology,
+    check_supported,
+    htb_rate_bps,
+    overhead_factor,
+    plan_commands,
+    teardown_commands,
+    topology_commands,
+)
 from netem.profiles import build_link_plan
 
 ALL = {f: True for f in ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress",
@@ -92,9 +101,12 @@ def test_topology_commands_make_namespaces_first_then_a_bridge_and_veths():
     veths = [c for c in cmds if "veth" in c.argv]
     assert len(veths) == 3
     v = veths[1]
-    assert v.netns == "glab-w1" and args_after(v, "netns") == "glab-sw" and args_after(v, "mtu") == "9000"
-    assert any(c.argv[-3:] == ("198.18.0.2/15", "dev", "eth0") and c.netns == "glab-w1" for c in cmds)
-    assert any(args_after(c, "master") == "br0" for c in in_ns(cmds, "glab-sw") if "master" in c.argv)
+    assert v.netns == "glab-w1" and args_after(v, "netns") == "glab-sw"
+    assert args_after(v, "mtu") == "9000"
+    assert any(c.argv[-3:] == ("198.18.0.2/15", "dev", "eth0") and c.netns == "glab-w1"
+               for c in cmds)
+    assert any(args_after(c, "master") == "br0"
+               for c in in_ns(cmds, "glab-sw") if "master" in c.argv)
 
 
 def test_teardown_removes_every_namespace():
@@ -119,8 +131,9 @@ def test_each_peer_gets_a_link_class_with_ack_and_bulk_children(tmp_path):
     cls = classes(cmds)
     links = [c for c in cls if args_after(c, "parent") == "1:"]
     assert len(links) == 2
-    for link, rate in zip(links, (50, 5)):
-        assert args_after(link, "rate") == args_after(link, "ceil") == f"{htb_rate_bps(rate, 1500)}bit"
+    for link, rate in zip(links, (50, 5), strict=True):
+        assert args_after(link, "rate") == args_after(link, "ceil") \
+            == f"{htb_rate_bps(rate, 1500)}bit"
         minor = args_after(link, "classid").split(":")[1]
         kids = [c for c in cls if args_after(c, "parent") == f"1:{minor}"]
         assert sorted(args_after(c, "prio") for c in kids) == ["0", "1"]
@@ -137,8 +150,9 @@ def test_leaves_are_pfifo_1000_and_filters_split_small_packets():
     filters = [c for c in cmds if c.argv[:3] == ("tc", "filter", "add")]
     assert len(filters) == 4
     small = [f for f in filters if "u16" in f.argv]
-    assert len(small) == 2 and all(f.argv[f.argv.index("u16") + 1:][:4] == ("0x0000", "0xff80", "at", "2")
-                                   for f in small)
+    assert len(small) == 2
+    assert all(f.argv[f.argv.index("u16") + 1:][:4] == ("0x0000", "0xff80", "at", "2")
+               for f in small)
     assert all(args_after(f, "prio") == "1" for f in small)
     assert {args_after(f, "dst") for f in filters} == {"198.18.0.1/32", "198.18.0.3/32"}
     # a small-packet filter points at the prio-0 child, the bulk filter at the prio-1 child
@@ -157,7 +171,8 @@ def test_ids_are_unique_per_device_for_many_workers():
 
 
 def test_uplink_cap_is_a_parent_whose_children_cannot_exceed_it(tmp_path):
-    plan = file_plan(tmp_path, {"default": {"rate_mbit": 50}, "worker": [{"id": 0, "up_mbit": 60}]}, 4)
+    plan = file_plan(tmp_path, {"default": {"rate_mbit": 50},
+                                "worker": [{"id": 0, "up_mbit": 60}]}, 4)
     cmds = in_ns(plan_commands(plan, NetTopology("ab", 4), TC_QUEUE), "glab-w0")
     cls = classes(cmds)
     cap = [c for c in cls if args_after(c, "classid") == "1:1"]
@@ -178,7 +193,8 @@ def test_download_cap_redirects_ingress_to_an_ifb_tree_matching_src(tmp_path):
     mirred = [c for c in cmds if "mirred" in c.argv]
     assert len(mirred) == 1 and mirred[0].argv[-3:] == ("redirect", "dev", "ifb0")
     ifb = classes(cmds, "ifb0")
-    assert args_after(ifb[0], "classid") == "1:1" and args_after(ifb[0], "rate") == f"{htb_rate_bps(10, 1500)}bit"
+    assert args_after(ifb[0], "classid") == "1:1"
+    assert args_after(ifb[0], "rate") == f"{htb_rate_bps(10, 1500)}bit"
     ifb_filters = [c for c in cmds if c.argv[1] == "filter" and args_after(c, "dev") == "ifb0"]
     assert {args_after(f, "src") for f in ifb_filters} == {"198.18.0.1/32", "198.18.0.2/32"}
     assert not [c for c in in_ns(plan_commands(plan, NetTopology("ab", 3), TC_QUEUE), "glab-w0")

@@ -24,7 +24,8 @@ def plan_of(profile="uniform", workers=3, **net):
 def test_reexec_argv():
     assert N.reexec_argv(["run", "--workers", "4"]) == \
         ["unshare", "-Urnm", "--", sys.executable, "-m", "gasloc_emu.cli", "run", "--workers", "4"]
-    assert N.reexec_argv(["x"], entry=["py", "s.py"]) == ["unshare", "-Urnm", "--", "py", "s.py", "x"]
+    assert N.reexec_argv(["x"], entry=["py", "s.py"]) == \
+        ["unshare", "-Urnm", "--", "py", "s.py", "x"]
 
 
 def test_batches_group_ip_and_tc_per_namespace_but_never_netns_adds():
@@ -78,7 +79,8 @@ def test_tc_dry_run_lists_commands_and_teardown(monkeypatch):
     assert net.wrap(1, ["python"]) == ["ip", "netns", "exec", "glabc-w1", "python"]
     assert net.bind_address(0) == f"tcp://198.18.0.1:{N.BASE_PORT}"
     text = net.dry_run_text()
-    assert "ip netns add glabc-sw" in text and "tc -n glabc-w0 qdisc add dev eth0 root handle 1: htb" in text
+    assert "ip netns add glabc-sw" in text
+    assert "tc -n glabc-w0 qdisc add dev eth0 root handle 1: htb" in text
     assert "# on exit: ip netns del glabc-w1" in text
     net.start()
     net.close()       # nothing was run, so nothing to remove

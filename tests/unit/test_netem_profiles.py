@@ -1,4 +1,5 @@
-"""Link plans from named and file profiles: shapes, seeding, validation, the simulator's link model."""
+"""Link plans from named and file profiles: shapes, seeding, validation, the simulator's link
+model."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu.config import NetConfig
-from netem.profiles import (NAMED, Link, LinkPlan, ProfileError, WorkerCaps, build_link_plan,
-                            lognormal_worker_rates)
+from netem.profiles import (
+    NAMED,
+    Link,
+    LinkPlan,
+    ProfileError,
+    WorkerCaps,
+    build_link_plan,
+    lognormal_worker_rates,
+)
 
 
 def plan_of(profile: str, workers: int = 8, seed: int = 0, **net) -> LinkPlan:
@@ -18,7 +26,7 @@ def plan_of(profile: str, workers: int = 8, seed: int = 0, **net) -> LinkPlan:
 
 
 def rates(plan: LinkPlan) -> dict:
-    return {k: l.rate_mbit for k, l in plan.links.items()}
+    return {k: link.rate_mbit for k, link in plan.links.items()}
 
 
 def write(tmp_path, data: dict | str, suffix: str = ".toml") -> str:
@@ -77,7 +85,8 @@ def test_lognormal_median_is_the_configured_rate():
 
 def test_every_link_gets_the_runs_latency_jitter_and_loss():
     plan = plan_of("skewed", 4, latency_ms=12.0, jitter_ms=1.0, loss_pct=0.5)
-    assert {(l.latency_ms, l.jitter_ms, l.loss_pct) for l in plan.links.values()} == {(12.0, 1.0, 0.5)}
+    assert {(link.latency_ms, link.jitter_ms, link.loss_pct)
+            for link in plan.links.values()} == {(12.0, 1.0, 0.5)}
 
 
 @settings(max_examples=40, deadline=None)
@@ -103,7 +112,8 @@ def test_latency_without_a_profile_is_refused():
 
 
 def test_unknown_profile_names_the_choices():
-    with pytest.raises(ProfileError, match="'fast' is not a profile; expected one of uniform, skewed"):
+    with pytest.raises(ProfileError,
+                       match="'fast' is not a profile; expected one of uniform, skewed"):
         plan_of("fast")
 
 
@@ -150,23 +160,30 @@ def test_json_file_falls_back_to_the_runs_settings(tmp_path):
 
 
 BAD = {
-    "worker id >= N": ({"link": [{"src": 0, "dst": 4}]}, "dst = 4 is out of range; this run has workers 0..3"),
+    "worker id >= N": ({"link": [{"src": 0, "dst": 4}]},
+                       "dst = 4 is out of range; this run has workers 0..3"),
     "src == dst": ({"link": [{"src": 1, "dst": 1}]}, "src and dst are both worker 1"),
-    "zero rate": ({"link": [{"src": 0, "dst": 1, "rate_mbit": 0}]}, r"rate_mbit = 0 is out of range; expected a value in \(0"),
-    "negative default": ({"default": {"rate_mbit": -5}}, r"\[default\] rate_mbit = -5 is out of range"),
-    "latency too big": ({"link": [{"src": 0, "dst": 1, "latency_ms": 10001}]}, r"latency_ms = 10001 is out of range; expected a value in \[0, 10000\]"),
+    "zero rate": ({"link": [{"src": 0, "dst": 1, "rate_mbit": 0}]},
+                  r"rate_mbit = 0 is out of range; expected a value in \(0"),
+    "negative default": ({"default": {"rate_mbit": -5}},
+                         r"\[default\] rate_mbit = -5 is out of range"),
+    "latency too big": ({"link": [{"src": 0, "dst": 1, "latency_ms": 10001}]},
+                        r"latency_ms = 10001 is out of range; expected a value in \[0, 10000\]"),
     "loss too big": ({"default": {"loss_pct": 101}}, "loss_pct = 101 is out of range"),
     "unknown link key": ({"link": [{"src": 0, "dst": 1, "bw": 5}]}, "unknown key 'bw'"),
     "unknown top key": ({"links": []}, "unknown key 'links'"),
     "unknown default key": ({"default": {"rate": 5}}, "unknown key 'rate'"),
-    "string rate": ({"link": [{"src": 0, "dst": 1, "rate_mbit": "5"}]}, "rate_mbit = '5' is not a number"),
+    "string rate": ({"link": [{"src": 0, "dst": 1, "rate_mbit": "5"}]},
+                    "rate_mbit = '5' is not a number"),
     "bool id": ({"worker": [{"id": True}]}, "is not a worker id"),
     "missing dst": ({"link": [{"src": 0}]}, "missing 'dst'"),
-    "twice": ({"link": [{"src": 0, "dst": 1}, {"src": 1, "dst": 0, "symmetric": True}]}, "link 0->1 is set twice"),
+    "twice": ({"link": [{"src": 0, "dst": 1}, {"src": 1, "dst": 0, "symmetric": True}]},
+              "link 0->1 is set twice"),
     "worker twice": ({"worker": [{"id": 1, "up_mbit": 5}, {"id": 1}]}, "worker 1 is listed twice"),
     "zero cap": ({"worker": [{"id": 1, "down_mbit": 0}]}, "down_mbit = 0 is out of range"),
     "link not a list": ({"link": {"src": 0, "dst": 1}}, r"link must be a list of tables"),
-    "symmetric not bool": ({"link": [{"src": 0, "dst": 1, "symmetric": 1}]}, "symmetric = 1 is not true or false"),
+    "symmetric not bool": ({"link": [{"src": 0, "dst": 1, "symmetric": 1}]},
+                           "symmetric = 1 is not true or false"),
 }
 
 
@@ -206,7 +223,8 @@ def test_link_model_wire_time_and_latency():
 
 def test_link_model_takes_the_tightest_cap(tmp_path):
     path = write(tmp_path, {"default": {"rate_mbit": 80},
-                            "worker": [{"id": 0, "up_mbit": 40}, {"id": 2, "down_mbit": 8}]}, ".json")
+                            "worker": [{"id": 0, "up_mbit": 40}, {"id": 2, "down_mbit": 8}]},
+                 ".json")
     plan = plan_of(path, 3)
     model = plan.link_model()
     assert model(0, 1, 10**6)[0] == pytest.approx(0.2)      # 40 Mbit/s uplink of 0

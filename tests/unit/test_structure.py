@@ -69,10 +69,12 @@ def test_no_import_cycle():
     assert not cycles, "import cycle: " + " -> ".join(cycles[0])
 
 
-@pytest.mark.parametrize("top", ["gasloc_emu.app", "gasloc_emu.cli"])
-def test_only_the_command_layer_imports_the_command_layer(top):
+@pytest.mark.parametrize("top, above", [("gasloc_emu.app", {"gasloc_emu.cli"}),
+                                        ("gasloc_emu.cli", {"gasloc_emu.entry"}),
+                                        ("gasloc_emu.entry", set())])
+def test_only_the_layer_above_imports_the_command_layer(top, above):
     importers = {m for m, targets in import_graph().items() if top in targets}
-    assert importers <= {"gasloc_emu.cli"}, importers
+    assert importers <= above, importers
 
 
 def test_the_graph_sees_function_local_imports():

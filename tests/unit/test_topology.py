@@ -12,8 +12,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gasloc_emu.topology import (FIXED, RANDOM, Topology, TopologyError, critical_momentum,
-                                 torus_shape)
+from gasloc_emu.topology import (
+    FIXED,
+    RANDOM,
+    Topology,
+    TopologyError,
+    critical_momentum,
+    torus_shape,
+)
 
 ALL = FIXED + RANDOM
 
@@ -25,9 +31,7 @@ def _valid(name: str, n: int, degree: int, base: str = "complete") -> bool:
         return False
     if graph == "torus" and all(n % r for r in range(2, math.isqrt(n) + 1)):
         return False
-    if graph == "expander" and (degree >= n or (n * degree) % 2):
-        return False
-    return True
+    return not (graph == "expander" and (degree >= n or (n * degree) % 2))
 
 
 def assert_mixing_matrix(w: np.ndarray, topo: Topology, t: int) -> None:
@@ -117,7 +121,8 @@ def test_complete_graph_is_exact_averaging(n):
 
 @pytest.mark.parametrize("n", [8, 16, 32])
 def test_matching_on_complete_base_lambda2(n):
-    """E[W] = I/2 + (11^T - I) / (2(n-1)) for a uniform perfect matching: lambda2 = 1/2 - 1/(2(n-1))."""
+    """E[W] = I/2 + (11^T - I) / (2(n-1)) for a uniform perfect matching: lambda2 = 1/2 -
+    1/(2(n-1))."""
     exact = 0.5 - 0.5 / (n - 1)
     lam = Topology("matching", n, seed=3).lambda2
     assert 0.0 < lam < 1.0
@@ -134,7 +139,8 @@ def test_lambda2_orders_graphs_by_connectivity():
         assert 0.0 <= g < 1.0, name
 
 
-@pytest.mark.parametrize("lam,gamma", [(0.0, 0.0), (1.0, 1.0), (0.5, (1 - math.sqrt(0.5)) ** 2 / 0.5),
+@pytest.mark.parametrize("lam,gamma", [(0.0, 0.0), (1.0, 1.0),
+                                       (0.5, (1 - math.sqrt(0.5)) ** 2 / 0.5),
                                        (0.99, (1 - 0.1) ** 2 / 0.99)])
 def test_critical_momentum_values(lam, gamma):
     assert critical_momentum(lam) == pytest.approx(gamma, rel=1e-12, abs=1e-15)

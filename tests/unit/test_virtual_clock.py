@@ -2,7 +2,8 @@
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock, slots_for
 
