@@ -229,6 +229,10 @@ class ExecConfig(_Validated):
                                          lo=0.5, hi=86_400.0)
     dashboard: str = setting("auto", "Live dashboard: auto (on a TTY), on, off.",
                              choices=("auto", "on", "off"))
+    security: str = setting("auto", "Who may connect to the data and control planes: auto (plain "
+                                    "on one host, curve across hosts), plain (ZAP PLAIN: "
+                                    "authenticated, no per-message cost), curve (authenticated "
+                                    "and encrypted).", choices=("auto", "plain", "curve"))
 
 
 FAULT_MODES = ("raise", "exit", "hang", "poison")

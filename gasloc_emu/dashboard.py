@@ -5,8 +5,10 @@ Events are dicts, fed one at a time to ``DashboardState.update`` (O(1) work each
 never slows training):
 
     metric rows   as in metrics.jsonl (no 'kind', or kind='metric')
-    status rows   {kind: 'status', worker, state, peer, round, device}; state is one of
-                  computing, sending, waiting, done, failed
+    status rows   {kind: 'status', worker, state, peer, round, device, dropped, drop_reasons};
+                  state is one of computing, sending, waiting, done, failed; drop_reasons is
+                  the worker's cumulative {reason: count} of dropped data-plane messages
+    control drops {kind: 'control_drops', drops: {reason: count}} (the launcher's, cumulative)
     link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now}, ...]}
     warning rows  {kind: 'warning', text}
     summary row   {kind: 'summary', ...summary.json keys} (final consensus and eval loss)
@@ -109,6 +111,12 @@ class Snapshot:
     train_history: tuple[float, ...] = ()
     eval_history: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
+    # data-plane messages the workers dropped (None: no worker reports them, as in the
+    # simulator, which has no wire) and control messages the launcher dropped; reasons with
+    # their counts, most first
+    drops: int | None = None
+    drop_reasons: tuple[tuple[str, int], ...] = ()
+    control_drops: tuple[tuple[str, int], ...] = ()
 
 
 # ---------------------------------------------------------------- accumulator
@@ -117,13 +125,15 @@ class _Worker:
     """Mutable per-worker state; copied into a WorkerView at snapshot time."""
 
     __slots__ = ("rank", "device", "round", "step", "reported_step", "train_loss",
-                 "tokens_per_s", "state", "peer", "last_seen", "wait_since", "dropped")
+                 "tokens_per_s", "state", "peer", "last_seen", "wait_since", "dropped",
+                 "drop_reasons")
 
     def __init__(self, rank: int, device: str):
         self.rank, self.device = rank, device
         self.round, self.step, self.reported_step, self.dropped = 0, 0, 0, 0
         self.train_loss = self.tokens_per_s = self.peer = self.last_seen = None
         self.wait_since = None
+        self.drop_reasons: dict[str, int] | None = None  # cumulative, from status rows
         self.state = "starting"
 
     def view(self) -> WorkerView:
@@ -179,6 +189,7 @@ class DashboardState:
         self._alive = self.header.workers
         self._reports, self._last_report = 0, self.start
         self._clock_s = self._consensus = self._final_eval = None
+        self._control_drops: dict[str, int] = {}
 
     # ---- feeding
 
@@ -234,8 +245,8 @@ class DashboardState:
             self._clock_s = max(self._clock_s or 0.0, row["time_s"])
         if fmt.finite(row.get("consensus_distance")):
             self._consensus = row["consensus_distance"]
-        if row.get("dropped"):
-            w.dropped += int(row["dropped"])
+        if row.get("dropped") and int(row["dropped"]) > w.dropped:  # cumulative counts
+            w.dropped = int(row["dropped"])
             self._warn(("dropped", w.rank), f"worker {w.rank}: {w.dropped} message(s) dropped "
                                             f"(last in round {w.round})")
 
@@ -249,6 +260,8 @@ class DashboardState:
             w.round = max(0, row["round"] + 1)
         w.device = row.get("device") or w.device
         w.step = w.step if row.get("step") is None else row["step"]
+        if row.get("drop_reasons") is not None:
+            w.drop_reasons = _counts(row["drop_reasons"])
         if state == "failed" and before != "failed":
             self._alive = max(1, self._alive - 1)  # later rounds complete without it
             self._warn(("failed", w.rank), f"worker {w.rank} failed"
@@ -266,6 +279,9 @@ class DashboardState:
     def _on_warning(self, row: dict, now: float) -> None:
         text = str(row.get("text", ""))
         self._warn(("text", text), text)
+
+    def _on_control_drops(self, row: dict, now: float) -> None:
+        self._control_drops = _counts(row["drops"])
 
     def _on_summary(self, row: dict, now: float) -> None:
         if fmt.finite(row.get("consensus_distance")):
@@ -287,6 +303,9 @@ class DashboardState:
             eval_round = self._eval.last_round
             reports, clock_s = self._reports, self._clock_s
             consensus, final_eval = self._consensus, self._final_eval
+            drops = _sum_counts([w.drop_reasons for w in self._workers.values()
+                                 if w.drop_reasons is not None])
+            control = _most_first(self._control_drops)
         mean, std = _mean_std([w.train_loss for w in workers])
         elapsed = max(0.0, now - self.start)
         return Snapshot(
@@ -296,7 +315,9 @@ class DashboardState:
             eval_loss=eval_hist[-1] if eval_hist else None,
             eval_round=None if eval_round is None else eval_round + 1,
             final_eval_loss=final_eval, consensus=consensus, train_history=train_hist,
-            eval_history=eval_hist, warnings=warnings)
+            eval_history=eval_hist, warnings=warnings,
+            drops=None if drops is None else sum(drops.values()),
+            drop_reasons=() if drops is None else _most_first(drops), control_drops=control)
 
     def _eta(self, elapsed: float, reports: int) -> float | None:
         """Remaining time at the rate worker-rounds have been reported so far."""
@@ -335,7 +356,8 @@ class DashboardState:
 
 _HANDLERS = {"metric": DashboardState._on_metric, "status": DashboardState._on_status,
              "links": DashboardState._on_links, "warning": DashboardState._on_warning,
-             "summary": DashboardState._on_summary}
+             "summary": DashboardState._on_summary,
+             "control_drops": DashboardState._on_control_drops}
 
 
 def _rank(w) -> int:
@@ -357,6 +379,28 @@ def _link_miss(view: LinkView, ok) -> str | None:
     return None
 
 
+def _counts(raw: dict) -> dict[str, int]:
+    """{reason: count} from a row (a malformed one raises, and becomes a warning)."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"drop counts must be a map, got {type(raw).__name__}")
+    return {str(reason): int(n) for reason, n in raw.items()}
+
+
+def _sum_counts(per_worker: list[dict[str, int]]) -> dict[str, int] | None:
+    """The workers' reason counts added up; None when no worker reported any."""
+    if not per_worker:
+        return None
+    total: dict[str, int] = {}
+    for counts in per_worker:
+        for reason, n in counts.items():
+            total[reason] = total.get(reason, 0) + n
+    return total
+
+
+def _most_first(counts: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(((r, n) for r, n in counts.items() if n), key=lambda rn: (-rn[1], rn[0])))
+
+
 def _mean_std(values) -> tuple[float | None, float | None]:
     vals = [v for v in values if fmt.finite(v)]
     if not vals:
@@ -373,6 +417,8 @@ def render(snap: Snapshot, max_workers: int = 16) -> RenderableType:
     if snap.links:
         parts.append(_links_table(snap))
     parts.append(_global_text(snap))
+    if snap.drops is not None or snap.control_drops:
+        parts.append(_drops_text(snap))
     if snap.warnings:
         parts.append(_warnings_text(snap.warnings))
     spaced: list[RenderableType] = []
@@ -462,6 +508,26 @@ def _global_text(snap: Snapshot) -> Text:
     return text
 
 
+def _drops_text(snap: Snapshot, top: int = 3) -> Text:
+    """One line: messages dropped on the data plane (by the workers) and on the control plane
+    (by the launcher), each with its most frequent reasons. Zero is shown too: it is news."""
+    parts = []
+    if snap.drops is not None:
+        parts.append(f"{snap.drops} data-plane{_reasons(snap.drop_reasons, top)}")
+    control = sum(n for _, n in snap.control_drops)
+    parts.append(f"{control} control{_reasons(snap.control_drops, top)}")
+    return Text("dropped " + " · ".join(parts),
+                style="yellow" if snap.drops or control else "")
+
+
+def _reasons(counts: tuple[tuple[str, int], ...], top: int) -> str:
+    if not counts:
+        return ""
+    shown = ", ".join(f"{reason} {n}" for reason, n in counts[:top])
+    more = f", +{len(counts) - top} more" if len(counts) > top else ""
+    return f" ({shown}{more})"
+
+
 def _warnings_text(warnings: tuple[str, ...]) -> Text:
     text = Text()
     for i, w in enumerate(warnings):
@@ -509,7 +575,7 @@ class LiveView:
     def __call__(self, row: dict) -> None:
         self.state.update(row)
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         self._live.start()
         return self
 

@@ -8,16 +8,18 @@ period; the metrics written so far stay, and summary.json records the failure.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Callable
 
 import zmq
 
@@ -28,8 +30,8 @@ from .launch_spec import LaunchSpec
 from .model import count_parameters
 from .netplan import open_network, used_pairs
 from .preflight import Preflight
-from .summary import final_summary
-from .transport import control
+from .summary import drops_summary, final_summary
+from .transport import auth, control
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
@@ -92,6 +94,11 @@ class Supervisor:
         self.cfg, self.dir, self.rec, self.network = cfg, run_dir, rec, network
         self.devices, self.progress = devices, progress
         self.ctx = zmq.Context()
+        # fresh keys per run; only the workers' Popen environments get them (_spawn)
+        self.security = auth.Security(auth.RunCredentials.new(cfg.workers),
+                                      auth.resolve_mode(getattr(cfg.run, "security", "auto")))
+        # answers the control plane's handshakes; stops when ctx.term() is called (close)
+        self.zap = auth.ZapHandler(self.ctx, self.security.creds)
         self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)
         self.router = self._bind(zmq.ROUTER, self.ctl_addr)
         self.pull = self._bind(zmq.PULL, self.hb_addr)
@@ -102,6 +109,7 @@ class Supervisor:
     def _bind(self, kind: int, addr: str):
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        auth.make_server(sock, self.security, auth.LAUNCHER)
         sock.bind(addr)
         return sock
 
@@ -143,7 +151,7 @@ class Supervisor:
         logs.mkdir(exist_ok=True)
         argv = self.network.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
                                         str(self.dir), str(rank)])
-        env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"}
+        env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | self.security.env()
         with open(logs / f"worker{rank}.log", "wb") as log:
             # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -166,53 +174,109 @@ class Supervisor:
         poller.register(self.pull, zmq.POLLIN)
         events = dict(poller.poll(int(timeout_s * 1000)))
         while self.pull in events and self.pull.poll(0):
-            self._on_heartbeat(control.unpack(self.pull.recv()))
+            frame = self.pull.recv(copy=False)
+            self._on_heartbeat(control.unpack(frame.bytes), sender=auth.peer_user(frame))
         while self.router in events and self.router.poll(0):
             self._on_control(self.router.recv_multipart(copy=False))
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
             self.progress({"kind": "links", "links": rows})
 
-    def _on_heartbeat(self, msg: dict) -> None:
-        slot = self._slot(msg.get("worker"))
+    # -- control messages: parsed into control's typed messages; anything else is dropped and
+    # counted by reason in ``control_drops``, never raised out of the serve loop. The one
+    # exception is a worker's own final message the launcher cannot use: that worker sends
+    # nothing more, so the run fails (RunFailed, named) instead of waiting for it forever.
+
+    @cached_property
+    def control_drops(self) -> dict[str, int]:
+        """Control messages dropped this run, by reason (summary.json's ``control_drops``)."""
+        return {}
+
+    @cached_property
+    def expect(self) -> control.Expect:
+        """What every worker's messages must agree with: ranks, rounds, the model's size."""
+        return control.Expect(self.cfg.workers, self.cfg.run.rounds,
+                              count_parameters(self.cfg.model))
+
+    def _drop(self, reason: str) -> None:
+        self.control_drops[reason] = self.control_drops.get(reason, 0) + 1
+        if self.progress is not None:
+            self.progress({"kind": "control_drops", "drops": dict(self.control_drops)})
+
+    def _on_heartbeat(self, msg: dict, sender: str = "") -> None:
+        """A heartbeat from the PULL socket; ``sender``: the user id its connection was
+        authenticated as (``auth.peer_user`` of the frame), "" where the caller has none."""
+        try:
+            hb = control.parse(msg, self.expect)
+        except control.ControlError as exc:
+            return self._drop(exc.reason)
+        if not isinstance(hb, control.Heartbeat):
+            return self._drop("channel")  # replies belong on the ROUTER
+        if sender and sender != auth.user_id(hb.worker):
+            return self._drop("spoofed")
+        slot = self._slot(hb.worker)  # a checked rank: None only before every worker spawned
         if slot is None:
-            return
-        slot.last_seen = time.monotonic()
-        slot.status = msg
-        if isinstance(msg.get("sent"), dict):
-            self.link_meter.update(slot.rank, msg["sent"])
+            return self._drop("early")
+        slot.last_seen, slot.status = time.monotonic(), msg
+        self.link_meter.update(slot.rank, hb.sent)
         if self.progress is not None:
             self.progress({"kind": "status", "worker": slot.rank, "device": slot.device.label,
-                           "state": msg.get("state"), "peer": msg.get("peer"),
-                           "round": msg.get("round"), "step": msg.get("step")})
+                           "state": hb.state, "peer": hb.peer, "round": hb.round,
+                           "step": hb.step, "dropped": hb.dropped,
+                           "drop_reasons": hb.drop_reasons})
 
     def _on_control(self, frames) -> None:
-        ident, body, extra = frames[0].bytes, frames[1].bytes, frames[2:]
-        msg = control.unpack(body)
-        slot = self._slot(msg.get("worker"))
-        if slot is None or ident != f"w{slot.rank}".encode():
-            return  # not one of ours: ignore, never crash the launcher
-        slot.last_seen = time.monotonic()
-        handler = getattr(self, f"_on_{msg['type']}", None)
-        if handler is not None:
-            handler(slot, msg, extra)
+        """A message on the ROUTER: its identity frame names the sending worker's socket, and
+        the body's User-Id who authenticated that connection (none on unauthenticated ones)."""
+        slot = self._sender_slot(frames[0].bytes)
+        if slot is None or len(frames) < 2:
+            return self._drop("sender" if slot is None else "frames")
+        user = auth.peer_user(frames[1])
+        if user and user != auth.user_id(slot.rank):
+            return self._drop("spoofed")  # authenticated as one worker, routed as another
+        try:
+            msg = control.decode(frames[1].bytes, self.expect)
+            handler = self._CONTROL_HANDLERS.get(type(msg))
+            if handler is None:
+                return self._drop("channel")  # heartbeats belong on the PULL socket
+            if msg.worker != slot.rank:
+                return self._drop("spoofed")
+            slot.last_seen = time.monotonic()
+            handler(self, slot, msg, frames[2:])
+        except control.ControlError as exc:
+            self._drop(exc.reason)
+            if exc.reason.startswith("final."):  # its sender will send no other: fail, not hang
+                raise RunFailed(f"worker {slot.rank} sent final parameters the launcher "
+                                f"cannot use ({exc})") from None
 
-    def _on_ready(self, slot: WorkerSlot, msg: dict, extra) -> None:
-        slot.ready = msg
+    def _sender_slot(self, ident: bytes) -> WorkerSlot | None:
+        """The worker whose DEALER identity (b"w<rank>") this is, or None."""
+        return next((s for s in self.slots if ident == _identity(s.rank)), None)
 
-    def _on_metric(self, slot: WorkerSlot, msg: dict, extra) -> None:
-        row = msg.get("row") or {}
-        slot.round = row.get("round", slot.round)
-        self.rec.metric(row)
+    def _on_ready(self, slot: WorkerSlot, msg: control.Ready, extra) -> None:
+        slot.ready = {"addr": msg.addr, "device": msg.device}
+
+    def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
+        slot.round = msg.row["round"]
+        self.rec.metric(msg.row)
         if self.progress is not None:
-            self.progress(row)
+            self.progress(msg.row)
 
-    def _on_final(self, slot: WorkerSlot, msg: dict, extra) -> None:
-        slot.theta = control.frame_tensor(extra[0], msg["dtype"], msg["numel"])
-        slot.final = msg
+    def _on_final(self, slot: WorkerSlot, msg: control.Final, extra) -> None:
+        if len(extra) != 1:
+            raise control.ControlError("final.frame", f"{len(extra)} parameter frames, not 1")
+        slot.theta = control.frame_tensor(extra[0], msg.dtype, msg.numel)
+        slot.final = {"eval_loss": msg.eval_loss, "counters": msg.counters}
 
-    def _on_error(self, slot: WorkerSlot, msg: dict, extra) -> None:
-        raise RunFailed(f"worker {slot.rank} failed {self._when(slot)}: {msg.get('error')}")
+    def _on_error(self, slot: WorkerSlot, msg: control.Error, extra) -> None:
+        text = f"worker {slot.rank} failed {self._when(slot)}: {msg.error}"
+        if msg.diverged_at is not None:
+            raise RunDiverged(text, msg.diverged_at)
+        raise RunFailed(text)
+
+    # the allow-list of what the ROUTER acts on: a message's class picks its handler
+    _CONTROL_HANDLERS = {control.Ready: _on_ready, control.Metric: _on_metric,
+                         control.Final: _on_final, control.Error: _on_error}
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
@@ -240,10 +304,8 @@ class Supervisor:
         return f"in round {slot.round + 1}"
 
     def _tell(self, rank: int, msg: dict) -> None:
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # that worker is gone; supervision notices
             self.router.send_multipart([f"w{rank}".encode(), control.pack(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # that worker is gone; supervision notices
 
     def _slot(self, worker) -> WorkerSlot | None:
         if isinstance(worker, int) and 0 <= worker < len(self.slots):
@@ -276,20 +338,46 @@ class Supervisor:
 
     # -- results
     def _summary(self, wall_s: float, pre: Preflight) -> dict:
+        """The record's numbers, from the workers' checked final messages; every message a
+        worker dropped is in ``drops`` (by reason and worker), every control message the
+        launcher dropped in ``control_drops``."""
         sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
         out = final_summary(self.cfg, [s.theta for s in self.slots],
                             [s.final["eval_loss"] for s in self.slots],
                             pre.corpus.eval_batches(), wall_s, sent, pre.topology)
         out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in self.slots)
+        out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"]
+                                      for s in self.slots})
+        out["control_drops"] = self.control_drops_total()
         return out
 
+    def drops_so_far(self) -> dict:
+        """``drops`` and ``control_drops`` of a run that ended early: each worker's last word
+        (its final counters, else its last heartbeat)."""
+        reasons = {s.rank: (s.final["counters"] if s.final is not None else s.status)
+                   .get("drop_reasons", {}) for s in self.slots}
+        return {"drops": drops_summary(reasons), "control_drops": self.control_drops_total()}
+
+    def control_drops_total(self) -> dict[str, int]:
+        """Control messages dropped by reason, with the connections ZAP refused (``zap.*``)."""
+        total = dict(self.control_drops)
+        for reason, n in self.zap.refusals().items():  # reasons come as "zap.<why>"
+            total[reason] = total.get(reason, 0) + n
+        return dict(sorted(total.items()))
+
     def link_bytes(self) -> list[dict]:
-        """Bytes moved on every directed link that carried traffic, from the workers' counters."""
+        """Bytes moved on every directed link that carried traffic, from the workers' counters
+        (checked when their final message arrived: int ranks, int bytes)."""
         rows = []
         for s in self.slots:
-            sent = (s.final or {}).get("counters", {}).get("bytes_sent", {})
-            rows += [{"src": s.rank, "dst": int(p), "bytes": int(b)} for p, b in sent.items() if b]
+            sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
+            rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def _identity(rank: int) -> bytes:
+    """The ROUTER identity of worker ``rank``'s DEALER (``control.WorkerControl``)."""
+    return auth.user_id(rank).encode()
 
 
 class LinkMeter:
@@ -301,9 +389,10 @@ class LinkMeter:
         self.prev: dict[tuple[int, int], int] = {}
         self.t_prev = time.monotonic()
 
-    def update(self, src: int, sent: dict) -> None:
+    def update(self, src: int, sent: dict[int, int]) -> None:
+        """``sent``: a checked heartbeat's bytes per peer (int ranks, int counts)."""
         for dst, nbytes in sent.items():
-            self.now[(src, int(dst))] = int(nbytes)
+            self.now[(src, dst)] = nbytes
 
     def rows(self, configured) -> list[dict] | None:
         """Rows for the dashboard at most once per period, else None."""
@@ -340,14 +429,10 @@ def remove_stale_socket_dirs(tmp: Path = Path("/tmp")) -> list[Path]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 class _SigTerm:
@@ -464,6 +549,7 @@ def _supervise(sup: Supervisor, pre: Preflight) -> tuple[int, dict]:
     except BaseException as exc:  # noqa: BLE001 - every ending is recorded, then stops the rest
         code, summary = _outcome(exc)
         summary["last_rounds"] = [s.round for s in sup.slots]
+        summary |= sup.drops_so_far()
         sup.stop_all()
     finally:
         sup.close()

@@ -43,4 +43,18 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         # the simulator's virtual clock fills these in: its prediction, and the CPU slots
         # (cores / threads per worker) it shared among workers computing at once
         "predicted_wall_s": None, "cpu_slots": None,
+        # the launcher replaces these with what its workers and its control plane dropped; the
+        # simulator has no wire, so nothing can be dropped there
+        "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
     }
+
+
+def drops_summary(by_worker: dict[int, dict[str, int]]) -> dict:
+    """summary.json's ``drops``: every data-plane message a worker dropped, counted by reason,
+    in total and per worker, so a run that lost messages cannot pass for an undisturbed one."""
+    by_reason: dict[str, int] = {}
+    for reasons in by_worker.values():
+        for reason, n in reasons.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    return {"total": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
+            "by_worker": {str(r): dict(sorted(by_worker[r].items())) for r in sorted(by_worker)}}

@@ -13,6 +13,7 @@ any error, which it reports before exiting non-zero.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -41,24 +42,29 @@ def die_with_parent() -> None:
 class Heartbeat(threading.Thread):
     """Sends {round, step, state, peer} to the launcher every ``period_s`` from its own socket."""
 
-    def __init__(self, ctx, addr: str, rank: int, period_s: float, probe):
+    def __init__(self, ctx, addr: str, rank: int, period_s: float, probe, security=None):
         super().__init__(name="heartbeat", daemon=True)
         import zmq
+
+        from .transport import auth
         self.sock = ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 4)
+        if security is not None:  # the launcher's PULL authenticates every worker (ZAP)
+            auth.make_client(self.sock, security, auth.user_id(rank), auth.LAUNCHER)
         self.sock.connect(addr)
         self.rank, self.period_s, self.probe = rank, period_s, probe
         self.halt = threading.Event()
 
     def run(self) -> None:
         import zmq
+
         from .transport.control import pack
         while not self.halt.wait(self.period_s):
-            try:
-                self.sock.send(pack({"type": "hb", "worker": self.rank} | self.probe()), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # the launcher is busy; the next beat carries the same news
+            # zmq.Again: the launcher is busy; the next beat carries the same news
+            with contextlib.suppress(zmq.Again):
+                self.sock.send(pack({"type": "hb", "worker": self.rank} | self.probe()),
+                               zmq.NOBLOCK)
 
     def stop(self) -> None:
         self.halt.set()
@@ -82,14 +88,19 @@ class WorkerState:
         if phase == "communicating":
             phase = "waiting" if peer is not None else "sending"
         sent = dict(tp.bytes_sent) if tp is not None else {}  # cumulative, per peer: link meters
+        # cumulative drops for the live display; the total is summed from this one copy of the
+        # reasons, so the two agree even while the training thread drops another message
+        reasons = dict(tp.counters().get("drop_reasons", {})) if tp is not None else {}
         return {"round": self.round, "step": self.step, "state": phase, "peer": peer,
-                "sent": sent}
+                "sent": sent, "dropped": sum(reasons.values()), "drop_reasons": reasons}
 
 
 def main(argv: list[str]) -> int:
     die_with_parent()
     run_dir, rank = Path(argv[0]), int(argv[1])
     spec = LaunchSpec.read(run_dir)
+    from .transport.auth import Security
+    security = Security.from_env(spec.workers)  # the run's keys; taken out of os.environ
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     import torch
     torch.set_num_threads(spec.threads)
@@ -97,15 +108,24 @@ def main(argv: list[str]) -> int:
 
     from .transport.control import WorkerControl
     ctx = zmq.Context()
-    ctl = WorkerControl(ctx, spec.ctl_addr, rank)
+    ctl = WorkerControl(ctx, spec.ctl_addr, rank, security=security)
     try:
         return WorkerProcess(run_dir, rank, spec, ctx, ctl).serve()
     except BaseException as exc:  # noqa: BLE001 - report every failure to the launcher, then exit
-        ctl.send({"type": "error", "error": f"{type(exc).__name__}: {exc}"})
+        ctl.send(_error_report(exc))
         return 1
     finally:
         ctl.close()
         ctx.term()
+
+
+def _error_report(exc: BaseException) -> dict:
+    """The error message for the launcher; a divergence says where, so the run ends diverged."""
+    report = {"type": "error", "error": f"{type(exc).__name__}: {exc}"}
+    worker = sys.modules.get("gasloc_emu.worker")  # not loaded: it cannot be a Diverged
+    if worker is not None and isinstance(exc, worker.Diverged):
+        report["diverged_at"] = exc.where
+    return report
 
 
 class WorkerProcess:
@@ -121,7 +141,8 @@ class WorkerProcess:
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
-                                        self.spec.heartbeat_s, self.state.status)
+                                        self.spec.heartbeat_s, self.state.status,
+                                        security=self.ctl.security)
         hb.start()
         try:
             start = self.connect()
@@ -148,7 +169,8 @@ class WorkerProcess:
         self.transport = tp = ZmqTransport(
             self.rank, self.cfg.workers, self.spec.bind_addrs[self.rank], ctx=self.ctx,
             max_numel=count_parameters(self.cfg.model), recv_timeout_s=self.spec.peer_timeout_s,
-            should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank))
+            should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank),
+            security=self.ctl.security)
         self.state.transport = tp
         device = self.spec.devices[self.rank]
         self.ctl.send({"type": "ready", "addr": tp.address, "device": device})

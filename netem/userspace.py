@@ -31,9 +31,12 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MAX_QUEUE_S = 0.5       # at most this much data per link ahead of real time (backpressure)
+# A release time may exceed the link's worst case by this much (float rounding, clock steps)
+RELEASE_SLACK_S = 0.25
 MAX_POLL_S = 0.02       # a waiting receiver re-checks at least this often
 MODES = ("userspace", "delay-only")
 
@@ -43,13 +46,16 @@ class ShapingError(ValueError):
 
 
 class LinkShaper:
-    """One worker's view of its links: pacing of what it sends, release times of what it receives."""
+    """One worker's view of its links: pacing of what it sends, release times of what it
+    receives."""
 
     def __init__(self, rank: int, mode: str, tx: dict[int, tuple[float | None, float]],
                  rx_delay_ms: dict[int, float], up_mbit: float | None = None,
-                 max_queue_s: float = MAX_QUEUE_S, sleep: Callable[[float], None] = time.sleep):
+                 max_queue_s: float = MAX_QUEUE_S, sleep: Callable[[float], None] = time.sleep,
+                 rx_links: dict[int, tuple[float | None, float]] | None = None):
         if mode not in MODES:
-            raise ShapingError(f"mode = {mode!r} is not allowed; expected one of {', '.join(MODES)}")
+            raise ShapingError(f"mode = {mode!r} is not allowed; "
+                               f"expected one of {', '.join(MODES)}")
         if not 0.0 < max_queue_s <= 60.0:
             raise ShapingError(f"max_queue_s = {max_queue_s!r} is out of range; expected (0, 60]")
         self.rank, self.mode, self.max_queue_s = rank, mode, max_queue_s
@@ -57,6 +63,9 @@ class LinkShaper:
         self._latency_s = {p: lat / 1e3 for p, (_, lat) in tx.items()}
         self._rx_delay_s = {p: d / 1e3 for p, d in rx_delay_ms.items()}
         self._up_bps = up_mbit * 1e6 if up_mbit else None
+        # links into this worker, (rate Mbit/s or None, latency ms): what bounds a sender's stamp
+        self._rx_links = {p: (r * 1e6 if r else None, lat / 1e3)
+                          for p, (r, lat) in (rx_links or {}).items()}
         self._link_free: dict[int, float] = {}
         self._up_free = 0.0
         self._lock = threading.Lock()
@@ -86,9 +95,22 @@ class LinkShaper:
         return done
 
     def release_at(self, src: int, deliver_at: float | None, arrival: float) -> float:
-        """Receiver side: when the algorithm may see a message from ``src`` that arrived at ``arrival``."""
+        """Receiver side: when the algorithm may see a message from ``src`` that arrived at
+        ``arrival``."""
         base = arrival if deliver_at is None else max(deliver_at, arrival)
         return max(base, arrival + self._rx_delay_s.get(src, 0.0))
+
+    def latest_release_s(self, src: int, nbytes: int, arrival: float) -> float:
+        """The latest ``release_at`` a legitimate message of ``nbytes`` from ``src`` can have.
+
+        A sender's ``stamp`` is at most ``max_queue_s`` (its backpressure) plus the link's
+        latency past the moment it sends, and the message arrives after that moment; one such
+        message over the link's rate and a small slack are added on top. A stamp beyond this is
+        a bad sender's, and the receiver drops the message ("deliver_at") rather than hold it.
+        """
+        rate_bps, latency_s = self._rx_links.get(src, (None, self._rx_delay_s.get(src, 0.0)))
+        transfer_s = nbytes * 8 / rate_bps if rate_bps else 0.0
+        return arrival + latency_s + self.max_queue_s + transfer_s + RELEASE_SLACK_S
 
     def queued_s(self, peer: int, now: float) -> float:
         """Seconds of data the virtual clock holds for ``peer`` beyond ``now`` (for dashboards)."""
@@ -98,12 +120,14 @@ class LinkShaper:
 # ---------------------------------------------------------------- specs (what the launcher ships)
 
 def spec_for(plan, decision) -> dict | None:
-    """The JSON-able shaping spec of a run for every worker, or None when nothing is done in userspace."""
+    """The JSON-able shaping spec of a run for every worker, or None when nothing is done in
+    userspace."""
     if not plan.shaped:
         return None
     if decision.shaper == "userspace":
         mode = "userspace"
-    elif decision.shaper == "tc" and decision.delay == "release-queue" and plan.max_of("latency_ms"):
+    elif (decision.shaper == "tc" and decision.delay == "release-queue"
+          and plan.max_of("latency_ms")):
         mode = "delay-only"
     else:
         return None
@@ -124,10 +148,19 @@ def shaping_from_spec(spec: dict | None, rank: int) -> LinkShaper | None:
         links, mode = spec["links"], spec["mode"]
         tx = {d: (rate, lat) for s, d, rate, lat in links if s == rank}
         rx = {s: lat for s, d, rate, lat in links if d == rank} if mode == "delay-only" else {}
-        up = spec.get("up_mbit", {}).get(str(rank))
-        return LinkShaper(rank, mode, tx, rx, up, spec.get("max_queue_s", MAX_QUEUE_S))
+        ups = spec.get("up_mbit", {})
+        rx_links = {s: (_slower(rate, ups.get(str(s))), lat) for s, d, rate, lat in links
+                    if d == rank}
+        return LinkShaper(rank, mode, tx, rx, ups.get(str(rank)),
+                          spec.get("max_queue_s", MAX_QUEUE_S), rx_links=rx_links)
     except (KeyError, TypeError, ValueError) as exc:
         raise ShapingError(f"malformed shaping spec for worker {rank}: {exc!r}") from None
+
+
+def _slower(rate_mbit: float | None, cap_mbit: float | None) -> float | None:
+    """The rate a sender can reach over a link and its own uplink cap (None: unlimited)."""
+    rates = [r for r in (rate_mbit, cap_mbit) if r]
+    return min(rates) if rates else None
 
 
 # ---------------------------------------------------------------- receiver side

@@ -47,5 +47,11 @@ def free_ports():
 
 
 @pytest.fixture
+def loopback_addrs():
+    """``n`` -> {rank: tcp://127.0.0.1:PORT} on ports that were free a moment ago."""
+    return lambda n: {r: f"tcp://127.0.0.1:{p}" for r, p in enumerate(free_tcp_ports(n))}
+
+
+@pytest.fixture
 def gasloc():
     return run_gasloc

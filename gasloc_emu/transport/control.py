@@ -3,19 +3,33 @@
 A Unix socket path reaches across network namespaces and is never shaped, so control traffic
 (start, stop, heartbeats, metrics, final parameters) never competes with the emulated links.
 
-    launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error; start, stop, exit
-    launcher PULL    <-  worker PUSH (heartbeat thread): hb {worker, round, step, state, peer}
+    launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error;
+                                                              start, stop, exit
+    launcher PULL    <-  worker PUSH (heartbeat thread): hb {worker, round, step, state, peer,
+                                                            sent, dropped, drop_reasons}
 
 Every message is msgpack; final parameters travel as one extra raw frame. No pickle.
+
+What the launcher receives is untrusted: ``parse`` turns a decoded map into one of the frozen
+message classes (``MESSAGES`` is the allow-list of types), checking every field's type and range
+against what the launcher knows (``Expect``), and raises ``ControlError(reason)`` for anything
+else, never another exception. Reasons are short codes from this module (``<type>.<field>``,
+``type``, ``undecodable``...), never wire strings, so drop counters stay bounded.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import torch
 import zmq
+
+from . import auth
+from .zmq_transport import check_tcp_addr
 
 
 def ctl_paths(run_dir: str | os.PathLike) -> tuple[str, str]:
@@ -40,8 +54,339 @@ def unpack(raw: bytes) -> dict:
     try:
         msg = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, TypeError):
-        return {"type": "invalid"}
-    return msg if isinstance(msg, dict) and isinstance(msg.get("type"), str) else {"type": "invalid"}
+        return {"type": INVALID}
+    return msg if isinstance(msg, dict) and isinstance(msg.get("type"), str) else {"type": INVALID}
+
+
+# -- typed messages, worker -> launcher (untrusted: every field checked)
+
+INVALID = "invalid"  # unpack's type for bytes that are not a msgpack map with a str type
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+STATES = ("starting", "computing", "waiting", "sending", "evaluating", "done")
+MAX_ERROR_CHARS = 16_384  # a worker's exception text; anything longer is not an error report
+MAX_DEVICE_CHARS = 64
+MAX_ADDR_CHARS = 270      # tcp:// + a DNS name (at most 253) + :port
+MAX_DROP_REASONS = 64     # distinct data-plane drop reasons (framing's and the mailbox's codes)
+_DROP_REASON = re.compile(r"[a-z][a-z0-9_.-]{0,31}")
+_DEVICE = re.compile(r"[a-z]+(:[0-9]{1,4})?")  # cpu, cuda:0, mps
+_RANK_KEY = re.compile(r"0|[1-9][0-9]{0,5}")   # a rank as a map key in text (ASCII digits only)
+
+
+class ControlError(ValueError):
+    """A control message the launcher will not act on. ``reason`` is a short code for its drop
+    counter, made here and never copied from the wire; ``str()`` says why in words."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the launcher knows that every message must agree with."""
+
+    workers: int  # ranks are 0 .. workers-1
+    rounds: int   # rounds are 0 .. rounds-1
+    numel: int    # parameters of the configured model
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Every ``heartbeat_s`` on the PUSH socket: where the worker is, and its cumulative
+    data-plane counters (bytes per peer for the link meters, drops by reason for the display)."""
+
+    worker: int
+    round: int               # -1 before the first round
+    step: int
+    state: str               # one of STATES
+    peer: int | None         # the peer it waits for or sends to
+    sent: dict[int, int]     # bytes sent per peer
+    dropped: int
+    drop_reasons: dict[str, int]
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Heartbeat:
+        _fields(wire, "hb", ("type", "worker", "round", "step", "state", "peer", "sent",
+                             "dropped", "drop_reasons"))
+        worker = _worker(wire, "hb", expect)
+        dropped, reasons = _drops("hb", wire["dropped"], wire["drop_reasons"])
+        return cls(worker, _int("hb.round", wire["round"], -1, expect.rounds - 1),
+                   _int("hb.step", wire["step"], 0), _choice("hb.state", wire["state"], STATES),
+                   _peer("hb.peer", wire["peer"], worker, expect),
+                   _peer_counts("hb.sent", wire["sent"], expect), dropped, reasons)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker built its model and bound its data-plane address; it waits for start."""
+
+    worker: int
+    addr: str    # tcp://HOST:PORT, a concrete host and port
+    device: str  # as named inside the worker: cpu, cuda:0
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Ready:
+        _fields(wire, "ready", ("type", "worker", "addr", "device"))
+        return cls(_worker(wire, "ready", expect), _addr("ready.addr", wire["addr"]),
+                   _text("ready.device", wire["device"], MAX_DEVICE_CHARS, _DEVICE))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One round's row of metrics.jsonl (``worker.RoundStats`` plus time_s and dropped)."""
+
+    worker: int
+    row: dict
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Metric:
+        _fields(wire, "metric", ("type", "worker", "row"))
+        worker = _worker(wire, "metric", expect)
+        return cls(worker, _row(wire["row"], worker, expect))
+
+
+@dataclass(frozen=True)
+class Final:
+    """The worker's last words before exit: its eval loss, counters, and (in one extra raw
+    frame) ``numel`` parameters of ``dtype``."""
+
+    worker: int
+    eval_loss: float | None
+    dtype: str     # a key of DTYPES
+    numel: int     # the configured model's parameter count
+    counters: dict  # bytes_sent, bytes_recv (per peer), dropped, wait_s, drop_reasons
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Final:
+        _fields(wire, "final", ("type", "worker", "eval_loss", "dtype", "numel", "counters"))
+        loss = wire["eval_loss"]
+        return cls(_worker(wire, "final", expect),
+                   None if loss is None else _float("final.eval_loss", loss),
+                   _choice("final.dtype", wire["dtype"], tuple(DTYPES)),
+                   _int("final.numel", wire["numel"], expect.numel, expect.numel),
+                   _counters(wire["counters"], expect))
+
+
+@dataclass(frozen=True)
+class Error:
+    """The worker failed and is exiting; ``diverged_at`` ({worker, round}) when it saw
+    non-finite numbers, so the launcher can tell a divergence from a failure."""
+
+    worker: int
+    error: str
+    diverged_at: dict | None = None
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Error:
+        _fields(wire, "error", ("type", "worker", "error"), ("diverged_at",))
+        where = wire.get("diverged_at")
+        return cls(_worker(wire, "error", expect),
+                   _text("error.error", wire["error"], MAX_ERROR_CHARS),
+                   None if where is None else _where("error.diverged_at", where, expect))
+
+
+Message = Heartbeat | Ready | Metric | Final | Error
+# the allow-list: a type name off the wire only ever selects one of these
+MESSAGES: dict[str, type] = {"hb": Heartbeat, "ready": Ready, "metric": Metric, "final": Final,
+                             "error": Error}
+
+
+def parse(msg, expect: Expect) -> Message:
+    """The typed message in a decoded map; ControlError for anything else, on any input."""
+    if not isinstance(msg, dict):
+        raise ControlError("map", f"a control message is a map, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if kind == INVALID and type(kind) is str:
+        raise ControlError("undecodable", "not a msgpack map with a str type")
+    cls = MESSAGES.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise ControlError("type", f"unknown message type {_show(kind)}")
+    return cls.from_wire(msg, expect)
+
+
+def decode(raw: bytes, expect: Expect) -> Message:
+    """``parse(unpack(raw))``: the typed message in raw bytes, or ControlError."""
+    return parse(unpack(raw), expect)
+
+
+# -- field checks: each returns the checked value or raises ControlError(reason)
+
+def _fields(wire: dict, reason: str, required: tuple[str, ...],
+            optional: tuple[str, ...] = ()) -> None:
+    """Exactly these fields: a missing or an unknown one means sender and launcher disagree."""
+    missing = [name for name in required if name not in wire]
+    unknown = set(wire) - set(required) - set(optional)
+    if missing or unknown:
+        shown = sorted(_show(k) for k in list(unknown)[:5])
+        raise ControlError(f"{reason}.fields", f"missing {missing}, unknown {shown}")
+
+
+def _worker(wire: dict, kind: str, expect: Expect) -> int:
+    return _int(f"{kind}.worker", wire["worker"], 0, expect.workers - 1)
+
+
+def _int(reason: str, value, lo: int, hi: int | None = None) -> int:
+    """An int (a bool is not one here) in [lo, hi]."""
+    if type(value) is not int or value < lo or (hi is not None and value > hi):
+        raise ControlError(reason, f"{_show(value)} is not an int in "
+                                   f"[{lo}, {'inf' if hi is None else hi}]")
+    return value
+
+
+def _float(reason: str, value, lo: float = -math.inf) -> float:
+    """A finite number >= lo, as a float (an int up to 2**53 is taken exactly; a bool is not)."""
+    if type(value) is int and abs(value) <= 2**53:
+        value = float(value)
+    if type(value) is not float or not math.isfinite(value) or value < lo:
+        raise ControlError(reason, f"{_show(value)} is not a finite number >= {lo}")
+    return value
+
+
+def _choice(reason: str, value, options: tuple[str, ...]) -> str:
+    if type(value) is not str or value not in options:
+        raise ControlError(reason, f"{_show(value)} is not one of {list(options)}")
+    return value
+
+
+def _text(reason: str, value, max_chars: int, pattern: re.Pattern | None = None) -> str:
+    """A str of 1..max_chars printable characters (newlines and tabs allowed), matching
+    ``pattern`` when given: it ends up on the user's terminal and in the record."""
+    ok = type(value) is str and 0 < len(value) <= max_chars
+    if ok and pattern is not None:
+        ok = pattern.fullmatch(value) is not None
+    if not ok or not all(c.isprintable() or c in "\n\t" for c in value):
+        raise ControlError(reason, f"{_show(value)} is not printable text of 1..{max_chars} "
+                                   f"characters" + (" of the expected form" if pattern else ""))
+    return value
+
+
+def _addr(reason: str, value) -> str:
+    _text(reason, value, MAX_ADDR_CHARS)
+    try:
+        return check_tcp_addr(value, "ready.addr")
+    except ValueError as exc:
+        raise ControlError(reason, str(exc)) from None
+
+
+def _peer(reason: str, value, worker: int, expect: Expect) -> int | None:
+    """None, or a rank other than the worker's own."""
+    if value is None:
+        return None
+    peer = _int(reason, value, 0, expect.workers - 1)
+    if peer == worker:
+        raise ControlError(reason, f"worker {worker} names itself as its peer")
+    return peer
+
+
+def _rank_key(reason: str, key, expect: Expect) -> int:
+    """A rank as a map key: an int, or its decimal text (JSON-shaped senders)."""
+    if type(key) is str and _RANK_KEY.fullmatch(key):
+        key = int(key)
+    return _int(reason, key, 0, expect.workers - 1)
+
+
+def _peer_counts(reason: str, value, expect: Expect) -> dict[int, int]:
+    """{rank: count >= 0}, at most one entry per rank."""
+    if not isinstance(value, dict) or len(value) > expect.workers:
+        raise ControlError(reason, f"{_show(value)} is not a map of at most {expect.workers} "
+                                   f"ranks to counts")
+    out: dict[int, int] = {}
+    for key, count in value.items():
+        rank = _rank_key(reason, key, expect)
+        if rank in out:
+            raise ControlError(reason, f"rank {rank} appears twice")
+        out[rank] = _int(reason, count, 0)
+    return out
+
+
+def _drops(kind: str, dropped, reasons) -> tuple[int, dict[str, int]]:
+    """(dropped, {reason: count}), with dropped the sum of the counts, as the mailbox keeps them."""
+    reason = f"{kind}.drop_reasons"
+    if not isinstance(reasons, dict) or len(reasons) > MAX_DROP_REASONS:
+        raise ControlError(reason, f"{_show(reasons)} is not a map of at most "
+                                   f"{MAX_DROP_REASONS} reasons to counts")
+    out: dict[str, int] = {}
+    for key, count in reasons.items():
+        if type(key) is not str or _DROP_REASON.fullmatch(key) is None:
+            raise ControlError(reason, f"{_show(key)} is not a drop reason code")
+        out[key] = _int(reason, count, 0)
+    total = _int(f"{kind}.dropped", dropped, 0)
+    if total != sum(out.values()):
+        raise ControlError(f"{kind}.dropped", f"{total} dropped, but the reasons add up to "
+                                              f"{sum(out.values())}")
+    return total, out
+
+
+def _counters(value, expect: Expect) -> dict:
+    """The data-plane transport's final counters (``ZmqTransport.counters()``)."""
+    if not isinstance(value, dict):
+        raise ControlError("final.counters", f"{_show(value)} is not a map")
+    _fields(value, "final.counters", ("bytes_sent", "bytes_recv", "dropped", "wait_s",
+                                      "drop_reasons"))
+    dropped, reasons = _drops("final.counters", value["dropped"], value["drop_reasons"])
+    return {"bytes_sent": _peer_counts("final.counters.bytes_sent", value["bytes_sent"], expect),
+            "bytes_recv": _peer_counts("final.counters.bytes_recv", value["bytes_recv"], expect),
+            "dropped": dropped, "wait_s": _float("final.counters.wait_s", value["wait_s"], 0.0),
+            "drop_reasons": reasons}
+
+
+def _where(reason: str, value, expect: Expect) -> dict:
+    if not isinstance(value, dict):
+        raise ControlError(reason, f"{_show(value)} is not a map")
+    _fields(value, reason, ("worker", "round"))
+    return {"worker": _int(reason, value["worker"], 0, expect.workers - 1),
+            "round": _int(reason, value["round"], 0, expect.rounds - 1)}
+
+
+# a metrics row: field -> check(reason, value, expect); eval_loss only in evaluated rounds
+_ROW = {
+    "worker": lambda r, v, e: _int(r, v, 0, e.workers - 1),
+    "round": lambda r, v, e: _int(r, v, 0, e.rounds - 1),
+    "step": lambda r, v, e: _int(r, v, 0),
+    "train_loss": lambda r, v, e: _float(r, v),
+    "compute_s": lambda r, v, e: _float(r, v, 0.0),
+    "comm_s": lambda r, v, e: _float(r, v, 0.0),
+    "wait_s": lambda r, v, e: _float(r, v, 0.0),
+    "bytes_sent": lambda r, v, e: _int(r, v, 0),
+    "bytes_recv": lambda r, v, e: _int(r, v, 0),
+    "peers": lambda r, v, e: _ranks(r, v, e),
+    "time_s": lambda r, v, e: _float(r, v),
+    "dropped": lambda r, v, e: _int(r, v, 0),
+    "eval_loss": lambda r, v, e: _float(r, v),
+}
+_ROW_OPTIONAL = ("eval_loss",)
+
+
+def _row(value, worker: int, expect: Expect) -> dict:
+    if not isinstance(value, dict):
+        raise ControlError("metric.row", f"{_show(value)} is not a map")
+    _fields(value, "metric.row", tuple(k for k in _ROW if k not in _ROW_OPTIONAL), _ROW_OPTIONAL)
+    row = {name: check(f"metric.row.{name}", value[name], expect)
+           for name, check in _ROW.items() if name in value}
+    if row["worker"] != worker:
+        raise ControlError("metric.row.worker", f"row of worker {row['worker']} sent by {worker}")
+    return row
+
+
+def _ranks(reason: str, value, expect: Expect) -> list[int]:
+    if type(value) is not list or len(value) > expect.workers:
+        raise ControlError(reason, f"{_show(value)} is not a list of at most {expect.workers} "
+                                   f"ranks")
+    return [_int(reason, v, 0, expect.workers - 1) for v in value]
+
+
+def _show(value) -> str:
+    """A short rendering of a wire value for an error's text. Containers are named by type only
+    (the repr of a deeply nested one can recurse too far), big ints by size (their repr can
+    raise)."""
+    if type(value) is int and abs(value) >= 2**64:
+        return f"an int of {value.bit_length()} bits"
+    if value is None or type(value) in (bool, int, float):
+        return repr(value)
+    if type(value) in (str, bytes):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
 
 
 def tensor_frame(t: torch.Tensor) -> memoryview:
@@ -51,21 +396,33 @@ def tensor_frame(t: torch.Tensor) -> memoryview:
 
 
 def frame_tensor(frame: zmq.Frame | bytes, dtype: str, numel: int) -> torch.Tensor:
-    buf = frame.buffer if isinstance(frame, zmq.Frame) else frame
-    arr = torch.frombuffer(bytearray(buf), dtype=getattr(torch, dtype))
-    if arr.numel() != numel:
-        raise ValueError(f"final parameters hold {arr.numel()} values; expected {numel}")
-    return arr
+    """The final parameters from their raw frame; ControlError for a dtype outside ``DTYPES``
+    (the name comes off the wire: never looked up on torch) or a frame that is not ``numel``
+    values of it."""
+    torch_dtype = DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if torch_dtype is None:
+        raise ControlError("final.dtype", f"dtype {_show(dtype)} not in {sorted(DTYPES)}")
+    buf = memoryview(frame.buffer if isinstance(frame, zmq.Frame) else frame)
+    if buf.nbytes != numel * torch_dtype.itemsize:
+        raise ControlError("final.frame", f"final parameters hold {buf.nbytes} bytes of {dtype} "
+                                          f"({buf.nbytes / torch_dtype.itemsize:g} values); "
+                                          f"expected {numel}")
+    if numel == 0:
+        return torch.empty(0, dtype=torch_dtype)  # frombuffer refuses empty buffers
+    return torch.frombuffer(bytearray(buf), dtype=torch_dtype)
 
 
 class WorkerControl:
     """The worker's end: a DEALER for requests and replies, a PUSH for heartbeats."""
 
-    def __init__(self, ctx: zmq.Context, ctl_addr: str, rank: int):
-        self.rank = rank
+    def __init__(self, ctx: zmq.Context, ctl_addr: str, rank: int,
+                 security: auth.Security | None = None):
+        self.rank, self.security = rank, security  # the worker's data plane uses it too
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"w{rank}".encode())
         self.sock.setsockopt(zmq.LINGER, 2000)
+        if security is not None:  # the launcher's ROUTER authenticates every worker (ZAP)
+            auth.make_client(self.sock, security, auth.user_id(rank), auth.LAUNCHER)
         self.sock.connect(ctl_addr)
         self.stop_requested = False
 
@@ -81,7 +438,8 @@ class WorkerControl:
             if msg["type"] in (kind, "stop"):
                 return msg
             return self.wait_for(kind, timeout_s)
-        raise TimeoutError(f"worker {self.rank}: no {kind!r} from the launcher in {timeout_s:.0f} s")
+        raise TimeoutError(f"worker {self.rank}: no {kind!r} from the launcher "
+                           f"in {timeout_s:.0f} s")
 
     def poll_stop(self) -> bool:
         """True once the launcher asked this worker to stop (non-blocking)."""

@@ -15,6 +15,12 @@ Header keys (version 1):
     shape       list  dimensions, ints >= 0
     nbytes      int   payload length in bytes (numel * itemsize)
     deliver_at  float optional: when the userspace shaper lets the message out (time.time())
+
+Exact checks. With a ``schema`` (``schema.WireSchema``; the transport always passes one) the
+kind must be one the sender sends this receiver ("kind") and the shape exactly the one the
+schema names for it ("shape"). With ``authenticated_as`` (the ZAP user id of the connection the
+message came in on, on an authenticated plane) the header's ``src`` must be that user ("spoofed"):
+the sender of a message is the authenticated peer, never what its header claims.
 """
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from dataclasses import dataclass
 
 import msgpack
 import torch
+
+from .auth import user_id
+from .schema import Shape, WireSchema
 
 VERSION = 1
 MAX_KIND_CHARS = 64
@@ -94,11 +103,14 @@ def _payload_view(tensor: torch.Tensor) -> memoryview:
 # -- decoding (untrusted bytes: every failure is a FrameError with a reason code)
 
 def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_numel: int,
-           round_window: tuple[int, int]) -> Message:
+           round_window: tuple[int, int], schema: WireSchema | None = None,
+           authenticated_as: str | None = None) -> Message:
     """Validate a received multipart message and view its payload as a tensor.
 
     ``frames`` are zmq Frames (zero copy: the tensor keeps its frame alive) or any buffers.
-    ``round_window`` is inclusive. Raises ``FrameError`` for anything malformed or unwanted.
+    ``round_window`` is inclusive. ``schema``: the exact shape per (src, kind), else any shape
+    up to ``max_numel``. ``authenticated_as``: the connection's user id, or None on a plane
+    without authentication. Raises ``FrameError`` for anything malformed or unwanted.
     """
     if not isinstance(frames, (list, tuple)) or len(frames) != 2:
         count = len(frames) if isinstance(frames, (list, tuple)) else type(frames).__name__
@@ -106,7 +118,12 @@ def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_n
     header = _unpack_header(_buffer_of(frames[0]))
     _check_keys(header)
     _check_identity(header, world_size, self_rank, round_window)
-    shape, numel = _check_shape(header, dtype, max_numel)
+    if authenticated_as is not None:
+        _check_sender(header["src"], authenticated_as)
+    if schema is None:
+        shape, numel = _check_shape(header, dtype, max_numel)
+    else:
+        shape, numel = _check_schema(header, dtype, schema)
     payload = _buffer_of(frames[1])
     _check_nbytes(header, numel * dtype.itemsize, payload.nbytes)
     tensor = _view_tensor(payload, dtype, numel).reshape(shape)
@@ -121,7 +138,8 @@ def _buffer_of(frame) -> memoryview:
         view = memoryview(getattr(frame, "buffer", frame))
         return view if view.ndim == 1 and view.format == "B" else view.cast("B")
     except (TypeError, ValueError) as exc:
-        raise FrameError("frames", f"frame of type {type(frame).__name__} is not bytes ({exc})")
+        raise FrameError("frames",
+                         f"frame of type {type(frame).__name__} is not bytes ({exc})") from exc
 
 
 def _unpack_header(raw: memoryview) -> dict:
@@ -180,6 +198,28 @@ def _check_shape(header: dict, dtype: torch.dtype, max_numel: int) -> tuple[list
     if numel > max_numel:
         raise FrameError("numel", f"shape {shape} has {numel} elements, limit {max_numel}")
     return shape, numel
+
+
+def _check_sender(src: int, authenticated_as: str) -> None:
+    if authenticated_as != user_id(src):
+        raise FrameError("spoofed", f"header says src {src}, the connection is authenticated "
+                                    f"as {authenticated_as[:MAX_KIND_CHARS]!r}")
+
+
+def _check_schema(header: dict, dtype: torch.dtype, schema: WireSchema) -> tuple[list[int], int]:
+    """The exact shape the schema names for (src, kind); kind first, then dtype, then shape."""
+    expected: Shape | None = schema.shape_of(header["src"], header["kind"])
+    if expected is None:
+        raise FrameError("kind", f"worker {header['src']} sends no {header['kind']!r} messages "
+                                 f"to worker {schema.rank}")
+    if header["dtype"] != dtype_name(dtype):
+        raise FrameError("dtype", f"dtype {header['dtype']!r}, expected {dtype_name(dtype)!r}")
+    shape = header["shape"]
+    if (not isinstance(shape, list) or not all(_is_int(d) for d in shape)
+            or tuple(shape) != expected):
+        raise FrameError("shape", f"shape {shape!r} of {header['kind']!r}, expected "
+                                  f"{list(expected)}")
+    return shape, math.prod(expected)
 
 
 def _check_nbytes(header: dict, expected: int, payload_bytes: int) -> None:

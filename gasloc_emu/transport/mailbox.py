@@ -17,7 +17,10 @@ under framing's reason.
 Release queue. With a userspace shaper a message is held back until ``shaping.release_at(...)``;
 ``release_due`` moves the due ones into the mailbox, in release order (a message whose round
 left the window meanwhile is "stale"), and ``next_release_s`` tells the transport how long it
-may sleep.
+may sleep. A release time is a claim of the sender's (its ``deliver_at`` stamp), so it is
+bounded: later than ``shaping.latest_release_s(...)`` (what the configured link could possibly
+need for a message of this size) and the message is dropped as "deliver_at" instead of holding
+its slot, and the round waiting for it, until then.
 
 Bounds. What a peer has here (kept plus waiting for release) is bounded in messages and in
 bytes, so a misbehaving peer cannot grow this worker's memory: past either bound its messages
@@ -53,11 +56,16 @@ class Shaping(Protocol):
     """The userspace shaper's hooks (implemented in the netem package)."""
 
     def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
-        """Delivery time (time.time() clock) of ``nbytes`` of payload sent to ``peer`` now, or None."""
+        """Delivery time (time.time() clock) of ``nbytes`` of payload sent to ``peer`` now, or
+        None."""
 
     def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
         """When a message from ``src`` stamped ``deliver_at`` (or not) that arrived at ``arrival_s``
         may be handed to the algorithm."""
+
+    def latest_release_s(self, src: int, nbytes: int, arrival_s: float) -> float:
+        """The latest release time a legitimate message of ``nbytes`` from ``src`` that arrived
+        at ``arrival_s`` can have; a later one is a bad stamp."""
 
 
 @dataclass(frozen=True)
@@ -126,17 +134,22 @@ class Mailbox:
     def accept(self, msg: Message, arrival_s: float) -> str | None:
         """Keep ``msg`` (decoded by framing) or drop it; returns the drop reason, or None."""
         reason = self._refusal(msg)
+        release_s = None if reason is not None else self._release_time(msg, arrival_s)
+        if release_s is not None and release_s > self._latest_release_s(msg, arrival_s):
+            reason = "deliver_at"  # a stamp no link needs: holding it would stall its round
         if reason is not None:
             self.refuse(reason)
             return reason
+        self._keep(msg, release_s)
+        return None
+
+    def _keep(self, msg: Message, release_s: float | None) -> None:
         self._seen[msg.round].add((msg.src, msg.kind))
         self._charge(msg, +1)
-        release_s = self._release_time(msg, arrival_s)
-        if release_s is None:
+        if release_s is None or release_s <= self._now():
             self._held[_key(msg)] = msg
         else:
             heapq.heappush(self._pending, (release_s, next(self._seq), msg))
-        return None
 
     def refuse(self, reason: str) -> None:
         """Count a message dropped for ``reason`` (also those framing refused to decode)."""
@@ -156,12 +169,14 @@ class Mailbox:
         return None
 
     def _release_time(self, msg: Message, arrival_s: float) -> float | None:
-        """When the shaper lets ``msg`` out; None for now. Unstamped messages are asked about too:
-        a delay-only shaper (tc does the rate) adds its latency at the receiver."""
+        """When the shaper lets ``msg`` out; None without one. Unstamped messages are asked about
+        too: a delay-only shaper (tc does the rate) adds its latency at the receiver."""
         if self.shaping is None:
             return None
-        release_s = self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
-        return release_s if release_s > self._now() else None
+        return self.shaping.release_at(msg.src, msg.deliver_at, arrival_s)
+
+    def _latest_release_s(self, msg: Message, arrival_s: float) -> float:
+        return self.shaping.latest_release_s(msg.src, _nbytes(msg), arrival_s)
 
     # -- the release queue
 

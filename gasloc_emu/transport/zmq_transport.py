@@ -29,6 +29,17 @@ worker next looks. Without a shaper the worker thread reads the socket itself. W
 (at most POLL_SLICE_S, and never past the next release) so that ``should_stop`` can abort them
 and releases are on time.
 
+Authentication (``security``; ``auth``). The PULL socket is a ZAP server and every PUSH socket
+a client logging in as this worker, with the run's credentials (PLAIN, or CURVE, which also
+encrypts). A connection without the run's keys never completes its handshake, so nothing it
+sends reaches the mailbox; the handshakes refused are counted in ``drop_reasons`` ("zap.*").
+The sender of a message is the authenticated peer: a header whose ``src`` is not the
+connection's user id is dropped as "spoofed". Without ``security`` (unit tests, the benchmark's
+unauthenticated path) the plane is open; ``worker_process`` always passes it.
+
+Exact validation. Every message must have the kind, dtype and shape that ``schema`` (by default
+the algorithms' messages for a model of ``max_numel`` parameters) names for its sender.
+
 One worker thread calls send/recv; nothing here is thread-safe for callers.
 """
 from __future__ import annotations
@@ -42,10 +53,11 @@ from typing import TYPE_CHECKING
 import torch
 import zmq
 
-from . import framing
+from . import auth, framing
 from .base import TransportBase, TransportError
 from .framing import FrameError
 from .mailbox import Key, Mailbox, PeerBounds, Shaping  # Shaping: still importable from here
+from .schema import WireSchema
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
@@ -56,6 +68,9 @@ MAX_DRAIN_MSGS = 64        # messages read per wake-up before checking stop and 
 # bounds how many of the algorithm's tensors libzmq may hold, not extra memory.
 HWM_MSGS = 256
 DEFAULT_LINGER_S = 2.0
+# CURVE wraps each frame in a MESSAGE command (8 bytes), nonce (8), flags (1) and MAC (16);
+# libzmq checks MAXMSGSIZE against that, so a model-sized frame needs this much more room.
+CURVE_FRAME_OVERHEAD = 64
 DEFAULT_RECV_TIMEOUT_S = 600.0
 # A neighbour can run ahead of this worker by about log2(world size) rounds under
 # time-varying matchings; a message dropped for being "too early" would stall its round.
@@ -86,8 +101,12 @@ class ZmqTransport(TransportBase):
                  max_bytes_per_peer: int | None = None,
                  linger_s: float = DEFAULT_LINGER_S,
                  should_stop: Callable[[], bool] | None = None,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None,
+                 schema: WireSchema | None = None,
+                 security: auth.Security | None = None):
         _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
+        self.schema = _schema_for(rank, world_size, max_numel, schema)
+        self.security = _check_security(security, world_size)
         bounds = _peer_bounds(max_numel * dtype.itemsize, world_size, max_rounds_ahead,
                               max_msgs_per_peer, max_bytes_per_peer)
         # before TransportBase zeroes ``dropped``, which the mailbox counts
@@ -103,24 +122,33 @@ class ZmqTransport(TransportBase):
         self._own_context = ctx is None
         self._ctx = zmq.Context() if ctx is None else ctx
         self._push: dict[int, zmq.Socket] = {}
+        # before the bind: a handshake that finds no handler fails
+        self._zap = None if security is None else auth.ZapHandler(self._ctx, security.creds)
         self._pull = self._bind_pull()
         self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port
         self._rx: _ArrivalStamper | None = None
         if shaping is not None:
-            self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}")
+            self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}",
+                                       self._peer_user)
             self._pull = self._rx.inbox
 
     @property
     def dropped(self) -> int:
-        """Messages dropped so far (framing's refusals included), as the mailbox counted them."""
-        return self.mailbox.dropped
+        """Drops so far, the sum of ``drop_reasons``: messages the mailbox or framing refused,
+        and handshakes ZAP refused (each stands for whatever that connection tried to send)."""
+        return sum(self.drop_reasons().values())
 
     @dropped.setter
     def dropped(self, value: int) -> None:
         # TransportBase.__init__ zeroes the counter; any other write would disown the mailbox's
-        if value != self.mailbox.dropped:
-            raise AttributeError(f"dropped is counted by the mailbox ({self.mailbox.dropped}), "
+        if value != self.dropped:
+            raise AttributeError(f"dropped is counted by the mailbox and ZAP ({self.dropped}), "
                                  f"it cannot be set to {value!r}")
+
+    def drop_reasons(self) -> dict[str, int]:
+        """Drops by reason: the mailbox's and framing's, and "zap.<reason>" for handshakes."""
+        zap = getattr(self, "_zap", None)  # TransportBase.__init__ asks before it exists
+        return self.mailbox.drop_reasons | ({} if zap is None else zap.refusals())
 
     def _socket(self, kind: int, addr: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
@@ -132,7 +160,11 @@ class ZmqTransport(TransportBase):
         sock.setsockopt(zmq.RCVHWM, HWM_MSGS)
         # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
         frame_limit = max(self.max_numel * self.dtype.itemsize, framing.MAX_HEADER_BYTES)
+        if self.security is not None and self.security.mode == "curve":
+            frame_limit += CURVE_FRAME_OVERHEAD  # the limit applies to the encrypted frame
         sock.setsockopt(zmq.MAXMSGSIZE, frame_limit)
+        if self.security is not None:
+            auth.make_server(sock, self.security, auth.user_id(self.rank))
         try:
             sock.bind(self.bind_addr)
         except zmq.ZMQError as exc:
@@ -185,7 +217,8 @@ class ZmqTransport(TransportBase):
     # -- more of the interface
 
     def counters(self) -> dict:
-        return super().counters() | {"drop_reasons": self.mailbox.drop_reasons}
+        reasons = self.drop_reasons()  # one copy: "dropped" is its sum even while ZAP counts
+        return super().counters() | {"dropped": sum(reasons.values()), "drop_reasons": reasons}
 
     def set_round(self, round_idx: int) -> None:
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
@@ -233,6 +266,9 @@ class ZmqTransport(TransportBase):
                 raise TransportError(f"worker {self.rank}: no address for peer {peer}")
             sock = self._socket(zmq.PUSH, self.peer_addrs[peer])
             sock.setsockopt(zmq.SNDHWM, HWM_MSGS)
+            if self.security is not None:
+                auth.make_client(sock, self.security, auth.user_id(self.rank),
+                                 auth.user_id(peer))
             sock.connect(self.peer_addrs[peer])
             self._push[peer] = sock
         return sock
@@ -270,7 +306,8 @@ class ZmqTransport(TransportBase):
         items = [(self._pull, zmq.POLLIN)]
         if out_sock is not None:
             items.append((out_sock, zmq.POLLOUT))
-        # whole milliseconds, rounded down: a release due in under 1 ms is polled for, not slept past
+        # whole milliseconds, rounded down: a release due in under 1 ms is polled for, not slept
+        # past
         zmq.zmq_poll(items, int(timeout_s * 1000))
         _drain(self._pull, self._on_frames)
 
@@ -278,15 +315,21 @@ class ZmqTransport(TransportBase):
 
     def _on_frames(self, frames: list) -> None:
         if self._rx is None:
-            self._accept(frames, time.time())
-        else:  # [arrival time, *the message's frames] from the receive thread
-            self._accept(frames[1:], float(frames[0].bytes))
+            self._accept(frames, self._peer_user(frames[0]), time.time())
+        else:  # [arrival time, user id, *the message's frames] from the receive thread
+            user = frames[1].bytes.decode("utf-8", "replace") if self.security else None
+            self._accept(frames[2:], user, float(frames[0].bytes))
 
-    def _accept(self, frames: list, arrival_s: float) -> None:
+    def _peer_user(self, frame: zmq.Frame) -> str | None:
+        """Who ZAP says sent ``frame``; None on an unauthenticated plane."""
+        return None if self.security is None else auth.peer_user(frame)
+
+    def _accept(self, frames: list, user: str | None, arrival_s: float) -> None:
         try:
             msg = framing.decode(frames, world_size=self.world_size, self_rank=self.rank,
                                  dtype=self.dtype, max_numel=self.max_numel,
-                                 round_window=self.mailbox.window())
+                                 round_window=self.mailbox.window(), schema=self.schema,
+                                 authenticated_as=user)
         except FrameError as exc:
             self.mailbox.refuse(exc.reason)
             return
@@ -299,23 +342,27 @@ class ZmqTransport(TransportBase):
             raise TransportError(f"worker {self.rank}: transport is closed")
 
     def _close_context(self) -> None:
+        if self._zap is not None:
+            self._zap.stop()  # before term(), which waits for its socket
         if self._own_context:
             self._ctx.term()  # returns once every socket is closed and its linger is over
 
 
 class _ArrivalStamper:
-    """Reads the bound socket in a thread of its own and forwards [arrival time, *frames].
+    """Reads the bound socket in a thread of its own and forwards [arrival time, user, *frames].
 
     The thread only blocks in zmq_poll (no GIL held) and wakes per message, so it costs training
-    nothing measurable. Frames are forwarded zero-copy over inproc://.
+    nothing measurable. Frames are forwarded zero-copy over inproc://, which loses their
+    User-Id property: ``user_of`` reads it here (None: unauthenticated) and it travels as a frame.
     """
 
-    def __init__(self, ctx: zmq.Context, pull: zmq.Socket, addr: str):
+    def __init__(self, ctx: zmq.Context, pull: zmq.Socket, addr: str,
+                 user_of: Callable[[zmq.Frame], str | None]):
         self.inbox = ctx.socket(zmq.PULL)
         self.inbox.bind(addr)
         self._out = ctx.socket(zmq.PUSH)
         self._out.connect(addr)
-        self._pull, self._halt = pull, threading.Event()
+        self._pull, self._user_of, self._halt = pull, user_of, threading.Event()
         self._thread = threading.Thread(target=self._run, name="zmq-arrivals", daemon=True)
         self._thread.start()
 
@@ -325,7 +372,8 @@ class _ArrivalStamper:
                 _drain(self._pull, self._forward)
 
     def _forward(self, frames: list) -> None:
-        self._out.send_multipart([repr(time.time()).encode(), *frames], copy=False)
+        user = (self._user_of(frames[0]) or "").encode()
+        self._out.send_multipart([repr(time.time()).encode(), user, *frames], copy=False)
 
     def stop(self) -> None:
         self._halt.set()
@@ -364,6 +412,26 @@ def _peer_bounds(model_bytes: int, world_size: int, max_rounds_ahead: int,
         raise ValueError(f"max_bytes_per_peer {max_bytes!r} is below one model-sized message; "
                          f"allowed: >= {model_bytes}")
     return bounds
+
+
+def _schema_for(rank: int, world_size: int, max_numel: int,
+                schema: WireSchema | None) -> WireSchema:
+    """The caller's schema, checked against this transport, or the algorithms' own."""
+    if schema is None:
+        return WireSchema(rank, world_size, max_numel)
+    if (schema.rank, schema.world_size) != (rank, world_size) or schema.max_numel() > max_numel:
+        raise ValueError(f"schema is for worker {schema.rank} of {schema.world_size} with "
+                         f"messages up to {schema.max_numel()} elements; this transport is "
+                         f"worker {rank} of {world_size}, max_numel {max_numel}")
+    return schema
+
+
+def _check_security(security: auth.Security | None, world_size: int) -> auth.Security | None:
+    if security is not None and (not isinstance(security, auth.Security)
+                                 or security.creds.workers != world_size):
+        raise ValueError(f"security must be an auth.Security for {world_size} workers, "
+                         f"got {security!r}")
+    return security
 
 
 def _check_config(rank: int, world_size: int, max_numel: int, recv_timeout_s: float,

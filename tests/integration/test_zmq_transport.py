@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-import socket
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -18,8 +17,10 @@ import pytest
 import torch
 import zmq
 
+from gasloc_emu.transport import auth, framing
 from gasloc_emu.transport.base import TransportError
 from gasloc_emu.transport.memory import Hub
+from gasloc_emu.transport.schema import WireSchema
 from gasloc_emu.transport.zmq_transport import ZmqTransport
 
 pytestmark = pytest.mark.integration
@@ -29,24 +30,12 @@ RESULT_TIMEOUT_S = 60.0
 MAX_NUMEL = 1 << 21
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _addrs(n: int) -> dict[int, str]:
-    return {r: f"tcp://127.0.0.1:{p}" for r, p in enumerate(_free_ports(n))}
-
-
-def _transport(rank: int, addrs: dict[int, str], **kw) -> ZmqTransport:
+def _transport(rank: int, addrs: dict[int, str], model_numel: int = MAX_NUMEL,
+               extra: dict | None = None, **kw) -> ZmqTransport:
+    """Worker ``rank``; its schema allows the model's messages plus ``extra`` kinds."""
     peers = {p: a for p, a in addrs.items() if p != rank}
-    kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
+    kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S,
+              schema=WireSchema(rank, len(addrs), model_numel, extra)) | kw
     return ZmqTransport(rank, len(addrs), addrs[rank], peers, **kw)
 
 
@@ -70,7 +59,8 @@ def _payload(src: int, dst: int, round_idx: int, numel: int) -> torch.Tensor:
 def _exchange_all(rank: int, addrs: dict[int, str], rounds: int, sizes: list[int]) -> dict:
     """Every worker sends to every other, every round; checks what it received."""
     torch.set_num_threads(1)
-    with _transport(rank, addrs) as tp:
+    extra = {f"x{i}": (numel,) for i, numel in enumerate(sizes)}
+    with _transport(rank, addrs, extra=extra) as tp:
         peers = [p for p in addrs if p != rank]
         for t in range(rounds):
             for size_idx, numel in enumerate(sizes):
@@ -84,7 +74,7 @@ def _exchange_all(rank: int, addrs: dict[int, str], rounds: int, sizes: list[int
 
 def _all_reduce(rank: int, addrs: dict[int, str], numel: int) -> bytes:
     torch.set_num_threads(1)
-    with _transport(rank, addrs) as tp:
+    with _transport(rank, addrs, model_numel=numel) as tp:  # the schema's ring chunks
         return tp.all_reduce_mean(3, _rank_input(rank, numel)).numpy().tobytes()
 
 
@@ -95,7 +85,7 @@ def _rank_input(rank: int, numel: int) -> torch.Tensor:
 def _early_sender_or_receiver(rank: int, addrs: dict[int, str]) -> dict:
     """Worker 1 sends rounds 3, 2, 1 before round 0 and leaves; worker 0 asks in round order."""
     torch.set_num_threads(1)
-    with _transport(rank, addrs, linger_s=10.0) as tp:
+    with _transport(rank, addrs, extra={"a": (5,), "go": (1,)}, linger_s=10.0) as tp:
         if rank == 1:
             for t in (3, 2, 2, 1):  # round 2 twice: the second is a duplicate
                 tp.send(0, t, "a", torch.full((5,), float(t)))
@@ -111,7 +101,7 @@ def _early_sender_or_receiver(rank: int, addrs: dict[int, str]) -> dict:
 def _gossip_rounds(rank: int, addrs: dict[int, str], rounds: int) -> dict:
     """Workers 0 and 1 swap tensors for a few rounds; worker 0 first waits for the garbage."""
     torch.set_num_threads(1)
-    with _transport(rank, addrs) as tp:
+    with _transport(rank, addrs, model_numel=50_000, extra=GARBAGE_KINDS) as tp:
         if rank == 0:
             tp.recv(1, 0, "sync")  # a spoofed, valid message sent after the whole garbage burst
         for t in range(rounds):
@@ -123,9 +113,9 @@ def _gossip_rounds(rank: int, addrs: dict[int, str], rounds: int) -> dict:
 # -- the tests with worker processes
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_exchange_delivers_exactly_what_was_sent(pool, world):
+def test_exchange_delivers_exactly_what_was_sent(pool, world, loopback_addrs):
     sizes = [1_000_003, 10, 0]  # a zero-copy 4 MB payload, a copied small one, an empty one
-    results = _run_workers(pool, _exchange_all, _addrs(world), rounds=3, sizes=sizes)
+    results = _run_workers(pool, _exchange_all, loopback_addrs(world), rounds=3, sizes=sizes)
     expected_bytes = 3 * 4 * sum(sizes)
     for rank, counters in enumerate(results):
         assert counters["dropped"] == 0
@@ -150,17 +140,20 @@ def _in_memory_mean(world: int, numel: int) -> list[bytes]:
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_ring_all_reduce_matches_in_memory_bit_for_bit(pool, world):
+def test_ring_all_reduce_matches_in_memory_bit_for_bit(pool, world, loopback_addrs):
     numel = 100_003  # not a multiple of the world size: unequal chunks
-    got = _run_workers(pool, _all_reduce, _addrs(world), numel=numel)
+    got = _run_workers(pool, _all_reduce, loopback_addrs(world), numel=numel)
     reference = _in_memory_mean(world, numel)
     assert got == reference
     assert len(set(got)) == 1  # every worker holds the same bits
 
 
-def test_early_messages_are_kept_until_asked_for(pool):
-    receiver, _sender = _run_workers(pool, _early_sender_or_receiver, _addrs(2))
+def test_early_messages_are_kept_until_asked_for(pool, loopback_addrs):
+    receiver, _sender = _run_workers(pool, _early_sender_or_receiver, loopback_addrs(2))
     assert receiver["drop_reasons"] == {"duplicate": 1}
+
+
+GARBAGE_KINDS = {"junk": (2,), "dup": (2,), "sync": (1,)}
 
 
 def _garbage_burst(self_rank: int = 0) -> tuple[list[list[bytes]], dict[str, int]]:
@@ -173,21 +166,24 @@ def _garbage_burst(self_rank: int = 0) -> tuple[list[list[bytes]], dict[str, int
     burst = [
         [b"junk"], [b"junk", b"junk", b"junk"],                          # frames
         [b"\xc1\xc1", b""], [msgpack.packb([1, 2, 3]), b""],              # header
-        msg(bytes(10), shape=[100], nbytes=400),                          # nbytes (truncated)
+        msg(bytes(5)),                                                    # nbytes (truncated)
         msg(src=7), msg(src=self_rank),                                   # src
         msg(round=100),                                                   # round
         msg(dtype="float64"),                                             # dtype
-        msg(shape=[2**40], nbytes=8),                                     # numel
+        msg(shape=[2**40], nbytes=8), msg(shape=[1, 2]),                  # shape
+        msg(bytes(4), shape=[1], nbytes=4),                               # shape (consistent)
+        msg(bytes(200_000), kind="ag0", shape=[50_000], nbytes=200_000),  # shape: not a chunk
+        msg(kind="zz"), msg(kind="rs1"), msg(kind="ag7"),                 # kind (ring of 2: s=0)
         msg(v=9),                                                         # version
         msg(kind="dup"), msg(kind="dup"),                                 # duplicate, then stale
     ]
     expected = {"frames": 2, "header": 2, "nbytes": 1, "src": 2, "round": 1, "dtype": 1,
-                "numel": 1, "version": 1, "duplicate": 1, "stale": 1}
+                "shape": 4, "kind": 3, "version": 1, "duplicate": 1, "stale": 1}
     return burst + [msg(kind="sync", shape=[1], nbytes=4, payload=bytes(4))], expected
 
 
-def test_garbage_sender_is_dropped_and_counted_while_the_exchange_completes(pool):
-    addrs = _addrs(2)
+def test_garbage_sender_is_dropped_and_counted_while_the_exchange_completes(pool, loopback_addrs):
+    addrs = loopback_addrs(2)
     burst, expected = _garbage_burst()
     ctx = zmq.Context()
     junk = ctx.socket(zmq.PUSH)
@@ -211,33 +207,35 @@ EPHEMERAL = "tcp://127.0.0.1:0"
 
 
 @contextmanager
-def _local_pair(**kw):
-    """Two transports in this process, bound first, then told each other's address."""
+def _local_pair(model_numel: int = 10, extra: dict | None = None, **kw):
+    """Two transports in this process, bound first, then told each other's address; their
+    schemas allow a model of ``model_numel`` and the ``extra`` kinds."""
     kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
-    with ZmqTransport(0, 2, EPHEMERAL, **kw) as a, ZmqTransport(1, 2, EPHEMERAL, **kw) as b:
+    with ZmqTransport(0, 2, EPHEMERAL, schema=WireSchema(0, 2, model_numel, extra), **kw) as a, \
+            ZmqTransport(1, 2, EPHEMERAL, schema=WireSchema(1, 2, model_numel, extra), **kw) as b:
         table = {0: a.address, 1: b.address}
         a.connect(table)
         b.connect(table)
         yield a, b
 
 
-def _lone(**kw) -> ZmqTransport:
-    """Worker 0 of 2 whose peer never comes up."""
+def _lone(free_ports, **kw) -> ZmqTransport:
+    """Worker 0 of 2 whose peer never comes up (its port was free a moment ago)."""
     kw = dict(max_numel=MAX_NUMEL, recv_timeout_s=RECV_TIMEOUT_S) | kw
-    return ZmqTransport(0, 2, EPHEMERAL, {1: f"tcp://127.0.0.1:{_free_ports(1)[0]}"}, **kw)
+    return ZmqTransport(0, 2, EPHEMERAL, {1: f"tcp://127.0.0.1:{free_ports(1)[0]}"}, **kw)
 
 
-def test_recv_timeout_names_peer_round_and_kind():
-    with _lone(recv_timeout_s=0.3) as tp:
+def test_recv_timeout_names_peer_round_and_kind(free_ports):
+    with _lone(free_ports, recv_timeout_s=0.3) as tp:
         t0 = time.monotonic()
         with pytest.raises(TransportError, match=r"'z' of round 4 from worker 1"):
             tp.recv(1, 4, "z")
         assert 0.3 <= time.monotonic() - t0 < 1.0
 
 
-def test_should_stop_aborts_a_wait_within_a_poll_slice():
+def test_should_stop_aborts_a_wait_within_a_poll_slice(free_ports):
     stop_at = time.monotonic() + 0.2
-    with _lone(should_stop=lambda: time.monotonic() >= stop_at) as tp:
+    with _lone(free_ports, should_stop=lambda: time.monotonic() >= stop_at) as tp:
         with pytest.raises(TransportError, match="stopped while waiting"):
             tp.recv(1, 0, "z")
         assert time.monotonic() - stop_at < 0.15
@@ -259,6 +257,9 @@ class FakeShaping:
         if deliver_at is None:
             return arrival_s + self.delay_s
         return max(deliver_at, arrival_s)
+
+    def latest_release_s(self, src: int, nbytes: int, arrival_s: float) -> float:
+        return arrival_s + self.delay_s + 1.0
 
 
 @pytest.mark.parametrize("delay_only", [False, True])
@@ -290,7 +291,7 @@ def test_delay_counts_from_arrival_even_while_the_worker_computes():
 
 def test_shaped_messages_are_released_in_due_order_not_arrival_order():
     slow = FakeShaping(delay_s=0.3)
-    with _local_pair(shaping=slow) as (a, b):
+    with _local_pair(extra={"first": (1,), "second": (1,)}, shaping=slow) as (a, b):
         a.send(1, 0, "first", torch.zeros(1))
         slow.delay_s = 0.05
         a.send(1, 0, "second", torch.ones(1))
@@ -300,8 +301,8 @@ def test_shaped_messages_are_released_in_due_order_not_arrival_order():
         assert time.monotonic() - t0 > 0.15  # still held while "second" was handed out
 
 
-def test_close_is_bounded_when_the_peer_never_comes():
-    tp = _lone(linger_s=0.2)
+def test_close_is_bounded_when_the_peer_never_comes(free_ports):
+    tp = _lone(free_ports, linger_s=0.2)
     tp.send(1, 0, "z", torch.ones(1 << 20))
     t0 = time.monotonic()
     tp.close()
@@ -311,8 +312,8 @@ def test_close_is_bounded_when_the_peer_never_comes():
         tp.recv(1, 0, "z")
 
 
-def test_sending_what_the_data_plane_cannot_carry_is_refused():
-    with _lone(max_numel=100) as tp:
+def test_sending_what_the_data_plane_cannot_carry_is_refused(free_ports):
+    with _lone(free_ports, max_numel=100) as tp:
         with pytest.raises(ValueError, match="float64"):
             tp.send(1, 0, "z", torch.ones(3, dtype=torch.float64))
         with pytest.raises(ValueError, match="101 elements"):
@@ -326,8 +327,8 @@ def test_wildcard_or_non_tcp_bind_addresses_are_refused(bind_addr):
         ZmqTransport(0, 2, bind_addr, max_numel=10)
 
 
-def test_connect_ignores_this_worker_and_refuses_bad_tables():
-    with _lone() as tp:
+def test_connect_ignores_this_worker_and_refuses_bad_tables(free_ports):
+    with _lone(free_ports) as tp:
         tp.connect({0: "tcp://10.9.9.9:1", 1: tp.peer_addrs[1]})  # own entry; same address
         with pytest.raises(ValueError, match="peer 1 is at"):
             tp.connect({1: "tcp://127.0.0.1:9"})
@@ -335,20 +336,20 @@ def test_connect_ignores_this_worker_and_refuses_bad_tables():
             tp.connect({5: "tcp://127.0.0.1:9"})
         with pytest.raises(ValueError, match="address of peer 1"):
             ZmqTransport(0, 2, EPHEMERAL, {1: "tcp://127.0.0.1:0"}, max_numel=10)
-    with ZmqTransport(0, 2, EPHEMERAL, max_numel=10) as unconnected:
-        with pytest.raises(TransportError, match="no address for peer 1"):
-            unconnected.send(1, 0, "z", torch.ones(1))
+    with ZmqTransport(0, 2, EPHEMERAL, max_numel=10) as unconnected, \
+            pytest.raises(TransportError, match="no address for peer 1"):
+        unconnected.send(1, 0, "z", torch.ones(1))
 
 
-def test_a_message_for_a_round_behind_the_window_is_refused_at_once():
-    with _lone() as tp:
+def test_a_message_for_a_round_behind_the_window_is_refused_at_once(free_ports):
+    with _lone(free_ports) as tp:
         tp.set_round(5)
         with pytest.raises(TransportError, match="round 3 is behind"):
             tp.recv(1, 3, "z")
 
 
 def test_a_sent_tensor_stays_alive_until_it_is_out():
-    with _local_pair() as (a, b):
+    with _local_pair(model_numel=1 << 20) as (a, b):
         a.send(1, 0, "z", torch.arange(1 << 20, dtype=torch.float32))  # no reference kept here
         gc.collect()
         torch.ones(1 << 20).add_(1)  # would reuse the freed memory
@@ -359,7 +360,7 @@ def test_an_oversized_frame_is_cut_off_by_libzmq_and_the_transport_carries_on():
     ctx = zmq.Context()
     rogue = ctx.socket(zmq.PUSH)
     try:
-        with _local_pair(max_numel=1000) as (a, b):
+        with _local_pair(model_numel=1000, max_numel=1000) as (a, b):
             rogue.connect(b.address)
             rogue.send_multipart([b"h", bytes(4 * 1000 + 1)])  # over MAXMSGSIZE: never allocated
             time.sleep(0.3)  # libzmq's I/O thread reads and refuses it while nobody polls
@@ -369,3 +370,116 @@ def test_an_oversized_frame_is_cut_off_by_libzmq_and_the_transport_carries_on():
     finally:
         rogue.close(linger=0)
         ctx.term()
+
+
+# -- authenticated planes (ZAP): who may connect, and who a message is really from
+
+def _security(mode: str = "plain", workers: int = 2) -> auth.Security:
+    return auth.Security(auth.RunCredentials.new(workers), mode)
+
+
+@contextmanager
+def _pushers(addr: str, logins: list):
+    """PUSH sockets to ``addr``, each set up by its login function (or left as NULL: None)."""
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for login in logins:
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            if login is not None:
+                login(sock)
+            sock.connect(addr)
+            socks.append(sock)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+
+
+def _as(security: auth.Security, user: str, server: str = "w0"):
+    return lambda sock: auth.make_client(sock, security, user, server)
+
+
+@pytest.mark.parametrize("shaped", [False, True], ids=["direct", "arrival-thread"])
+@pytest.mark.parametrize("mode", ["plain", "curve"])
+def test_an_authenticated_pair_exchanges_and_drops_nothing(mode, shaped):
+    kw = {"shaping": FakeShaping(delay_s=0.0)} if shaped else {}
+    # max_numel = the model: a model-sized frame is exactly at the MAXMSGSIZE cut (for CURVE,
+    # the encrypted frame is a little bigger and must still get through)
+    with _local_pair(1000, security=_security(mode), max_numel=1000, **kw) as (a, b):
+        a.send(1, 0, "z", torch.arange(1000.0))
+        b.send(0, 0, "z", torch.ones(1000))
+        assert torch.equal(b.recv(0, 0, "z"), torch.arange(1000.0))
+        assert torch.equal(a.recv(1, 0, "z"), torch.ones(1000))
+        assert a.counters()["drop_reasons"] == {} == b.counters()["drop_reasons"]
+
+
+@pytest.mark.parametrize("shaped", [False, True], ids=["direct", "arrival-thread"])
+def test_a_header_naming_another_sender_is_dropped_as_spoofed(shaped):
+    """Worker 2 holds the run's keys but claims to be worker 1: the connection says w2."""
+    sec = _security(workers=3)
+    kw = {"shaping": FakeShaping(delay_s=0.0)} if shaped else {}
+    with ZmqTransport(0, 3, EPHEMERAL, max_numel=10, recv_timeout_s=RECV_TIMEOUT_S,
+                      security=sec, **kw) as tp, \
+            _pushers(tp.address, [_as(sec, "w2"), _as(sec, "w1")]) as (w2, w1):
+        w2.send_multipart(framing.encode(1, 0, "z", torch.full((10,), float("nan"))))
+        w2.send_multipart(framing.encode(2, 0, "z", torch.full((10,), 2.0)))
+        w1.send_multipart(framing.encode(1, 0, "z", torch.full((10,), 1.0)))
+        assert torch.equal(tp.recv(2, 0, "z"), torch.full((10,), 2.0))
+        assert torch.equal(tp.recv(1, 0, "z"), torch.full((10,), 1.0))
+        assert tp.counters()["drop_reasons"] == {"spoofed": 1}
+
+
+def test_an_authenticated_peer_still_gets_exact_validation():
+    sec = _security()
+    with _local_pair(security=sec) as (_, b), _pushers(b.address, [_as(sec, "w0", "w1")]) as (w0,):
+        for tensor, kind in ((torch.ones(11), "z"), (torch.ones(10, dtype=torch.float64), "z"),
+                             (torch.ones(5), "rs3"), (torch.ones(10), "x"),
+                             (torch.ones(10), "z")):  # last on this connection: the valid one
+            w0.send_multipart(framing.encode(0, 0, kind, tensor))
+        assert torch.equal(b.recv(0, 0, "z"), torch.ones(10))
+        assert b.counters()["drop_reasons"] == {"shape": 1, "dtype": 1, "kind": 2}
+
+
+def _keyless_logins(sec: auth.Security) -> tuple[list, set[str]]:
+    """Clients without this run's keys, and the ZAP refusals they cause on a worker's PULL."""
+    other = _security(sec.mode)  # another run: the right user names, the wrong secret
+    if sec.mode == "plain":
+        def unknown(sock):
+            sock.setsockopt(zmq.PLAIN_USERNAME, b"mallory")
+            sock.setsockopt(zmq.PLAIN_PASSWORD, b"guess")
+        return [None, _as(other, "w0", "w1"), unknown], {"zap.password", "zap.user"}
+
+    def known_server_key(sock):  # public keys may leak; the client's secret key is what counts
+        public, secret = zmq.curve_keypair()
+        sock.setsockopt(zmq.CURVE_SERVERKEY, sec.creds.curve_keypair("w1")[0])
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    return [None, _as(other, "w0", "w1"), known_server_key], {"zap.key"}
+
+
+@pytest.mark.parametrize("mode", ["plain", "curve"])
+def test_connections_without_the_runs_keys_deliver_nothing_and_are_counted(mode):
+    sec = _security(mode)
+    logins, refusals = _keyless_logins(sec)
+    with _local_pair(security=sec) as (a, b), _pushers(b.address, logins) as forgers:
+        for sock in forgers:  # a forged neighbour: NaN parameters claiming to be worker 0
+            sock.send_multipart(framing.encode(0, 0, "z", torch.full((10,), float("nan"))),
+                                zmq.NOBLOCK)
+        time.sleep(0.5)  # the handshakes fail while nobody polls
+        a.send(1, 0, "z", torch.ones(10))
+        assert torch.equal(b.recv(0, 0, "z"), torch.ones(10))
+        reasons = b.counters()["drop_reasons"]
+    assert set(reasons) == refusals and b.mailbox.dropped == 0  # connections, no message
+    assert b.dropped >= len(refusals)
+
+
+def test_security_and_schema_must_fit_the_transport():
+    with pytest.raises(ValueError, match="security must be an auth.Security for 2 workers"):
+        ZmqTransport(0, 2, EPHEMERAL, max_numel=10, security=_security(workers=3))
+    with pytest.raises(ValueError, match="schema is for worker 1 of 2"):
+        ZmqTransport(0, 2, EPHEMERAL, max_numel=10, schema=WireSchema(1, 2, 10))
+    with pytest.raises(ValueError, match="messages up to 11 elements"):
+        ZmqTransport(0, 2, EPHEMERAL, max_numel=10, schema=WireSchema(0, 2, 11))

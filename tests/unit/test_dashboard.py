@@ -8,8 +8,16 @@ import pytest
 from rich.console import Console
 
 from gasloc_emu import dashboard as D
-from gasloc_emu.dashboard import (DashboardState, Header, LinkView, LiveView, Snapshot,
-                                  WorkerView, render, sparkline)
+from gasloc_emu.dashboard import (
+    DashboardState,
+    Header,
+    LinkView,
+    LiveView,
+    Snapshot,
+    WorkerView,
+    render,
+    sparkline,
+)
 
 HEADER = Header(algorithm="gasloc", topology="ring", lambda2=1 / 3, gamma=0.9, profile="skewed",
                 shaper="tc", workers=3, rounds=20, devices=("cuda:0", "cuda:1", "cpu"),
@@ -156,7 +164,7 @@ def test_a_link_above_its_target_warns_once():
 def test_dropped_messages_and_warning_rows_are_kept_distinct_and_bounded():
     st = DashboardState(HEADER, start=0.0, max_warnings=3)
     st.update(metric(1, 0, 4.0, dropped=2), now=1.0)
-    st.update(metric(1, 1, 4.0, dropped=1), now=2.0)
+    st.update(metric(1, 1, 4.0, dropped=3), now=2.0)  # rows carry the cumulative count
     for text in ("a", "b", "a"):
         st.update({"kind": "warning", "text": text}, now=2.0)
     assert st.snapshot(2.0).warnings == (
@@ -272,3 +280,43 @@ def test_a_malformed_row_becomes_a_warning_not_an_exception():
     st.update({"kind": "links", "links": [{"src": 0}]}, now=1.0)
     assert st.snapshot(1.0).warnings == ("ignored a malformed metric row (KeyError('worker'))",
                                          "ignored a malformed links row (KeyError('dst'))")
+
+
+def test_drops_line_shows_totals_and_top_reasons():
+    snap = dataclasses.replace(SNAP, warnings=(), drops=9,
+                               drop_reasons=(("stale", 4), ("duplicate", 3), ("round", 1),
+                                             ("src", 1)),
+                               control_drops=(("spoofed", 2),))
+    assert ("dropped 9 data-plane (stale 4, duplicate 3, round 1, +1 more) · 2 control "
+            "(spoofed 2)") in as_text(render(snap))
+    assert "dropped" not in as_text(render(SNAP))  # nobody reports drops: no line (simulator)
+    clean = as_text(render(dataclasses.replace(SNAP, drops=0)))
+    assert "dropped 0 data-plane · 0 control\n" in clean  # an emulator run without drops
+
+
+def test_status_rows_feed_the_drops_line_with_each_workers_latest_counts():
+    st = DashboardState(HEADER, start=0.0)
+    assert st.snapshot(1.0).drops is None
+    st.update({"kind": "status", "worker": 0, "state": "computing", "dropped": 0,
+               "drop_reasons": {}}, now=1.0)
+    assert st.snapshot(1.0).drops == 0
+    for t, reasons in ((2.0, {"stale": 1}), (3.0, {"stale": 2, "duplicate": 1})):  # cumulative
+        st.update({"kind": "status", "worker": 1, "state": "waiting", "peer": 0,
+                   "dropped": sum(reasons.values()), "drop_reasons": reasons}, now=t)
+    st.update({"kind": "status", "worker": 2, "state": "computing", "dropped": 2,
+               "drop_reasons": {"duplicate": 2}}, now=3.0)
+    st.update({"kind": "control_drops", "drops": {"hb.sent": 1, "spoofed": 3}}, now=3.0)
+    snap = st.snapshot(3.0)
+    assert snap.drops == 5 and snap.drop_reasons == (("duplicate", 3), ("stale", 2))
+    assert snap.control_drops == (("spoofed", 3), ("hb.sent", 1))
+    assert ("dropped 5 data-plane (duplicate 3, stale 2) · 4 control (spoofed 3, hb.sent 1)"
+            in as_text(render(snap)))
+
+
+def test_a_malformed_drops_row_becomes_a_warning():
+    st = DashboardState(HEADER, start=0.0)
+    st.update({"kind": "control_drops", "drops": ["spoofed"]}, now=1.0)
+    st.update({"kind": "status", "worker": 0, "drop_reasons": {"stale": "many"}}, now=1.0)
+    snap = st.snapshot(1.0)
+    assert snap.control_drops == () and snap.drops is None
+    assert len(snap.warnings) == 2 and all("malformed" in w for w in snap.warnings)

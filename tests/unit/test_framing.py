@@ -1,4 +1,5 @@
-"""The wire format: round trips, zero-copy receive, and hostile input that must only raise FrameError."""
+"""The wire format: round trips, zero-copy receive, and hostile input that must only raise
+FrameError."""
 from __future__ import annotations
 
 import gc
@@ -13,6 +14,9 @@ from hypothesis import strategies as st
 
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.framing import FrameError, Message, decode, encode
+from gasloc_emu.transport.mailbox import Mailbox, PeerBounds
+from gasloc_emu.transport.schema import WireSchema
+from netem.userspace import shaping_from_spec
 
 WORLD, SELF, WINDOW, MAX_NUMEL = 4, 0, (4, 9), 1 << 20
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
@@ -268,3 +272,114 @@ def test_control_plane_parameter_frames_round_trip(dtype):
     assert back.dtype == dtype and torch.equal(back, t)
     with pytest.raises(ValueError, match="expected 36"):
         control.frame_tensor(bytes(frame), str(dtype).split(".")[-1], 36)
+
+
+# -- the whole receive path: decode (exact schema, authenticated sender), then the mailbox
+
+RX_WORLD, RX_SELF, RX_MODEL, RX_AHEAD = 3, 0, 6, 2
+RX_SCHEMA = WireSchema(RX_SELF, RX_WORLD, RX_MODEL)
+RX_BOUNDS = PeerBounds(max_msgs=4, max_bytes=3 * RX_MODEL * 4)
+RX_SPEC = {"mode": "userspace", "workers": RX_WORLD, "up_mbit": {}, "max_queue_s": 0.5,
+           "links": [[s, d, 10.0, 20.0] for s in range(RX_WORLD) for d in range(RX_WORLD)
+                     if s != d]}
+
+user_ids = (st.none() | st.sampled_from(["w0", "w1", "w2", "w3", "launcher", ""])
+            | st.text(max_size=4))
+stamps = st.floats(990.0, 1010.0) | st.sampled_from([1e9, -1.0, 1001])
+
+
+FAULTS = ("none", "none", "none", "field", "fields", "payload", "user", "frames")
+
+
+@st.composite
+def rx_messages(draw) -> tuple[list, str | None]:
+    """A message as a worker would send it, with at most one fault: one or two header fields
+    replaced by anything, a random payload, another user id, or frames of random bytes."""
+    fault = draw(st.sampled_from(FAULTS))
+    if fault == "frames":
+        return draw(st.lists(st.binary(max_size=40), max_size=3)), draw(user_ids)
+    src, kind = draw(st.sampled_from([(1, "z"), (2, "z"), (2, "ag0"), (2, "rs1")]))
+    shape = list(RX_SCHEMA.shape_of(src, kind))
+    header = {"v": 1, "src": src, "round": draw(st.integers(-1, 3)), "kind": kind,
+              "dtype": "float32", "shape": shape, "nbytes": 4 * math.prod(shape)}
+    if draw(st.booleans()):
+        header["deliver_at"] = draw(stamps)
+    if fault in ("field", "fields"):
+        header |= draw(st.dictionaries(st.sampled_from([*header, "deliver_at", "extra"]),
+                                       msgpack_values, min_size=1,
+                                       max_size=1 if fault == "field" else 2))
+    payload = bytes(4 * math.prod(shape))
+    if fault == "payload":
+        payload = draw(st.binary(max_size=40))
+    user = draw(user_ids) if fault == "user" else draw(st.sampled_from([f"w{src}", None]))
+    return [msgpack.packb(header), payload], user
+
+
+@FUZZ
+@given(traffic=st.lists(st.tuples(rx_messages(), st.floats(0.0, 2.0)), max_size=40))
+def test_random_frames_only_raise_frame_error_and_nothing_malformed_is_kept(traffic):
+    clock = [1000.0]
+    shaper = shaping_from_spec(RX_SPEC, RX_SELF)
+    mb = Mailbox(RX_SELF, RX_WORLD, RX_AHEAD, RX_BOUNDS, shaper, lambda: clock[0])
+    for (frames, user), dt in traffic:
+        clock[0] += dt
+        try:
+            msg = decode(frames, world_size=RX_WORLD, self_rank=RX_SELF, dtype=torch.float32,
+                         max_numel=RX_MODEL, round_window=mb.window(), schema=RX_SCHEMA,
+                         authenticated_as=user)
+        except FrameError:
+            continue
+        assert user is None or user == f"w{msg.src}"  # the sender is the authenticated peer
+        assert msg.tensor.dtype == torch.float32
+        assert tuple(msg.tensor.shape) == RX_SCHEMA.shape_of(msg.src, msg.kind)
+        mb.accept(msg, clock[0])
+        mb.note_round(msg.round)
+        mb.release_due()
+        for src in range(RX_WORLD):
+            msgs, nbytes = mb.peer_usage(src)
+            assert msgs <= RX_BOUNDS.max_msgs and nbytes <= RX_BOUNDS.max_bytes
+        release = mb.next_release_s()
+        assert release is None or release <= shaper.latest_release_s(1, 4 * RX_MODEL, clock[0])
+
+
+# -- exact checks: the schema and the authenticated sender
+
+def _strict(frames, **kw):
+    return _decode(frames, schema=WireSchema(SELF, WORLD, 6), **kw)
+
+
+def _strict_reason(frames, **kw) -> str:
+    with pytest.raises(FrameError) as info:
+        _strict(frames, **kw)
+    return info.value.reason
+
+
+def test_a_message_the_schema_names_is_decoded():
+    msg = _strict(_frames(_valid_header(shape=[6])), authenticated_as="w1")
+    assert msg.src == 1 and msg.tensor.shape == (6,)
+
+
+@pytest.mark.parametrize(("changes", "payload", "reason"), [
+    ({"kind": "x"}, bytes(24), "kind"),
+    ({"kind": "rs0", "src": 1}, bytes(24), "kind"),       # worker 1 is not before 0 on a ring
+    ({"kind": "rs0", "src": 3, "shape": [6]}, bytes(24), "shape"),  # chunks of 6 over 4: 2, 2, 1, 1
+    ({"shape": [2, 3]}, bytes(24), "shape"),               # the right size, not the right shape
+    ({"shape": [True] * 6, "nbytes": 24}, bytes(24), "shape"),
+    ({"shape": [5], "nbytes": 20}, bytes(20), "shape"),
+    ({"shape": [6], "dtype": "float64", "nbytes": 48}, bytes(48), "dtype"),
+    ({"shape": [6], "nbytes": 20}, bytes(24), "nbytes"),
+])
+def test_anything_but_the_exact_shape_of_its_kind_is_refused(changes, payload, reason):
+    assert _strict_reason(_frames(_valid_header(**changes), payload)) == reason
+
+
+def test_the_ring_chunk_from_the_previous_worker_is_decoded():
+    msg = _strict(_frames(_valid_header(kind="ag0", src=3, shape=[2], nbytes=8), bytes(8)))
+    assert msg.tensor.shape == (2,)  # worker 3 starts the all-gather with chunk 0: 2 elements
+
+
+@pytest.mark.parametrize("user", ["w2", "w0", "launcher", "", "w01", "W1"])
+def test_a_header_naming_anyone_but_the_authenticated_peer_is_spoofed(user):
+    frames = _frames(_valid_header(shape=[6]))
+    assert _strict_reason(frames, authenticated_as=user) == "spoofed"
+    assert _strict(frames).src == 1  # an unauthenticated plane cannot tell

@@ -10,6 +10,7 @@ from gasloc_emu.transport.framing import Message
 from gasloc_emu.transport.mailbox import Mailbox, PeerBounds
 from gasloc_emu.transport.zmq_transport import Shaping as ReexportedShaping
 from gasloc_emu.transport.zmq_transport import ZmqTransport, _peer_bounds
+from netem.userspace import MAX_QUEUE_S, RELEASE_SLACK_S, LinkShaper, shaping_from_spec
 
 WORLD, SELF, AHEAD = 4, 0, 3
 ROOMY = PeerBounds(max_msgs=1000, max_bytes=1 << 20)
@@ -24,13 +25,19 @@ class FakeClock:
 
 
 class FakeShaping:
-    """Releases a message at its stamp (``deliver_at``), or at once when it has none."""
+    """Releases a message at its stamp (``deliver_at``), or at once when it has none; a stamp
+    more than ``max_hold_s`` after arrival is beyond what any link could need."""
+
+    max_hold_s = 1000.0
 
     def stamp(self, peer: int, nbytes: int, now_s: float) -> float | None:
         return None
 
     def release_at(self, src: int, deliver_at: float | None, arrival_s: float) -> float:
         return arrival_s if deliver_at is None else deliver_at
+
+    def latest_release_s(self, src: int, nbytes: int, arrival_s: float) -> float:
+        return arrival_s + self.max_hold_s
 
 
 def _mailbox(bounds: PeerBounds = ROOMY, shaped: bool = False, clock: FakeClock | None = None,
@@ -178,6 +185,69 @@ def test_a_duplicate_of_a_message_held_back_is_dropped():
     mb = _mailbox(shaped=True, clock=FakeClock(100.0))
     _accept(mb, _msg(deliver_at=105.0))
     assert _accept(mb, _msg()) == "duplicate"
+
+
+# -- delivery times are bounded by what the link could need
+
+def test_a_far_future_stamp_is_dropped_and_leaves_room_for_the_real_message():
+    mb = _mailbox(shaped=True, clock=FakeClock(100.0))
+    assert mb.accept(_msg(deliver_at=100.0 + 1e9), arrival_s=100.0) == "deliver_at"
+    assert mb.pending_count() == 0 and mb.peer_usage(1) == (0, 0)
+    assert mb.accept(_msg(deliver_at=101.0), arrival_s=100.0) is None  # not a duplicate
+    assert mb.drop_reasons == {"deliver_at": 1}
+
+
+def test_a_stamp_just_within_the_bound_is_held_until_then():
+    clock = FakeClock(100.0)
+    mb = _mailbox(shaped=True, clock=clock)
+    assert mb.accept(_msg(deliver_at=100.0 + FakeShaping.max_hold_s), arrival_s=100.0) is None
+    clock.t = 100.0 + FakeShaping.max_hold_s
+    mb.release_due()
+    assert mb.has((1, 0, "z"))
+
+
+RATE_MBIT, LATENCY_MS = 10.0, 20.0
+SPEC = {"mode": "userspace", "workers": 2, "links": [[0, 1, RATE_MBIT, LATENCY_MS],
+                                                      [1, 0, RATE_MBIT, LATENCY_MS]],
+        "up_mbit": {}, "max_queue_s": MAX_QUEUE_S}
+
+
+def test_the_link_bound_is_latency_queue_one_message_and_slack():
+    receiver = shaping_from_spec(SPEC, 0)
+    nbytes = 125_000  # 0.1 s at 10 Mbit/s
+    want = 100.0 + LATENCY_MS / 1e3 + MAX_QUEUE_S + 0.1 + RELEASE_SLACK_S
+    assert receiver.latest_release_s(1, nbytes, 100.0) == pytest.approx(want)
+    mb = Mailbox(0, 2, AHEAD, ROOMY, receiver, FakeClock(100.0))
+    assert mb.accept(_msg(numel=nbytes // 4, deliver_at=want - 1e-6), 100.0) is None
+    assert mb.accept(_msg(numel=nbytes // 4, kind="y", deliver_at=want + 1e-3),
+                     100.0) == "deliver_at"
+
+
+def test_an_uplink_cap_below_the_link_rate_widens_the_bound():
+    capped = SPEC | {"up_mbit": {"1": RATE_MBIT / 2}}
+    slow, fast = shaping_from_spec(capped, 0), shaping_from_spec(SPEC, 0)
+    assert slow.latest_release_s(1, 125_000, 0.0) == pytest.approx(
+        fast.latest_release_s(1, 125_000, 0.0) + 0.1)
+
+
+@settings(deadline=None, max_examples=100)
+@given(sends=st.lists(st.tuples(st.integers(0, 2_000_000), st.floats(0.0, 0.3)), max_size=30))
+def test_every_stamp_a_real_sender_makes_is_within_the_receivers_bound(sends):
+    """The sender's own LinkShaper (its backpressure sleeps on the fake clock) never stamps a
+    message that the receiver's bound would drop, however big or bursty the traffic."""
+    clock = FakeClock(100.0)
+
+    def sleep(seconds: float) -> None:
+        clock.t += seconds
+
+    sender = LinkShaper(1, "userspace", {0: (RATE_MBIT, LATENCY_MS)}, {}, sleep=sleep)
+    receiver = shaping_from_spec(SPEC, 0)
+    for nbytes, gap_s in sends:
+        clock.t += gap_s
+        deliver_at = sender.stamp(0, nbytes, clock.t)
+        arrival_s = clock.t  # sent once the backpressure sleep is over; loopback is instant
+        release_s = receiver.release_at(1, deliver_at, arrival_s)
+        assert release_s <= receiver.latest_release_s(1, nbytes, arrival_s)
 
 
 # -- bounds

@@ -1,0 +1,98 @@
+"""What a data-plane message must look like: for each (sender, kind), exactly one shape.
+
+The algorithms send two families of messages, both 1-D vectors of the transport's dtype
+(float32), and a receiver knows in advance exactly which shape each one has:
+
+- ``"z"``: gossip (gasloc, dsgd, local-gossip) sends the whole model to each neighbour;
+- ``"rs{s}"`` / ``"ag{s}"`` for s in [0, n-2]: the ring All-Reduce (diloco;
+  ``base.ring_all_reduce_sum``) sends one chunk to the next worker on the ring. Worker ``src``
+  sends chunk (src - s) % n at reduce-scatter step s and chunk (src + 1 - s) % n at all-gather
+  step s; chunk sizes are those of ``torch.tensor_split`` of the model vector into n, so only
+  the previous worker on the ring sends these to a receiver.
+
+``WireSchema.shape_of`` answers from an allow-list built at construction, so a kind or a shape
+that no algorithm sends is dropped ("kind", "shape" in ``framing``) before the mailbox holds
+anything. Nothing is parsed from the wire string. Tests and benchmarks that need other messages
+name them, each with its one shape, in ``extra``. Pure: no sockets, no torch.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+Shape = tuple[int, ...]
+RING_PHASES = ("rs", "ag")  # reduce-scatter, all-gather (the kinds base.ring_all_reduce_sum sends)
+MAX_EXTRA_KINDS = 64
+
+
+def chunk_sizes(numel: int, parts: int) -> list[int]:
+    """Sizes of ``torch.tensor_split(vector of numel, parts)``: the first numel % parts chunks
+    are one element longer."""
+    base, longer = divmod(numel, parts)
+    return [base + 1] * longer + [base] * (parts - longer)
+
+
+def ring_chunk(phase: str, step: int, src: int, world_size: int) -> int:
+    """The chunk index worker ``src`` sends at ``step`` of ``phase`` of the ring All-Reduce."""
+    offset = 0 if phase == "rs" else 1
+    return (src + offset - step) % world_size
+
+
+class WireSchema:
+    """The allow-list of one receiver (``rank`` of ``world_size``) for a model of
+    ``model_numel`` parameters, plus ``extra`` kinds of one fixed shape each."""
+
+    def __init__(self, rank: int, world_size: int, model_numel: int,
+                 extra: Mapping[str, Shape] | None = None):
+        _check(rank, world_size, model_numel)
+        self.rank, self.world_size, self.model_numel = rank, world_size, model_numel
+        self._fixed: dict[str, Shape] = {"z": (model_numel,)} | _checked_extra(extra or {})
+        self._ring = {f"{phase}{s}": (phase, s) for phase in RING_PHASES
+                      for s in range(world_size - 1)}
+        self._chunks = chunk_sizes(model_numel, world_size)
+        self._ring_src = (rank - 1) % world_size
+
+    def shape_of(self, src: int, kind: str) -> Shape | None:
+        """The one shape a ``kind`` message from ``src`` has; None when ``src`` sends this
+        receiver no such message."""
+        fixed = self._fixed.get(kind)
+        if fixed is not None:
+            return fixed
+        step = self._ring.get(kind)
+        if step is None or src != self._ring_src:
+            return None
+        return (self._chunks[ring_chunk(*step, src, self.world_size)],)
+
+    def max_numel(self) -> int:
+        """The most elements any allowed message has."""
+        return max(math.prod(s) for s in self._fixed.values())
+
+
+def _checked_extra(extra: Mapping[str, Shape]) -> dict[str, Shape]:
+    if not isinstance(extra, Mapping) or len(extra) > MAX_EXTRA_KINDS:
+        raise ValueError(f"extra must map at most {MAX_EXTRA_KINDS} kinds to shapes, "
+                         f"got {extra!r}")
+    out = {}
+    for kind, shape in extra.items():
+        if not isinstance(kind, str) or not kind or kind == "z" or _is_ring_name(kind):
+            raise ValueError(f"extra kind {kind!r} must be a non-empty str that is not an "
+                             f"algorithm's kind (z, rs<s>, ag<s>)")
+        if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"shape of extra kind {kind!r} must be a tuple of ints >= 0, "
+                             f"got {shape!r}")
+        out[kind] = shape
+    return out
+
+
+def _is_ring_name(kind: str) -> bool:
+    """"rs<digits>" or "ag<digits>": an extra kind must never shadow the ring's."""
+    return kind[:2] in RING_PHASES and kind[2:].isdigit()
+
+
+def _check(rank: int, world_size: int, model_numel: int) -> None:
+    if type(world_size) is not int or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if type(rank) is not int or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} outside [0, {world_size})")
+    if type(model_numel) is not int or model_numel < 1:
+        raise ValueError(f"model_numel must be an int >= 1, got {model_numel!r}")
