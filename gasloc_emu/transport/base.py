@@ -18,6 +18,14 @@ from typing import Protocol, runtime_checkable
 import torch
 
 
+def check_rank(rank: int, world_size: int) -> None:
+    """ValueError unless ``world_size`` is an int >= 1 and ``rank`` an int in [0, world_size)."""
+    if type(world_size) is not int or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if type(rank) is not int or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} outside [0, {world_size})")
+
+
 class TransportError(RuntimeError):
     """A peer is gone, a wait timed out, or the run was aborted."""
 

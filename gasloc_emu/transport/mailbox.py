@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .base import check_rank
 from .framing import Message
 
 Key = tuple[int, int, str]  # (src, round, kind)
@@ -272,10 +273,7 @@ def _nbytes(msg: Message) -> int:
 
 
 def _check_config(rank: int, world_size: int, max_rounds_ahead: int, bounds: PeerBounds) -> None:
-    if type(world_size) is not int or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if type(rank) is not int or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank!r} outside [0, {world_size})")
+    check_rank(rank, world_size)
     if type(max_rounds_ahead) is not int or max_rounds_ahead < 1:
         raise ValueError(f"max_rounds_ahead must be an int >= 1, got {max_rounds_ahead!r}")
     if not isinstance(bounds, PeerBounds):

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .base import check_rank
+
 Shape = tuple[int, ...]
 RING_PHASES = ("rs", "ag")  # reduce-scatter, all-gather (the kinds base.ring_all_reduce_sum sends)
 MAX_EXTRA_KINDS = 64
@@ -90,9 +92,6 @@ def _is_ring_name(kind: str) -> bool:
 
 
 def _check(rank: int, world_size: int, model_numel: int) -> None:
-    if type(world_size) is not int or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if type(rank) is not int or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank!r} outside [0, {world_size})")
+    check_rank(rank, world_size)
     if type(model_numel) is not int or model_numel < 1:
         raise ValueError(f"model_numel must be an int >= 1, got {model_numel!r}")
