@@ -96,7 +96,7 @@ class Supervisor:
         self.ctx = zmq.Context()
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
         self.security = auth.Security(auth.RunCredentials.new(cfg.workers),
-                                      auth.resolve_mode(getattr(cfg.run, "security", "auto")))
+                                      auth.resolve_mode(cfg.run.security))
         # answers the control plane's handshakes; stops when ctx.term() is called (close)
         self.zap = auth.ZapHandler(self.ctx, self.security.creds)
         self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)

@@ -245,3 +245,9 @@ def test_a_frame_from_an_unauthenticated_plane_has_no_user():
         a.close(linger=0)
         b.close(linger=0)
         ctx.term()
+
+
+def test_the_config_offers_exactly_the_security_settings_auth_knows():
+    # config stays free of zmq imports, so the two lists are kept equal here
+    from gasloc_emu import config as C
+    assert C.setting_spec("run.security").meta["choices"] == auth.SETTINGS
