@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import zmq
@@ -105,6 +104,9 @@ class Supervisor:
         self.slots: list[WorkerSlot] = []
         self.t0 = 0.0
         self.link_meter = LinkMeter()
+        # what every worker's messages must agree with: ranks, rounds, the model's size
+        self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
+        self.control_drops: dict[str, int] = {}  # by reason: summary.json's control_drops
 
     def _bind(self, kind: int, addr: str):
         sock = self.ctx.socket(kind)
@@ -186,17 +188,6 @@ class Supervisor:
     # counted by reason in ``control_drops``, never raised out of the serve loop. The one
     # exception is a worker's own final message the launcher cannot use: that worker sends
     # nothing more, so the run fails (RunFailed, named) instead of waiting for it forever.
-
-    @cached_property
-    def control_drops(self) -> dict[str, int]:
-        """Control messages dropped this run, by reason (summary.json's ``control_drops``)."""
-        return {}
-
-    @cached_property
-    def expect(self) -> control.Expect:
-        """What every worker's messages must agree with: ranks, rounds, the model's size."""
-        return control.Expect(self.cfg.workers, self.cfg.run.rounds,
-                              count_parameters(self.cfg.model))
 
     def _drop(self, reason: str) -> None:
         self.control_drops[reason] = self.control_drops.get(reason, 0) + 1

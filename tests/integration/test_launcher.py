@@ -266,6 +266,8 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     from gasloc_emu import launcher
     from gasloc_emu.config import resolve
     from gasloc_emu.devices import DeviceAssignment
+    from gasloc_emu.model import count_parameters
+    from gasloc_emu.transport import control
     sup = object.__new__(launcher.Supervisor)
     recorded, events = [], []
     sup.cfg = resolve(overrides={"workers": workers, "model.preset": "tiny",
@@ -274,6 +276,8 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     sup.slots = [launcher.WorkerSlot(r, None, DeviceAssignment("cpu"), 0.0)
                  for r in range(workers)]
     sup.link_meter, sup.t0 = launcher.LinkMeter(), 1.0
+    sup.expect = control.Expect(workers, rounds, count_parameters(sup.cfg.model))
+    sup.control_drops = {}
     return sup, recorded, events
 
 
