@@ -111,13 +111,37 @@ def make_progress(cfg: Config, devices=(), shaper: str | None = None):
 
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False,
-                overwrite: bool = False) -> int:
+                overwrite: bool = False, role=None, secret_file: str | None = None) -> int:
     from .launcher import launch  # loads torch, as the other training commands do
+    if role is not None and role.multi:
+        return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
     pre = _preflight(cfg)
     path = None if dry_run else new_run_dir(cfg, out, overwrite)  # refused before anything runs
     result = launch(cfg, pre, path, dry_run=dry_run,
                     progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper),
                     log=lambda line: click.echo(line, err=True))
+    return _report(result)
+
+
+def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role,
+              secret_file: str | None) -> int:
+    """One node of a multi-node run; node 0 keeps the record and shows the dashboard."""
+    from .multinode import describe_role, launch_cluster
+    if dry_run:
+        click.echo(describe_role(cfg, role))
+        return exitcodes.OK
+    pre = _preflight(cfg)
+    path = new_run_dir(cfg, out, overwrite) if role.is_master else None
+    factory = (lambda labels, shaper: make_progress(cfg, labels, shaper)) \
+        if role.is_master else None
+    result = launch_cluster(cfg, pre, path, role, secret_file=secret_file, out=out,
+                            progress_factory=factory, log=lambda line: click.echo(line, err=True))
+    if not role.is_master:  # node 0 has the record and prints the summary
+        return result.code
+    return _report(result)
+
+
+def _report(result) -> int:
     # after the dashboard has stopped, so that these lines stay below it
     if result.dry_run_text is not None:
         click.echo(result.dry_run_text)
@@ -202,6 +226,11 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
                                                          f"results/{name}.png"))
         click.echo(f"report: {page}")
     return 0
+
+
+def compute_show_command(cfg: Config) -> None:
+    from .compute import profile_lines  # the compute model: worker speeds, step times
+    _echo_lines(profile_lines(cfg))
 
 
 def netem_show_command(cfg: Config) -> None:

@@ -27,11 +27,13 @@ def friendly_errors(fn):
     """Bad input becomes one line on stderr and exit 2, never a traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from .cluster import ClusterError
         from .data import DataError
         from .topology import TopologyError
         try:
             return fn(*args, **kwargs)
-        except (C.ConfigError, TopologyError, DataError, RecordError, *_netem_errors()) as exc:
+        except (C.ConfigError, TopologyError, DataError, RecordError, ClusterError,
+                *_netem_errors()) as exc:
             _fail(str(exc))
         except KeyboardInterrupt:
             _fail("interrupted", exitcodes.INTERRUPTED)
@@ -87,6 +89,9 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--shaper", "net.shaper"),
     ("--rate-mbit", "net.rate_mbit"),
     ("--latency-ms", "net.latency_ms"),
+    ("--compute-profile", "compute.profile"),
+    ("--step-time-s", "compute.step_time_s"),
+    ("--inner-budget-s", "compute.inner_budget_s"),
 )
 # Rows only `run` has: probing needs real links, which simulate and config never build.
 RUN_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -94,6 +99,8 @@ RUN_FLAGS: tuple[tuple[str, ...], ...] = (
 )
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper")
+# The flags `compute show` takes: speeds need no model or network.
+COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--workers", "--seed")
 
 # Settings whose flag has its own syntax: (parser, metavar). Parsing happens in
 # resolve_from_flags, inside friendly_errors, so a bad value is one line like any other.
@@ -270,19 +277,45 @@ def simulate(**kw) -> None:
     sys.exit(simulate_command(resolve_from_flags(kw), kw.get("out"), kw.get("overwrite", False)))
 
 
+# One node agent per host, named as torchrun names them; under torchrun or Slurm they come from
+# the environment instead (cluster.resolve_role). Node-local, so not settings of the config.
+NODE_OPTIONS = [
+    click.option("--nnodes", type=click.IntRange(1, 4096),
+                 help="Hosts in the run (one `gasloc-emu run` per host)."),
+    click.option("--node-rank", type=click.IntRange(0, 4095),
+                 help="This host's node rank; node 0 keeps the record."),
+    click.option("--master-addr", help="Node 0's address: the store and the control plane."),
+    click.option("--master-port", type=click.IntRange(1, 65535),
+                 help="The store's port on node 0 (default 29400)."),
+    click.option("--nproc-per-node", type=click.IntRange(1, 4096),
+                 help="Workers on this host (default: GPUs visible, else an even share)."),
+    click.option("--secret-file", type=click.Path(dir_okay=False),
+                 help="File with the run's shared secret, readable on every host (else "
+                      "GASLOC_SECRET); the keys of both planes derive from it."),
+]
+_NODE_KEYS = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_node")
+
+
 @main.command()
 @run_options
 @run_only_options
+@_apply(NODE_OPTIONS)
 @click.option("--dry-run", is_flag=True, help="Print the network commands and stop.")
 @friendly_errors
 def run(dry_run: bool, **kw) -> None:
-    """Start N worker processes that train over a real (shaped) network."""
+    """Start N worker processes that train over a real (shaped) network, on one host or many."""
+    import os
+
     from .app import run_command
+    from .cluster import resolve_role
     from .netplan import enter_userns_if_needed
     cfg = resolve_from_flags(kw)
-    enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
+    role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
+    if not role.multi:
+        enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
     sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run,
-                         overwrite=kw.get("overwrite", False)))
+                         overwrite=kw.get("overwrite", False), role=role,
+                         secret_file=kw.get("secret_file")))
 
 
 @main.command()
@@ -355,6 +388,22 @@ def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | Non
     """Run every arm of a preset over its seeds, with the same tuning for each arm."""
     from .app import sweep_command
     sys.exit(sweep_command(preset, out, arms, report))
+
+
+@main.group()
+def compute() -> None:
+    """Worker speed profiles of the compute model."""
+
+
+@compute.command("show")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings.")
+@_apply([_setting_option(*_ROWS[flag]) for flag in COMPUTE_FLAGS])
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting.")
+@friendly_errors
+def compute_show(**kw) -> None:
+    """Print each worker's speed and nominal step time under a compute profile."""
+    from .app import compute_show_command
+    compute_show_command(resolve_from_flags(kw))
 
 
 @main.group()

@@ -142,6 +142,10 @@ class AlgoConfig(_Validated):
                                     lo=0.0, hi=0.999, names=("auto",))
     alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
                            lo=0.0, hi=1.0)
+    pseudo_grad_mean: str = setting("plain", "DiLoCo's average of pseudo-gradients when workers "
+                                             "took unequal step counts H_i: plain (mean over "
+                                             "workers, as DiLoCo) or steps (weighted by H_i).",
+                                    choices=("plain", "steps"))
     inner: InnerConfig = field(default_factory=InnerConfig, metadata={})
 
     def _check(self) -> None:
@@ -235,6 +239,33 @@ class ExecConfig(_Validated):
                                     "and encrypted).", choices=("auto", "plain", "curve"))
 
 
+# The named compute profiles; gasloc_emu.compute.NAMED is the list it builds (a unit test keeps
+# the two equal).
+COMPUTE_PROFILES = ("uniform", "straggler", "two-speed", "lognormal")
+
+
+@dataclass(frozen=True)
+class ComputeConfig(_Validated):
+    _section = "compute."
+    step_time_s: float = setting(0.0, "Nominal seconds of one inner step at full speed; every "
+                                      "step then takes exactly step_time_s / speed (the "
+                                      "emulator sleeps the rest). 0: as measured on this "
+                                      "machine.", lo=0.0, hi=3600.0)
+    profile: str = setting("", "Worker speeds: uniform (all 1), straggler (the last worker at "
+                               "slow_speed), two-speed (the second half at slow_speed), "
+                               "lognormal (seeded spread sigma, fastest at 1), or a .toml file "
+                               "([default] speed, [[worker]] id, speed); empty: all at 1.",
+                       names=COMPUTE_PROFILES)
+    slow_speed: float = setting(0.25, "Speed of the slow workers of straggler and two-speed "
+                                      "(1 = full speed).", lo=0.001, hi=1.0)
+    sigma: float = setting(0.5, "Log-space standard deviation of the lognormal profile.",
+                           lo=0.0, hi=5.0)
+    inner_budget_s: float = setting(0.0, "Compute seconds per round: each worker takes inner "
+                                         "steps while the next one fits in the budget (at least "
+                                         "one), so slow workers take fewer (the paper's H_i); "
+                                         "0: fixed H (algo.local_steps).", lo=0.0, hi=1e6)
+
+
 FAULT_MODES = ("raise", "exit", "hang", "poison")
 
 
@@ -263,6 +294,7 @@ class Config(_Validated):
     model: ModelConfig = field(default_factory=ModelConfig, metadata={})
     data: DataConfig = field(default_factory=DataConfig, metadata={})
     net: NetConfig = field(default_factory=NetConfig, metadata={})
+    compute: ComputeConfig = field(default_factory=ComputeConfig, metadata={})
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={})
 

@@ -32,6 +32,7 @@ class LaunchSpec:
     peer_timeout_s: float           # backstop for one wait on a peer's message
     start_timeout_s: float          # how long a ready worker waits for the launcher's start
     exit_timeout_s: float           # how long a finished worker waits for the launcher's exit
+    link_ports: bool                # bind one port per sender (base + sender's rank): host tc
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -84,6 +85,8 @@ def _check(spec: LaunchSpec) -> None:
                         "bind addresses; expected one of each per worker, at least one worker")
     if spec.shaping is not None and not isinstance(spec.shaping, dict):
         raise SpecError(f"{FILE_NAME}: shaping must be an object or null")
+    if not isinstance(spec.link_ports, bool):
+        raise SpecError(f"{FILE_NAME}: link_ports = {spec.link_ports!r}; expected true or false")
     if spec.threads < 1:
         raise SpecError(f"{FILE_NAME}: threads = {spec.threads}; expected at least 1")
 

@@ -89,18 +89,23 @@ class Supervisor:
     """Runs one emulator job from spawn to summary."""
 
     def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, network,
-                 devices: list[DeviceAssignment], progress=None):
+                 devices: list[DeviceAssignment], progress=None, *,
+                 security: auth.Security | None = None,
+                 endpoints: tuple[str, str] | None = None):
+        """``security``: the run's keys (default: fresh ones, one host); ``endpoints``: where
+        the control plane binds (default: ipc:// sockets in the run folder; tcp:// with port 0
+        for a multi-node run, read back after binding)."""
         self.cfg, self.dir, self.rec, self.network = cfg, run_dir, rec, network
         self.devices, self.progress = devices, progress
         self.ctx = zmq.Context()
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
-        self.security = auth.Security(auth.RunCredentials.new(cfg.workers),
-                                      auth.resolve_mode(cfg.run.security))
+        self.security = security or auth.Security(auth.RunCredentials.new(cfg.workers),
+                                                  auth.resolve_mode(cfg.run.security))
         # answers the control plane's handshakes; stops when ctx.term() is called (close)
         self.zap = auth.ZapHandler(self.ctx, self.security.creds)
-        self.ctl_addr, self.hb_addr = control.ctl_paths(run_dir)
-        self.router = self._bind(zmq.ROUTER, self.ctl_addr)
-        self.pull = self._bind(zmq.PULL, self.hb_addr)
+        ctl_addr, hb_addr = endpoints or control.ctl_paths(run_dir)
+        self.router, self.ctl_addr = self._bind(zmq.ROUTER, ctl_addr)
+        self.pull, self.hb_addr = self._bind(zmq.PULL, hb_addr)
         self.slots: list[WorkerSlot] = []
         self.t0 = 0.0
         self.link_meter = LinkMeter()
@@ -109,17 +114,18 @@ class Supervisor:
         self.control_drops: dict[str, int] = {}  # by reason: summary.json's control_drops
 
     def _bind(self, kind: int, addr: str):
+        """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         auth.make_server(sock, self.security, auth.LAUNCHER)
         sock.bind(addr)
-        return sock
+        return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # -- lifecycle
     def run(self, pre: Preflight) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
         self.launch_spec().write(self.dir)
-        self.slots = [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]
+        self.slots = self._spawn_all()
         self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
         self._start()
         self._await(lambda s: s.final is not None, None, "finish")
@@ -136,7 +142,7 @@ class Supervisor:
             bind_addrs=tuple(self.network.bind_address(r) for r in range(self.cfg.workers)),
             shaping=self.network.shaping_spec(), threads=threads_per_worker(self.cfg),
             heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
-            start_timeout_s=_READY_TIMEOUT_S + 60, exit_timeout_s=3600.0)
+            start_timeout_s=_READY_TIMEOUT_S + 60, exit_timeout_s=3600.0, link_ports=False)
 
     def _start(self) -> None:
         """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
@@ -144,20 +150,17 @@ class Supervisor:
         peers = {str(s.rank): s.ready["addr"] for s in self.slots}
         for s in self.slots:
             self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
-        self.rec.write_json("workers.json", [
-            {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device, "gpu": s.device.gpu,
-             "addr": s.ready["addr"]} for s in self.slots])
+        self.rec.write_json("workers.json", [self._worker_row(s) for s in self.slots])
+
+    def _worker_row(self, s: WorkerSlot) -> dict:
+        return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
+                "gpu": s.device.gpu, "addr": s.ready["addr"]}
+
+    def _spawn_all(self) -> list[WorkerSlot]:
+        return [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]
 
     def _spawn(self, rank: int, device: DeviceAssignment) -> WorkerSlot:
-        logs = self.dir / "workers"
-        logs.mkdir(exist_ok=True)
-        argv = self.network.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
-                                        str(self.dir), str(rank)])
-        env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | self.security.env()
-        with open(logs / f"worker{rank}.log", "wb") as log:
-            # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+        proc = spawn_worker(self.dir, rank, device, self.network, self.security)
         return WorkerSlot(rank, proc, device, time.monotonic())
 
     def _await(self, done, timeout_s: float | None, what: str) -> None:
@@ -211,7 +214,7 @@ class Supervisor:
         slot.last_seen, slot.status = time.monotonic(), msg
         self.link_meter.update(slot.rank, hb.sent)
         if self.progress is not None:
-            self.progress({"kind": "status", "worker": slot.rank, "device": slot.device.label,
+            self.progress({"kind": "status", "worker": slot.rank, "device": self._label(slot),
                            "state": hb.state, "peer": hb.peer, "round": hb.round,
                            "step": hb.step, "dropped": hb.dropped,
                            "drop_reasons": hb.drop_reasons})
@@ -271,19 +274,31 @@ class Supervisor:
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
+        self._check_nodes(now)
         for s in self.slots:
-            code = s.proc.poll()
+            code = s.proc.poll() if s.proc is not None else None  # None: on another node
             if code is not None and not done(s) and s.final is None:
-                self._serve(0.2)  # its last words (an error message) may still be in flight
-                how = f"signal {-code}" if code < 0 else f"exit code {code}"
-                raise RunFailed(f"worker {s.rank} died ({how}) {self._when(s)}; "
-                                f"log: {self.dir / 'workers' / f'worker{s.rank}.log'}")
+                self._died(s, code)
             # before it is ready a worker may be importing torch on a busy machine: the ready
             # timeout covers that; once it trains, silence means trouble
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
             if silent and s.ready is not None and s.final is None:
-                raise RunFailed(f"worker {s.rank} silent for {now - s.last_seen:.0f} s "
-                                f"{self._when(s)}")
+                raise self._silent(s, now - s.last_seen)
+
+    def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
+        return RunFailed(f"worker {s.rank} silent for {seconds:.0f} s {self._when(s)}")
+
+    def _died(self, s: WorkerSlot, code: int, where: str = "") -> None:
+        self._serve(0.2)  # its last words (an error message) may still be in flight
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        log = where or str(self.dir / "workers" / f"worker{s.rank}.log")
+        raise RunFailed(f"worker {s.rank} died ({how}) {self._when(s)}; log: {log}")
+
+    def _label(self, slot: WorkerSlot) -> str:
+        return slot.device.label
+
+    def _check_nodes(self, now: float) -> None:
+        """The other nodes' liveness (multi-node runs); one host has none to check."""
 
     def _when(self, slot: WorkerSlot) -> str:
         """Where a worker was when it failed: rows come at the end of a round, so the round in
@@ -311,21 +326,18 @@ class Supervisor:
         self._reap(3.0)
 
     def _reap(self, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        for s in self.slots:
-            try:
-                s.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _kill_group(s.proc)
+        reap([s.proc for s in self.slots if s.proc is not None], grace_s)
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return
         for s in self.slots:
-            if s.proc.poll() is None:
+            if s.proc is not None and s.proc.poll() is None:
                 _kill_group(s.proc)
         self.router.close()
         self.pull.close()
         self.ctx.term()
-        remove_socket_files((self.ctl_addr, self.hb_addr))
+        remove_socket_files(a for a in (self.ctl_addr, self.hb_addr) if a.startswith("ipc://"))
 
     # -- results
     def _summary(self, wall_s: float, pre: Preflight) -> dict:
@@ -364,6 +376,32 @@ class Supervisor:
             sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
             rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
+                 security: auth.Security) -> subprocess.Popen:
+    """Start worker ``rank`` (``python -m gasloc_emu.worker_process RUN_DIR RANK``) with its
+    device pinned and the run's keys in its environment only; its output goes to
+    ``workers/worker<rank>.log``."""
+    logs = Path(run_dir) / "workers"
+    logs.mkdir(exist_ok=True)
+    argv = network.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
+                               str(run_dir), str(rank)])
+    env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | security.env()
+    with open(logs / f"worker{rank}.log", "wb") as log:
+        # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def reap(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Wait up to ``grace_s`` for every process to exit, then kill what is left."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
 
 
 def _identity(rank: int) -> bytes:

@@ -89,6 +89,164 @@ class ShapedNetwork:
                 "links": rows}
 
 
+class HostNetwork:
+    """One node's side of a multi-node run: its workers bind the host's address (the one on the
+    route to the master), and every directed link, within the host or across hosts, is shaped
+    the same way on every node, decided once all nodes have said what they can (``decide``):
+
+    - tc (``netem.hosttc``): where every node may change qdiscs (CAP_NET_ADMIN) and has htb and
+      u32; one HTB class per directed link on the interface that routes to its destination,
+      matched on destination address and port (each worker binds one port per sender);
+    - userspace (``netem.userspace``): sender pacing and receiver release, no privileges. Release
+      times are on each host's wall clock (``time.time``), so the hosts' clocks must agree to
+      well under a link's latency (NTP does a few ms); skew moves latency, never rates.
+    """
+
+    def __init__(self, cfg: Config, addr: str, local_workers: int):
+        self.cfg, self.addr = cfg, addr
+        self.plan = build_plan(cfg) if shaped(cfg) else None
+        self.tc_missing = _host_tc_missing() if self.plan is not None and \
+            cfg.net.shaper in ("auto", "tc") else "not asked for"
+        # one port per sender for each local worker, found free now; used only with tc
+        self.port_base = _free_port_block(addr, local_workers * cfg.workers)
+        self.decision = None
+        self.bases: dict[int, tuple[str, int]] = {}
+        self.tc = None
+        self.spec = None
+
+    @property
+    def shaper(self) -> str:
+        return self.decision.shaper if self.decision is not None else "undecided"
+
+    @property
+    def link_ports(self) -> bool:
+        return self.shaper == "tc"
+
+    def decide(self, missing_by_node: dict[int, str], nodes: list[tuple[str, int, int]],
+               local: list[int]) -> None:
+        """The run's shaper from what every node can do (the same answer on every node), then
+        this node's part of it. ``nodes``: (address, port base, workers) per node, in order."""
+        self.decision = multi_host_decision(self.cfg, missing_by_node)
+        rank = 0
+        for addr, base, count in nodes:
+            for i in range(count):
+                self.bases[rank] = (addr, base + i * self.cfg.workers)
+                rank += 1
+        from netem.userspace import spec_for
+        self.spec = spec_for(self.plan, self.decision) if self.plan is not None else None
+        if self.shaper == "tc":
+            from netem.hosttc import HostShaping, host_links, route_dev
+            from netem.namespaces import new_run_id
+            links = host_links(self.plan, local, self.bases, route_dev)
+            self.tc = HostShaping(new_run_id(), links, self.cfg.net.mtu)
+
+    def __enter__(self) -> HostNetwork:
+        if self.tc is not None:
+            self.tc.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.tc is not None:
+            self.tc.close()
+
+    def bind_address(self, rank: int) -> str:
+        addr, base = self.bases[rank]
+        return f"tcp://{addr}:{base if self.link_ports else 0}"
+
+    def wrap(self, rank: int, argv: list[str]) -> list[str]:
+        return argv
+
+    def shaping_spec(self) -> dict | None:
+        return self.spec
+
+    def configured_mbit(self, src: int, dst: int) -> float | None:
+        return self.plan.effective_rate_mbit(src, dst) if self.plan is not None else None
+
+    def describe_summary(self) -> dict:
+        out = {"shaper": self.shaper, "shaper_reason": self.decision.reason,
+               "bw_profile": self.cfg.net.bw_profile}
+        if self.plan is not None:
+            out |= {"delay": self.decision.delay, "profile": self.plan.profile}
+        return out
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        rows = [r | {"configured_mbit": self.configured_mbit(r["src"], r["dst"])}
+                for r in link_bytes]
+        out = {"shaper": self.shaper, "links": rows}
+        if self.tc is not None:
+            out["tc"] = self.tc.describe()
+        return out
+
+
+def build_plan(cfg: Config):
+    from netem.profiles import build_link_plan
+    return build_link_plan(cfg.net, cfg.workers, cfg.seed)
+
+
+def _host_tc_missing() -> str:
+    """Why tc cannot shape this host's interfaces ("" when it can)."""
+    from netem.capabilities import probe
+    from netem.hosttc import has_net_admin
+    if not has_net_admin():
+        return "no CAP_NET_ADMIN here (not root)"
+    return probe().tc_missing() or ""
+
+
+def _free_port_block(addr: str, count: int, first: int = 30000, last: int = 60000) -> int:
+    """The first port of ``count`` consecutive ports free on ``addr`` right now."""
+    import socket
+    for base in range(first, last - count, max(count, 1)):
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((addr, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    from netem.capabilities import CapabilityError
+    raise CapabilityError(f"no {count} consecutive free ports on {addr} in [{first}, {last}]")
+
+
+def multi_host_decision(cfg: Config, missing_by_node: dict[int, str] | None = None):
+    """The decision of a multi-node run from what each node lacks for tc ("" = nothing).
+
+    ``auto`` takes tc when every node can, else the userspace shaper (naming the node that
+    cannot); ``tc`` with a node that cannot is refused on every node before anything starts.
+    """
+    from netem.capabilities import CapabilityError, Decision
+    if not shaped(cfg):
+        why = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
+        return Decision("none", "none", why)
+    lacking = {k: why for k, why in (missing_by_node or {}).items() if why}
+    if cfg.net.shaper == "userspace":
+        return _userspace(cfg, "userspace shaper requested")
+    if lacking:
+        k, why = min(lacking.items())
+        if cfg.net.shaper == "tc":
+            raise CapabilityError(f"net.shaper = 'tc' is not possible on node {k}: {why}; use "
+                                  "net.shaper = 'auto' or 'userspace'")
+        return _userspace(cfg, f"auto: tc is not possible on node {k} ({why})")
+    from netem.hosttc import check_host_plan
+    check_host_plan(build_plan(cfg))
+    return Decision("tc", "release-queue", f"{'auto: ' if cfg.net.shaper == 'auto' else ''}"
+                    "tc on every host's interfaces (HTB per directed link, matched on "
+                    "destination address and port); latency by the receiver's release queue")
+
+
+def _userspace(cfg: Config, why: str):
+    from netem.capabilities import Decision
+    from netem.commands import check_supported
+    decision = Decision("userspace", "release-queue",
+                        why + ": sender pacing + receiver release queue")
+    check_supported(build_plan(cfg), decision)  # jitter and loss need netem: refused up front
+    return decision
+
+
 def used_pairs(cfg: Config, topo) -> list[tuple[int, int]]:
     """Directed links training will use: ring successors for DiLoCo, graph edges otherwise."""
     n = cfg.workers

@@ -41,7 +41,7 @@ def new_run_dir(cfg: Config, out: str | os.PathLike | None = None,
     An ``out`` that already holds a record is refused unless ``overwrite``, which clears it
     first: two runs' metrics in one file would read as one run.
     """
-    path = Path(out) if out is not None else _fresh_path(cfg)
+    path = Path(out) if out is not None else fresh_path(cfg)
     if out is not None and holds_record(path):
         if not overwrite:
             raise RecordError(f"{path} already holds a run record; choose another --out or "
@@ -54,7 +54,7 @@ def new_run_dir(cfg: Config, out: str | os.PathLike | None = None,
     return path
 
 
-def _fresh_path(cfg: Config) -> Path:
+def fresh_path(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", default_name(cfg))
     path = Path(cfg.run.out_dir) / f"{safe}-{stamp}"

@@ -170,7 +170,7 @@ class WorkerProcess:
             self.rank, self.cfg.workers, self.spec.bind_addrs[self.rank], ctx=self.ctx,
             max_numel=count_parameters(self.cfg.model), recv_timeout_s=self.spec.peer_timeout_s,
             should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank),
-            security=self.ctl.security)
+            security=self.ctl.security, link_ports=self.spec.link_ports)
         self.state.transport = tp
         device = self.spec.devices[self.rank]
         self.ctl.send({"type": "ready", "addr": tp.address, "device": device})

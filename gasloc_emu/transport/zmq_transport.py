@@ -90,6 +90,17 @@ def check_tcp_addr(addr: str, what: str, *, any_port: bool = False) -> str:
     return addr
 
 
+def link_address(base_addr: str, src: int) -> str:
+    """With link ports, where worker ``src`` sends to the worker whose base address this is:
+    one port per directed link (base + src), so that tc on a real interface can tell links
+    apart by destination address and port alone (``netem.hosttc``)."""
+    m = _TCP_ADDR.fullmatch(base_addr)
+    port = int(m["port"]) + src
+    if port > 65535:
+        raise ValueError(f"link port {port} of worker {src} is above 65535 (base {base_addr})")
+    return f"tcp://{m['host']}:{port}"
+
+
 class ZmqTransport(TransportBase):
     def __init__(self, rank: int, world_size: int, bind_addr: str,
                  peer_addrs: dict[int, str] | None = None, *, max_numel: int,
@@ -103,7 +114,8 @@ class ZmqTransport(TransportBase):
                  should_stop: Callable[[], bool] | None = None,
                  ctx: zmq.Context | None = None,
                  schema: WireSchema | None = None,
-                 security: auth.Security | None = None):
+                 security: auth.Security | None = None,
+                 link_ports: bool = False):
         _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
         self.schema = _schema_for(rank, world_size, max_numel, schema)
         self.security = _check_security(security, world_size)
@@ -112,7 +124,8 @@ class ZmqTransport(TransportBase):
         # before TransportBase zeroes ``dropped``, which the mailbox counts
         self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
         super().__init__(rank, world_size)
-        self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=True)
+        self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
+        self.link_ports = link_ports
         self.peer_addrs: dict[int, str] = {}
         self.dtype, self.max_numel, self.shaping = dtype, max_numel, shaping
         self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
@@ -125,7 +138,9 @@ class ZmqTransport(TransportBase):
         # before the bind: a handshake that finds no handler fails
         self._zap = None if security is None else auth.ZapHandler(self._ctx, security.creds)
         self._pull = self._bind_pull()
-        self.address: str = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)  # the real port
+        # the real port; with link ports the base that every link's port is counted from
+        self.address: str = self.bind_addr if link_ports else \
+            self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self._rx: _ArrivalStamper | None = None
         if shaping is not None:
             self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}",
@@ -165,12 +180,15 @@ class ZmqTransport(TransportBase):
         sock.setsockopt(zmq.MAXMSGSIZE, frame_limit)
         if self.security is not None:
             auth.make_server(sock, self.security, auth.user_id(self.rank))
+        addrs = [link_address(self.bind_addr, src) for src in range(self.world_size)
+                 if src != self.rank] if self.link_ports else [self.bind_addr]
         try:
-            sock.bind(self.bind_addr)
+            for addr in addrs:
+                sock.bind(addr)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             self._close_context()
-            raise TransportError(f"worker {self.rank} cannot bind {self.bind_addr}: {exc}") from exc
+            raise TransportError(f"worker {self.rank} cannot bind {addr}: {exc}") from exc
         return sock
 
     def connect(self, peer_addrs: dict[int, str]) -> None:
@@ -269,7 +287,8 @@ class ZmqTransport(TransportBase):
             if self.security is not None:
                 auth.make_client(sock, self.security, auth.user_id(self.rank),
                                  auth.user_id(peer))
-            sock.connect(self.peer_addrs[peer])
+            addr = self.peer_addrs[peer]
+            sock.connect(link_address(addr, self.rank) if self.link_ports else addr)
             self._push[peer] = sock
         return sock
 

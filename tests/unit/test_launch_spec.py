@@ -12,7 +12,7 @@ def _spec(**over) -> LaunchSpec:
     base = dict(ctl_addr="ipc:///tmp/x/ctl.sock", heartbeat_addr="ipc:///tmp/x/hb.sock",
                 devices=("cpu", "cpu"), bind_addrs=("tcp://127.0.0.1:0",) * 2, shaping=None,
                 threads=1, heartbeat_s=0.5, peer_timeout_s=600.0, start_timeout_s=360.0,
-                exit_timeout_s=3600.0)
+                exit_timeout_s=3600.0, link_ports=False)
     return LaunchSpec(**(base | over))
 
 
@@ -35,7 +35,7 @@ def test_missing_and_unknown_fields_are_named():
 @pytest.mark.parametrize("field, value", [
     ("threads", 0), ("threads", 1.5), ("threads", True), ("heartbeat_s", 0),
     ("peer_timeout_s", float("nan")), ("ctl_addr", 3), ("devices", ("cpu",)),
-    ("devices", ()), ("shaping", [1]), ("bind_addrs", (1, 2)),
+    ("devices", ()), ("shaping", [1]), ("bind_addrs", (1, 2)), ("link_ports", 1),
 ])
 def test_bad_field_is_refused_with_its_name(field, value):
     with pytest.raises(SpecError, match=field if field != "devices" else "devices"):

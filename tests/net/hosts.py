@@ -1,0 +1,95 @@
+"""Emulated hosts for the multi-node tests: ``python tests/net/hosts.py '<json args>'``.
+
+It re-executes itself into a user namespace, builds ``hosts`` network namespaces on a bridge
+(``netem.commands``' topology: host k is 198.18.0.<k+1> on its ``eth0``, like machines on a
+LAN), starts one command per node inside its host (``ip netns exec``), and prints one line
+``RESULT <json>``: each node's exit code, output and run time, how long after an injected kill
+the others ended, and the processes left in the hosts (there must be none). Everything it
+built goes away with its user namespace.
+
+args: ``hosts``; ``nodes``: [{"host": k, "argv": [...], "env": {...}}]; ``kill``: optional
+{"node": i, "after_s": t} (SIGKILL to that node's agent); ``timeout_s``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from netem.commands import NetTopology, topology_commands
+from netem.namespaces import (
+    _netns_pids,
+    die_with_parent,
+    new_run_id,
+    prepare_userns,
+    reexec_in_userns,
+    run_commands,
+)
+
+
+def host_addr(k: int) -> str:
+    return NetTopology("0", k + 1).address(k)
+
+
+def _start(topo: NetTopology, node: dict, log_dir: str, i: int) -> subprocess.Popen:
+    argv = ["ip", "netns", "exec", topo.worker_ns(node["host"]), *node["argv"]]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"} | node.get("env", {})
+    out = open(os.path.join(log_dir, f"node{i}.out"), "w")  # noqa: SIM115 - closed by the OS
+    err = open(os.path.join(log_dir, f"node{i}.err"), "w")  # noqa: SIM115
+    return subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=node.get("cwd"),
+                            preexec_fn=die_with_parent)
+
+
+def _wait_all(procs, kill: dict | None, timeout_s: float) -> tuple[dict, float | None]:
+    t0, ended, killed_at = time.monotonic(), {}, None
+    while len(ended) < len(procs) and time.monotonic() - t0 < timeout_s:
+        if kill and killed_at is None and time.monotonic() - t0 >= kill["after_s"]:
+            procs[kill["node"]].send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+        for i, p in enumerate(procs):
+            if i not in ended and p.poll() is not None:
+                ended[i] = (p.returncode, time.monotonic())
+        time.sleep(0.05)
+    for i, p in enumerate(procs):
+        if i not in ended:
+            p.kill()
+            ended[i] = (None, time.monotonic())
+    return ended, killed_at
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(argv[0])
+    if not reexec_in_userns(argv, entry=[sys.executable, os.path.abspath(__file__)]):
+        sys.exit("user namespaces do not work here")
+    prepare_userns()
+    topo = NetTopology(new_run_id(), args["hosts"])
+    run_commands(topology_commands(topo))
+    for k in range(args["hosts"]):
+        run_commands(_lo_up(topo, k))
+    log_dir = args["log_dir"]
+    t0 = time.monotonic()
+    procs = [_start(topo, node, log_dir, i) for i, node in enumerate(args["nodes"])]
+    ended, killed_at = _wait_all(procs, args.get("kill"), args.get("timeout_s", 240.0))
+    time.sleep(0.5)  # what dies with its parent has had time to go
+    left = {ns: _netns_pids(ns) for ns in topo.namespaces()}
+    nodes = [{"rc": ended[i][0], "seconds": ended[i][1] - t0,
+              "after_kill_s": None if killed_at is None else ended[i][1] - killed_at,
+              "out": open(os.path.join(log_dir, f"node{i}.out")).read()[-4000:],
+              "err": open(os.path.join(log_dir, f"node{i}.err")).read()[-4000:]}
+             for i in range(len(procs))]
+    print("RESULT " + json.dumps({"nodes": nodes, "left": {k: v for k, v in left.items() if v},
+                                  "addrs": [host_addr(k) for k in range(args["hosts"])]}),
+          flush=True)
+    return 0
+
+
+def _lo_up(topo: NetTopology, k: int):
+    from netem.commands import Command
+    return [Command(("ip", "link", "set", "lo", "up"), topo.worker_ns(k))]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

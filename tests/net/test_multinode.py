@@ -1,0 +1,146 @@
+"""One run across emulated hosts: network namespaces on a bridge, one node agent in each.
+
+Each test runs ``hosts.py``, which builds the hosts (198.18.0.1, 198.18.0.2, like machines on a
+LAN) inside its own user namespace and starts one ``gasloc-emu run`` per host, launched the way
+a user would: torchrun's flag names by hand, torchrun itself, or Slurm's environment.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gasloc_emu import config
+from gasloc_emu.simulate import simulate
+
+HOSTS = Path(__file__).with_name("hosts.py")
+REPO = Path(__file__).resolve().parents[2]
+MASTER = "198.18.0.1"
+SECRET = {"GASLOC_SECRET": "multi-node test secret, not a real one"}
+BASE = ["--workers", "4", "--no-dashboard", "--seed", "3"]
+
+
+@pytest.fixture
+def hosts(tc_caps, tmp_path):
+    """Run nodes on emulated hosts; returns hosts.py's RESULT (exit codes, output, leftovers)."""
+    def run(nodes: list[dict], kill: dict | None = None, timeout_s: float = 150.0) -> dict:
+        args = {"hosts": 2, "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
+                "log_dir": str(tmp_path)}
+        proc = subprocess.run([sys.executable, str(HOSTS), json.dumps(args)], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout_s + 60)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"hosts.py failed: {proc.stderr[-3000:]}"
+        return json.loads(lines[-1][len("RESULT "):])
+    return run
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "gasloc_emu.cli"]
+
+
+def _by_hand(rank: int, out: Path, *extra: str) -> dict:
+    argv = [*_cli(), "run", *BASE, "--nnodes", "2", "--node-rank", str(rank),
+            "--master-addr", MASTER, "--master-port", "29400", "--out", str(out), *extra]
+    return {"host": rank, "argv": argv, "env": SECRET}
+
+
+def _ok(result: dict) -> None:
+    for i, node in enumerate(result["nodes"]):
+        assert node["rc"] == 0, f"node {i} exited {node['rc']}: {node['err'][-1500:]}"
+    assert result["left"] == {}, f"processes left in the hosts: {result['left']}"
+
+
+def _simulated_loss(tmp_path: Path, rounds: int, *sets: str) -> float:
+    cfg = config.resolve(overrides={"workers": 4, "seed": 3, "run.rounds": rounds}, sets=sets)
+    return simulate(cfg, tmp_path / "sim")["final_eval_loss"]
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--rounds", "3") for k in range(2)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3), abs=1e-5)
+    workers = json.loads((out / "workers.json").read_text())
+    assert [(w["rank"], w["node"]) for w in workers] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert [n["addr"] for n in summary["nodes"]] == result["addrs"]
+    assert summary["launch"] == "flags" and summary["nodes"][1]["workers"] == [2, 3]
+    assert not (tmp_path / "rec.node1" / "summary.json").exists()  # one record: node 0's
+    assert (tmp_path / "rec.node1" / "workers" / "worker2.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (torch's launcher)")
+def test_torchrun_launch(hosts, tmp_path):
+    out = tmp_path / "rec"
+    # is_host and --local-addr: torchrun finds its host and the address it tells the others
+    # from the machine's host name, which names the real machine here, not the emulated hosts
+    nodes = [{"host": k, "env": SECRET, "argv": [
+        "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{MASTER}:29410", "--rdzv-id", "gasloc-test",
+        "--rdzv-conf", f"is_host={int(k == 0)}", "--local-addr", f"198.18.0.{k + 1}",
+        "-m", "gasloc_emu.cli",
+        "run", *BASE, "--rounds", "2", "--out", str(out)]} for k in range(2)]
+    _ok(hosts(nodes))
+    summary = _summary(out)
+    assert summary["launch"] == "torchrun" and len(summary["nodes"]) == 2
+    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 2), abs=1e-5)
+
+
+def test_slurm_launch(hosts, tmp_path):
+    out = tmp_path / "rec"
+    nodes = [{"host": k, "argv": [*_cli(), "run", *BASE, "--rounds", "2", "--out", str(out)],
+              "env": SECRET | {"SLURM_NODEID": str(k), "SLURM_NNODES": "2", "SLURM_JOB_ID": "7",
+                               "SLURM_JOB_NODELIST": "198.18.0.[1-2]"}} for k in range(2)]
+    _ok(hosts(nodes))
+    summary = _summary(out)
+    assert summary["launch"] == "slurm" and [n["node"] for n in summary["nodes"]] == [0, 1]
+
+
+def test_a_host_with_another_config_is_refused_on_every_host(hosts, tmp_path):
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(0, out, "--rounds", "3"), _by_hand(1, out, "--rounds", "4")],
+                   timeout_s=90)
+    for node in result["nodes"]:
+        assert node["rc"] == 2, node["err"]
+        assert "different config: run.rounds = 3 on node 0, 4 on node 1" in node["err"]
+    assert _summary(out)["status"] == "failed"
+    assert result["left"] == {}
+
+
+def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_path):
+    out = tmp_path / "rec"
+    timeout = ["--set", "run.heartbeat_timeout_s=4"]
+    result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
+                   kill={"node": 1, "after_s": 20.0})
+    master = result["nodes"][0]
+    assert master["rc"] == 1, master["err"]
+    assert master["after_kill_s"] < 4 + 8, master  # the timeout, then the stop and the record
+    summary = _summary(out)
+    assert summary["status"] == "failed"
+    assert "node 1" in summary["error"] and "[2, 3]" in summary["error"], summary["error"]
+    assert result["left"] == {}, result["left"]
+
+
+@pytest.mark.parametrize("shaper", ["tc", "userspace"])
+def test_shaped_cross_host_run(hosts, tmp_path, shaper):
+    """8 Mbit/s links, 2 hosts: the run takes at least what its busiest link needs, and its
+    losses are simulate's."""
+    out = tmp_path / "rec"
+    net = ["--bw-profile", "uniform", "--rate-mbit", "8", "--shaper", shaper, "--model", "tiny"]
+    result = hosts([_by_hand(k, out, "--rounds", "2", *net) for k in range(2)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["shaper"] == shaper and summary["nodes"][1]["shaper"] == shaper
+    links = json.loads((out / "links.json").read_text())["links"]
+    busiest_s = max(r["bytes"] * 8 / (r["configured_mbit"] * 1e6) for r in links)
+    assert summary["wall_s"] >= busiest_s * 0.98, (summary["wall_s"], busiest_s)
+    sim = _simulated_loss(tmp_path, 2, "net.bw_profile=uniform", "net.rate_mbit=8")
+    assert summary["final_eval_loss"] == pytest.approx(sim, abs=1e-5)
