@@ -437,9 +437,12 @@ def netem_probe(seconds: float, **kw) -> None:
 @netem.command("clean")
 @click.option("--dry-run", is_flag=True, help="Only print what would be removed.")
 def netem_clean(dry_run: bool) -> None:
-    """Remove namespaces left by killed root-mode runs (user-namespace runs leave nothing)."""
+    """Remove what killed runs left: root-mode namespaces, and the tc roots that multi-node runs
+    put on this host's interfaces (user-namespace runs leave nothing)."""
+    from netem.hosttc import clean_host_leftovers
     from netem.namespaces import clean_leftovers
     done = clean_leftovers(dry_run=dry_run, echo=click.echo)
+    done += clean_host_leftovers(dry_run=dry_run, echo=click.echo)
     click.echo(f"{len(done)} commands {'would run' if dry_run else 'ran'}; "
                + ("nothing left behind" if not done else "leftovers removed"))
 

@@ -194,8 +194,8 @@ def load_secret(secret_file: str | None, env: Mapping[str, str]) -> bytes:
         raw = env[SECRET_ENV].encode()
     else:
         raise ClusterError(f"a multi-node run needs a shared secret: --secret-file PATH (a file "
-                           f"every host can read, e.g. made once with `head -c 32 /dev/urandom "
-                           f"| xxd -p > PATH`) or {SECRET_ENV} in every node's environment")
+                           f"every host can read, e.g. made once with `python3 -c 'import "
+                           f"secrets; print(secrets.token_hex(32))' > PATH; chmod 600 PATH`) or {SECRET_ENV} in every node's environment")
     raw = raw.strip()
     if len(raw) < MIN_SECRET_BYTES:
         raise ClusterError(f"the shared secret has {len(raw)} bytes; it needs at least "

@@ -274,7 +274,8 @@ def _progress(factory, labels, shaper):
 
 def _end(node: Node, summary: dict, rec: records.RunRecord) -> dict:
     """Record the nodes, tell every node how the run ended, and wait until they have read it."""
-    summary = summary | {"nodes": node.describe(), "launch": node.role.source}
+    summary = summary | {"nodes": node.describe(), "launch": node.role.source,
+                         "security": node.security.mode}
     if node.rdv is not None:
         try:
             node.rdv.end(summary.get("status", "ok"), summary.get("error"))

@@ -64,17 +64,20 @@ def _summary(out: Path) -> dict:
 
 
 def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
+    """Split unevenly (1 + 3, as hosts with different GPU counts would be)."""
     out = tmp_path / "rec"
-    result = hosts([_by_hand(k, out, "--rounds", "3") for k in range(2)])
+    result = hosts([_by_hand(k, out, "--rounds", "3", "--nproc-per-node", str(1 + 2 * k))
+                    for k in range(2)])
     _ok(result)
     summary = _summary(out)
     assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3), abs=1e-5)
     workers = json.loads((out / "workers.json").read_text())
-    assert [(w["rank"], w["node"]) for w in workers] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert [(w["rank"], w["node"]) for w in workers] == [(0, 0), (1, 1), (2, 1), (3, 1)]
     assert [n["addr"] for n in summary["nodes"]] == result["addrs"]
-    assert summary["launch"] == "flags" and summary["nodes"][1]["workers"] == [2, 3]
+    assert summary["launch"] == "flags" and summary["nodes"][1]["workers"] == [1, 2, 3]
+    assert summary["security"] == "curve"
     assert not (tmp_path / "rec.node1" / "summary.json").exists()  # one record: node 0's
-    assert (tmp_path / "rec.node1" / "workers" / "worker2.log").exists()
+    assert (tmp_path / "rec.node1" / "workers" / "worker3.log").exists()
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (torch's launcher)")
@@ -133,8 +136,9 @@ def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_p
 def test_shaped_cross_host_run(hosts, tmp_path, shaper):
     """8 Mbit/s links, 2 hosts: the run takes at least what its busiest link needs, and its
     losses are simulate's."""
-    out = tmp_path / "rec"
-    net = ["--bw-profile", "uniform", "--rate-mbit", "8", "--shaper", shaper, "--model", "tiny"]
+    out, profile = tmp_path / "rec", tmp_path / "8mbit.toml"
+    profile.write_text("[default]\nrate_mbit = 8\n")
+    net = ["--bw-profile", str(profile), "--shaper", shaper]
     result = hosts([_by_hand(k, out, "--rounds", "2", *net) for k in range(2)])
     _ok(result)
     summary = _summary(out)
@@ -142,5 +146,37 @@ def test_shaped_cross_host_run(hosts, tmp_path, shaper):
     links = json.loads((out / "links.json").read_text())["links"]
     busiest_s = max(r["bytes"] * 8 / (r["configured_mbit"] * 1e6) for r in links)
     assert summary["wall_s"] >= busiest_s * 0.98, (summary["wall_s"], busiest_s)
-    sim = _simulated_loss(tmp_path, 2, "net.bw_profile=uniform", "net.rate_mbit=8")
+    sim = _simulated_loss(tmp_path, 2, f"net.bw_profile={profile}")
     assert summary["final_eval_loss"] == pytest.approx(sim, abs=1e-5)
+
+
+LINKCHECK = Path(__file__).with_name("linkcheck.py")
+
+
+@pytest.mark.parametrize("shaper", ["tc", "userspace"])
+def test_a_shaped_cross_host_link_measures_its_rate(hosts, shaper):
+    """Host A sends to host B over one 8 Mbit/s link, shaped by the product's tc (one HTB class
+    matched on B's address and the link's port) or its userspace shaper; B measures."""
+    args = {"a": MASTER, "b": "198.18.0.2", "port": 31000, "rate_mbit": 8.0, "seconds": 5.0,
+            "numel": 250_000, "messages": 6}
+    recv, send = ("tc-sink", "tc-send") if shaper == "tc" else ("zmq-recv", "zmq-send")
+    argv = [sys.executable, str(LINKCHECK)]
+    result = hosts([{"host": 1, "argv": [*argv, recv, json.dumps(args)]},
+                    {"host": 0, "argv": [*argv, send, json.dumps(args)]}], timeout_s=60)
+    _ok(result)
+    mbit = float(result["nodes"][0]["out"].split("MBIT ")[1])
+    assert mbit == pytest.approx(8.0, rel=0.05), mbit
+
+
+def test_netem_clean_removes_the_tc_a_killed_node_left(hosts):
+    args = json.dumps({"b": "198.18.0.2", "port": 31000, "rate_mbit": 8.0})
+    # what `gasloc-emu netem clean` calls for tc roots; the command itself would also remove
+    # the namespaces these emulated hosts live in, which are named like a root-mode run's
+    clean = "from netem.hosttc import clean_host_leftovers as c; print(len(c()), 'removed')"
+    script = (f"{sys.executable} {LINKCHECK} leave-tc '{args}'; tc qdisc show dev eth0; "
+              f"{sys.executable} -c \"{clean}\"; tc qdisc show dev eth0")
+    result = hosts([{"host": 0, "argv": ["sh", "-c", script]}], timeout_s=60)
+    out = result["nodes"][0]["out"]
+    left, cleaned = out.split("1 removed")
+    assert "qdisc htb" in left and "tc qdisc del dev eth0 root  # left by run 0dead" in left, out
+    assert "qdisc htb" not in cleaned and "noqueue" in cleaned, out
