@@ -59,6 +59,12 @@ def _simulated_loss(tmp_path: Path, rounds: int, *sets: str) -> float:
     return simulate(cfg, tmp_path / "sim")["final_eval_loss"]
 
 
+def _losses(record: Path) -> dict:
+    """(worker, round) -> training loss, from a record's metrics."""
+    rows = [json.loads(line) for line in (record / "metrics.jsonl").read_text().splitlines()]
+    return {(r["worker"], r["round"]): r["train_loss"] for r in rows}
+
+
 def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
@@ -71,6 +77,9 @@ def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
     _ok(result)
     summary = _summary(out)
     assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3), abs=1e-5)
+    ran, simulated = _losses(out), _losses(tmp_path / "sim")
+    assert len(ran) == 4 * 3 and ran.keys() == simulated.keys()
+    assert all(ran[k] == pytest.approx(simulated[k], abs=1e-5) for k in ran), (ran, simulated)
     workers = json.loads((out / "workers.json").read_text())
     assert [(w["rank"], w["node"]) for w in workers] == [(0, 0), (1, 1), (2, 1), (3, 1)]
     assert [n["addr"] for n in summary["nodes"]] == result["addrs"]
@@ -129,6 +138,18 @@ def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_p
     summary = _summary(out)
     assert summary["status"] == "failed"
     assert "node 1" in summary["error"] and "[2, 3]" in summary["error"], summary["error"]
+    assert result["left"] == {}, result["left"]
+
+
+def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
+    out = tmp_path / "rec"
+    timeout = ["--set", "run.heartbeat_timeout_s=4"]
+    result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
+                   kill={"node": 0, "after_s": 20.0})
+    other = result["nodes"][1]
+    assert other["rc"] == 1, other["err"]
+    assert other["after_kill_s"] < 4 + 8, other
+    assert "error: node 1: lost node 0" in other["err"], other["err"]
     assert result["left"] == {}, result["left"]
 
 
