@@ -107,8 +107,10 @@ class HostNetwork:
         self.plan = build_plan(cfg) if shaped(cfg) else None
         self.tc_missing = _host_tc_missing() if self.plan is not None and \
             cfg.net.shaper in ("auto", "tc") else "not asked for"
-        # one port per sender for each local worker, found free now; used only with tc
-        self.port_base = _free_port_block(addr, local_workers * cfg.workers)
+        # one port per sender for each local worker, found free now; used only with tc, which
+        # needs every node able to do it
+        self.port_base = _free_port_block(addr, local_workers * cfg.workers) \
+            if not self.tc_missing else 0
         self.decision = None
         self.bases: dict[int, tuple[str, int]] = {}
         self.tc = None

@@ -30,7 +30,10 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
              "--rounds", "-R", "--model", "--seed", "--data", "--outer-lr", "--momentum", "--lr",
              "--degree", "--eval-every", "--bw-profile", "--shaper", "--rate-mbit",
              "--latency-ms", "--out", "--no-dashboard", "--set"}
-ADDED_RUN = {"--overwrite"}  # flags added since; a new flag is listed here on purpose
+# flags added since; a new flag is listed here on purpose
+ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s"}
+NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
+              "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
              "--seed", "--shaper", "--set"}
 
@@ -79,7 +82,7 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 
 
 @pytest.mark.parametrize("cmd,expected", [
-    (("run",), TODAY_RUN | ADDED_RUN | {"--probe", "--no-probe", "--dry-run"}),
+    (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run"}),
     (("simulate",), TODAY_RUN | ADDED_RUN),
     (("config",), TODAY_RUN | ADDED_RUN | {"--fields"}),
     (("netem", "show"), TODAY_NET),
@@ -190,7 +193,8 @@ def sample(key: str) -> tuple[str, object]:
     """A valid non-default command-line value of a setting and what the config must hold."""
     spec = C.setting_spec(key)
     special = {"algo.local_steps": ("3", 3), "algo.momentum": ("0.5", 0.5),
-               "data.path": ("/tmp/x.txt", "/tmp/x.txt"), "net.bw_profile": ("skewed", "skewed")}
+               "data.path": ("/tmp/x.txt", "/tmp/x.txt"), "net.bw_profile": ("skewed", "skewed"),
+               "compute.profile": ("straggler", "straggler")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):
