@@ -97,18 +97,21 @@ def _from_flags(flags: Mapping, nproc: int) -> NodeRole:
                if flags.get(k) is None]
     if missing and (flags.get("nnodes") or 1) > 1:
         raise ClusterError(f"a multi-node run needs {', '.join(missing)} as well")
-    return NodeRole(nnodes=flags.get("nnodes") or 1, node_rank=flags.get("node_rank") or 0,
-                    master_addr=flags.get("master_addr") or "127.0.0.1",
-                    master_port=flags.get("master_port") or DEFAULT_PORT, source="flags",
+    def given(key: str, default):
+        return default if flags.get(key) is None else flags[key]
+    return NodeRole(nnodes=given("nnodes", 1), node_rank=given("node_rank", 0),
+                    master_addr=given("master_addr", "127.0.0.1"),
+                    master_port=given("master_port", DEFAULT_PORT), source="flags",
                     nproc_per_node=nproc)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name])
-    except (KeyError, ValueError):
-        raise ClusterError(f"{name} = {env.get(name)!r} in the environment is not an "
-                           "integer") from None
+    """A non-negative integer written plainly (int() would also take "12_3" and " 5 ")."""
+    value = env.get(name)
+    if value is None or not re.fullmatch(r"[0-9]+", value):
+        raise ClusterError(f"{name} = {value!r} in the environment is not an integer (plain "
+                           "digits expected)")
+    return int(value)
 
 
 def _from_torchrun(env: Mapping[str, str], nproc: int) -> NodeRole:
@@ -137,7 +140,7 @@ def _from_slurm(env: Mapping[str, str], nproc: int) -> NodeRole:
                     master_addr=master, master_port=port, source="slurm", nproc_per_node=nproc)
 
 
-_NODELIST_ITEM = re.compile(r"([^,\[]+)(\[[^\]]*\])?")
+_NODELIST_ITEM = re.compile(r"([^,\[]+)(\[[^\]]*\])?([^,\[]*)")
 
 
 def slurm_first_host(nodelist: str) -> str:
@@ -145,13 +148,13 @@ def slurm_first_host(nodelist: str) -> str:
     m = _NODELIST_ITEM.match(nodelist.strip())
     if m is None or not m.group(1):
         raise ClusterError(f"SLURM_JOB_NODELIST = {nodelist!r} names no host; set MASTER_ADDR")
-    prefix, ranges = m.group(1), m.group(2)
+    prefix, ranges, suffix = m.group(1), m.group(2), m.group(3)
     if not ranges:
         return prefix
     first = ranges[1:-1].split(",")[0].split("-")[0]
     if not first:
         raise ClusterError(f"SLURM_JOB_NODELIST = {nodelist!r} has an empty range")
-    return prefix + first
+    return prefix + first + suffix
 
 
 # ---------------------------------------------------------------- the split of the workers
@@ -195,7 +198,8 @@ def load_secret(secret_file: str | None, env: Mapping[str, str]) -> bytes:
     else:
         raise ClusterError(f"a multi-node run needs a shared secret: --secret-file PATH (a file "
                            f"every host can read, e.g. made once with `python3 -c 'import "
-                           f"secrets; print(secrets.token_hex(32))' > PATH; chmod 600 PATH`) or {SECRET_ENV} in every node's environment")
+                           f"secrets; print(secrets.token_hex(32))' > PATH; chmod 600 PATH`) "
+                           f"or {SECRET_ENV} in every node's environment")
     raw = raw.strip()
     if len(raw) < MIN_SECRET_BYTES:
         raise ClusterError(f"the shared secret has {len(raw)} bytes; it needs at least "

@@ -54,9 +54,11 @@ class NodeInfo:
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "labels", tuple(self.labels))
-        if len(self.devices) != self.workers or len(self.labels) != self.workers:
-            raise RendezvousError(f"node {self.node}: {self.workers} workers but "
-                                  f"{len(self.devices)} devices")
+        for name in ("devices", "labels"):
+            items = getattr(self, name)
+            if len(items) != self.workers or not all(isinstance(v, str) for v in items):
+                raise RendezvousError(f"node {self.node}: {self.workers} workers but {name} "
+                                      f"{list(items)!r}; expected one string per worker")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -81,11 +83,12 @@ class NodeStatus:
     @classmethod
     def from_json(cls, text: str | bytes) -> NodeStatus:
         st = _typed(cls, text, "node status")
-        try:
-            dead = {int(k): int(v) for k, v in st.dead.items()}
-        except (TypeError, ValueError, AttributeError):
-            raise RendezvousError(f"node status has a bad 'dead' map: {st.dead!r}") from None
-        return cls(st.node, st.beat, dead)
+        ok = all(isinstance(k, str) and k.isdecimal() and type(v) is int
+                 for k, v in st.dead.items())
+        if not ok:
+            raise RendezvousError(f"node status has a bad 'dead' map: {st.dead!r}; expected "
+                                  "worker rank -> integer exit code")
+        return cls(st.node, st.beat, {int(k): v for k, v in st.dead.items()})
 
 
 _TYPES = {"int": int, "str": str, "dict": dict, "tuple[str, ...]": list}
@@ -197,7 +200,7 @@ class Rendezvous:
             if time.monotonic() > deadline:
                 missing = [k for k in range(self.role.nnodes)
                            if not self.store.check([f"node/{k}"])]
-                raise RendezvousError(f"nodes {missing} did not join within {timeout_s:.0f} s")
+                raise RendezvousError(f"nodes {missing} did not join within {timeout_s:g} s")
             time.sleep(0.1)
         infos = [NodeInfo.from_json(self.store.get(k)) for k in keys]
         for k, info in enumerate(infos):
@@ -234,7 +237,10 @@ class Rendezvous:
     def ended(self) -> dict | None:
         if not self.store.check(["end"]):
             return None
-        raw = json.loads(self.store.get("end"))
+        try:
+            raw = json.loads(self.store.get("end"))
+        except ValueError:
+            raw = None
         if not isinstance(raw, dict) or not isinstance(raw.get("status"), str):
             raise RendezvousError("the store's end record is malformed")
         return raw
@@ -251,7 +257,8 @@ class Rendezvous:
         deadline += timeout_s
         pending = [k for k in range(1, self.role.nnodes)
                    if self.silent_s(k, now) <= silent_after_s]
-        while pending and time.monotonic() < deadline:
+        while True:  # looks at least once, and once more after the deadline
             pending = [k for k in pending if not self.store.check([f"left/{k}"])]
-            time.sleep(0.05 if pending else 0)
-        return pending
+            if not pending or time.monotonic() >= deadline:
+                return pending
+            time.sleep(0.05)
