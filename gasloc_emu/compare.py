@@ -1,5 +1,9 @@
 """Read run records back and compare them: a table, a two-panel loss plot, one run in detail.
 
+Both the comparison and the run view also say where each worker's time went (computing,
+sending, waiting: sums over the rounds of metrics.jsonl) and what that makes the run bound by:
+a slow worker's compute, or communication.
+
 A run folder is read up to its damage: a killed run leaves a cut-off last metrics line and no
 summary, a copied folder may lack its config. Each such defect becomes a line in
 ``Run.warnings`` (the CLI prints them); reading never raises for a folder that exists.
@@ -232,7 +236,18 @@ def time_to_target(run: Run, target: float) -> float | None:
     return None
 
 
-def compare_table(runs: list[Run], target_loss: float | None = None) -> Table:
+def compare_table(runs: list[Run], target_loss: float | None = None) -> RenderableType:
+    """The runs side by side, then where each run's workers spent their time."""
+    parts: list[RenderableType] = [_runs_table(runs, target_loss)]
+    timed = [run for run in runs if run.rows]
+    if timed:
+        parts.append(time_table(timed))
+        parts.extend(Text(f"{run.name}: bound by {bottleneck(worker_times(run.rows))}")
+                     for run in timed)
+    return Group(*parts)
+
+
+def _runs_table(runs: list[Run], target_loss: float | None) -> Table:
     estimated = False
     table = Table(box=box.SIMPLE_HEAD, title_justify="left")
     for name in ("run", "algorithm", "topology", "profile", "rounds", "final eval", "wall s",
@@ -267,6 +282,94 @@ def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
 
 def _num(v, spec: str) -> str:
     return format(v, spec) if fmt.finite(v) else "-"
+
+
+# ---------------------------------------------------------------- where the time went
+
+# the shares that tell a slow worker from slow links (see ``bottleneck``)
+IDLE_SHARE = 0.10  # a worker waiting less than this is never held up by others
+WAIT_SHARE = 0.20  # workers waiting or sending at least this are held up
+
+
+@dataclass(frozen=True)
+class WorkerTime:
+    """One worker's seconds over a run, summed over its rows: computing (emulated compute,
+    ``compute_s``), sending (``comm_s - wait_s``: the communication phase not blocked on a
+    message) and waiting (``wait_s``) for peers."""
+
+    worker: int
+    rounds: int
+    steps: int | None  # inner steps over the run; None for rows without them
+    speed: float | None
+    computing_s: float
+    sending_s: float
+    waiting_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.computing_s + self.sending_s + self.waiting_s
+
+    def share(self, seconds: float) -> float:
+        return seconds / self.total_s if self.total_s > 0 else 0.0
+
+
+def worker_times(rows: list[dict]) -> list[WorkerTime]:
+    """Per worker (rank order), its time computing, sending and waiting over its rows."""
+    by_worker: dict[int, list[dict]] = {}
+    for row in rows:
+        by_worker.setdefault(row["worker"], []).append(row)
+    return [_worker_time(w, rs) for w, rs in sorted(by_worker.items())]
+
+
+def _worker_time(worker: int, rows: list[dict]) -> WorkerTime:
+    compute_s, comm_s, wait_s = (_sum(rows, k) for k in ("compute_s", "comm_s", "wait_s"))
+    steps = [r["steps"] for r in rows if _is_int(r.get("steps"))]
+    speeds = [r["speed"] for r in rows if fmt.finite(r.get("speed"))]
+    return WorkerTime(worker, len(rows), sum(steps) if steps else None,
+                      speeds[-1] if speeds else None, compute_s, max(0.0, comm_s - wait_s),
+                      wait_s)
+
+
+def _sum(rows: list[dict], key: str) -> float:
+    return float(sum(r[key] for r in rows if fmt.finite(r.get(key))))
+
+
+def bottleneck(times: list[WorkerTime]) -> str:
+    """What a run's pace was set by, in words.
+
+    A slow worker: the worker that computed longest almost never waits (< ``IDLE_SHARE`` of its
+    time) while the others wait at least ``WAIT_SHARE`` of theirs on average. Communication:
+    otherwise, when the workers spend ``WAIT_SHARE`` or more sending or waiting on average.
+    Else compute, evenly.
+    """
+    if not times:
+        return "nothing recorded"
+    slow = max(times, key=lambda t: t.computing_s)
+    others = [t.share(t.waiting_s) for t in times if t is not slow]
+    others_wait = sum(others) / len(others) if others else 0.0
+    if slow.share(slow.waiting_s) < IDLE_SHARE and others_wait >= WAIT_SHARE:
+        return (f"worker {slow.worker}'s compute (it waits {slow.share(slow.waiting_s):.0%} "
+                f"of its time, the others {others_wait:.0%})")
+    comm = sum(t.share(t.sending_s + t.waiting_s) for t in times) / len(times)
+    if comm >= WAIT_SHARE:
+        return f"communication (the workers send or wait {comm:.0%} of their time)"
+    return f"compute, evenly (the workers send or wait {comm:.0%} of their time)"
+
+
+def time_table(runs: list[Run]) -> Table:
+    """Per run and worker: speed, inner steps, and seconds computing, sending and waiting."""
+    table = Table(title="time per worker (sums over the rounds of metrics.jsonl)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("run", "worker", "speed", "inner steps", "computing s", "sending s",
+                 "waiting s", "waiting"):
+        table.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    for run in runs:
+        for t in worker_times(run.rows):
+            table.add_row(run.name, str(t.worker), _num(t.speed, ".2f"),
+                          "-" if t.steps is None else str(t.steps), f"{t.computing_s:.2f}",
+                          f"{t.sending_s:.2f}", f"{t.waiting_s:.2f}",
+                          f"{t.share(t.waiting_s):.0%}")
+    return table
 
 
 # ---------------------------------------------------------------- the plot
@@ -334,7 +437,8 @@ def _dress(fig, by_round, by_time) -> None:
 
 _SUMMARY_ORDER = ("status", "error", "mode", "algorithm", "topology", "workers", "rounds",
                   "local_steps", "lambda2", "gamma", "final_eval_loss", "worker_eval_loss",
-                  "consensus_distance", "bytes_sent_total", "wall_s", "predicted_wall_s")
+                  "consensus_distance", "bytes_sent_total", "wall_s", "predicted_wall_s",
+                  "compute")
 
 
 def show_run(run: Run) -> RenderableType:
@@ -342,6 +446,9 @@ def show_run(run: Run) -> RenderableType:
     parts: list[RenderableType] = [Text(f"{run.label}  {run.path}", style="bold")]
     parts.extend(Text(f"! {w}", style="yellow") for w in run.warnings)
     parts.append(_summary_table(run))
+    if run.rows:
+        parts.append(time_table([run]))
+        parts.append(Text(f"bound by {bottleneck(worker_times(run.rows))}"))
     if run.links:
         parts.append(links_table(run.links))
     return Group(*parts)

@@ -4,10 +4,12 @@ and a rich ``Live`` view that redraws on a timer (used only on a TTY).
 Events are dicts, fed one at a time to ``DashboardState.update`` (O(1) work each, so feeding
 never slows training):
 
-    metric rows   as in metrics.jsonl (no 'kind', or kind='metric')
-    status rows   {kind: 'status', worker, state, peer, round, device, dropped, drop_reasons};
-                  state is one of computing, sending, waiting, done, failed; drop_reasons is
-                  the worker's cumulative {reason: count} of dropped data-plane messages
+    metric rows   as in metrics.jsonl (no 'kind', or kind='metric'); with the compute model's
+                  steps, speed, overruns and overrun_ratio where the worker reports them
+    status rows   {kind: 'status', worker, state, peer, round, device, dropped, drop_reasons,
+                  and optionally speed, round_steps, wait_share}; state is one of computing,
+                  sending, waiting, done, failed; drop_reasons is the worker's cumulative
+                  {reason: count} of dropped data-plane messages
     control drops {kind: 'control_drops', drops: {reason: count}} (the launcher's, cumulative)
     link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now}, ...]}
     warning rows  {kind: 'warning', text}
@@ -51,6 +53,8 @@ class Header:
     rounds: int = 1
     devices: tuple[str, ...] = ()
     tokens_per_step: int = 0  # batch_size * block_size: tokens one worker uses per inner step
+    compute: str = ""  # the compute model in words; empty when every worker runs at host speed
+    step_time_s: float = 0.0  # nominal step time at speed 1 (0: measured), to tell late phases
 
 
 def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
@@ -67,7 +71,18 @@ def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
         gamma=momentum_value(cfg.algo, topo),
         profile=cfg.net.bw_profile or "unshaped", shaper=shaper or cfg.net.shaper,
         workers=cfg.workers, rounds=cfg.run.rounds, devices=tuple(devices),
-        tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size)
+        tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size,
+        compute=compute_words(cfg.compute), step_time_s=cfg.compute.step_time_s)
+
+
+def compute_words(c) -> str:
+    """``compute.*`` in a few words for the header; empty for the default (host speed, fixed H)."""
+    parts = [c.profile] if c.profile else []
+    if c.step_time_s > 0:
+        parts.append(f"step {c.step_time_s:g} s")
+    if c.inner_budget_s > 0:
+        parts.append(f"budget {c.inner_budget_s:g} s")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------- snapshot (immutable)
@@ -82,6 +97,9 @@ class WorkerView:
     tokens_per_s: float | None = None
     state: str = "starting"
     peer: int | None = None
+    speed: float | None = None  # the compute model's speed (None: not reported)
+    round_steps: int | None = None  # inner steps of the last reported round
+    wait_share: float | None = None  # share of its time so far spent waiting for peers
 
 
 @dataclass(frozen=True)
@@ -126,7 +144,8 @@ class _Worker:
 
     __slots__ = ("rank", "device", "round", "step", "reported_step", "train_loss",
                  "tokens_per_s", "state", "peer", "last_seen", "wait_since", "dropped",
-                 "drop_reasons")
+                 "drop_reasons", "speed", "round_steps", "busy_s", "waited_s", "wait_share",
+                 "overruns", "worst_ratio")
 
     def __init__(self, rank: int, device: str):
         self.rank, self.device = rank, device
@@ -135,10 +154,14 @@ class _Worker:
         self.wait_since = None
         self.drop_reasons: dict[str, int] | None = None  # cumulative, from status rows
         self.state = "starting"
+        self.speed = self.round_steps = self.wait_share = None
+        self.busy_s = self.waited_s = self.worst_ratio = 0.0  # summed over metric rows
+        self.overruns = 0
 
     def view(self) -> WorkerView:
         return WorkerView(self.rank, self.device, self.round, self.step, self.train_loss,
-                          self.tokens_per_s, self.state, self.peer)
+                          self.tokens_per_s, self.state, self.peer, self.speed,
+                          self.round_steps, self.wait_share)
 
 
 class _RoundMeans:
@@ -232,6 +255,29 @@ class DashboardState:
         if row.get("eval_loss") is not None:
             self._eval.add(row["round"], row["eval_loss"], self._alive)
         self._extras(w, row)
+        self._compute(w, row)
+
+    def _compute(self, w: _Worker, row: dict) -> None:
+        """Speed, steps and the share of time waiting from a metric row; overruns warn."""
+        w.speed = row.get("speed", w.speed)
+        w.round_steps = row.get("steps", w.round_steps)
+        if fmt.finite(row.get("compute_s")) and fmt.finite(row.get("comm_s")):
+            w.busy_s += row["compute_s"] + row["comm_s"]
+            w.waited_s += row.get("wait_s") or 0.0
+            w.wait_share = min(1.0, w.waited_s / w.busy_s) if w.busy_s > 0 else None
+        if row.get("overruns"):
+            w.overruns += int(row["overruns"])
+            w.worst_ratio = max(w.worst_ratio, float(row.get("overrun_ratio") or 0.0))
+            self._warn(("overrun", w.rank), self._overrun_text(w, row))
+
+    def _overrun_text(self, w: _Worker, row: dict) -> str:
+        text = (f"worker {w.rank}: {w.overruns} inner step(s) slower than their nominal time "
+                f"so far (worst {w.worst_ratio:.2f}×)")
+        late_s = _late_s(row, self.header.step_time_s)
+        if late_s is None:
+            return text + "; later steps caught up"
+        return text + (f"; round {row['round'] + 1} ran {late_s:.2f} s late: the host is too "
+                       "slow for this compute.step_time_s")
 
     def _throughput(self, w: _Worker, row: dict) -> None:
         # steps since the last metric row: status rows may move w.step within a round
@@ -262,6 +308,10 @@ class DashboardState:
         w.step = w.step if row.get("step") is None else row["step"]
         if row.get("drop_reasons") is not None:
             w.drop_reasons = _counts(row["drop_reasons"])
+        for key, attr in (("speed", "speed"), ("round_steps", "round_steps"),
+                          ("wait_share", "wait_share")):
+            if row.get(key) is not None:
+                setattr(w, attr, row[key])
         if state == "failed" and before != "failed":
             self._alive = max(1, self._alive - 1)  # later rounds complete without it
             self._warn(("failed", w.rank), f"worker {w.rank} failed"
@@ -368,6 +418,18 @@ def _link_key(lk: LinkView) -> int:
     return lk.bytes
 
 
+def _late_s(row: dict, step_time_s: float) -> float | None:
+    """How much longer a round's inner phase took than its nominal time (over 1 % of it), or
+    None: paced steps catch up after a slow one, so only a late phase changes the timing."""
+    speed, steps, compute_s = row.get("speed"), row.get("steps"), row.get("compute_s")
+    if not (step_time_s > 0 and fmt.finite(speed) and speed > 0 and fmt.finite(compute_s)
+            and isinstance(steps, int)):
+        return None
+    nominal_s = steps * step_time_s / speed
+    late_s = compute_s - nominal_s
+    return late_s if late_s > 0.01 * nominal_s else None
+
+
 def _link_miss(view: LinkView, ok) -> str | None:
     """Why a link misses its target. Only overshoot is judged from the momentary rate: an idle
     link reads below its target without being wrong; an explicit ok=False covers the rest."""
@@ -436,7 +498,8 @@ def _header_text(snap: Snapshot) -> Text:
     text = Text()
     text.append(h.algorithm, style="bold")
     text.append(f" on {graph} · profile {h.profile} · shaper {h.shaper} · "
-                f"{h.workers} workers · round {done}/{h.rounds}\n")
+                + (f"compute {h.compute} · " if h.compute else "")
+                + f"{h.workers} workers · round {done}/{h.rounds}\n")
     text.append(f"elapsed {_duration(snap.elapsed_s)} · ETA {_duration(snap.eta_s)}"
                 + (f" · run clock {snap.clock_s:.2f}s" if snap.clock_s is not None else ""))
     return text
@@ -448,15 +511,27 @@ def _workers_table(snap: Snapshot, max_rows: int) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   caption=f"{hidden} more workers not shown (the furthest behind are)"
                   if hidden else None)
+    # the compute columns only when some worker reports its speed (older producers do not)
+    timed = any(w.speed is not None for w in snap.workers)
     for name, just in (("worker", "right"), ("device", "left"), ("round", "right"),
-                       ("step", "right"), ("train loss", "right"), ("tokens/s", "right"),
-                       ("state", "left")):
+                       ("step", "right"), *(_COMPUTE_COLUMNS if timed else ()),
+                       ("train loss", "right"), ("tokens/s", "right"), ("state", "left")):
         table.add_column(name, justify=just)
     for w in shown:
         table.add_row(str(w.rank), w.device or "-", f"{w.round}/{snap.header.rounds}",
-                      str(w.step), _loss(w.train_loss), fmt.count(w.tokens_per_s),
+                      str(w.step), *(_compute_cells(w) if timed else ()), _loss(w.train_loss),
+                      fmt.count(w.tokens_per_s),
                       Text(_state(w), style=_STATE_STYLE.get(w.state, "")))
     return table
+
+
+_COMPUTE_COLUMNS = (("speed", "right"), ("steps/round", "right"), ("waiting", "right"))
+
+
+def _compute_cells(w: WorkerView) -> tuple[str, str, str]:
+    return (f"{w.speed:.2f}" if fmt.finite(w.speed) else "-",
+            "-" if w.round_steps is None else str(w.round_steps),
+            f"{100 * w.wait_share:.0f} %" if fmt.finite(w.wait_share) else "-")
 
 
 def _workers_shown(workers: tuple[WorkerView, ...], max_rows: int) -> list[WorkerView]:

@@ -40,10 +40,22 @@ def _num(v) -> str:
 
 
 def summary_lines(summary: dict, record_path) -> list[str]:
-    """The two lines a finished run ends with: its headline numbers, and where its record is."""
+    """The lines a finished run ends with: its headline numbers, where its record is, and a
+    warning when inner steps overran their nominal time (the timing is then the host's)."""
     predicted = summary.get("predicted_wall_s")
     return [f"final eval loss {_num(summary.get('final_eval_loss'))}  "
             f"consensus {_num(summary.get('consensus_distance'))}  "
             f"wall {_num(summary.get('wall_s'))}s"
             + (f"  predicted wall {_num(predicted)}s" if predicted is not None else ""),
-            f"run record: {record_path}"]
+            f"run record: {record_path}"] + _overrun_lines(summary.get("compute"))
+
+
+def _overrun_lines(block) -> list[str]:
+    """One warning line when any worker overran (``compute.overruns`` of summary.json)."""
+    per_worker = block.get("overruns") if isinstance(block, dict) else None
+    if not isinstance(per_worker, list) or not any(finite(n) and n > 0 for n in per_worker):
+        return []
+    worst = max(range(len(per_worker)), key=lambda k: per_worker[k] or 0)
+    return [f"warning: {int(sum(n for n in per_worker if finite(n)))} inner steps took longer "
+            f"than their nominal time (most on worker {worst}: {per_worker[worst]}); "
+            "see overruns in metrics.jsonl"]

@@ -83,6 +83,7 @@ class WorkerSlot:
     final: dict | None = None
     theta: object = None
     status: dict = field(default_factory=dict)
+    overruns: int = 0  # paced inner steps that took longer than their nominal time
 
 
 class Supervisor:
@@ -217,7 +218,8 @@ class Supervisor:
             self.progress({"kind": "status", "worker": slot.rank, "device": self._label(slot),
                            "state": hb.state, "peer": hb.peer, "round": hb.round,
                            "step": hb.step, "dropped": hb.dropped,
-                           "drop_reasons": hb.drop_reasons})
+                           "drop_reasons": hb.drop_reasons, "speed": hb.speed,
+                           "round_steps": hb.round_steps, "wait_share": hb.wait_share})
 
     def _on_control(self, frames) -> None:
         """A message on the ROUTER: its identity frame names the sending worker's socket, and
@@ -252,6 +254,7 @@ class Supervisor:
 
     def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
         slot.round = msg.row["round"]
+        slot.overruns += msg.row.get("overruns", 0)
         self.rec.metric(msg.row)
         if self.progress is not None:
             self.progress(msg.row)
@@ -347,7 +350,8 @@ class Supervisor:
         sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
         out = final_summary(self.cfg, [s.theta for s in self.slots],
                             [s.final["eval_loss"] for s in self.slots],
-                            pre.corpus.eval_batches(), wall_s, sent, pre.topology)
+                            pre.corpus.eval_batches(), wall_s, sent, pre.topology,
+                            overruns=[s.overruns for s in self.slots])
         out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in self.slots)
         out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"]
                                       for s in self.slots})

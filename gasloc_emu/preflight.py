@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import momentum_warning
+from .compute import check as check_compute
 from .config import Config
 from .data import Corpus, build_corpus
 from .devices import simulator_device
@@ -32,6 +33,7 @@ def preflight(cfg: Config) -> Preflight:
     """Check ``cfg`` against everything a run needs; raises the first bad-input error."""
     topo = build_topology(cfg)
     check_network(cfg)
+    check_compute(cfg)  # speeds, profile file, budget vs. weighting: before anything runs
     shape_from_config(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)

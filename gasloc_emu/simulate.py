@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from . import compute, data
 from .config import Config
 from .devices import simulator_device, threads_per_worker
 from .records import RunRecord
@@ -50,6 +50,7 @@ def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
 
 def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str) -> dict:
     t_start = time.perf_counter()
+    compute.check(cfg)  # a bad compute profile fails before the record exists
     corpus = corpus or data.build_corpus(cfg)
     topo = build_topology(cfg)
     slots = cpu_slots(cfg)
@@ -60,7 +61,7 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
                 progress(row)
 
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit)
-        workers = [Worker(cfg, r, _transport(cfg, hub, r), corpus, device, topo)
+        workers = [Worker(cfg, r, _transport(cfg, hub, r), corpus, device, topo, pace=False)
                    for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
                                     args=(w, hub, cfg.run.rounds), daemon=True)
@@ -81,12 +82,18 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
             rec.summary(_failure(hub.error))
             raise hub.error
         summary = finish(cfg, workers, time.perf_counter() - t_start)
-        if link_model is not None:
+        if predicts_wall(cfg, link_model):
             summary["predicted_wall_s"] = hub.clock.now_s
             summary["cpu_slots"] = slots
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
+
+
+def predicts_wall(cfg: Config, link_model: LinkModel | None) -> bool:
+    """Whether the virtual clock's end is a prediction of ``run``'s wall-clock: with modelled
+    links, or with nominal step times (unshaped transfers are then taken as instant)."""
+    return link_model is not None or cfg.compute.step_time_s > 0
 
 
 def cpu_slots(cfg: Config) -> float:
@@ -143,4 +150,5 @@ def finish(cfg: Config, workers: list[Worker], wall_s: float) -> dict:
     sent = sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers)
     last = cfg.run.rounds - 1
     return final_summary(cfg, [w.theta for w in workers], [w.evaluate(last) for w in workers],
-                         workers[0].eval_set, wall_s, sent, workers[0].topology)
+                         workers[0].eval_set, wall_s, sent, workers[0].topology,
+                         overruns=[w.overruns for w in workers])

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from . import algorithms, data, model, topology
+from . import algorithms, compute, data, model, topology
 from .config import Config
 
 
@@ -24,8 +24,13 @@ def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, flo
 
 
 def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
-                  wall_s: float, bytes_sent: int, topo: topology.Topology | None) -> dict:
-    """The summary every run record ends with; the average model is evaluated on the CPU."""
+                  wall_s: float, bytes_sent: int, topo: topology.Topology | None,
+                  overruns: list[int] | None = None) -> dict:
+    """The summary every run record ends with; the average model is evaluated on the CPU.
+
+    ``overruns``: per worker, the inner steps slower than their nominal time (None where the
+    caller did not collect them)."""
+    steps = compute.step_counts(cfg)
     avg, consensus = average_and_consensus(thetas)
     gpt, flat = model.build_model(cfg.model, cfg.seed, "cpu")
     with torch.no_grad():
@@ -34,7 +39,8 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         "status": "ok", "algorithm": cfg.algo.name,
         "topology": "ring-allreduce" if topo is None else cfg.topology.name,
         "workers": cfg.workers, "rounds": cfg.run.rounds,
-        "local_steps": [cfg.algo.steps_for(r) for r in range(cfg.workers)],
+        # H_i per round; None when a budget is filled with measured steps (see metrics.jsonl)
+        "local_steps": None if steps is None else list(steps),
         "lambda2": None if topo is None else topo.lambda2,
         "gamma": algorithms.momentum_value(cfg.algo, topo)
         if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
@@ -46,6 +52,7 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         # the launcher replaces these with what its workers and its control plane dropped; the
         # simulator has no wire, so nothing can be dropped there
         "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
+        "compute": compute.record(cfg, overruns),
     }
 
 

@@ -13,6 +13,10 @@ replays those reports as a discrete-event simulation:
   second, where ``slots`` = cores / threads per worker. This is what the emulator's processes
   see when there are fewer cores than workers: a worker that waits on a slow link leaves its
   share to the others, so charging every worker the full contention would over-predict gossip.
+- a *dedicated* compute (a nominal step time, ``compute.step_time_s`` > 0) runs on the worker's
+  own emulated device: it progresses at rate 1 whatever else computes, and takes no share from
+  the others. The emulator sleeps each step to its nominal time, so as long as the host keeps
+  up (no overruns) nothing else changes its duration.
 
 The replay is conservative: it only moves past a time when every worker's next step at that time
 is known, so it lags the threads a little and emits each round's row (with ``time_s``,
@@ -34,6 +38,7 @@ _READY, _COMPUTING, _WAITING, _DONE = "ready", "computing", "waiting", "done"
 @dataclass(frozen=True)
 class Compute:
     work_s: float  # seconds this compute took with the machine to itself
+    dedicated: bool = False  # on the worker's own emulated device: never shared, never slowed
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class _Lane:
     ops: deque
     state: str = _READY
     remaining_s: float = 0.0  # work left in the current compute
+    dedicated: bool = False  # the current compute progresses at rate 1 (see ``Compute``)
     wake_s: float | None = None  # when a waiting worker's message arrives, once it is sent
     waiting_key: tuple | None = None
     waiting_since_s: float = 0.0
@@ -128,7 +134,7 @@ class VirtualClock:
     def _apply(self, rank: int, lane: _Lane, op) -> None:
         if isinstance(op, Compute):
             if op.work_s > 0:
-                lane.state, lane.remaining_s = _COMPUTING, op.work_s
+                lane.state, lane.remaining_s, lane.dedicated = _COMPUTING, op.work_s, op.dedicated
             else:
                 lane.compute_end_s = self.now_s
         elif isinstance(op, Send):
@@ -171,23 +177,25 @@ class VirtualClock:
             self.emit(row)
 
     def _rate(self) -> float:
-        """Seconds of work per second for each computing worker: cores shared fairly."""
-        k = sum(lane.state == _COMPUTING for lane in self.lanes)
+        """Seconds of work per second for each worker computing on the host: cores shared
+        fairly among them (dedicated computes neither share nor count)."""
+        k = sum(lane.state == _COMPUTING and not lane.dedicated for lane in self.lanes)
         return min(1.0, self.slots / k) if k else 1.0
 
     def _next_event_s(self) -> float | None:
-        rate, times = self._rate(), []
+        shared, times = self._rate(), []
         for lane in self.lanes:
             if lane.state == _COMPUTING:
-                times.append(self.now_s + lane.remaining_s / rate)
+                times.append(self.now_s + lane.remaining_s / _lane_rate(lane, shared))
             elif lane.state == _WAITING and lane.wake_s is not None:
                 times.append(lane.wake_s)
         return min(times) if times else None
 
     def _step_to(self, t_s: float) -> None:
-        rate, dt = self._rate(), t_s - self.now_s
+        shared, dt = self._rate(), t_s - self.now_s
         for lane in self.lanes:
             if lane.state == _COMPUTING:
+                rate = _lane_rate(lane, shared)
                 # the same expression as in _next_event_s, so the earliest finisher is exact
                 if self.now_s + lane.remaining_s / rate <= t_s:
                     lane.state, lane.remaining_s, lane.compute_end_s = _READY, 0.0, t_s
@@ -197,6 +205,10 @@ class VirtualClock:
                 lane.wait_total_s += lane.wake_s - lane.waiting_since_s
                 lane.state, lane.wake_s = _READY, None
         self.now_s = t_s
+
+
+def _lane_rate(lane: _Lane, shared: float) -> float:
+    return 1.0 if lane.dedicated else shared
 
 
 def slots_for(cores: int, threads_per_worker: int) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import algorithms, data, model, topology
+from . import algorithms, compute, data, model, topology
 from .config import Config
 
 
@@ -40,12 +40,16 @@ class RoundStats:
     round: int
     step: int
     train_loss: float
-    compute_s: float
+    compute_s: float  # emulated compute seconds of the inner phase (its speed and pacing included)
     comm_s: float
     wait_s: float
     bytes_sent: int
     bytes_recv: int
     peers: list[int] = field(default_factory=list)
+    steps: int = 0  # inner steps this round (H_i; fewer for a slow worker under a budget)
+    speed: float = 1.0
+    overruns: int = 0  # steps whose real time exceeded their nominal time (step_time_s > 0)
+    overrun_ratio: float = 0.0  # the round's worst real / nominal step time; 0 when measured
     eval_loss: float | None = None
 
     def as_dict(self) -> dict:
@@ -56,43 +60,63 @@ class RoundStats:
 
 
 class Worker:
+    """``pace``: sleep so that each inner phase keeps the compute model's schedule (an emulator
+    process); False in the simulator, whose virtual clock is told the emulated time instead."""
+
     def __init__(self, cfg: Config, rank: int, transport, corpus: data.Corpus,
-                 device: str | torch.device = "cpu", topo: topology.Topology | None = None):
+                 device: str | torch.device = "cpu", topo: topology.Topology | None = None,
+                 *, pace: bool = True):
         self.cfg, self.rank, self.transport, self.device = cfg, rank, transport, device
+        self.compute = compute.models(cfg)[rank]
+        self.sleep = time.sleep if pace else None
         self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
         self.opt = make_optimizer(self.gpt, cfg.algo.inner)
         self.shard = corpus.shard(rank)
         self.eval_set = corpus.eval_batches()
         self.topology = topo if topo is not None else topology.build_topology(cfg)
-        self.algo = algorithms.make(cfg.algo, rank, transport, self.topology)
+        self.algo = algorithms.make(cfg.algo, rank, transport, self.topology,
+                                    weight=compute.pseudo_grad_weight(cfg, rank))
         self.algo.begin(self.theta)
-        self.steps_per_round = cfg.algo.steps_for(rank)
+        self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
         self.step = 0
+        self.overruns = 0  # over the whole run, for the record's compute block
 
-    def inner_phase(self) -> float:
-        """H steps of AdamW on this worker's shard; the mean training loss (NaN if H = 0)."""
+    def inner_phase(self) -> tuple[float, compute.InnerPhase]:
+        """AdamW steps on this worker's shard, as many as the compute model says; the mean
+        training loss (NaN with no step) and the phase's timing."""
         losses = []
-        clip = self.cfg.algo.inner.grad_clip
-        for _ in range(self.steps_per_round):
-            x, y = self.shard.batch(self.device)
-            _, loss = self.gpt(x, y)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), clip)
-            self.opt.step()
-            losses.append(loss.detach())
-            self.step += 1
-        return torch.stack(losses).mean().item() if losses else math.nan
+        phase = compute.InnerPhase(self.compute, self.steps_per_round, time.perf_counter,
+                                   self.sleep)
+        while phase.another():
+            losses.append(self._step())
+            if not self.compute.at_host_speed:
+                _sync(self.device)  # the step's time must include its kernels
+            phase.step_done()
+        self.overruns += phase.overruns
+        return (torch.stack(losses).mean().item() if losses else math.nan), phase
+
+    def _step(self) -> torch.Tensor:
+        """One AdamW step on the next batch of the shard; its loss (not synchronised)."""
+        x, y = self.shard.batch(self.device)
+        _, loss = self.gpt(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.algo.inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), self.cfg.algo.inner.grad_clip)
+        self.opt.step()
+        self.step += 1
+        return loss.detach()
 
     def run_round(self, round_idx: int, on_compute_done=None) -> RoundStats:
-        """One outer round: inner phase, then the algorithm's communication and outer step."""
+        """One outer round: inner phase, then the algorithm's communication and outer step.
+
+        ``on_compute_done(seconds, nominal)`` is called between the two with the phase's compute
+        time, and whether it is nominal (it then takes that long whatever else runs)."""
         before = self.transport.counters()
-        t0 = time.perf_counter()
-        train_loss = self.inner_phase()
-        t1 = time.perf_counter()
+        train_loss, phase = self.inner_phase()
+        compute_s = phase.elapsed_s()
         if on_compute_done is not None:
-            on_compute_done(t1 - t0)
+            on_compute_done(compute_s, self.compute.nominal)
         c1 = self.transport.clock()
         self.algo.outer_step(round_idx, self.theta)
         comm_s = self.transport.clock() - c1
@@ -100,10 +124,11 @@ class Worker:
         after = self.transport.counters()
         return RoundStats(
             worker=self.rank, round=round_idx, step=self.step, train_loss=train_loss,
-            compute_s=t1 - t0, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
+            compute_s=compute_s, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
             bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]),
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
-            peers=self.algo.peers(round_idx))
+            peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
+            overruns=phase.overruns, overrun_ratio=phase.worst_ratio)
 
     def check_finite(self, round_idx: int, loss: float) -> None:
         """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour
@@ -124,6 +149,12 @@ class Worker:
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every
         return every > 0 and (round_idx + 1) % every == 0
+
+
+def _sync(device) -> None:
+    """Wait for a GPU's queued kernels; a no-op on the CPU, where they ran already."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _total(per_peer: dict) -> int:

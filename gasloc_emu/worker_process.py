@@ -80,6 +80,20 @@ class WorkerState:
     step: int = 0
     phase: str = "starting"  # starting, computing, communicating, evaluating, done
     transport: object = None  # the ZmqTransport once built: who we wait for, bytes per peer
+    speed: float | None = None  # the compute model's speed of this worker, once training
+    round_steps: int | None = None  # inner steps of the last finished round
+    busy_s: float = 0.0  # compute + communication seconds of the finished rounds
+    waited_s: float = 0.0  # of which waiting for peers
+
+    def finished_round(self, stats) -> None:
+        """Take in a finished round's ``RoundStats``: its steps and where its time went."""
+        self.step, self.round_steps = stats.step, stats.steps
+        self.busy_s += stats.compute_s + stats.comm_s
+        self.waited_s += stats.wait_s
+
+    def wait_share(self) -> float | None:
+        """The share of the finished rounds' time spent waiting for peers; None before one."""
+        return min(1.0, self.waited_s / self.busy_s) if self.busy_s > 0 else None
 
     def status(self) -> dict:
         tp = self.transport
@@ -92,7 +106,9 @@ class WorkerState:
         # reasons, so the two agree even while the training thread drops another message
         reasons = dict(tp.counters().get("drop_reasons", {})) if tp is not None else {}
         return {"round": self.round, "step": self.step, "state": phase, "peer": peer,
-                "sent": sent, "dropped": sum(reasons.values()), "drop_reasons": reasons}
+                "sent": sent, "dropped": sum(reasons.values()), "drop_reasons": reasons,
+                "speed": self.speed, "round_steps": self.round_steps,
+                "wait_share": self.wait_share()}
 
 
 def main(argv: list[str]) -> int:
@@ -190,12 +206,13 @@ class WorkerProcess:
     def train(self, t0: float) -> None:
         """Every round, then one metrics row for the launcher; returns early when told to stop."""
         worker, state = self.worker, self.state
+        state.speed = worker.compute.speed
         for t in range(self.cfg.run.rounds):
             if self.ctl.poll_stop():
                 return
             state.round, state.phase = t, "computing"
             stats = worker.run_round(t, on_compute_done=self._communicating)
-            state.step = worker.step
+            state.finished_round(stats)
             if worker.should_eval(t):
                 state.phase = "evaluating"
                 stats.eval_loss = worker.evaluate(t)
@@ -203,7 +220,7 @@ class WorkerProcess:
                                      "dropped": self.transport.counters()["dropped"]}
             self.ctl.send({"type": "metric", "row": row})
 
-    def _communicating(self, compute_s: float) -> None:
+    def _communicating(self, compute_s: float, nominal: bool = False) -> None:
         self.state.phase = "communicating"
 
     def report(self) -> None:

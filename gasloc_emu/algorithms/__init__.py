@@ -34,11 +34,14 @@ def momentum_warning(cfg) -> str | None:
     return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
             f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
 
-def make(acfg, rank: int, transport: Transport, topology: Topology | None) -> OuterAlgorithm:
+def make(acfg, rank: int, transport: Transport, topology: Topology | None,
+         weight: float = 1.0) -> OuterAlgorithm:
+    """``weight``: what DiLoCo multiplies this worker's pseudo-gradient by before the mean
+    (``compute.pseudo_grad_weight``); gossip algorithms mix by W alone and ignore it."""
     if acfg.name == "gasloc":
         return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology))
     if acfg.name == "diloco":
-        return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None))
+        return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight)
     if acfg.name == "dsgd":
         return DSGD(rank, transport, topology)
     if acfg.name == "local-gossip":

@@ -2,11 +2,16 @@
 
 Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models" (2023).
 The outer step is torch.optim.SGD(lr, momentum, nesterov=True) written out on flat tensors:
-    delta = mean_i (theta - theta_i^+)     (a real ring All-Reduce over the transport)
+    delta = mean_i w_i (theta - theta_i^+) (a real ring All-Reduce over the transport)
     buf = mu * buf + delta                 (buf = delta on the first round)
     theta <- theta - lr * (delta + mu * buf)
+w_i = 1 is DiLoCo's plain mean (``algo.pseudo_grad_mean = plain``); with ``steps``,
+w_i = n * H_i / sum_j H_j, so the mean weights each worker's drift by its share of the round's
+inner steps (docs/ALGORITHM.md, "Unequal H_i").
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,14 +22,20 @@ from .base import OuterAlgorithm
 class DiLoCo(OuterAlgorithm):
     name = "diloco"
 
-    def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float):
+    def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
+                 weight: float = 1.0):
         super().__init__(rank, transport, None)
-        self.lr, self.mu = outer_lr, momentum
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight = {weight!r} is out of range; expected a finite number > 0")
+        self.lr, self.mu, self.weight = outer_lr, momentum, weight
         self.buf: torch.Tensor | None = None
 
     @torch.no_grad()
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
-        delta = self.transport.all_reduce_mean(round_idx, self.anchor - theta)
+        drift = self.anchor - theta
+        if self.weight != 1.0:  # the plain mean stays bit for bit what it was
+            drift.mul_(self.weight)
+        delta = self.transport.all_reduce_mean(round_idx, drift)
         if self.buf is None:
             self.buf = delta.clone()
         else:

@@ -6,7 +6,9 @@ A Unix socket path reaches across network namespaces and is never shaped, so con
     launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error;
                                                               start, stop, exit
     launcher PULL    <-  worker PUSH (heartbeat thread): hb {worker, round, step, state, peer,
-                                                            sent, dropped, drop_reasons}
+                                                            sent, dropped, drop_reasons;
+                                                            optional: speed, round_steps,
+                                                            wait_share}
 
 Every message is msgpack; final parameters travel as one extra raw frame. No pickle.
 
@@ -104,17 +106,24 @@ class Heartbeat:
     sent: dict[int, int]     # bytes sent per peer
     dropped: int
     drop_reasons: dict[str, int]
+    # the compute model's view (absent from older workers): the worker's speed, the inner steps
+    # of its last round, and the share of its time so far spent waiting for peers
+    speed: float | None = None
+    round_steps: int | None = None
+    wait_share: float | None = None
 
     @classmethod
     def from_wire(cls, wire: dict, expect: Expect) -> Heartbeat:
         _fields(wire, "hb", ("type", "worker", "round", "step", "state", "peer", "sent",
-                             "dropped", "drop_reasons"))
+                             "dropped", "drop_reasons"), tuple(_HB_OPTIONAL))
         worker = _worker(wire, "hb", expect)
         dropped, reasons = _drops("hb", wire["dropped"], wire["drop_reasons"])
+        extra = {name: check(f"hb.{name}", wire[name])
+                 for name, check in _HB_OPTIONAL.items() if wire.get(name) is not None}
         return cls(worker, _int("hb.round", wire["round"], -1, expect.rounds - 1),
                    _int("hb.step", wire["step"], 0), _choice("hb.state", wire["state"], STATES),
                    _peer("hb.peer", wire["peer"], worker, expect),
-                   _peer_counts("hb.sent", wire["sent"], expect), dropped, reasons)
+                   _peer_counts("hb.sent", wire["sent"], expect), dropped, reasons, **extra)
 
 
 @dataclass(frozen=True)
@@ -339,7 +348,31 @@ def _where(reason: str, value, expect: Expect) -> dict:
             "round": _int(reason, value["round"], 0, expect.rounds - 1)}
 
 
-# a metrics row: field -> check(reason, value, expect); eval_loss only in evaluated rounds
+def _speed(reason: str, value) -> float:
+    """A worker's speed: a number in (0, 1]."""
+    speed = _float(reason, value, 0.0)
+    if not 0.0 < speed <= 1.0:
+        raise ControlError(reason, f"{_show(value)} is not a speed in (0, 1]")
+    return speed
+
+
+def _share(reason: str, value) -> float:
+    """A fraction of time: a number in [0, 1]."""
+    share = _float(reason, value, 0.0)
+    if share > 1.0:
+        raise ControlError(reason, f"{_show(value)} is not a share in [0, 1]")
+    return share
+
+
+# the heartbeat's optional fields: field -> check(reason, value)
+_HB_OPTIONAL = {
+    "speed": _speed,
+    "round_steps": lambda r, v: _int(r, v, 0),
+    "wait_share": _share,
+}
+
+# a metrics row: field -> check(reason, value, expect); eval_loss only in evaluated rounds, the
+# compute model's fields (steps, speed, overruns, overrun_ratio) absent from older workers
 _ROW = {
     "worker": lambda r, v, e: _int(r, v, 0, e.workers - 1),
     "round": lambda r, v, e: _int(r, v, 0, e.rounds - 1),
@@ -354,8 +387,12 @@ _ROW = {
     "time_s": lambda r, v, e: _float(r, v),
     "dropped": lambda r, v, e: _int(r, v, 0),
     "eval_loss": lambda r, v, e: _float(r, v),
+    "steps": lambda r, v, e: _int(r, v, 0),
+    "speed": lambda r, v, e: _speed(r, v),
+    "overruns": lambda r, v, e: _int(r, v, 0),
+    "overrun_ratio": lambda r, v, e: _float(r, v, 0.0),
 }
-_ROW_OPTIONAL = ("eval_loss",)
+_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio")
 
 
 def _row(value, worker: int, expect: Expect) -> dict:

@@ -114,10 +114,12 @@ class InMemoryTransport(TransportBase):
         when it emits the row (``end_round``), not from differences of this."""
         return self.hub.clock.now_s
 
-    def advance(self, seconds: float) -> None:
-        """Report measured compute time (seconds with the machine to itself) to the clock."""
+    def advance(self, seconds: float, dedicated: bool = False) -> None:
+        """Report compute time to the clock: measured (seconds with the machine to itself,
+        shared with the others computing at once), or ``dedicated`` (a nominal time, on the
+        worker's own emulated device)."""
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Compute(seconds))
+            self.hub.clock.report(self.rank, Compute(seconds, dedicated))
 
     def end_round(self, row: dict) -> None:
         """Hand a finished round's row to the clock, which emits it with its virtual times."""

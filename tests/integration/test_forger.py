@@ -26,7 +26,7 @@ from gasloc_emu.transport import auth
 
 pytestmark = pytest.mark.integration
 
-WORKERS, ROUNDS = 2, 400  # about 20 s of training: the forger acts while it runs
+WORKERS, ROUNDS = 2, 250  # about 12 s of training: the forger acts while it runs
 BASE = ["--workers", str(WORKERS), "--model", "tiny", "-H", "2", "-R", str(ROUNDS), "--seed", "5",
         "--algo", "gasloc", "--topology", "ring", "--no-dashboard",
         "--set", "data.max_corpus_mb=0.5", "--set", "data.eval_batches=1"]

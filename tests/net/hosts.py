@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from netem.commands import NetTopology, topology_commands
 from netem.namespaces import (
@@ -77,8 +78,8 @@ def main(argv: list[str]) -> int:
     left = {ns: _netns_pids(ns) for ns in topo.namespaces()}
     nodes = [{"rc": ended[i][0], "seconds": ended[i][1] - t0,
               "after_kill_s": None if killed_at is None else ended[i][1] - killed_at,
-              "out": open(os.path.join(log_dir, f"node{i}.out")).read()[-4000:],
-              "err": open(os.path.join(log_dir, f"node{i}.err")).read()[-4000:]}
+              "out": Path(log_dir, f"node{i}.out").read_text()[-4000:],
+              "err": Path(log_dir, f"node{i}.err").read_text()[-4000:]}
              for i in range(len(procs))]
     print("RESULT " + json.dumps({"nodes": nodes, "left": {k: v for k, v in left.items() if v},
                                   "addrs": [host_addr(k) for k in range(args["hosts"])]}),

@@ -1,0 +1,79 @@
+"""The compute model's prediction against the emulator: uniform, straggler and lognormal speeds.
+
+    python benchmarks/bench_compute.py [--step-time-s 0.1]
+
+One fixed configuration (4 workers, tiny model, H = 5, 3 rounds, nominal step time, links at
+1 Gbit/s) under three compute profiles, for GASLoC on matchings and for DiLoCo. For each: the
+simulator's predicted wall-clock (its virtual clock at the end of the last round), the
+emulator's measured one (its run clock at the end of the last round, and its whole wall_s up to
+the final evaluation), their ratio, and the inner steps that overran their nominal time in the
+emulator (a step time too short for this host shows there first).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROFILES = ("uniform", "straggler", "lognormal")
+ALGOS = {"gasloc-matching": ["--algo", "gasloc", "--topology", "matching"],
+         "diloco": ["--algo", "diloco"]}
+
+
+def cli(*args: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args, "--no-dashboard"],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise SystemExit(f"gasloc-emu {' '.join(args)} failed:\n{res.stderr}")
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def last_round_end(run_dir: Path) -> float:
+    return max(r["time_s"] for r in rows(run_dir))
+
+
+def measure(tmp: Path, name: str, args: list[str]) -> dict:
+    """Simulate and run one configuration; predicted and measured seconds, overruns."""
+    sim, run = tmp / f"{name}-sim", tmp / f"{name}-run"
+    cli("simulate", *args, "--out", str(sim))
+    cli("run", *args, "--no-probe", "--out", str(run))
+    return {"predicted": summary(sim)["predicted_wall_s"], "clock": last_round_end(run),
+            "wall": summary(run)["wall_s"], "overruns": sum(r["overruns"] for r in rows(run)),
+            "speeds": summary(sim)["compute"]["speeds"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--step-time-s", type=float, default=0.1,
+                    help="nominal step time at speed 1 (default 0.1)")
+    step = ap.parse_args().step_time_s
+    common = ["--workers", "4", "--model", "tiny", "--local-steps", "5", "--rounds", "3",
+              "--seed", "0", "--step-time-s", str(step), "--bw-profile", "uniform",
+              "--rate-mbit", "1000", "--set", "data.max_corpus_mb=1"]
+    print(f"4 workers, tiny model, H = 5, 3 rounds, step {step:g} s at speed 1, links 1 Gbit/s; "
+          "predicted = simulate's virtual clock, measured = run's clock at the last round")
+    print(f"{'arm':>16} {'profile':>10} {'speeds':>24} {'predicted s':>12} {'measured s':>11} "
+          f"{'ratio':>6} {'wall_s':>7} {'overruns':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm, algo in ALGOS.items():
+            for profile in PROFILES:
+                m = measure(Path(tmp), f"{arm}-{profile}",
+                            [*common, *algo, "--compute-profile", profile])
+                speeds = " ".join(f"{v:.2f}" for v in m["speeds"])
+                print(f"{arm:>16} {profile:>10} {speeds:>24} {m['predicted']:12.2f} "
+                      f"{m['clock']:11.2f} {m['clock'] / m['predicted']:6.3f} {m['wall']:7.2f} "
+                      f"{m['overruns']:9d}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
