@@ -162,7 +162,7 @@ def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
     assert result["left"] == {}, result["left"]
 
 
-@pytest.mark.parametrize("shaper", ["tc", "userspace"])
+@pytest.mark.parametrize("shaper", ["tc", pytest.param("userspace", marks=slow)])
 def test_shaped_cross_host_run(hosts, tmp_path, shaper):
     """8 Mbit/s links, 2 hosts: the run takes at least what its busiest link needs, and its
     losses are simulate's."""
