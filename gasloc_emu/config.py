@@ -382,14 +382,16 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def load_toml(path: str | Path) -> dict:
+def load_toml(path: str | Path, what: str = "config file",
+              error: type[ConfigError] = ConfigError) -> dict:
+    """A TOML file's table; a missing or unparsable file is one ``error`` naming ``what``."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+        raise error(f"{what} {str(p)!r} does not exist")
     try:
         return tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+        raise error(f"{what} {str(p)!r} is not valid TOML: {exc}") from None
 
 
 def resolve(file: str | Path | None = None, overrides: dict[str, Any] | None = None,

@@ -74,7 +74,6 @@ import dataclasses
 import heapq
 import itertools
 import math
-import sys
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,12 +82,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from netem.profiles import LATENCY_RANGE_MS, LOSS_RANGE_PCT, RATE_RANGE_MBIT
 
-from .config import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
+from .config import ConfigError, load_toml
 
 LINK_SOURCES = ("scenario", "trace", "restore")   # where a LinkEvent comes from
 TRACE_COLUMNS = ("time_s", "src", "dst", "rate_mbit")
@@ -636,12 +630,7 @@ def load_scenario(path: str | Path, workers: int, rounds: int) -> Scenario:
 
 
 def _read_toml(p: Path) -> dict:
-    if not p.is_file():
-        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"scenario file {str(p)!r} is not valid TOML: {exc}") from None
+    return load_toml(p, "scenario file", ScenarioError)
 
 
 def _event_tables(source: str, data: dict) -> list:
