@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,7 +15,7 @@ from netem.probe import probe_links
 
 from . import exitcodes
 from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
-from .config import Config
+from .config import Config, ConfigError
 from .dashboard import LiveView, header_from_config
 from .devices import simulator_device
 from .fmt import summary_lines
@@ -27,18 +28,22 @@ from .topology import Topology, build_topology
 class RoundPrinter:
     """Plain progress: one line per completed round (all workers reported), for logs and pipes."""
 
-    def __init__(self, workers: int, rounds: int, echo=click.echo):
+    def __init__(self, workers: int, rounds: int, echo=click.echo,
+                 alive: Callable[[int], int] | None = None):
+        """``alive(t)``: how many workers report round t (a scenario's departures and joins
+        change it); default: all of them."""
         self.workers, self.rounds, self.echo = workers, rounds, echo
+        self.alive = alive or (lambda t: workers)
         self.rows: dict[int, list[dict]] = defaultdict(list)
 
     def __call__(self, row: dict) -> None:
         if row.get("kind"):  # status, links, warnings: only the dashboard shows them
-            if row["kind"] == "warning":
-                self.echo(f"warning: {row['text']}")
+            if row["kind"] in ("warning", "event"):
+                self.echo(f"{row['kind']}: {row['text']}")
             return
         rows = self.rows[row["round"]]
         rows.append(row)
-        if len(rows) == self.workers:
+        if len(rows) == self.alive(row["round"]):
             self.echo(format_round(self.rows.pop(row["round"]), self.rounds))
 
     def __enter__(self) -> RoundPrinter:  # used like the live dashboard
@@ -107,7 +112,18 @@ def make_progress(cfg: Config, devices=(), shaper: str | None = None):
     """The live dashboard on a TTY (unless switched off), else one plain line per round."""
     if use_dashboard(cfg):
         return LiveView(header_from_config(cfg, devices=devices, shaper=shaper))
-    return RoundPrinter(cfg.workers, cfg.run.rounds)
+    return RoundPrinter(cfg.workers, cfg.run.rounds, alive=_alive_counts(cfg))
+
+
+def _alive_counts(cfg: Config) -> Callable[[int], int] | None:
+    """How many workers take part in each round, when a scenario changes it."""
+    from .topology import build_topology
+    from .world import from_config
+    world = from_config(cfg, build_topology(cfg))
+    if world is None or not world.churns:
+        return None
+    counts = [len(world.alive(t)) for t in range(cfg.run.rounds)]
+    return counts.__getitem__
 
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False,
@@ -131,6 +147,9 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
         click.echo(describe_role(cfg, role))
         return exitcodes.OK
     pre = _preflight(cfg)
+    if pre.world is not None and pre.world.churns:
+        raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
+                          "support yet; run it on one host, or drop the leave and join events")
     path = new_run_dir(cfg, out, overwrite) if role.is_master else None
     factory = (lambda labels, shaper: make_progress(cfg, labels, shaper)) \
         if role.is_master else None

@@ -92,6 +92,8 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--compute-profile", "compute.profile"),
     ("--step-time-s", "compute.step_time_s"),
     ("--inner-budget-s", "compute.inner_budget_s"),
+    ("--scenario", "run.scenario"),
+    ("--link-trace", "net.link_trace"),
 )
 # Rows only `run` has: probing needs real links, which simulate and config never build.
 RUN_FLAGS: tuple[tuple[str, ...], ...] = (

@@ -215,6 +215,9 @@ class NetConfig(_Validated):
     probe: bool = setting(True, "Measure every link training uses before it starts (shaped "
                                 "runs); configured vs measured goes into links.json.")
     mtu: int = setting(1500, "MTU of the emulated links.", lo=576, hi=65535)
+    link_trace: str = setting("", "Link trace (CSV: time_s,src,dst,rate_mbit[,latency_ms]) "
+                                  "replayed over the run: measured bandwidth over time; empty: "
+                                  "none.")
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,17 @@ class ExecConfig(_Validated):
                                     "on one host, curve across hosts), plain (ZAP PLAIN: "
                                     "authenticated, no per-message cost), curve (authenticated "
                                     "and encrypted).", choices=("auto", "plain", "curve"))
+    scenario: str = setting("", "Scenario file (TOML): a timeline of link, partition, speed, "
+                                "pause, leave and join events (docs/NETWORK.md, \"Scenarios\"); "
+                                "empty: nothing changes during the run.")
+    on_worker_loss: str = setting("auto", "What a lost worker does to the run: continue (the "
+                                          "others carry on without it), fail (the run ends), "
+                                          "auto (continue for departures the scenario declares, "
+                                          "fail for any other death).",
+                                  choices=("auto", "continue", "fail"))
+    failure_detect_s: float = setting(2.0, "Seconds a departed worker's peers spend noticing "
+                                           "it is gone (a heartbeat timeout) before mixing "
+                                           "without it.", lo=0.0, hi=3600.0)
 
 
 # The named compute profiles; gasloc_emu.compute.NAMED is the list it builds (a unit test keeps

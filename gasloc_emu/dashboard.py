@@ -13,6 +13,7 @@ never slows training):
     control drops {kind: 'control_drops', drops: {reason: count}} (the launcher's, cumulative)
     link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now}, ...]}
     warning rows  {kind: 'warning', text}
+    event rows    {kind: 'event', text} (a scenario's event fired; shown with the warnings)
     summary row   {kind: 'summary', ...summary.json keys} (final consensus and eval loss)
 
 ``render(state.snapshot(now))`` is a pure function of the snapshot, so it is tested against
@@ -213,6 +214,7 @@ class DashboardState:
         self._reports, self._last_report = 0, self.start
         self._clock_s = self._consensus = self._final_eval = None
         self._control_drops: dict[str, int] = {}
+        self._events = 0  # scenario events shown so far (each keeps its own line)
 
     # ---- feeding
 
@@ -330,6 +332,10 @@ class DashboardState:
         text = str(row.get("text", ""))
         self._warn(("text", text), text)
 
+    def _on_event(self, row: dict, now: float) -> None:
+        self._events += 1
+        self._warn(("event", self._events), "event: " + str(row["text"]))
+
     def _on_control_drops(self, row: dict, now: float) -> None:
         self._control_drops = _counts(row["drops"])
 
@@ -405,6 +411,7 @@ class DashboardState:
 
 
 _HANDLERS = {"metric": DashboardState._on_metric, "status": DashboardState._on_status,
+             "event": DashboardState._on_event,
              "links": DashboardState._on_links, "warning": DashboardState._on_warning,
              "summary": DashboardState._on_summary,
              "control_drops": DashboardState._on_control_drops}

@@ -31,6 +31,7 @@ from .netplan import open_network, used_pairs
 from .preflight import Preflight
 from .summary import drops_summary, final_summary
 from .transport import auth, control
+from .world import event_feed, membership_summary
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
@@ -84,6 +85,7 @@ class WorkerSlot:
     theta: object = None
     status: dict = field(default_factory=dict)
     overruns: int = 0  # paced inner steps that took longer than their nominal time
+    gone: bool = False  # left for good, as its scenario says: no final, no supervision
 
 
 class Supervisor:
@@ -113,6 +115,8 @@ class Supervisor:
         # what every worker's messages must agree with: ranks, rounds, the model's size
         self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
         self.control_drops: dict[str, int] = {}  # by reason: summary.json's control_drops
+        self.world = None  # the scenario's rounds (set by run from the preflight)
+        self.feed = None  # its events, into events.jsonl and onto the display
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -125,6 +129,8 @@ class Supervisor:
     # -- lifecycle
     def run(self, pre: Preflight) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
+        self.world = pre.world
+        self.feed = event_feed(self.world, self.rec, self.progress)
         self.launch_spec().write(self.dir)
         self.slots = self._spawn_all()
         self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
@@ -167,7 +173,7 @@ class Supervisor:
     def _await(self, done, timeout_s: float | None, what: str) -> None:
         """Serve control traffic until ``done(slot)`` for every worker, failing fast on trouble."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not all(done(s) for s in self.slots):
+        while not all(done(s) or s.gone for s in self.slots):
             self._serve(0.1)
             self._check_health(done)
             if deadline is not None and time.monotonic() > deadline:
@@ -251,10 +257,15 @@ class Supervisor:
 
     def _on_ready(self, slot: WorkerSlot, msg: control.Ready, extra) -> None:
         slot.ready = {"addr": msg.addr, "device": msg.device}
+        if self.t0:  # a departed worker's new process: the run is under way, it joins it
+            peers = {str(s.rank): s.ready["addr"] for s in self.slots if s.ready is not None}
+            self._tell(slot.rank, {"type": "start", "peers": peers, "t0": self.t0})
 
     def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
         slot.round = msg.row["round"]
         slot.overruns += msg.row.get("overruns", 0)
+        if self.feed is not None:
+            self.feed.row(msg.row)
         self.rec.metric(msg.row)
         if self.progress is not None:
             self.progress(msg.row)
@@ -279,14 +290,43 @@ class Supervisor:
         now = time.monotonic()
         self._check_nodes(now)
         for s in self.slots:
+            if s.gone:
+                continue
             code = s.proc.poll() if s.proc is not None else None  # None: on another node
             if code is not None and not done(s) and s.final is None:
-                self._died(s, code)
+                leave = self._planned_leave(s)
+                if leave is None:
+                    self._died(s, code)
+                self._departed(s, leave)
+                continue
             # before it is ready a worker may be importing torch on a busy machine: the ready
             # timeout covers that; once it trains, silence means trouble
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
             if silent and s.ready is not None and s.final is None:
                 raise self._silent(s, now - s.last_seen)
+
+    def _planned_leave(self, s: WorkerSlot) -> int | None:
+        """The round at which the scenario makes this worker leave, when its death is that
+        departure and the run carries on without it (``run.on_worker_loss``); else None."""
+        if self.world is None or self.cfg.run.on_worker_loss == "fail":
+            return None
+        leaves = [c["round"] for c in self.world.left_and_joined()
+                  if c["type"] == "leave" and c["worker"] == s.rank and c["round"] > s.round]
+        return min(leaves) if leaves else None
+
+    def _departed(self, s: WorkerSlot, leave: int) -> None:
+        """A planned departure: forget the process; when it joins again, start its successor
+        now, on the same address (it waits for its join round and its donor's parameters)."""
+        self._serve(0.2)  # its last metrics may still be in flight
+        joins = [c["round"] for c in self.world.left_and_joined()
+                 if c["type"] == "join" and c["worker"] == s.rank and c["round"] > leave]
+        if not joins:
+            s.gone = True
+            return
+        addr = s.ready["addr"]
+        s.proc = spawn_worker(self.dir, s.rank, s.device, self.network, self.security,
+                              rejoin=(addr, min(joins)))
+        s.ready, s.final, s.last_seen = None, None, time.monotonic()
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
         return RunFailed(f"worker {s.rank} silent for {seconds:.0f} s {self._when(s)}")
@@ -347,15 +387,18 @@ class Supervisor:
         """The record's numbers, from the workers' checked final messages; every message a
         worker dropped is in ``drops`` (by reason and worker), every control message the
         launcher dropped in ``control_drops``."""
-        sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in self.slots)
-        out = final_summary(self.cfg, [s.theta for s in self.slots],
-                            [s.final["eval_loss"] for s in self.slots],
+        alive = [s for s in self.slots if not s.gone]  # the workers there at the end
+        sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in alive)
+        out = final_summary(self.cfg, [s.theta for s in alive],
+                            [s.final["eval_loss"] for s in alive],
                             pre.corpus.eval_batches(), wall_s, sent, pre.topology,
-                            overruns=[s.overruns for s in self.slots])
-        out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in self.slots)
+                            overruns=[s.overruns for s in alive])
+        out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in alive)
         out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"]
-                                      for s in self.slots})
+                                      for s in alive})
         out["control_drops"] = self.control_drops_total()
+        if self.world is not None:
+            out["membership"] = membership_summary(self.world)
         return out
 
     def drops_so_far(self) -> dict:
@@ -383,16 +426,19 @@ class Supervisor:
 
 
 def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
-                 security: auth.Security) -> subprocess.Popen:
+                 security: auth.Security, rejoin: tuple[str, int] | None = None
+                 ) -> subprocess.Popen:
     """Start worker ``rank`` (``python -m gasloc_emu.worker_process RUN_DIR RANK``) with its
     device pinned and the run's keys in its environment only; its output goes to
-    ``workers/worker<rank>.log``."""
+    ``workers/worker<rank>.log`` (appended to by a successor: ``rejoin`` = (the address it
+    binds, the round it joins at))."""
     logs = Path(run_dir) / "workers"
     logs.mkdir(exist_ok=True)
+    extra = [rejoin[0], str(rejoin[1])] if rejoin else []
     argv = network.wrap(rank, [sys.executable, "-m", "gasloc_emu.worker_process",
-                               str(run_dir), str(rank)])
+                               str(run_dir), str(rank), *extra])
     env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | security.env()
-    with open(logs / f"worker{rank}.log", "wb") as log:
+    with open(logs / f"worker{rank}.log", "ab" if rejoin else "wb") as log:
         # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

@@ -17,7 +17,10 @@ from .data import Corpus, build_corpus
 from .devices import simulator_device
 from .model import shape_from_config
 from .netplan import check_network
+from .scenario import load_link_trace
 from .topology import Topology, build_topology
+from .world import World
+from .world import from_config as world_from_config
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Preflight:
     topology: Topology | None  # None for DiLoCo, whose peers are the ring All-Reduce's
     corpus: Corpus
     warnings: tuple[str, ...] = ()
+    world: World | None = None  # what the scenario does in each round; None without one
 
 
 def preflight(cfg: Config) -> Preflight:
@@ -36,5 +40,8 @@ def preflight(cfg: Config) -> Preflight:
     check_compute(cfg)  # speeds, profile file, budget vs. weighting: before anything runs
     shape_from_config(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
+    world = world_from_config(cfg, topo)  # the scenario: every event checked before the run
+    if cfg.net.link_trace:
+        load_link_trace(cfg.net.link_trace, cfg.workers)
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)
-    return Preflight(topo, build_corpus(cfg), warnings)
+    return Preflight(topo, build_corpus(cfg), warnings, world)

@@ -122,6 +122,15 @@ class RunRecord:
             raise
         self._size += written
 
+    def event(self, rec: dict) -> None:
+        """One scenario event that fired, appended to events.jsonl."""
+        line = json.dumps(_clean(rec)) + "\n"
+        self._guard("events.jsonl", lambda: self._append_to("events.jsonl", line))
+
+    def _append_to(self, name: str, line: str) -> None:
+        with open(self.path / name, "a") as f:
+            f.write(line)
+
     def write_json(self, name: str, obj) -> None:
         text = json.dumps(_clean(obj), indent=2) + "\n"
         self._guard(name, lambda: self._replace(name, text))

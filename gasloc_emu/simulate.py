@@ -26,6 +26,8 @@ from .transport.faults import InjectedFault, plan_from_config, with_fault
 from .transport.memory import Hub, LinkModel
 from .virtual_clock import slots_for
 from .worker import Diverged, Worker
+from .world import RoundPlan, event_feed, membership_summary
+from .world import from_config as world_from_config
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
@@ -55,17 +57,22 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
     topo = build_topology(cfg)
     slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
+        world = world_from_config(cfg, topo)
+        feed = event_feed(world, rec, progress)
+
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
+            if feed is not None:
+                feed.row(row)
             rec.metric(row)
             if progress is not None:
                 progress(row)
 
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit)
-        workers = [Worker(cfg, r, _transport(cfg, hub, r), corpus, device, topo, pace=False)
-                   for r in range(cfg.workers)]
-        threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{w.rank}",
-                                    args=(w, hub, cfg.run.rounds), daemon=True)
-                   for w in workers]
+        lives = [_Life(cfg, r, _transport(cfg, hub, r), corpus, device, topo, world)
+                 for r in range(cfg.workers)]
+        threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
+                                    args=(life, hub, cfg.run.rounds), daemon=True)
+                   for life in lives]
         for th in threads:
             th.start()
         try:
@@ -81,7 +88,11 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
                 rec.metric(row)
             rec.summary(_failure(hub.error))
             raise hub.error
-        summary = finish(cfg, workers, time.perf_counter() - t_start)
+        workers = [life.worker for life in lives if life.worker is not None]
+        summary = finish(cfg, workers, time.perf_counter() - t_start,
+                         sent=sum(_sent(life.transport) for life in lives))
+        if world is not None:
+            summary["membership"] = membership_summary(world)
         if predicts_wall(cfg, link_model):
             summary["predicted_wall_s"] = hub.clock.now_s
             summary["cpu_slots"] = slots
@@ -131,23 +142,78 @@ def _transport(cfg: Config, hub: Hub, rank: int):
     return with_fault(hub.transport(rank), plan, rank, exit_, hang)
 
 
-def _worker_loop(w: Worker, hub: Hub, rounds: int) -> None:
-    tp = w.transport
+class _Life:
+    """One worker id over the run: its transport, and the Worker while it is alive (a departed
+    worker's state is gone; one that joins again starts afresh, as a new process would)."""
+
+    def __init__(self, cfg: Config, rank: int, transport, corpus, device, topo, world):
+        self.cfg, self.rank, self.transport = cfg, rank, transport
+        self.corpus, self.device, self.topo, self.world = corpus, device, topo, world
+        self.worker: Worker | None = self.new_worker()
+
+    def new_worker(self) -> Worker:
+        return Worker(self.cfg, self.rank, self.transport, self.corpus, self.device, self.topo,
+                      pace=False, world=self.world)
+
+    def plan(self, t: int) -> RoundPlan | None:
+        """Round t's plan, after the leave or join it starts with; None: absent this round."""
+        if self.world is None:
+            return RoundPlan(alive=frozenset(), active=True)
+        plan = self.world.plan(self.rank, t)
+        if plan.leaving:
+            check_departure(self.cfg, self.rank, t)
+            self.worker = None
+        if plan.join_from is not None:
+            self.worker = self.new_worker()
+            self.worker.join(plan.join_from, t)
+        return plan if plan.active else None
+
+
+def check_departure(cfg: Config, rank: int, t: int) -> None:
+    """A scenario's departure ends the run when ``run.on_worker_loss = fail``."""
+    if cfg.run.on_worker_loss == "fail":
+        raise WorkerLost(f"worker {rank} left at round {t} (scenario) and "
+                         "run.on_worker_loss = 'fail'")
+
+
+class WorkerLost(RuntimeError):
+    """A worker left and the configuration says the run cannot go on without it."""
+
+
+def _worker_loop(life: _Life, hub: Hub, rounds: int) -> None:
+    tp = life.transport
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
             for t in range(rounds):
-                stats = w.run_round(t, on_compute_done=tp.advance)
-                if w.should_eval(t):
-                    stats.eval_loss = w.evaluate(t)
-                tp.end_round(stats.as_dict())
+                plan = life.plan(t)
+                if plan is None:
+                    continue
+                _round(life.worker, t, plan if life.world is not None else None)
             tp.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)
 
 
-def finish(cfg: Config, workers: list[Worker], wall_s: float) -> dict:
-    """Evaluate each worker and the average model; the numbers every run record ends with."""
-    sent = sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers)
+def _round(w: Worker, t: int, plan: RoundPlan | None) -> None:
+    """One round of one simulated worker: hand parameters to joiners, train, report."""
+    tp = w.transport
+    for joiner in (plan.donate_to if plan else ()):
+        w.donate(joiner, t)
+    stats = w.run_round(t, on_compute_done=tp.advance, plan=plan)
+    if w.should_eval(t):
+        stats.eval_loss = w.evaluate(t)
+    tp.end_round(stats.as_dict())
+
+
+def _sent(tp) -> int:
+    return int(sum(tp.counters()["bytes_sent"].values()))
+
+
+def finish(cfg: Config, workers: list[Worker], wall_s: float, sent: int | None = None) -> dict:
+    """Evaluate each worker and the average model; the numbers every run record ends with.
+    ``workers``: those alive at the end; ``sent``: every worker's bytes (default: theirs)."""
+    if sent is None:
+        sent = sum(_sent(w.transport) for w in workers)
     last = cfg.run.rounds - 1
     return final_summary(cfg, [w.theta for w in workers], [w.evaluate(last) for w in workers],
                          workers[0].eval_set, wall_s, sent, workers[0].topology,

@@ -6,6 +6,7 @@ the same graph (and, for ``matching``, the same matching of round t) with no coo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -14,6 +15,7 @@ import numpy as np
 FIXED = ("ring", "torus", "exponential", "expander", "complete")
 RANDOM = ("matching", "matching2")
 _MAX_TRIES = 1000
+_SEARCH_STEPS_PER_WORKER = 16  # cap of one try of the matching search over a living subset
 
 
 class TopologyError(ValueError):
@@ -132,12 +134,32 @@ def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[i
 
 
 def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
-                    complete: bool) -> set[tuple[int, int]]:
+                    complete: bool, living: frozenset[int] | None = None
+                    ) -> set[tuple[int, int]]:
     """A random perfect matching using only ``edges``; uniform when the base graph is complete.
 
     On other base graphs: a randomised backtracking search that always matches the free worker
     with the fewest free neighbours first, trying those neighbours in random order.
+
+    ``living`` (default: all n workers) restricts the matching to those workers, so that a run
+    whose workers leave keeps pairing the ones still there. The draws are the same as without it
+    when every worker lives; otherwise a worker may stay unmatched: one of an odd number on a
+    complete base, as few as the search finds on other bases (a subgraph of the base graph may
+    have no perfect matching).
     """
+    if living is None or len(living) == n:
+        return _perfect_matching(edges, n, rng, complete)
+    order = sorted(living)
+    if complete:
+        perm = rng.permutation(len(order))
+        return {_edge(order[perm[k]], order[perm[k + 1]]) for k in range(0, len(order) - 1, 2)}
+    adj = [frozenset(a) & living for a in _adjacency(n, edges)]
+    return _near_perfect_matching(frozenset(order), adj, rng)
+
+
+def _perfect_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
+                      complete: bool) -> set[tuple[int, int]]:
+    """Every worker matched; the draws of the original matching, kept bit for bit."""
     if complete:
         perm = rng.permutation(n)
         return {_edge(int(perm[k]), int(perm[k + 1])) for k in range(0, n, 2)}
@@ -148,15 +170,62 @@ def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generato
     return out
 
 
-def _match(free: frozenset, adj: list[frozenset], rng: np.random.Generator):
+def _near_perfect_matching(free: frozenset, adj: list[frozenset], rng: np.random.Generator
+                           ) -> set[tuple[int, int]]:
+    """A matching of ``free`` leaving few workers unmatched, found in bounded time.
+
+    It first allows the unmatched workers the components force (one per odd component), then two
+    more per try. Each try stops after a fixed number of search steps, so a subgraph without a
+    matching of that size (a bipartite graph that lost two workers of one side) cannot make the
+    search exponential; the count of steps, not a clock, bounds it, so every worker agrees.
+    """
+    for slack in range(_odd_components(free, adj), len(free) + 1, 2):
+        out = _match(free, adj, rng, slack, [_SEARCH_STEPS_PER_WORKER * len(free)])
+        if out is not None:
+            return out
+    raise AssertionError("unreachable: with slack = len(free) every search succeeds")
+
+
+def _odd_components(free: frozenset, adj: list[frozenset]) -> int:
+    """How many connected components of odd size ``free`` has: each leaves a worker unmatched."""
+    seen: set[int] = set()
+    odd = 0
+    for start in sorted(free):
+        if start in seen:
+            continue
+        size, stack = 0, [start]
+        seen.add(start)
+        while stack:
+            size += 1
+            for j in adj[stack.pop()] & free:
+                if j not in seen:
+                    seen.add(j)
+                    stack.append(j)
+        odd += size % 2
+    return odd
+
+
+def _match(free: frozenset, adj: list[frozenset], rng: np.random.Generator, slack: int = 0,
+           steps: list[int] | None = None):
+    """A matching of ``free`` leaving at most ``slack`` workers unmatched, or None.
+
+    ``steps`` (a one-item list, shared by the recursion) caps the search; None: no cap. With
+    slack 0 and no cap this is the perfect-matching search, draw for draw.
+    """
     if not free:
         return set()
+    if steps is not None:
+        steps[0] -= 1
+        if steps[0] < 0:
+            return None
     v = min(free, key=lambda u: (len(adj[u] & free), u))
     options = sorted(adj[v] & free)
     for k in rng.permutation(len(options)):
-        rest = _match(free - {v, options[k]}, adj, rng)
+        rest = _match(free - {v, options[k]}, adj, rng, slack, steps)
         if rest is not None:
             return rest | {_edge(v, options[k])}
+    if slack > 0:  # leave v unmatched, only once matching it has failed
+        return _match(free - {v}, adj, rng, slack - 1, steps)
     return None
 
 
@@ -198,12 +267,13 @@ class Topology:
             return self.possible_edges
         return _round_edges(self, t)
 
-    def _draw_edges(self, t: int) -> set[tuple[int, int]]:
+    def _draw_edges(self, t: int, living: frozenset[int] | None = None) -> set[tuple[int, int]]:
+        """Round t's matching (two for matching2) among ``living`` (default: everyone)."""
         rng = np.random.default_rng([self.seed, t, 0x3A7C])
         complete = self.base == "complete"
-        out = random_matching(self.possible_edges, self.n, rng, complete)
+        out = random_matching(self.possible_edges, self.n, rng, complete, living)
         if self.name == "matching2":
-            out |= random_matching(self.possible_edges, self.n, rng, complete)
+            out |= random_matching(self.possible_edges, self.n, rng, complete, living)
         return out
 
     def neighbors(self, t: int) -> list[list[int]]:
@@ -220,19 +290,10 @@ class Topology:
         W_ij = alpha * lambda_ij with lambda_ij = 1 / (1 + max(d_i, d_j)) (Metropolis–Hastings),
         W_ii = 1 - sum_j W_ij, so W is symmetric and doubly stochastic by construction.
         """
-        adj = adj if adj is not None else self.neighbors(t)
-        deg = [len(a) for a in adj]
-        off = {j: self.alpha / (1.0 + max(deg[rank], deg[j])) for j in adj[rank]}
-        return 1.0 - sum(off.values()), off
+        return _mh_row(adj if adj is not None else self.neighbors(t), rank, self.alpha)
 
     def mixing_matrix(self, t: int = 0) -> np.ndarray:
-        w = np.zeros((self.n, self.n))
-        adj = self.neighbors(t)
-        for i in range(self.n):
-            w[i, i], off = self.row(i, t, adj)
-            for j, v in off.items():
-                w[i, j] = v
-        return w
+        return _mixing_matrix(self, t)
 
     def expected_mixing(self, samples: int = 256) -> np.ndarray:
         """E[W_t]: W itself for a fixed graph, an average over rounds for random matchings."""
@@ -274,6 +335,143 @@ class Topology:
 def _round_edges(topo: Topology, t: int) -> set[tuple[int, int]]:
     """Round t's edges, memoised: every worker asks for them once per row it computes."""
     return topo._draw_edges(t)
+
+
+def _mh_row(adj, rank: int, alpha: float) -> tuple[float, dict[int, float]]:
+    """Row ``rank`` of W = I - alpha L with Metropolis–Hastings weights over adjacency ``adj``."""
+    d_i = len(adj[rank])
+    off = {j: alpha / (1.0 + max(d_i, len(adj[j]))) for j in adj[rank]}
+    return 1.0 - sum(off.values()), off
+
+
+def _mixing_matrix(graph, t: int) -> np.ndarray:
+    """The dense W of round t, built row by row from ``graph.row`` (one shared adjacency)."""
+    w = np.zeros((graph.n, graph.n))
+    adj = graph.neighbors(t)
+    for i in range(graph.n):
+        w[i, i], off = graph.row(i, t, adj)
+        for j, v in off.items():
+            w[i, j] = v
+    return w
+
+
+class LivingGraph:
+    """A ``Topology`` seen over the workers alive in each round: what gossip mixes over when
+    workers leave and join.
+
+    ``alive(t)`` gives the living workers of round t (the scenario timeline, which every worker
+    knows, so they all derive the same graph with no coordination). Fixed graphs keep the edges
+    with both ends alive; random matchings are drawn among the living only, with the seed of the
+    full graph, so that with everyone alive peers and weights are bit for bit the full graph's.
+    Metropolis–Hastings weights use the surviving degrees, so W stays symmetric and doubly
+    stochastic; a worker with no living neighbour (or a dead one) has the row (1.0, {}) and no
+    peers: it keeps training alone. The spectral quantities (``lambda2``, ``gamma_star``) are
+    those of the full graph: the momentum is chosen once, for the configured graph.
+    """
+
+    def __init__(self, full: Topology, alive: Callable[[int], Iterable[int]]):
+        if not isinstance(full, Topology):
+            raise TypeError(f"full must be a Topology, got {type(full).__name__}")
+        if not callable(alive):
+            raise TypeError(f"alive must be a function round -> living workers, got {alive!r}")
+        self.full, self._alive = full, alive
+
+    def __repr__(self) -> str:
+        return f"LivingGraph({self.full!r})"
+
+    # -- the full graph's identity and spectrum
+    @property
+    def n(self) -> int:
+        return self.full.n
+
+    @property
+    def name(self) -> str:
+        return self.full.name
+
+    @property
+    def alpha(self) -> float:
+        return self.full.alpha
+
+    @property
+    def time_varying(self) -> bool:
+        return self.full.time_varying
+
+    @property
+    def possible_edges(self) -> set[tuple[int, int]]:
+        return self.full.possible_edges
+
+    @property
+    def lambda2(self) -> float:
+        return self.full.lambda2
+
+    @property
+    def spectral_gap(self) -> float:
+        return self.full.spectral_gap
+
+    @property
+    def gamma_star(self) -> float:
+        return self.full.gamma_star
+
+    def momentum_growth(self, gamma: float) -> float:
+        return self.full.momentum_growth(gamma)
+
+    def expected_mixing(self, samples: int = 256) -> np.ndarray:
+        return self.full.expected_mixing(samples)
+
+    # -- round t over the living
+    def living(self, t: int) -> frozenset[int]:
+        """The workers alive in round t, as ``alive(t)`` gives them."""
+        return frozenset(self._alive(t))
+
+    def edges(self, t: int) -> set[tuple[int, int]]:
+        """Edges used in round t, both ends alive (a fresh set: callers may modify it)."""
+        return set(_living_round(self.full, t, self.living(t))[0])
+
+    def neighbors(self, t: int) -> list[list[int]]:
+        return [list(a) for a in _living_round(self.full, t, self.living(t))[1]]
+
+    def peers(self, rank: int, t: int) -> list[int]:
+        """Sorted living neighbours of ``rank`` in round t; [] for a dead or isolated worker."""
+        _check_worker(rank, self.n)
+        return list(_living_round(self.full, t, self.living(t))[1][rank])
+
+    def row(self, rank: int, t: int, adj: list[list[int]] | None = None
+            ) -> tuple[float, dict[int, float]]:
+        """(W[i,i], {j: W[i,j]}) of worker ``rank`` in round t, with the surviving degrees."""
+        _check_worker(rank, self.n)
+        if adj is None:
+            adj = _living_round(self.full, t, self.living(t))[1]
+        return _mh_row(adj, rank, self.alpha)
+
+    def mixing_matrix(self, t: int = 0) -> np.ndarray:
+        """W of round t over all n workers; a dead worker's row and column are those of I."""
+        return _mixing_matrix(self, t)
+
+
+@lru_cache(maxsize=64)
+def _living_round(topo: Topology, t: int, alive: frozenset[int]
+                  ) -> tuple[frozenset[tuple[int, int]], tuple[tuple[int, ...], ...]]:
+    """(edges, adjacency) of round t among ``alive``, memoised: every worker asks for its row
+    every round, and a matching over a subset costs a search."""
+    _check_alive(alive, topo.n, t)
+    if topo.time_varying:
+        edges = topo._draw_edges(t, alive)
+    else:
+        edges = {e for e in topo.possible_edges if e[0] in alive and e[1] in alive}
+    return frozenset(edges), tuple(tuple(a) for a in _adjacency(topo.n, edges))
+
+
+def _check_alive(alive: frozenset, n: int, t: int) -> None:
+    """ValueError unless the living workers of round t are ints in [0, n)."""
+    bad = sorted((w for w in alive if type(w) is not int or not 0 <= w < n), key=repr)
+    if bad:
+        raise ValueError(f"alive({t}) gave workers {bad} outside [0, {n}) (ints only); the "
+                         "graph must be built over every worker id the run ever has")
+
+
+def _check_worker(rank: int, n: int) -> None:
+    if type(rank) is not int or not 0 <= rank < n:
+        raise ValueError(f"rank {rank!r} outside [0, {n})")
 
 
 def critical_momentum(lambda2: float) -> float:

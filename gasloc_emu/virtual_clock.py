@@ -39,6 +39,7 @@ _READY, _COMPUTING, _WAITING, _DONE = "ready", "computing", "waiting", "done"
 class Compute:
     work_s: float  # seconds this compute took with the machine to itself
     dedicated: bool = False  # on the worker's own emulated device: never shared, never slowed
+    idle: bool = False  # standing still (a pause, waiting out a failure detection): not compute
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class _Lane:
     wait_total_s: float = 0.0
     wait_at_mark_s: float = 0.0
     compute_end_s: float = 0.0
+    idle: bool = False  # the current Compute is idle time: its end is not a compute end
 
 
 class VirtualClock:
@@ -135,7 +137,8 @@ class VirtualClock:
         if isinstance(op, Compute):
             if op.work_s > 0:
                 lane.state, lane.remaining_s, lane.dedicated = _COMPUTING, op.work_s, op.dedicated
-            else:
+                lane.idle = op.idle
+            elif not op.idle:
                 lane.compute_end_s = self.now_s
         elif isinstance(op, Send):
             self._send(rank, op)
@@ -198,7 +201,9 @@ class VirtualClock:
                 rate = _lane_rate(lane, shared)
                 # the same expression as in _next_event_s, so the earliest finisher is exact
                 if self.now_s + lane.remaining_s / rate <= t_s:
-                    lane.state, lane.remaining_s, lane.compute_end_s = _READY, 0.0, t_s
+                    lane.state, lane.remaining_s = _READY, 0.0
+                    if not lane.idle:
+                        lane.compute_end_s = t_s
                 else:
                     lane.remaining_s -= rate * dt
             elif lane.state == _WAITING and lane.wake_s is not None and lane.wake_s <= t_s:

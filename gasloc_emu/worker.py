@@ -5,6 +5,7 @@ process (ZeroMQ transport); only the transport and the device differ.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import torch
 
 from . import algorithms, compute, data, model, topology
 from .config import Config
+from .world import RoundPlan, World
 
 
 def make_optimizer(gpt: torch.nn.Module, icfg) -> torch.optim.AdamW:
@@ -65,7 +67,7 @@ class Worker:
 
     def __init__(self, cfg: Config, rank: int, transport, corpus: data.Corpus,
                  device: str | torch.device = "cpu", topo: topology.Topology | None = None,
-                 *, pace: bool = True):
+                 *, pace: bool = True, world: World | None = None):
         self.cfg, self.rank, self.transport, self.device = cfg, rank, transport, device
         self.compute = compute.models(cfg)[rank]
         self.sleep = time.sleep if pace else None
@@ -74,8 +76,11 @@ class Worker:
         self.shard = corpus.shard(rank)
         self.eval_set = corpus.eval_batches()
         self.topology = topo if topo is not None else topology.build_topology(cfg)
-        self.algo = algorithms.make(cfg.algo, rank, transport, self.topology,
-                                    weight=compute.pseudo_grad_weight(cfg, rank))
+        self.world = world
+        graph = living_graph(self.topology, world)
+        self.algo = algorithms.make(cfg.algo, rank, transport, graph,
+                                    weight=compute.pseudo_grad_weight(cfg, rank),
+                                    members=world.alive if world and world.churns else None)
         self.algo.begin(self.theta)
         self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
         self.step = 0
@@ -107,17 +112,24 @@ class Worker:
         self.step += 1
         return loss.detach()
 
-    def run_round(self, round_idx: int, on_compute_done=None) -> RoundStats:
+    def run_round(self, round_idx: int, on_compute_done=None,
+                  plan: RoundPlan | None = None) -> RoundStats:
         """One outer round: inner phase, then the algorithm's communication and outer step.
 
         ``on_compute_done(seconds, nominal)`` is called between the two with the phase's compute
-        time, and whether it is nominal (it then takes that long whatever else runs)."""
+        time, and whether it is nominal (it then takes that long whatever else runs). ``plan``
+        (a scenario's round): a new speed and a pause before the inner phase, and the time spent
+        noticing departed peers before communicating."""
         before = self.transport.counters()
+        if plan is not None:
+            self.begin_round(plan)
         train_loss, phase = self.inner_phase()
         compute_s = phase.elapsed_s()
         if on_compute_done is not None:
             on_compute_done(compute_s, self.compute.nominal)
         c1 = self.transport.clock()
+        if plan is not None and plan.detect_s > 0:
+            self.idle(plan.detect_s)  # a heartbeat timeout's worth of waiting for the departed
         self.algo.outer_step(round_idx, self.theta)
         comm_s = self.transport.clock() - c1
         self.check_finite(round_idx, train_loss)
@@ -129,6 +141,32 @@ class Worker:
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
             overruns=phase.overruns, overrun_ratio=phase.worst_ratio)
+
+    def begin_round(self, plan: RoundPlan) -> None:
+        """A scenario's speed change and pause at the start of a round."""
+        if plan.speed is not None:
+            self.compute = dataclasses.replace(self.compute, speed=plan.speed)
+        if plan.pause_s > 0:
+            self.idle(plan.pause_s)
+
+    def idle(self, seconds: float) -> None:
+        """Stand still: really (an emulator process), or on the simulator's virtual clock."""
+        if self.sleep is not None:
+            self.sleep(seconds)
+        else:
+            self.transport.idle(seconds)
+
+    def donate(self, joiner: int, round_idx: int) -> None:
+        """Send this worker's parameters (the start of round ``round_idx``) to a joiner."""
+        self.transport.send(joiner, round_idx, "join", self.theta.detach().clone())
+
+    def join(self, donor: int, round_idx: int) -> None:
+        """Start from ``donor``'s parameters at the start of round ``round_idx``: a fresh inner
+        optimizer and outer state around them (docs/ALGORITHM.md, "Churn")."""
+        received = self.transport.recv(donor, round_idx, "join")
+        with torch.no_grad():
+            self.theta.copy_(received.to(self.theta.device))
+        self.algo.begin(self.theta)
 
     def check_finite(self, round_idx: int, loss: float) -> None:
         """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour
@@ -149,6 +187,14 @@ class Worker:
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every
         return every > 0 and (round_idx + 1) % every == 0
+
+
+def living_graph(topo: topology.Topology | None, world: World | None):
+    """The gossip graph the algorithm mixes over: the full one, or its view over the workers
+    a scenario keeps alive in each round."""
+    if topo is None or world is None or not world.churns:
+        return topo
+    return topology.LivingGraph(topo, world.alive)
 
 
 def _sync(device) -> None:

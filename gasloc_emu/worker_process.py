@@ -26,6 +26,7 @@ from pathlib import Path
 from .launch_spec import LaunchSpec
 
 _PR_SET_PDEATHSIG = 1
+_LEAVE_FLUSH_S = 10.0  # at most this long to flush a departing worker's last messages
 
 
 def die_with_parent() -> None:
@@ -114,6 +115,7 @@ class WorkerState:
 def main(argv: list[str]) -> int:
     die_with_parent()
     run_dir, rank = Path(argv[0]), int(argv[1])
+    rejoin = Rejoin(argv[2], int(argv[3])) if len(argv) == 4 else None
     spec = LaunchSpec.read(run_dir)
     from .transport.auth import Security
     security = Security.from_env(spec.workers)  # the run's keys; taken out of os.environ
@@ -126,7 +128,7 @@ def main(argv: list[str]) -> int:
     ctx = zmq.Context()
     ctl = WorkerControl(ctx, spec.ctl_addr, rank, security=security)
     try:
-        return WorkerProcess(run_dir, rank, spec, ctx, ctl).serve()
+        return WorkerProcess(run_dir, rank, spec, ctx, ctl, rejoin).serve()
     except BaseException as exc:  # noqa: BLE001 - report every failure to the launcher, then exit
         ctl.send(_error_report(exc))
         return 1
@@ -144,16 +146,27 @@ def _error_report(exc: BaseException) -> dict:
     return report
 
 
+@dataclass(frozen=True)
+class Rejoin:
+    """A departed worker's new process: it binds its predecessor's address, so that its peers'
+    sockets reconnect by themselves, and takes part from round ``from_round``."""
+
+    addr: str
+    from_round: int
+
+
 class WorkerProcess:
     """One worker's side of the run protocol: connect, train, report."""
 
-    def __init__(self, run_dir: Path, rank: int, spec: LaunchSpec, ctx, ctl):
+    def __init__(self, run_dir: Path, rank: int, spec: LaunchSpec, ctx, ctl,
+                 rejoin: Rejoin | None = None):
         from . import config
-        self.rank, self.spec, self.ctx, self.ctl = rank, spec, ctx, ctl
+        self.rank, self.spec, self.ctx, self.ctl, self.rejoin = rank, spec, ctx, ctl, rejoin
         self.cfg = config.resolve(run_dir / "config.toml")
         self.state = WorkerState()
         self.transport = None
         self.worker = None
+        self.world = None
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
@@ -178,13 +191,22 @@ class WorkerProcess:
         # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
         from .data import build_corpus
         from .model import count_parameters
+        from .topology import build_topology
         from .transport.faults import plan_from_config, with_fault
+        from .transport.schema import WireSchema
         from .transport.zmq_transport import ZmqTransport
         from .worker import Worker
+        from .world import from_config as world_from_config
         corpus = build_corpus(self.cfg)
+        topo = build_topology(self.cfg)
+        self.world = world = world_from_config(self.cfg, topo)
+        numel = count_parameters(self.cfg.model)
+        schema = WireSchema(self.rank, self.cfg.workers, numel,
+                            members=world.alive if world is not None and world.churns else None)
+        bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.transport = tp = ZmqTransport(
-            self.rank, self.cfg.workers, self.spec.bind_addrs[self.rank], ctx=self.ctx,
-            max_numel=count_parameters(self.cfg.model), recv_timeout_s=self.spec.peer_timeout_s,
+            self.rank, self.cfg.workers, bind, ctx=self.ctx,
+            max_numel=numel, schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
             should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank),
             security=self.ctl.security, link_ports=self.spec.link_ports)
         self.state.transport = tp
@@ -195,7 +217,7 @@ class WorkerProcess:
             return None
         tp.connect({int(k): v for k, v in start["peers"].items()})
         faulty = with_fault(tp, plan_from_config(self.cfg), self.rank, os._exit, self._hang)
-        self.worker = Worker(self.cfg, self.rank, faulty, corpus, device)
+        self.worker = Worker(self.cfg, self.rank, faulty, corpus, device, topo, world=self.world)
         return start
 
     def _hang(self) -> None:
@@ -207,11 +229,17 @@ class WorkerProcess:
         """Every round, then one metrics row for the launcher; returns early when told to stop."""
         worker, state = self.worker, self.state
         state.speed = worker.compute.speed
-        for t in range(self.cfg.run.rounds):
+        for t in range(self.rejoin.from_round if self.rejoin else 0, self.cfg.run.rounds):
             if self.ctl.poll_stop():
                 return
+            plan = self._plan(t)
+            if plan is not None and not plan.active:
+                continue
             state.round, state.phase = t, "computing"
-            stats = worker.run_round(t, on_compute_done=self._communicating)
+            for joiner in (plan.donate_to if plan else ()):
+                worker.donate(joiner, t)
+            stats = worker.run_round(t, on_compute_done=self._communicating, plan=plan)
+            state.speed = worker.compute.speed
             state.finished_round(stats)
             if worker.should_eval(t):
                 state.phase = "evaluating"
@@ -219,6 +247,30 @@ class WorkerProcess:
             row = stats.as_dict() | {"time_s": time.time() - t0,
                                      "dropped": self.transport.counters()["dropped"]}
             self.ctl.send({"type": "metric", "row": row})
+
+    def _plan(self, t: int):
+        """Round t's plan from the scenario (None without one), after its leave or join."""
+        if self.world is None:
+            return None
+        plan = self.world.plan(self.rank, t)
+        if plan.leaving:
+            self._leave()
+        if plan.join_from is not None:
+            self.state.phase = "joining"
+            self.worker.join(plan.join_from, t)
+        return plan
+
+    def _leave(self) -> None:
+        """A scenario's departure: the process is killed, without a word to its peers. What it
+        sent in its last round is flushed first (as a kernel's socket buffers would have gone
+        out), so that its peers' last round with it is the same in ``run`` and ``simulate``."""
+        self.heartbeat.stop()
+        self.transport.close(linger_s=_LEAVE_FLUSH_S)
+        self.ctl.sock.close(linger=int(_LEAVE_FLUSH_S * 1000))
+        flush = threading.Thread(target=self.ctx.term, daemon=True)  # returns once flushed
+        flush.start()
+        flush.join(timeout=_LEAVE_FLUSH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _communicating(self, compute_s: float, nominal: bool = False) -> None:
         self.state.phase = "communicating"

@@ -35,13 +35,16 @@ def momentum_warning(cfg) -> str | None:
             f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
 
 def make(acfg, rank: int, transport: Transport, topology: Topology | None,
-         weight: float = 1.0) -> OuterAlgorithm:
+         weight: float = 1.0, members=None) -> OuterAlgorithm:
     """``weight``: what DiLoCo multiplies this worker's pseudo-gradient by before the mean
-    (``compute.pseudo_grad_weight``); gossip algorithms mix by W alone and ignore it."""
+    (``compute.pseudo_grad_weight``); gossip algorithms mix by W alone and ignore it.
+    ``members(t)``: the living workers of round t, for DiLoCo's ring (gossip algorithms get a
+    graph over the living as ``topology`` instead)."""
     if acfg.name == "gasloc":
         return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology))
     if acfg.name == "diloco":
-        return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight)
+        return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight,
+                      members)
     if acfg.name == "dsgd":
         return DSGD(rank, transport, topology)
     if acfg.name == "local-gossip":

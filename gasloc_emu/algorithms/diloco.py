@@ -8,10 +8,15 @@ The outer step is torch.optim.SGD(lr, momentum, nesterov=True) written out on fl
 w_i = 1 is DiLoCo's plain mean (``algo.pseudo_grad_mean = plain``); with ``steps``,
 w_i = n * H_i / sum_j H_j, so the mean weights each worker's drift by its share of the round's
 inner steps (docs/ALGORITHM.md, "Unequal H_i").
+
+When workers leave and join (a scenario), ``members(t)`` gives the living workers of round t:
+the ring All-Reduce re-forms over them and the mean divides by their number, as elastic DiLoCo
+implementations do (torchft's and prime's), so a departed worker's drift is simply missing.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -23,8 +28,9 @@ class DiLoCo(OuterAlgorithm):
     name = "diloco"
 
     def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
-                 weight: float = 1.0):
+                 weight: float = 1.0, members: Callable[[int], Collection[int]] | None = None):
         super().__init__(rank, transport, None)
+        self.members = members
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight = {weight!r} is out of range; expected a finite number > 0")
         self.lr, self.mu, self.weight = outer_lr, momentum, weight
@@ -35,7 +41,7 @@ class DiLoCo(OuterAlgorithm):
         drift = self.anchor - theta
         if self.weight != 1.0:  # the plain mean stays bit for bit what it was
             drift.mul_(self.weight)
-        delta = self.transport.all_reduce_mean(round_idx, drift)
+        delta = self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx))
         if self.buf is None:
             self.buf = delta.clone()
         else:
@@ -43,9 +49,18 @@ class DiLoCo(OuterAlgorithm):
         self.anchor.add_(delta.add(self.buf, alpha=self.mu), alpha=-self.lr)
         theta.copy_(self.anchor)
 
+    def _ring(self, round_idx: int) -> list[int] | None:
+        """The living workers of the round, in rank order; None when all of them live (the
+        full ring, bit for bit as without a scenario)."""
+        if self.members is None:
+            return None
+        ring = sorted(self.members(round_idx))
+        return None if len(ring) == self.transport.world_size else ring
+
     def peers(self, round_idx: int) -> list[int]:
-        n = self.transport.world_size
-        return sorted({(self.rank - 1) % n, (self.rank + 1) % n} - {self.rank})
+        ring = self._ring(round_idx) or list(range(self.transport.world_size))
+        k, n = ring.index(self.rank), len(ring)
+        return sorted({ring[(k - 1) % n], ring[(k + 1) % n]} - {self.rank})
 
     def _state(self) -> list[torch.Tensor | None]:
         return [self.anchor, self.buf]

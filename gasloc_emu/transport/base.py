@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -41,8 +42,10 @@ class Transport(Protocol):
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         """Block until ``peer``'s message (round_idx, kind) is here and return it (read-only)."""
 
-    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
-        """The mean of ``tensor`` over all workers (same value on every worker)."""
+    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                        members: Sequence[int] | None = None) -> torch.Tensor:
+        """The mean of ``tensor`` over all workers, or over ``members`` (sorted ranks including
+        this one) when some have left (same value on every worker taking part)."""
 
     def counters(self) -> dict:
         """Cumulative bytes per peer, dropped messages and seconds spent waiting."""
@@ -87,8 +90,10 @@ class TransportBase:
         self.bytes_recv[peer] += out.numel() * out.element_size()
         return out
 
-    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce_sum(self, round_idx, tensor).div_(self.world_size)
+    def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                        members: Sequence[int] | None = None) -> torch.Tensor:
+        total = ring_all_reduce_sum(self, round_idx, tensor, members)
+        return total.div_(self.world_size if members is None else len(members))
 
     def counters(self) -> dict:
         return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),
@@ -103,32 +108,55 @@ class TransportBase:
                                  f"(world size {self.world_size})")
 
 
-def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor) -> torch.Tensor:
+def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor,
+                        members: Sequence[int] | None = None) -> torch.Tensor:
     """Ring All-Reduce (reduce-scatter, then all-gather) of a 1-D tensor; returns a new tensor.
 
     n - 1 steps of each phase, each moving 1/n of the tensor to the next worker on the ring, so
     every worker sends 2(n-1)/n of the model and the round is paced by the slowest ring link
-    (Patarasuk & Yuan 2009). Chunk c is summed in the order c, c+1, ..., c-1 (mod n) on every
-    worker and in every transport, so results are bitwise reproducible.
+    (Patarasuk & Yuan 2009). Chunk c is summed in the order c, c+1, ..., c-1 (mod n) of ring
+    positions on every worker and in every transport, so results are bitwise reproducible.
+
+    ``members`` (sorted ranks, this one included) re-forms the ring over the workers still there
+    when others have left: it runs over them in increasing rank order, n = len(members). None is
+    every worker, the ring 0, 1, ..., world_size - 1.
 
     Zero-copy safety (the ownership rule): ``tensor`` is handed over and only ever modified in
     chunks that have not been sent yet; the all-gather writes into a fresh output and forwards
     the chunks it receives as they are, so nothing that is in flight is ever written to.
     """
-    n, r = tp.world_size, tp.rank
+    ring = _ring(tp, members)
+    n, r = len(ring), ring.index(tp.rank)  # r: this worker's position on the ring
     if n == 1:
         return tensor.clone()
     chunks = torch.tensor_split(tensor, n)
     nxt, prv = (r + 1) % n, (r - 1) % n
+    to, frm = ring[nxt], ring[prv]
     for s in range(n - 1):  # reduce-scatter: after this, chunk (r+1) % n is fully summed here
-        tp.send(nxt, round_idx, f"rs{s}", chunks[(r - s) % n])
-        chunks[(r - s - 1) % n].add_(tp.recv(prv, round_idx, f"rs{s}"))
+        tp.send(to, round_idx, f"rs{s}", chunks[(r - s) % n])
+        chunks[(r - s - 1) % n].add_(tp.recv(frm, round_idx, f"rs{s}"))
     out = torch.empty_like(tensor)
     out_chunks = torch.tensor_split(out, n)
     out_chunks[nxt].copy_(chunks[nxt])
     passing = chunks[nxt]
     for s in range(n - 1):  # all-gather: pass each summed chunk once around the ring
-        tp.send(nxt, round_idx, f"ag{s}", passing)
-        passing = tp.recv(prv, round_idx, f"ag{s}")
+        tp.send(to, round_idx, f"ag{s}", passing)
+        passing = tp.recv(frm, round_idx, f"ag{s}")
         out_chunks[(r - s) % n].copy_(passing)
     return out
+
+
+def _ring(tp: Transport, members: Sequence[int] | None) -> Sequence[int]:
+    """The ranks on the ring, in order; ValueError unless ``members`` is strictly increasing
+    ranks in [0, world_size) that include ``tp.rank`` (every member must pass the same list)."""
+    if members is None:
+        return range(tp.world_size)
+    ring = list(members)
+    for rank in ring:
+        if type(rank) is not int or not 0 <= rank < tp.world_size:
+            raise ValueError(f"ring member {rank!r} outside [0, {tp.world_size})")
+    if ring != sorted(set(ring)):
+        raise ValueError(f"ring members must be strictly increasing ranks, got {ring}")
+    if tp.rank not in ring:
+        raise ValueError(f"ring members {ring} do not include this worker, rank {tp.rank}")
+    return ring

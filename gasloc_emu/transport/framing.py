@@ -208,7 +208,7 @@ def _check_sender(src: int, authenticated_as: str) -> None:
 
 def _check_schema(header: dict, dtype: torch.dtype, schema: WireSchema) -> tuple[list[int], int]:
     """The exact shape the schema names for (src, kind); kind first, then dtype, then shape."""
-    expected: Shape | None = schema.shape_of(header["src"], header["kind"])
+    expected: Shape | None = schema.shape_of(header["src"], header["kind"], header["round"])
     if expected is None:
         raise FrameError("kind", f"worker {header['src']} sends no {header['kind']!r} messages "
                                  f"to worker {schema.rank}")

@@ -121,6 +121,12 @@ class InMemoryTransport(TransportBase):
         with self.hub.cond:
             self.hub.clock.report(self.rank, Compute(seconds, dedicated))
 
+    def idle(self, seconds: float) -> None:
+        """Stand still for ``seconds`` of virtual time (a pause, a failure detection's wait):
+        like a nominal compute it takes its time whatever else runs, but it is not compute."""
+        with self.hub.cond:
+            self.hub.clock.report(self.rank, Compute(seconds, dedicated=True, idle=True))
+
     def end_round(self, row: dict) -> None:
         """Hand a finished round's row to the clock, which emits it with its virtual times."""
         with self.hub.cond:

@@ -4,11 +4,14 @@ The algorithms send two families of messages, both 1-D vectors of the transport'
 (float32), and a receiver knows in advance exactly which shape each one has:
 
 - ``"z"``: gossip (gasloc, dsgd, local-gossip) sends the whole model to each neighbour;
+- ``"join"``: a worker hands the whole model to a worker joining the run (a scenario's join);
 - ``"rs{s}"`` / ``"ag{s}"`` for s in [0, n-2]: the ring All-Reduce (diloco;
   ``base.ring_all_reduce_sum``) sends one chunk to the next worker on the ring. Worker ``src``
   sends chunk (src - s) % n at reduce-scatter step s and chunk (src + 1 - s) % n at all-gather
   step s; chunk sizes are those of ``torch.tensor_split`` of the model vector into n, so only
-  the previous worker on the ring sends these to a receiver.
+  the previous worker on the ring sends these to a receiver. When workers leave and join,
+  ``members(t)`` gives round t's ring (the living workers, in rank order): n is its length,
+  positions on it replace ranks, and only the previous living worker sends.
 
 ``WireSchema.shape_of`` answers from an allow-list built at construction, so a kind or a shape
 that no algorithm sends is dropped ("kind", "shape" in ``framing``) before the mailbox holds
@@ -18,7 +21,7 @@ name them, each with its one shape, in ``extra``. Pure: no sockets, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from .base import check_rank
 
@@ -45,25 +48,44 @@ class WireSchema:
     ``model_numel`` parameters, plus ``extra`` kinds of one fixed shape each."""
 
     def __init__(self, rank: int, world_size: int, model_numel: int,
-                 extra: Mapping[str, Shape] | None = None):
+                 extra: Mapping[str, Shape] | None = None,
+                 members: Callable[[int], Collection[int]] | None = None):
         _check(rank, world_size, model_numel)
         self.rank, self.world_size, self.model_numel = rank, world_size, model_numel
-        self._fixed: dict[str, Shape] = {"z": (model_numel,)} | _checked_extra(extra or {})
+        self._fixed: dict[str, Shape] = {"z": (model_numel,), "join": (model_numel,)} \
+            | _checked_extra(extra or {})
         self._ring = {f"{phase}{s}": (phase, s) for phase in RING_PHASES
                       for s in range(world_size - 1)}
         self._chunks = chunk_sizes(model_numel, world_size)
         self._ring_src = (rank - 1) % world_size
+        self.members = members
 
-    def shape_of(self, src: int, kind: str) -> Shape | None:
-        """The one shape a ``kind`` message from ``src`` has; None when ``src`` sends this
-        receiver no such message."""
+    def shape_of(self, src: int, kind: str, round_idx: int = 0) -> Shape | None:
+        """The one shape a ``kind`` message of round ``round_idx`` from ``src`` has; None when
+        ``src`` sends this receiver no such message."""
         fixed = self._fixed.get(kind)
         if fixed is not None:
             return fixed
         step = self._ring.get(kind)
-        if step is None or src != self._ring_src:
+        if step is None:
+            return None
+        if self.members is not None:
+            return self._member_chunk(src, step, round_idx)
+        if src != self._ring_src:
             return None
         return (self._chunks[ring_chunk(*step, src, self.world_size)],)
+
+    def _member_chunk(self, src: int, step: tuple[str, int], round_idx: int) -> Shape | None:
+        """A ring chunk's shape on round ``round_idx``'s ring of the living workers."""
+        if type(round_idx) is not int or round_idx < 0:
+            return None
+        ring = sorted(self.members(round_idx))
+        if self.rank not in ring or step[1] >= len(ring) - 1:
+            return None
+        n, pos = len(ring), ring.index(self.rank)
+        if src != ring[(pos - 1) % n]:
+            return None
+        return (chunk_sizes(self.model_numel, n)[ring_chunk(*step, (pos - 1) % n, n)],)
 
     def max_numel(self) -> int:
         """The most elements any allowed message has."""
@@ -76,9 +98,10 @@ def _checked_extra(extra: Mapping[str, Shape]) -> dict[str, Shape]:
                          f"got {extra!r}")
     out = {}
     for kind, shape in extra.items():
-        if not isinstance(kind, str) or not kind or kind == "z" or _is_ring_name(kind):
+        if not isinstance(kind, str) or not kind or kind in ("z", "join") \
+                or _is_ring_name(kind):
             raise ValueError(f"extra kind {kind!r} must be a non-empty str that is not an "
-                             f"algorithm's kind (z, rs<s>, ag<s>)")
+                             f"algorithm's kind (z, join, rs<s>, ag<s>)")
         if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
             raise ValueError(f"shape of extra kind {kind!r} must be a tuple of ints >= 0, "
                              f"got {shape!r}")

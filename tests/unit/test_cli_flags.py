@@ -31,7 +31,8 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
              "--degree", "--eval-every", "--bw-profile", "--shaper", "--rate-mbit",
              "--latency-ms", "--out", "--no-dashboard", "--set"}
 # flags added since; a new flag is listed here on purpose
-ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s"}
+ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
+             "--link-trace"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
@@ -194,7 +195,9 @@ def sample(key: str) -> tuple[str, object]:
     spec = C.setting_spec(key)
     special = {"algo.local_steps": ("3", 3), "algo.momentum": ("0.5", 0.5),
                "data.path": ("/tmp/x.txt", "/tmp/x.txt"), "net.bw_profile": ("skewed", "skewed"),
-               "compute.profile": ("straggler", "straggler")}
+               "compute.profile": ("straggler", "straggler"),
+               "run.scenario": ("/tmp/s.toml", "/tmp/s.toml"),
+               "net.link_trace": ("/tmp/t.csv", "/tmp/t.csv")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gasloc_emu.topology import (
     FIXED,
     RANDOM,
+    LivingGraph,
     Topology,
     TopologyError,
     critical_momentum,
@@ -253,3 +254,187 @@ def test_matching_over_sparse_base_graph_for_larger_n(base):
 def test_bad_requests_raise_topology_error(kwargs, match):
     with pytest.raises(TopologyError, match=match):
         Topology(**kwargs)
+
+
+# ---------------------------------------------------------------- the graph over the living workers
+
+def _living(topo: Topology, alive) -> LivingGraph:
+    """The view of ``topo`` over a fixed set of living workers (the same in every round)."""
+    alive = frozenset(alive)
+    return LivingGraph(topo, lambda t: alive)
+
+
+def _unmatched(graph: LivingGraph, t: int, alive) -> set[int]:
+    return {i for i in alive if not graph.peers(i, t)}
+
+
+def test_ring_minus_one_worker_is_a_path_with_surviving_degrees():
+    """Worker 2 of a 6-ring leaves: its neighbours 1 and 3 become path ends, degree 1."""
+    graph = _living(Topology("ring", 6), {0, 1, 3, 4, 5})
+    assert graph.edges(0) == {(0, 1), (3, 4), (4, 5), (0, 5)}
+    assert [graph.peers(i, 7) for i in range(6)] == [[1, 5], [0], [], [4], [3, 5], [0, 4]]
+    assert graph.row(2, 0) == (1.0, {})  # the dead worker: asking is allowed
+    assert graph.row(1, 0) == (pytest.approx(2 / 3), {0: 1 / 3})  # 1 / (1 + max(1, 2))
+    assert graph.row(4, 0) == (pytest.approx(1 / 3), {3: 1 / 3, 5: 1 / 3})
+    w = graph.mixing_matrix(0)
+    assert w[2, 2] == 1.0 and w[2].sum() == 1.0 and w[:, 2].sum() == 1.0
+    np.testing.assert_allclose(w.sum(0), 1.0, atol=1e-15)
+
+
+@pytest.mark.parametrize("n,dead", [(5, {3}), (8, {0, 6, 7}), (4, {0, 1, 2})])
+def test_complete_graph_over_the_living_is_exact_averaging_of_the_living(n, dead):
+    """Surviving degrees: k living workers of a complete graph mix with weights 1/k, not 1/n."""
+    alive = sorted(set(range(n)) - dead)
+    w = _living(Topology("complete", n), alive).mixing_matrix(0)
+    k = len(alive)
+    np.testing.assert_allclose(w[np.ix_(alive, alive)], np.full((k, k), 1 / k), rtol=0,
+                               atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["ring", "torus", "matching"])
+def test_worker_whose_neighbours_all_left_trains_alone(name):
+    """Worker 0 of a 2 x 4 ring/torus loses 1, 3 (and 4): no peers, W row (1.0, {})."""
+    n = 8
+    dead = {1, 7} if name == "ring" else {1, 3, 4}
+    base = "torus" if name == "matching" else "complete"
+    graph = _living(Topology(name, n, base=base, seed=4), set(range(n)) - dead)
+    for t in range(5):
+        assert graph.peers(0, t) == []
+        assert graph.row(0, t) == (1.0, {})
+        assert all(0 not in graph.peers(j, t) for j in range(n))
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_matching_over_an_odd_living_set_leaves_one_worker_unmatched(name):
+    """7 of 8 workers alive on a complete base: 3 pairs per matching, the dead one untouched."""
+    n, alive = 8, {0, 1, 2, 4, 5, 6, 7}
+    graph = _living(Topology(name, n, seed=11), alive)
+    left_out = set()
+    for t in range(30):
+        edges = graph.edges(t)
+        assert all(a in alive and b in alive for a, b in edges)
+        assert graph.peers(3, t) == [] and graph.row(3, t) == (1.0, {})
+        if name == "matching":
+            assert len(edges) == 3
+            (alone,) = _unmatched(graph, t, alive)
+            left_out.add(alone)
+            assert graph.row(alone, t) == (1.0, {})
+        else:
+            assert 3 <= len(edges) <= 6
+            assert {len(graph.peers(i, t)) for i in alive} <= {0, 1, 2}
+    if name == "matching":
+        assert len(left_out) > 3  # the worker left out changes with the round
+
+
+def test_matching_is_drawn_among_the_living_not_cut_from_the_full_one():
+    """6 of 10 alive: every round pairs all 6 (cutting a full matching would leave some alone)."""
+    alive = {0, 2, 3, 5, 8, 9}
+    graph = _living(Topology("matching", 10, seed=6), alive)
+    for t in range(30):
+        assert not _unmatched(graph, t, alive)
+
+
+def test_matching_over_a_sparse_base_subset_leaves_as_few_unmatched_as_possible():
+    """A 4 x 4 torus is bipartite; two workers of one colour leave: 8 vs 6 on the two sides,
+    so no perfect matching exists and the best leaves 2 living workers unmatched."""
+    n, dead = 16, {0, 5}  # both of colour (row + col) % 2 == 0
+    alive = set(range(n)) - dead
+    graph = _living(Topology("matching", n, seed=2, base="torus"), alive)
+    for t in range(10):
+        assert len(_unmatched(graph, t, alive)) == 2
+        assert graph.edges(t) <= Topology("torus", n).edges(0)
+
+
+def test_matching_over_a_subset_whose_components_are_odd():
+    """A 12-ring minus 0 and 6 is two paths of 5 workers: one unmatched in each."""
+    n, alive = 12, set(range(12)) - {0, 6}
+    graph = _living(Topology("matching", n, seed=9, base="ring"), alive)
+    for t in range(10):
+        alone = _unmatched(graph, t, alive)
+        assert len(alone) == 2 and len(alone & {1, 2, 3, 4, 5}) == 1
+
+
+@pytest.mark.parametrize("name,base", [(name, "complete") for name in FIXED] + [
+    (name, base) for name in RANDOM for base in ("complete", "torus", "exponential", "expander")])
+def test_all_alive_is_the_full_topology_bit_for_bit(name, base):
+    """With everyone alive, peers, rows and W are exactly the full graph's (same draws)."""
+    n = 12
+    topo = Topology(name, n, degree=3, seed=21, base=base)
+    graph = LivingGraph(topo, lambda t: range(n))
+    for t in range(12):
+        assert graph.edges(t) == topo.edges(t)
+        assert graph.neighbors(t) == topo.neighbors(t)
+        for i in range(n):
+            assert graph.peers(i, t) == topo.peers(i, t)
+            assert graph.row(i, t) == topo.row(i, t)  # float equality: the same bits
+        assert np.array_equal(graph.mixing_matrix(t), topo.mixing_matrix(t))
+    assert (graph.n, graph.name, graph.lambda2, graph.gamma_star) == (
+        topo.n, topo.name, topo.lambda2, topo.gamma_star)
+
+
+def test_living_set_may_change_between_rounds():
+    """alive(t) is asked per round: a worker leaves at round 3 and comes back at round 6."""
+    n = 6
+    graph = LivingGraph(Topology("ring", n),
+                        lambda t: set(range(n)) - ({2} if 3 <= t < 6 else set()))
+    assert [graph.peers(1, t) for t in (2, 3, 5, 6)] == [[0, 2], [0], [0], [0, 2]]
+
+
+def test_living_rounds_are_memoised_per_round_and_living_set():
+    from gasloc_emu.topology import _living_round
+
+    graph = _living(Topology("matching", 10, seed=5), range(9))
+    graph.row(0, 1234)
+    before = _living_round.cache_info()
+    for i in range(10):
+        graph.row(i, 1234)
+        graph.peers(i, 1234)
+    after = _living_round.cache_info()
+    assert after.misses == before.misses and after.hits == before.hits + 20
+
+
+@pytest.mark.parametrize("alive,match", [({0, 6}, r"\[6\] outside \[0, 6\)"),
+                                         ({-1, 2}, r"\[-1\] outside"), ({"1"}, "outside")])
+def test_living_workers_outside_the_graph_are_rejected(alive, match):
+    graph = _living(Topology("ring", 6), alive)
+    with pytest.raises(ValueError, match=match):
+        graph.peers(0, 0)
+
+
+@pytest.mark.parametrize("rank", [-1, 6, 1.0])
+def test_living_graph_rejects_bad_ranks(rank):
+    with pytest.raises(ValueError, match=r"outside \[0, 6\)"):
+        _living(Topology("ring", 6), range(6)).row(rank, 0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(name=st.sampled_from(ALL), n=st.integers(2, 20), degree=st.integers(2, 5),
+       seed=st.integers(0, 2**32), t=st.integers(0, 10_000),
+       base=st.sampled_from(["complete", "ring", "torus", "exponential", "expander"]),
+       data=st.data())
+def test_living_mixing_matrix_symmetric_doubly_stochastic(name, n, degree, seed, t, base, data):
+    """Over any living subset: W symmetric, doubly stochastic, non-negative, identity rows for
+    the dead, and nonzero off the diagonal exactly on edges of the full graph with both ends
+    alive (all of them on a fixed graph; a matching of the living for random ones)."""
+    assume(_valid(name, n, degree, base))
+    topo = Topology(name, n, degree=degree, seed=seed, base=base)
+    alive = frozenset(data.draw(st.sets(st.integers(0, n - 1)), label="alive"))
+    graph = _living(topo, alive)
+    w = graph.mixing_matrix(t)
+    np.testing.assert_array_equal(w, w.T)
+    np.testing.assert_allclose(w.sum(0), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1.0, rtol=0, atol=1e-12)
+    assert (w >= 0).all()
+    for i in set(range(n)) - alive:
+        assert w[i, i] == 1.0 and graph.peers(i, t) == []
+    edges = graph.edges(t)
+    assert all(a in alive and b in alive for a, b in edges)
+    assert {(i, j) for i in range(n) for j in range(i + 1, n) if w[i, j] != 0} == edges
+    if name in RANDOM:
+        assert edges <= topo.possible_edges
+        degs = [len(graph.peers(i, t)) for i in range(n)]
+        assert max(degs) <= (1 if name == "matching" else 2)
+        if name == "matching" and base == "complete":
+            assert len(edges) == len(alive) // 2  # everyone paired but one of an odd number
+    else:
+        assert edges == {(a, b) for a, b in topo.possible_edges if a in alive and b in alive}
