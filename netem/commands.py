@@ -36,16 +36,24 @@ destination, i.e. *after* the sender's rate limiter: a netem leaf inside the sen
 start its delay at enqueue, so queueing behind the rate limit would hide the delay instead of
 adding to it. Where the kernel has no netem, latency is the receiver's release queue
 (``netem.userspace``) and no command is emitted for it.
+
+Changing links while a run goes on (``LiveLinks``, ``link_change_commands``): a directed link
+i -> j is enforced by i's egress class for j and, where j has a download cap, by j's ifb class
+for i; both are changed with ``tc class change`` (never deleted and re-added, so queued packets
+and filters survive), with the rates, burst and quantum that set-up would have given them, and
+i's ``gso_max_segs`` follows its slowest link. Latency is netem's (``tc qdisc change``); without
+netem it is the receiver's release queue and the change belongs there. A cut (rate 0, a
+partition) drops at the link's two leaf queues (``CUT_LEAF_LIMIT_PKTS``, see there).
 """
 from __future__ import annotations
 
 import math
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .capabilities import CapabilityError, Decision
-from .profiles import LinkPlan
+from .profiles import LATENCY_RANGE_MS, RATE_RANGE_MBIT, LinkPlan
 
 WORKER_DEV = "eth0"
 IFB_DEV = "ifb0"
@@ -58,6 +66,17 @@ GSO_MAX_SEGS = 65_535          # the kernel's default and upper bound
 GSO_BURST_S = 0.01            # one GSO packet holds at most ~10 ms of the slowest link
 MAX_QUANTUM_B = 200_000         # the kernel's upper bound before it complains
 PASS_RATE_BPS = 100 * 10**9    # a class that must never limit (the delay tree)
+# A cut link (rate 0, a partition): both pfifo leaves of the sender's link class get this limit
+# (``tc qdisc change``), so every packet to that peer is dropped on arrival, ACKs and small
+# control messages included, while the class, its filters and what is already queued stay (the
+# queue drains at the rate in force: ~0.3 s of data at 5 Mbit/s, measured). Restoring the limit
+# reopens the link; a TCP connection that lived through a 3-6 s cut moved data again within
+# 0.5 s of the restore, at the full rate (its retransmission timer's backoff). Not chosen: HTB
+# has no rate 0, and a trickle rate (8 kbit/s) is no partition (64-byte messages crossed it in
+# 0.15 ms) and leaves the class in token debt for up to a packet's time at that rate (up to
+# HTB's 60 s cap with 64 KiB GSO packets): a link restored to 5 Mbit/s carried 0.08 Mbit/s for
+# the next 4 s. gact and police, which could drop instead, are not in every kernel.
+CUT_LEAF_LIMIT_PKTS = 0
 RUN_ID_RE = re.compile(r"^[0-9a-f]{1,12}$")
 NETNS_RE = re.compile(r"^gl([0-9a-f]{1,12})-(sw|w\d+)$")   # the names we create, and only those
 
@@ -219,19 +238,24 @@ def link_classid(index: int) -> int:
 
 
 def _htb_class(t: _Tree, parent: str, minor: int, rate: int, ceil: int, desc: str,
-               prio: int | None = None) -> Command:
+               prio: int | None = None, verb: str = "add") -> Command:
+    """``tc class add`` (or ``change``, which takes the same arguments: options left out are
+    reset, prio to 0, so a change restates them all)."""
     extra = [] if prio is None else ["prio", prio]
-    return _cmd(t.netns, desc, "tc", "class", "add", "dev", t.dev, "parent", parent, "classid",
+    return _cmd(t.netns, desc, "tc", "class", verb, "dev", t.dev, "parent", parent, "classid",
                 f"1:{minor:x}", "htb", "rate", _bit(rate), "ceil", _bit(ceil), *extra,
                 *_burst_args(ceil, t.mtu))
+
+
+def _cap_bps(t: _Tree) -> int | None:
+    return None if t.cap_mbit is None else htb_rate_bps(t.cap_mbit, t.mtu)
 
 
 def _tree_commands(t: _Tree) -> list[Command]:
     out = [_cmd(t.netns, f"HTB root on {t.dev}", "tc", "qdisc", "add", "dev", t.dev, "root",
                 "handle", "1:", "htb")]
-    parent, cap_bps = "1:", None
-    if t.cap_mbit is not None:
-        cap_bps = htb_rate_bps(t.cap_mbit, t.mtu)
+    parent, cap_bps = "1:", _cap_bps(t)
+    if cap_bps is not None:
         kind = "uplink" if t.match == "dst" else "downlink"
         out.append(_htb_class(t, "1:", 1, cap_bps, cap_bps, f"{kind} cap {t.cap_mbit:g} Mbit/s"))
         parent = "1:1"
@@ -240,33 +264,51 @@ def _tree_commands(t: _Tree) -> list[Command]:
     return out
 
 
-def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow,
-                   cap_bps: int | None) -> list[Command]:
-    """The link class of one peer, its ACK and bulk children, their leaves and filters."""
-    ceil = htb_rate_bps(flow.rate_mbit, t.mtu)
-    rate = ceil
+def class_rates(link_rate_bps: int, cap_bps: int | None, flows: int) -> tuple[int, int, int, int]:
+    """(rate, ceil) of a link class and the rates of its ACK and bulk children, in bit/s.
+
+    Under a cap, guaranteed rates of the link classes must not add up past the cap: HTB lets a
+    class below its own rate send without asking its parent. The children split the link's rate.
+    """
+    rate = ceil = link_rate_bps
     if cap_bps is not None:
-        # Guaranteed rates of the children must not add up past the cap: HTB lets a class
-        # below its own rate send without asking its parent.
         ceil = min(ceil, cap_bps)
-        rate = max(8, min(ceil, cap_bps // len(t.flows)))
+        rate = max(8, min(ceil, cap_bps // flows))
     ack_rate = max(8, rate // 2)
+    return rate, ceil, ack_rate, max(8, rate - ack_rate)
+
+
+def _link_classes(t: _Tree, parent: str, index: int, flow: Flow, cap_bps: int | None,
+                  verb: str = "add") -> list[Command]:
+    """The link class of one peer and its ACK (prio 0) and bulk (prio 1) children."""
+    rate, ceil, ack_rate, bulk_rate = class_rates(htb_rate_bps(flow.rate_mbit, t.mtu), cap_bps,
+                                                  len(t.flows))
     minor = link_classid(index)
     arrow = f"->{flow.peer}" if t.match == "dst" else f"<-{flow.peer}"
     return [
-        _htb_class(t, parent, minor, rate, ceil, f"link {arrow} {flow.rate_mbit:g} Mbit/s"),
-        _htb_class(t, f"1:{minor:x}", minor + 1, ack_rate, ceil, f"link {arrow} small packets", 0),
-        _htb_class(t, f"1:{minor:x}", minor + 2, max(8, rate - ack_rate), ceil,
-                   f"link {arrow} bulk", 1),
+        _htb_class(t, parent, minor, rate, ceil, f"link {arrow} {flow.rate_mbit:g} Mbit/s",
+                   verb=verb),
+        _htb_class(t, f"1:{minor:x}", minor + 1, ack_rate, ceil, f"link {arrow} small packets", 0,
+                   verb),
+        _htb_class(t, f"1:{minor:x}", minor + 2, bulk_rate, ceil, f"link {arrow} bulk", 1, verb),
+    ]
+
+
+def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow,
+                   cap_bps: int | None) -> list[Command]:
+    """The link class of one peer, its ACK and bulk children, their leaves and filters."""
+    minor = link_classid(index)
+    return _link_classes(t, parent, index, flow, cap_bps) + [
         _leaf(t, minor + 1), _leaf(t, minor + 2),
         _filter(t, 1, flow.address, minor + 1, small=True),
         _filter(t, 2, flow.address, minor + 2, small=False),
     ]
 
 
-def _leaf(t: _Tree, minor: int) -> Command:
-    return _cmd(t.netns, "leaf queue", "tc", "qdisc", "add", "dev", t.dev, "parent", f"1:{minor:x}",
-                "handle", f"{minor:x}:", "pfifo", "limit", LEAF_LIMIT_PKTS)
+def _leaf(t: _Tree, minor: int, verb: str = "add", limit_pkts: int = LEAF_LIMIT_PKTS,
+          desc: str = "leaf queue") -> Command:
+    return _cmd(t.netns, desc, "tc", "qdisc", verb, "dev", t.dev, "parent", f"1:{minor:x}",
+                "handle", f"{minor:x}:", "pfifo", "limit", limit_pkts)
 
 
 def _filter(t: _Tree, prio: int, address: str, minor: int, small: bool) -> Command:
@@ -291,29 +333,46 @@ def gso_segments(rate_mbit: float, mtu: int) -> int:
     return max(1, min(GSO_MAX_SEGS, int(htb_rate_bps(rate_mbit, mtu) * GSO_BURST_S // frame_bits)))
 
 
+def _peers(plan: LinkPlan, rank: int) -> list[int]:
+    return [j for j in range(plan.workers) if j != rank]
+
+
+def _egress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
+                 rates: dict[tuple[int, int], float] | None = None) -> _Tree:
+    """Worker ``rank``'s egress tree; ``rates`` (goodput Mbit/s, 0 = cut) replace the plan's."""
+    rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
+    flows = tuple(Flow(j, topo.address(j), rate((rank, j))) for j in _peers(plan, rank))
+    return _Tree(topo.worker_ns(rank), WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
+
+
+def _ingress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
+                  rates: dict[tuple[int, int], float] | None = None) -> _Tree:
+    """Worker ``rank``'s download tree on the ifb (only built when it has a download cap)."""
+    rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
+    flows = tuple(Flow(j, topo.address(j), rate((j, rank))) for j in _peers(plan, rank))
+    return _Tree(topo.worker_ns(rank), IFB_DEV, "src", topo.mtu, plan.cap(rank).down_mbit, flows)
+
+
+def _gso_command(topo: NetTopology, rank: int, slowest_mbit: float) -> Command:
+    segs = gso_segments(slowest_mbit, topo.mtu)
+    return _cmd(topo.worker_ns(rank), f"worker {rank}: GSO packets of at most {segs} segments "
+                f"(~{GSO_BURST_S * 1e3:g} ms at {slowest_mbit:g} Mbit/s)",
+                "ip", "link", "set", "dev", WORKER_DEV, "gso_max_segs", segs)
+
+
 def egress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Command]:
-    peers = [j for j in range(plan.workers) if j != rank]
-    if not peers:
+    if not _peers(plan, rank):
         return []
-    ns = topo.worker_ns(rank)
-    flows = tuple(Flow(j, topo.address(j), plan.links[(rank, j)].rate_mbit) for j in peers)
-    slowest = min(plan.effective_rate_mbit(rank, j) for j in peers)
-    segs = gso_segments(slowest, topo.mtu)
-    gso = _cmd(ns, f"worker {rank}: GSO packets of at most {segs} segments "
-                   f"(~{GSO_BURST_S * 1e3:g} ms at {slowest:g} Mbit/s)",
-               "ip", "link", "set", "dev", WORKER_DEV, "gso_max_segs", segs)
-    tree = _Tree(ns, WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
-    return [gso] + _tree_commands(tree)
+    slowest = min(plan.effective_rate_mbit(rank, j) for j in _peers(plan, rank))
+    return [_gso_command(topo, rank, slowest)] + _tree_commands(_egress_tree(plan, topo, rank))
 
 
 def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Command]:
     """Download cap: eth0's ingress -> ifb0 (mirred), where an HTB tree matches ``ip src``."""
     down = plan.cap(rank).down_mbit
-    peers = [j for j in range(plan.workers) if j != rank]
-    if down is None or not peers:
+    if down is None or not _peers(plan, rank):
         return []
     ns = topo.worker_ns(rank)
-    flows = tuple(Flow(j, topo.address(j), plan.links[(j, rank)].rate_mbit) for j in peers)
     out = [_cmd(ns, f"worker {rank} download device", "ip", "link", "add", IFB_DEV, "mtu", topo.mtu,
                 "type", "ifb"),
            _cmd(ns, f"worker {rank} download device up", "ip", "link", "set", IFB_DEV, "up"),
@@ -322,7 +381,7 @@ def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Comma
            _cmd(ns, "redirect arriving IP packets to the download device", "tc", "filter", "add",
                 "dev", WORKER_DEV, "parent", "ffff:", "protocol", "ip", "prio", 1, "u32", "match",
                 "u32", 0, 0, "action", "mirred", "egress", "redirect", "dev", IFB_DEV)]
-    return out + _tree_commands(_Tree(ns, IFB_DEV, "src", topo.mtu, down, flows))
+    return out + _tree_commands(_ingress_tree(plan, topo, rank))
 
 
 def _netem_args(link, rate_bps: int, mtu: int) -> list[str]:
@@ -338,15 +397,33 @@ def _netem_args(link, rate_bps: int, mtu: int) -> list[str]:
     return args + ["limit", str(limit)]
 
 
-def delay_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Command]:
-    """netem on the switch port towards ``rank``: one qdisc when all senders look alike, else per
-    sender."""
-    links = [plan.links[(j, rank)] for j in range(plan.workers) if j != rank]
+def delay_layout(plan: LinkPlan, rank: int, per_sender: bool = False) -> str:
+    """How netem delays traffic towards ``rank``: 'none', 'root' (one qdisc for every sender) or
+    'tree' (an HTB tree with one netem per sender).
+
+    One qdisc where all senders look alike keeps the common case cheap; ``per_sender`` asks for
+    the tree regardless (delay 0 included), which is what lets a run change one sender's latency
+    later: a shared qdisc cannot be changed for one of its senders alone.
+    """
+    links = [plan.links[(j, rank)] for j in _peers(plan, rank)]
+    if per_sender and links:
+        return "tree"
     if not any(link.latency_ms or link.jitter_ms or link.loss_pct for link in links):
-        return []
-    sw, dev = topo.switch_ns, topo.port_dev(rank)
+        return "none"
     shapes = {(link.latency_ms, link.jitter_ms, link.loss_pct) for link in links}
-    if len(shapes) == 1:
+    return "root" if len(shapes) == 1 else "tree"
+
+
+def delay_commands(plan: LinkPlan, topo: NetTopology, rank: int,
+                   per_sender: bool = False) -> list[Command]:
+    """netem on the switch port towards ``rank``: one qdisc when all senders look alike, else per
+    sender (see ``delay_layout``)."""
+    layout = delay_layout(plan, rank, per_sender)
+    if layout == "none":
+        return []
+    links = [plan.links[(j, rank)] for j in _peers(plan, rank)]
+    sw, dev = topo.switch_ns, topo.port_dev(rank)
+    if layout == "root":
         fastest = max(htb_rate_bps(link.rate_mbit, topo.mtu) for link in links)
         return [_cmd(sw, f"delay towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
                      "netem", *_netem_args(links[0], fastest, topo.mtu))]
@@ -393,8 +470,12 @@ def check_supported(plan: LinkPlan, decision: Decision) -> None:
                                   f"this kernel lacks: {caps.errors.get(missing[0], '')}")
 
 
-def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision) -> list[Command]:
-    """Every command that builds the run's network, in order; [] unless the shaper is tc."""
+def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
+                  per_sender_delay: bool = False) -> list[Command]:
+    """Every command that builds the run's network, in order; [] unless the shaper is tc.
+
+    ``per_sender_delay``: one netem per sender on every switch port (``delay_layout``), for runs
+    that will change latencies of single links (``LiveLinks`` must be told the same)."""
     if topo.workers != plan.workers:
         raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
     check_supported(plan, decision)
@@ -406,5 +487,209 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision) -> list
     for k in range(plan.workers):
         out += egress_commands(plan, topo, k) + ingress_commands(plan, topo, k)
         if decision.delay == "netem":
-            out += delay_commands(plan, topo, k)
+            out += delay_commands(plan, topo, k, per_sender_delay)
     return out
+
+
+# ---------------------------------------------------------------- changing links in a run
+
+def _check_number(what: str, value: object, lo: float, hi: float, note: str = "") -> float:
+    """``value`` as a finite float in [lo, hi], else a ValueError naming it and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} = {value!r} is not a number")
+    v = float(value)
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"{what} = {value!r} is out of range; expected a value in "
+                         f"[{lo:g}, {hi:g}]{note}")
+    return v
+
+
+def check_rate_mbit(what: str, value: object) -> float:
+    """A link's new goodput rate in Mbit/s: 0 (a cut) up to the profiles' largest rate."""
+    return _check_number(what, value, 0.0, RATE_RANGE_MBIT[1], " (0 cuts the link)")
+
+
+class LiveLinks:
+    """The directed links of a running tc network as they are now, and the commands that change
+    them in place.
+
+    Built from the LinkPlan the network was set up with, which fixes what exists (classes and
+    their ids, caps, ifb trees, the netem layout; ``per_sender_delay`` as given to
+    ``plan_commands``). ``change`` returns the commands for one directed link and remembers the
+    new values, because later changes depend on them: a worker's ``gso_max_segs`` follows its
+    slowest link in force, and a netem ``change`` restates the link's whole delay. Run what it
+    returns, in order (``netem.namespaces.run_commands``); a failure leaves the network in an
+    unknown state, which should end the run.
+
+    A cut (rate 0) closes the link's leaf queues (``CUT_LEAF_LIMIT_PKTS``) and keeps its classes
+    at the rate they had; every later rate change restates the leaves' limit, which reopens it.
+    """
+
+    def __init__(self, plan: LinkPlan, topo: NetTopology, decision: Decision, *,
+                 per_sender_delay: bool = False):
+        if topo.workers != plan.workers:
+            raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
+        if decision.shaper != "tc":
+            raise CapabilityError(f"links are changed with tc only under the tc shaper; this run "
+                                  f"has shaper {decision.shaper!r} (the userspace shaper changes "
+                                  "them with LinkShaper.set_link and set_rx_link)")
+        if not plan.shaped:
+            raise ValueError("this run was set up unshaped (no bandwidth profile): there are no "
+                             "link classes to change")
+        self.plan, self.topo, self.decision = plan, topo, decision
+        self.per_sender_delay = per_sender_delay
+        # the rate of each link's classes (a cut keeps it), and which links are cut
+        self._rate_mbit = {key: link.rate_mbit for key, link in plan.links.items()}
+        self._latency_ms = {key: link.latency_ms for key, link in plan.links.items()}
+        self._cut: set[tuple[int, int]] = set()
+
+    def rate_mbit(self, src: int, dst: int) -> float:
+        """The goodput rate of src -> dst in force (0: cut)."""
+        key = self._check_link(src, dst)
+        return 0.0 if key in self._cut else self._rate_mbit[key]
+
+    def latency_ms(self, src: int, dst: int) -> float:
+        return self._latency_ms[self._check_link(src, dst)]
+
+    def effective_rate_mbit(self, src: int, dst: int) -> float:
+        """What one flow src -> dst can get now: min(link, src's uplink, dst's downlink); 0 when
+        cut."""
+        rate = self.rate_mbit(src, dst)
+        caps = [self.plan.cap(src).up_mbit, self.plan.cap(dst).down_mbit]
+        return 0.0 if rate == 0 else min([rate] + [c for c in caps if c is not None])
+
+    def change(self, src: int, dst: int, *, rate_mbit: float | None = None,
+               latency_ms: float | None = None) -> list[Command]:
+        """The commands that give src -> dst this rate (goodput Mbit/s, 0 = cut) and/or latency
+        (ms) from now on. Everything is checked before anything is remembered."""
+        key = self._check_link(src, dst)
+        if rate_mbit is None and latency_ms is None:
+            raise ValueError(f"link {src}->{dst}: nothing to change; give rate_mbit or latency_ms")
+        rate = None if rate_mbit is None else check_rate_mbit(f"link {src}->{dst} rate_mbit",
+                                                              rate_mbit)
+        latency = None if latency_ms is None else self._check_latency(src, dst, latency_ms)
+        gso_before, netem_before = self._gso(src), self._netem(src, dst)
+        if latency is not None:
+            self._latency_ms[key] = latency
+        out = [] if rate is None else self._set_rate(src, dst, rate)
+        netem = self._netem(src, dst)
+        if netem is not None and netem.argv != netem_before.argv:
+            out.append(netem)
+        return self._with_gso(out, gso_before, self._gso(src))
+
+    # -- checks
+
+    def _check_link(self, src: int, dst: int) -> tuple[int, int]:
+        n = self.plan.workers
+        for v in (src, dst):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+                raise ValueError(f"worker {v!r} is out of range; this run has workers 0..{n - 1}")
+        if src == dst:
+            raise ValueError(f"link {src}->{dst}: src and dst are the same worker")
+        return src, dst
+
+    def _check_latency(self, src: int, dst: int, value: object) -> float:
+        """The new latency, or a CapabilityError where no netem qdisc can take it in place."""
+        v = _check_number(f"link {src}->{dst} latency_ms", value, *LATENCY_RANGE_MS)
+        if v == self._latency_ms[(src, dst)]:
+            return v                                # nothing to change (e.g. a restore)
+        where = f"latency_ms = {v:g} on link {src}->{dst}"
+        if self.decision.delay != "netem":
+            why = self.decision.caps.errors.get("netem", "") if self.decision.caps else ""
+            raise CapabilityError(
+                f"{where} needs the netem qdisc, which this run's tc shaper does not have (delay "
+                f"{self.decision.delay!r}{': ' + why if why else ''}); latency is then the "
+                f"receiver's release queue: change it on worker {dst} with "
+                f"LinkShaper.set_rx_link({src}, ...)")
+        layout = delay_layout(self.plan, dst, self.per_sender_delay)
+        if layout == "none" or (layout == "root" and len(_peers(self.plan, dst)) > 1):
+            what = ("the run was set up without delay towards worker" if layout == "none" else
+                    "its netem qdisc is shared by every sender to worker")
+            raise CapabilityError(f"{where} cannot be changed in place: {what} {dst}; set the "
+                                  "network up with per_sender_delay=True (one netem per sender)")
+        return v
+
+    # -- commands
+
+    def _set_rate(self, src: int, dst: int, rate: float) -> list[Command]:
+        """Remember the rate; a cut closes the leaves, any other rate changes the classes and
+        restates the leaves' limit (reopening them after a cut)."""
+        if rate == 0:
+            self._cut.add((src, dst))
+            return self._leaf_changes(src, dst, CUT_LEAF_LIMIT_PKTS)
+        self._cut.discard((src, dst))
+        self._rate_mbit[(src, dst)] = rate
+        return self._class_changes(src, dst) + self._leaf_changes(src, dst, LEAF_LIMIT_PKTS)
+
+    def _leaf_changes(self, src: int, dst: int, limit_pkts: int) -> list[Command]:
+        """``tc qdisc change`` of the ACK and bulk leaves of src's egress class for dst."""
+        tree = _egress_tree(self.plan, self.topo, src, self._rate_mbit)
+        minor = link_classid(next(i for i, f in enumerate(tree.flows) if f.peer == dst))
+        desc = f"link ->{dst} {'cut' if limit_pkts == CUT_LEAF_LIMIT_PKTS else 'open'}"
+        return [_leaf(tree, m, "change", limit_pkts, desc) for m in (minor + 1, minor + 2)]
+
+    def _class_changes(self, src: int, dst: int) -> list[Command]:
+        """``tc class change`` of every class that enforces src -> dst: src's egress class for
+        dst and, where dst has a download cap, dst's ifb class for src."""
+        out = _changed_flow(_egress_tree(self.plan, self.topo, src, self._rate_mbit), dst)
+        if self.plan.cap(dst).down_mbit is not None:
+            out += _changed_flow(_ingress_tree(self.plan, self.topo, dst, self._rate_mbit), src)
+        return out
+
+    def _gso(self, rank: int) -> Command | None:
+        """Set-up's GSO rule over the links in force; cut links do not count (nothing that
+        matters crosses them), and with every link cut there is nothing to size it by."""
+        live = [r for j in _peers(self.plan, rank) if (r := self.effective_rate_mbit(rank, j)) > 0]
+        return _gso_command(self.topo, rank, min(live)) if live else None
+
+    @staticmethod
+    def _with_gso(out: list[Command], before: Command | None,
+                  after: Command | None) -> list[Command]:
+        """GSO shrinks before the classes slow down and grows after they sped up, so that no
+        packet sized for one rate meets the other."""
+        if after is None or (before is not None and after.argv == before.argv):
+            return out
+        shrinks = before is not None and int(after.argv[-1]) < int(before.argv[-1])
+        return [after] + out if shrinks else out + [after]
+
+    def _netem(self, src: int, dst: int) -> Command | None:
+        """netem's ``change`` for src -> dst as the links are now (None: no netem to change).
+
+        netem's limit follows the rate, so a rate change alone may change it too."""
+        layout = delay_layout(self.plan, dst, self.per_sender_delay)
+        if self.decision.delay != "netem" or layout == "none":
+            return None
+        sw, dev, mtu = self.topo.switch_ns, self.topo.port_dev(dst), self.topo.mtu
+        link = replace(self.plan.links[(src, dst)], latency_ms=self._latency_ms[(src, dst)])
+        senders = _peers(self.plan, dst)
+        if layout == "root":
+            fastest = max(htb_rate_bps(self._rate_mbit[(j, dst)], mtu) for j in senders)
+            return _cmd(sw, f"delay towards worker {dst}", "tc", "qdisc", "change", "dev", dev,
+                        "root", "netem", *_netem_args(link, fastest, mtu))
+        minor = link_classid(senders.index(src))
+        return _cmd(sw, f"delay {src}->{dst}", "tc", "qdisc", "change", "dev", dev, "parent",
+                    f"1:{minor:x}", "handle", f"{minor:x}:", "netem",
+                    *_netem_args(link, htb_rate_bps(self._rate_mbit[(src, dst)], mtu), mtu))
+
+
+def _changed_flow(t: _Tree, peer: int) -> list[Command]:
+    """``tc class change`` of the link class of ``peer`` in tree ``t`` and of its children."""
+    index = next(i for i, flow in enumerate(t.flows) if flow.peer == peer)
+    cap_bps = _cap_bps(t)
+    parent = "1:" if cap_bps is None else "1:1"
+    return _link_classes(t, parent, index, t.flows[index], cap_bps, verb="change")
+
+
+def link_change_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, rank: int,
+                         peer: int, *, rate_mbit: float | None = None,
+                         latency_ms: float | None = None,
+                         per_sender_delay: bool = False) -> list[Command]:
+    """The commands that change rank -> peer (``LiveLinks.change``) on a network set up from
+    ``plan`` and not changed since.
+
+    A run that changes links more than once keeps one ``LiveLinks`` instead: with the set-up
+    plan, this function would size GSO from the set-up rates of rank's other links and restate
+    the set-up latency in a netem change, undoing earlier changes.
+    """
+    live = LiveLinks(plan, topo, decision, per_sender_delay=per_sender_delay)
+    return live.change(rank, peer, rate_mbit=rate_mbit, latency_ms=latency_ms)

@@ -35,9 +35,12 @@ from pathlib import Path
 from .capabilities import CapabilityError
 from .commands import (
     ACK_MAX_IP_BYTES,
+    CUT_LEAF_LIMIT_PKTS,
     LEAF_LIMIT_PKTS,
     Command,
     _burst_args,
+    check_rate_mbit,
+    class_rates,
     htb_rate_bps,
     link_classid,
 )
@@ -110,24 +113,58 @@ def setup_commands(links: list[HostLink], mtu: int, handle: int) -> list[Command
 
 
 def _link_commands(link: HostLink, index: int, mtu: int, handle: int) -> list[Command]:
-    ceil = htb_rate_bps(link.rate_mbit, mtu)
-    ack = max(8, ceil // 2)
     minor, h = link_classid(index), f"{handle:x}"
-    desc = f"link {link.src}->{link.dst} {link.rate_mbit:g} Mbit/s"
+    return [*_link_classes(link, index, mtu, handle, link.rate_mbit),
+            *_leaves(link, index, handle),
+            _filter(link, 1, minor + 1, h, small=True),
+            _filter(link, 2, minor + 2, h, small=False)]
+
+
+def _link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: float,
+                  verb: str = "add") -> list[Command]:
+    """The link class at ``rate_mbit`` and its ACK (prio 0) and bulk (prio 1) children;
+    ``change`` restates every option, as ``add`` gives them."""
+    rate, ceil, ack, bulk = class_rates(htb_rate_bps(rate_mbit, mtu), None, 1)
+    minor, h = link_classid(index), f"{handle:x}"
+    desc = f"link {link.src}->{link.dst} {rate_mbit:g} Mbit/s"
 
     def cls(parent: str, m: int, rate: int, what: str, prio=()) -> Command:
-        return _cmd(f"{desc}{what}", "tc", "class", "add", "dev", link.dev, "parent", parent,
+        return _cmd(f"{desc}{what}", "tc", "class", verb, "dev", link.dev, "parent", parent,
                     "classid", f"{h}:{m:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
                     *prio, *_burst_args(ceil, mtu))
 
-    return [cls(f"{h}:", minor, ceil, ""),
+    return [cls(f"{h}:", minor, rate, ""),
             cls(f"{h}:{minor:x}", minor + 1, ack, " small packets", ("prio", 0)),
-            cls(f"{h}:{minor:x}", minor + 2, max(8, ceil - ack), " bulk", ("prio", 1)),
-            *(_cmd("leaf queue", "tc", "qdisc", "add", "dev", link.dev, "parent", f"{h}:{m:x}",
-                   "handle", f"{m:x}:", "pfifo", "limit", LEAF_LIMIT_PKTS)
-              for m in (minor + 1, minor + 2)),
-            _filter(link, 1, minor + 1, h, small=True),
-            _filter(link, 2, minor + 2, h, small=False)]
+            cls(f"{h}:{minor:x}", minor + 2, bulk, " bulk", ("prio", 1))]
+
+
+def _leaves(link: HostLink, index: int, handle: int, verb: str = "add",
+            limit_pkts: int = LEAF_LIMIT_PKTS, desc: str = "leaf queue") -> list[Command]:
+    minor, h = link_classid(index), f"{handle:x}"
+    return [_cmd(desc, "tc", "qdisc", verb, "dev", link.dev, "parent", f"{h}:{m:x}", "handle",
+                 f"{m:x}:", "pfifo", "limit", limit_pkts) for m in (minor + 1, minor + 2)]
+
+
+def change_commands(links: list[HostLink], mtu: int, handle: int, src: int, dst: int, *,
+                    rate_mbit: float) -> list[Command]:
+    """Set src -> dst (set up by ``setup_commands`` from the same ``links``) to ``rate_mbit``
+    in place: queued packets and filters stay.
+
+    As in ``commands.LiveLinks``: rate 0 is a cut, which closes the link's two leaf queues
+    (``commands.CUT_LEAF_LIMIT_PKTS``: every packet dropped) and leaves its classes alone; any
+    other rate is a ``tc class change`` of the three classes plus the leaves' limit restated,
+    which reopens a cut link (so nothing here needs to remember cuts). Latency is not here:
+    across hosts it is always the receiver's release queue (``LinkShaper.set_rx_link``)."""
+    rate = check_rate_mbit(f"link {src}->{dst} rate_mbit", rate_mbit)
+    link = next((lk for lk in links if (lk.src, lk.dst) == (src, dst)), None)
+    if link is None:
+        raise ValueError(f"link {src}->{dst} does not leave this host; its links: "
+                         f"{', '.join(f'{lk.src}->{lk.dst}' for lk in links) or 'none'}")
+    index = [lk for lk in links if lk.dev == link.dev].index(link)
+    if rate == 0:
+        return _leaves(link, index, handle, "change", CUT_LEAF_LIMIT_PKTS, f"cut {src}->{dst}")
+    return (_link_classes(link, index, mtu, handle, rate, verb="change")
+            + _leaves(link, index, handle, "change", LEAF_LIMIT_PKTS, f"open {src}->{dst}"))
 
 
 def _filter(link: HostLink, prio: int, minor: int, h: str, small: bool) -> Command:
@@ -223,6 +260,11 @@ class HostShaping:
         except BaseException:
             self.close()
             raise
+
+    def change_commands(self, src: int, dst: int, rate_mbit: float) -> list[Command]:
+        """The commands that set src -> dst to ``rate_mbit`` (0: cut) from now on; run them with
+        ``netem.namespaces.run_commands``."""
+        return change_commands(self.links, self.mtu, self.handle, src, dst, rate_mbit=rate_mbit)
 
     def _done(self, cmd: Command) -> None:
         if cmd.argv[1:3] == ("qdisc", "replace"):

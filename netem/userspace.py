@@ -24,11 +24,20 @@ loss need netem and are refused here (``netem.commands.check_supported``).
 A worker's uplink cap is a second virtual clock shared by all of its links; a downlink cap is
 approximated at each sender as min(link rate, receiver's cap), i.e. as if that sender had the
 receiver's downlink to itself (senders cannot see each other without coordination).
+
+Links change while a run goes on (a scenario timeline): the sender calls ``set_link`` and the
+receiver ``set_rx_link``, each when its own timeline says so. A cut (rate 0, a partition) makes
+``stamp`` raise ``LinkCutError``: a virtual clock cannot hold a message "until the link comes
+back" (nobody knows when), and pacing it at a trickle would stamp it minutes ahead and keep
+every later message behind it after the restore. Messages stamped before a cut keep their
+stamps and are delivered, as tc's cut (``netem.commands.CUT_LEAF_LIMIT_PKTS``) still delivers
+what it finds queued.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +48,43 @@ MAX_QUEUE_S = 0.5       # at most this much data per link ahead of real time (ba
 RELEASE_SLACK_S = 0.25
 MAX_POLL_S = 0.02       # a waiting receiver re-checks at least this often
 MODES = ("userspace", "delay-only")
+LATENCY_RANGE_MS = (0.0, 60_000.0)   # what set_link / set_rx_link accept
 
 
 class ShapingError(ValueError):
     """A shaping spec is malformed or names a link that does not exist."""
+
+
+class LinkCutError(ShapingError):
+    """A message was offered to a cut link (rate 0: a partition); nothing was stamped."""
+
+
+def _rate_bps(what: str, rate_mbit: float | None) -> float | None:
+    """A new rate in bit/s: None (unshaped), 0.0 (cut) or the rate; a ShapingError names a bad
+    value."""
+    if rate_mbit is None:
+        return None
+    if isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float)) \
+            or not math.isfinite(rate_mbit) or rate_mbit < 0:
+        raise ShapingError(f"{what} = {rate_mbit!r} is out of range; expected None (unshaped), "
+                           "0 (cut) or a finite rate > 0")
+    return float(rate_mbit) * 1e6
+
+
+def _latency_s(what: str, latency_ms: float | None) -> float | None:
+    if latency_ms is None:
+        return None
+    lo, hi = LATENCY_RANGE_MS
+    if isinstance(latency_ms, bool) or not isinstance(latency_ms, (int, float)) \
+            or not lo <= latency_ms <= hi:      # NaN fails both comparisons
+        raise ShapingError(f"{what} = {latency_ms!r} is out of range; expected a value in "
+                           f"[{lo:g}, {hi:g}]")
+    return float(latency_ms) / 1e3
+
+
+def _slower_bps(a: float | None, b: float | None) -> float | None:
+    """The slower of two rates in bit/s, None meaning unlimited."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 class LinkShaper:
@@ -63,8 +105,9 @@ class LinkShaper:
         self._latency_s = {p: lat / 1e3 for p, (_, lat) in tx.items()}
         self._rx_delay_s = {p: d / 1e3 for p, d in rx_delay_ms.items()}
         self._up_bps = up_mbit * 1e6 if up_mbit else None
-        # links into this worker, (rate Mbit/s or None, latency ms): what bounds a sender's stamp
-        self._rx_links = {p: (r * 1e6 if r else None, lat / 1e3)
+        # links into this worker, (rate bit/s or None, latency s): what bounds a sender's stamp
+        # (the slowest rate and largest latency each has had, see set_rx_link)
+        self._rx_bound = {p: (r * 1e6 if r else None, lat / 1e3)
                           for p, (r, lat) in (rx_links or {}).items()}
         self._link_free: dict[int, float] = {}
         self._up_free = 0.0
@@ -75,30 +118,85 @@ class LinkShaper:
         """Sender side, just before sending ``nbytes`` to ``peer``: the delivery time, or None."""
         if self.mode != "userspace":
             return None
-        if peer not in self._rate_bps:
-            raise ShapingError(f"worker {self.rank} has no link to worker {peer}")
+        self._check_peer(peer)
         with self._lock:
+            if self._rate_bps[peer] == 0.0:
+                raise LinkCutError(f"link {self.rank}->{peer} is cut (rate 0, a partition): "
+                                   "nothing can be sent on it until set_link gives it a rate")
             done = self._advance(peer, nbytes, now)
+            latency_s = self._latency_s[peer]
         backlog = done - now - self.max_queue_s
         if backlog > 0:
             self._sleep(backlog)   # backpressure: never more than max_queue_s ahead
-        return done + self._latency_s[peer]
+        return done + latency_s
+
+    def _check_peer(self, peer: int) -> None:
+        if peer not in self._rate_bps:
+            raise ShapingError(f"worker {self.rank} has no link to worker {peer}")
 
     def _advance(self, peer: int, nbytes: int, now: float) -> float:
         """Move the link's (and the uplink's) virtual clock past this message; its wire end time."""
-        bits = nbytes * 8
-        done = max(now, self._link_free.get(peer, 0.0)) + bits / self._rate_bps[peer]
+        bits, rate_bps = nbytes * 8, self._rate_bps[peer]
+        done = max(now, self._link_free.get(peer, 0.0)) + (bits / rate_bps if rate_bps else 0.0)
         if self._up_bps:
             self._up_free = max(now, self._up_free) + bits / self._up_bps
             done = max(done, self._up_free)
         self._link_free[peer] = done
         return done
 
+    def set_link(self, peer: int, rate_mbit: float | None, latency_ms: float | None = None) -> None:
+        """Sender side, from now on: pace messages to ``peer`` at ``rate_mbit`` (None: unshaped;
+        0: cut, ``stamp`` raises ``LinkCutError``) and add ``latency_ms`` (None: keep it).
+
+        Messages stamped before keep their stamps, and data the link's clock already holds keeps
+        its place: the next message starts when that has left at the old rate, as on a link
+        whose rate changes under a queue. In delay-only mode ``stamp`` stamps nothing (tc paces,
+        the receiver delays), so this only records the values; ``set_rx_link`` is what counts.
+        """
+        self._check_peer(peer)
+        name = f"link {self.rank}->{peer}"
+        rate_bps = _rate_bps(f"{name} rate_mbit", rate_mbit)
+        latency_s = _latency_s(f"{name} latency_ms", latency_ms)
+        with self._lock:
+            self._rate_bps[peer] = rate_bps
+            if latency_s is not None:
+                self._latency_s[peer] = latency_s
+
+    def set_rx_link(self, src: int, rate_mbit: float | None,
+                    latency_ms: float | None = None) -> None:
+        """Receiver side, from now on: the values of the link ``src`` -> this worker.
+
+        In delay-only mode ``latency_ms`` is what ``release_at`` adds to what arrives from now
+        on (messages already held keep their times). In both modes the bound of
+        ``latest_release_s`` takes the new values in but never drops older ones: it uses the
+        slowest rate and the largest latency the link has had (a cut stamps nothing and is left
+        out). Each worker applies the timeline on its own clock and round, so a message stamped
+        under the old values can arrive after this worker took the new ones; refusing it as a
+        bad stamp would lose a legitimate message, while an older value only lets a bad stamp
+        wait longer. The other order is not covered: a sender that slows a link before this
+        worker does stamps a large message past the bound of the faster rate, so a caller
+        should apply a link's change here no later than at its sender.
+        """
+        if isinstance(src, bool) or not isinstance(src, int) or src < 0 or src == self.rank:
+            raise ShapingError(f"src = {src!r} is not a worker that sends to worker {self.rank}")
+        name = f"link {src}->{self.rank}"
+        rate_bps = _rate_bps(f"{name} rate_mbit", rate_mbit)
+        latency_s = _latency_s(f"{name} latency_ms", latency_ms)
+        with self._lock:
+            old_rate, old_latency = self._rx_bound.get(src, (None, self._rx_delay_s.get(src, 0.0)))
+            rate = old_rate if rate_bps == 0.0 else _slower_bps(old_rate, rate_bps)
+            latency = old_latency if latency_s is None else max(old_latency, latency_s)
+            self._rx_bound[src] = (rate, latency)
+            if self.mode == "delay-only" and latency_s is not None:
+                self._rx_delay_s[src] = latency_s
+
     def release_at(self, src: int, deliver_at: float | None, arrival: float) -> float:
         """Receiver side: when the algorithm may see a message from ``src`` that arrived at
         ``arrival``."""
         base = arrival if deliver_at is None else max(deliver_at, arrival)
-        return max(base, arrival + self._rx_delay_s.get(src, 0.0))
+        with self._lock:
+            delay_s = self._rx_delay_s.get(src, 0.0)
+        return max(base, arrival + delay_s)
 
     def latest_release_s(self, src: int, nbytes: int, arrival: float) -> float:
         """The latest ``release_at`` a legitimate message of ``nbytes`` from ``src`` can have.
@@ -107,8 +205,10 @@ class LinkShaper:
         latency past the moment it sends, and the message arrives after that moment; one such
         message over the link's rate and a small slack are added on top. A stamp beyond this is
         a bad sender's, and the receiver drops the message ("deliver_at") rather than hold it.
+        Rate and latency are the slowest and largest the link has had (``set_rx_link``).
         """
-        rate_bps, latency_s = self._rx_links.get(src, (None, self._rx_delay_s.get(src, 0.0)))
+        with self._lock:
+            rate_bps, latency_s = self._rx_bound.get(src, (None, self._rx_delay_s.get(src, 0.0)))
         transfer_s = nbytes * 8 / rate_bps if rate_bps else 0.0
         return arrival + latency_s + self.max_queue_s + transfer_s + RELEASE_SLACK_S
 

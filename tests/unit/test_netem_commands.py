@@ -260,3 +260,217 @@ def test_other_shapers_create_nothing():
 def test_topology_and_plan_must_agree():
     with pytest.raises(ValueError, match="topology has 3 workers"):
         plan_commands(plan_of(workers=4), NetTopology("ab", 3), TC_QUEUE)
+
+
+# ---------------------------------------------------------------- changing links in a run
+
+def _change(cmds):
+    """The argv of ``tc class change`` commands, with their namespace."""
+    return [(c.netns, c.argv) for c in cmds if c.argv[:3] == ("tc", "class", "change")]
+
+
+def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
+    from netem.commands import link_change_commands
+    plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
+    cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=5.0)
+    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
+    head = ("tc", "class", "change", "dev", "eth0")
+    assert [(c.netns, c.argv) for c in cmds] == [
+        # the slowest link of worker 0 went from 20 to 5 Mbit/s: GSO shrinks first
+        ("glab-w0", ("ip", "link", "set", "dev", "eth0", "gso_max_segs", "4")),
+        ("glab-w0", head + ("parent", "1:", "classid", "1:10", "htb", "rate", "5227901bit",
+                            "ceil", "5227901bit") + burst),
+        ("glab-w0", head + ("parent", "1:10", "classid", "1:11", "htb", "rate", "2613950bit",
+                            "ceil", "5227901bit", "prio", "0") + burst),
+        ("glab-w0", head + ("parent", "1:10", "classid", "1:12", "htb", "rate", "2613951bit",
+                            "ceil", "5227901bit", "prio", "1") + burst),
+        # the leaves' limit restated: what reopens a link after a cut
+        ("glab-w0", ("tc", "qdisc", "change", "dev", "eth0", "parent", "1:11", "handle", "11:",
+                     "pfifo", "limit", "1000")),
+        ("glab-w0", ("tc", "qdisc", "change", "dev", "eth0", "parent", "1:12", "handle", "12:",
+                     "pfifo", "limit", "1000")),
+    ]
+    assert htb_rate_bps(5.0, 1500) == 5227901       # the L2 correction of set-up
+    # the link to worker 2 is the second flow of worker 0: classes 1:13..1:15
+    to_2 = link_change_commands(plan, topo, TC_QUEUE, 0, 2, rate_mbit=5.0)
+    assert [argv[argv.index("classid") + 1] for _, argv in _change(to_2)] == ["1:13", "1:14",
+                                                                              "1:15"]
+
+
+def test_a_change_restates_what_set_up_gives_the_same_rate_caps_and_ifb_included(tmp_path):
+    """Changing 0->1 to 7 Mbit/s gives the classes set-up would have built for 7 Mbit/s, on
+    worker 0's egress (under its uplink cap) and on worker 1's ifb (under its download cap)."""
+    from netem.commands import link_change_commands
+    data = {"default": {"rate_mbit": 20},
+            "worker": [{"id": 0, "up_mbit": 30}, {"id": 1, "down_mbit": 25}]}
+    before, topo = file_plan(tmp_path, data), NetTopology("ab", 3)
+    after = file_plan(tmp_path, data | {"link": [{"src": 0, "dst": 1, "rate_mbit": 7}]})
+    changed = _change(link_change_commands(before, topo, TC_QUEUE, 0, 1, rate_mbit=7.0))
+    setup = plan_commands(after, topo, TC_QUEUE)
+    wanted = [(c.netns, ("tc", "class", "change") + c.argv[3:]) for c in setup
+              if c.argv[:3] == ("tc", "class", "add")
+              and (c.netns, args_after(c, "dev")) in (("glab-w0", "eth0"), ("glab-w1", "ifb0"))
+              and args_after(c, "classid") in ("1:10", "1:11", "1:12")]
+    assert len(wanted) == 6 and changed == wanted
+    # link classes hang under the caps, as set-up put them
+    assert {argv[argv.index("parent") + 1] for _, argv in changed[::3]} == {"1:1"}
+
+
+def test_a_cut_closes_the_leaves_and_keeps_the_classes_and_gso_of_the_links_still_up():
+    from netem.commands import CUT_LEAF_LIMIT_PKTS, link_change_commands
+    plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
+    cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=0)
+    assert CUT_LEAF_LIMIT_PKTS == 0
+    # no class change and no GSO command (0->2 is still the slowest link up, at 20 Mbit/s)
+    assert [(c.netns, c.argv) for c in cmds] == [
+        ("glab-w0", ("tc", "qdisc", "change", "dev", "eth0", "parent", f"1:{m}", "handle", f"{m}:",
+                     "pfifo", "limit", "0")) for m in (11, 12)]
+    assert all("cut" in c.desc for c in cmds)
+
+
+def test_live_links_remember_what_is_in_force():
+    from netem.commands import LiveLinks
+    plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
+    live = LiveLinks(plan, topo, TC_QUEUE)
+    gso = [c.argv[-1] for c in live.change(0, 1, rate_mbit=5.0) if c.tool == "ip"]
+    assert gso == ["4"] and live.rate_mbit(0, 1) == 5.0
+    # 0->2 slows to 10: the slowest in force is still 0->1 at 5, so GSO stays
+    assert not [c for c in live.change(0, 2, rate_mbit=10.0) if c.tool == "ip"]
+    # 0->1 cut: the slowest link still up is 0->2 at 10 Mbit/s; GSO grows after the leaves close
+    cmds = live.change(0, 1, rate_mbit=0)
+    assert [c.argv[-1] for c in cmds] == ["0", "0", "8"]
+    assert cmds[-1].argv == ("ip", "link", "set", "dev", "eth0", "gso_max_segs", "8")
+    assert live.rate_mbit(0, 1) == 0.0 and live.effective_rate_mbit(0, 1) == 0.0
+    # restore at 5: GSO shrinks first, then the classes change and the leaves reopen
+    cmds = live.change(0, 1, rate_mbit=5.0)
+    assert cmds[0].argv[-1] == "4" and [c.argv[-1] for c in cmds[-2:]] == ["1000", "1000"]
+    assert [argv[argv.index("ceil") + 1] for _, argv in _change(cmds)] == ["5227901bit"] * 3
+    assert live.rate_mbit(0, 1) == 5.0
+
+
+def test_latency_without_netem_is_refused_naming_the_qdisc_and_the_release_queue():
+    from netem.commands import link_change_commands
+    plan, topo = plan_of(workers=3, latency_ms=10.0), NetTopology("ab", 3)
+    decision = Decision("tc", "release-queue", "t", caps(netem=False))
+    with pytest.raises(CapabilityError, match=r"latency_ms = 30 on link 0->1 needs the netem "
+                                              r"qdisc.*set_rx_link\(0"):
+        link_change_commands(plan, topo, decision, 0, 1, latency_ms=30.0)
+    # the latency in force (a restore restates it) is no change, so no error
+    assert _change(link_change_commands(plan, topo, decision, 0, 1, rate_mbit=5.0,
+                                        latency_ms=10.0))
+
+
+def test_latency_change_is_a_netem_change_of_the_senders_qdisc(tmp_path):
+    from netem.commands import link_change_commands
+    # 1->0 differs from 2->0, so set-up built one netem per sender towards worker 0
+    plan = file_plan(tmp_path, {"default": {"rate_mbit": 20, "latency_ms": 10},
+                                "link": [{"src": 2, "dst": 0, "latency_ms": 5}]})
+    cmds = link_change_commands(plan, NetTopology("ab", 3), TC_NETEM, 1, 0, latency_ms=30.0)
+    assert [(c.netns, c.argv) for c in cmds] == [
+        ("glab-sw", ("tc", "qdisc", "change", "dev", "p0", "parent", "1:10", "handle", "10:",
+                     "netem", "delay", "30ms", "limit", "2226"))]
+    # a rate change alone restates the delay, with netem's limit for the new rate
+    cmds = link_change_commands(plan, NetTopology("ab", 3), TC_NETEM, 2, 0, rate_mbit=40.0)
+    assert cmds[-1].argv[-5:] == ("netem", "delay", "5ms", "limit", "1409")
+
+
+def test_a_shared_netem_changes_only_where_it_has_one_sender():
+    from netem.commands import link_change_commands
+    two = plan_of(workers=2, latency_ms=10.0, rate_mbit=20.0)
+    cmds = link_change_commands(two, NetTopology("ab", 2), TC_NETEM, 0, 1, latency_ms=30.0)
+    assert [c.argv for c in cmds] == [("tc", "qdisc", "change", "dev", "p1", "root", "netem",
+                                       "delay", "30ms", "limit", "2226")]
+    three = plan_of(workers=3, latency_ms=10.0)
+    with pytest.raises(CapabilityError, match="shared by every sender to worker 1.*"
+                                              "per_sender_delay=True"):
+        link_change_commands(three, NetTopology("ab", 3), TC_NETEM, 0, 1, latency_ms=30.0)
+    with pytest.raises(CapabilityError, match="set up without delay towards worker 1"):
+        link_change_commands(plan_of(workers=3), NetTopology("ab", 3), TC_NETEM, 0, 1,
+                             latency_ms=30.0)
+
+
+def test_per_sender_delay_builds_a_netem_per_sender_that_a_change_can_reach():
+    from netem.commands import link_change_commands
+    plan, topo = plan_of(workers=3), NetTopology("ab", 3)
+    setup = plan_commands(plan, topo, TC_NETEM, per_sender_delay=True)
+    netem = [c for c in setup if "netem" in c.argv]
+    assert len(netem) == 6 and all(args_after(c, "delay") == "0ms" for c in netem)
+    # nothing else differs from the default set-up (which has no delay at all here)
+    assert plan_commands(plan, topo, TC_NETEM) == [c for c in setup if not (
+        c.netns == "glab-sw" and c.tool == "tc")]
+    cmds = link_change_commands(plan, topo, TC_NETEM, 2, 1, latency_ms=12.5,
+                                per_sender_delay=True)
+    assert [c.argv[4:10] for c in cmds] == [("p1", "parent", "1:13", "handle", "13:", "netem")]
+    assert args_after(cmds[0], "delay") == "12.5ms"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"rate_mbit": -1.0}, r"link 0->1 rate_mbit = -1.0 is out of range; expected a value in "
+                          r"\[0, 100000\] \(0 cuts the link\)"),
+    ({"rate_mbit": float("nan")}, "rate_mbit = nan is out of range"),
+    ({"rate_mbit": float("inf")}, "rate_mbit = inf is out of range"),
+    ({"rate_mbit": 2e5}, "rate_mbit = 200000.0 is out of range"),
+    ({"rate_mbit": "5"}, "rate_mbit = '5' is not a number"),
+    ({"rate_mbit": True}, "rate_mbit = True is not a number"),
+    ({"latency_ms": -1.0}, r"link 0->1 latency_ms = -1.0 is out of range; expected a value in "
+                           r"\[0, 10000\]"),
+    ({"latency_ms": 1e6}, "latency_ms = 1000000.0 is out of range"),
+    ({}, "link 0->1: nothing to change"),
+])
+def test_bad_change_values_are_refused_naming_the_value(kwargs, message):
+    from netem.commands import link_change_commands
+    with pytest.raises(ValueError, match=message):
+        link_change_commands(plan_of(workers=3), NetTopology("ab", 3), TC_NETEM, 0, 1, **kwargs)
+
+
+def test_bad_links_and_shapers_are_refused():
+    from netem.commands import LiveLinks
+    plan, topo = plan_of(workers=3), NetTopology("ab", 3)
+    live = LiveLinks(plan, topo, TC_QUEUE)
+    with pytest.raises(ValueError, match=r"worker 3 is out of range; this run has workers 0..2"):
+        live.change(0, 3, rate_mbit=5.0)
+    with pytest.raises(ValueError, match="link 1->1: src and dst are the same worker"):
+        live.change(1, 1, rate_mbit=5.0)
+    with pytest.raises(CapabilityError, match="shaper 'userspace'.*LinkShaper.set_link"):
+        LiveLinks(plan, topo, Decision("userspace", "release-queue", "t"))
+    with pytest.raises(ValueError, match="set up unshaped"):
+        LiveLinks(plan_of("", workers=3), topo, TC_QUEUE)
+    with pytest.raises(ValueError, match="topology has 4 workers, the plan 3"):
+        LiveLinks(plan, NetTopology("ab", 4), TC_QUEUE)
+    # a refused change leaves the values in force alone
+    with pytest.raises(ValueError):
+        live.change(0, 1, rate_mbit=5.0, latency_ms=-1.0)
+    assert live.rate_mbit(0, 1) == 50.0
+
+
+def test_host_tc_change_is_a_class_change_of_the_links_classes():
+    from netem.hosttc import HostLink, HostShaping, change_commands, run_handle, setup_commands
+    links = [HostLink(0, 1, "198.18.0.2", 30001, 8.0, "eth0"),
+             HostLink(0, 2, "198.18.0.3", 30001, 8.0, "eth0"),
+             HostLink(0, 3, "198.18.0.1", 30001, 8.0, "lo")]
+    cmds = change_commands(links, 1500, 0x4abc, 0, 2, rate_mbit=5.0)
+    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
+    head = ("tc", "class", "change", "dev", "eth0")
+    leaf = ("tc", "qdisc", "change", "dev", "eth0", "parent")
+    assert [c.argv for c in cmds] == [
+        head + ("parent", "4abc:", "classid", "4abc:13", "htb", "rate", "5227901bit", "ceil",
+                "5227901bit") + burst,
+        head + ("parent", "4abc:13", "classid", "4abc:14", "htb", "rate", "2613950bit", "ceil",
+                "5227901bit", "prio", "0") + burst,
+        head + ("parent", "4abc:13", "classid", "4abc:15", "htb", "rate", "2613951bit", "ceil",
+                "5227901bit", "prio", "1") + burst,
+        leaf + ("4abc:14", "handle", "14:", "pfifo", "limit", "1000"),
+        leaf + ("4abc:15", "handle", "15:", "pfifo", "limit", "1000")]
+    # the same arguments as set-up at that rate, on the same class ids
+    again = setup_commands([links[0], HostLink(0, 2, "198.18.0.3", 30001, 5.0, "eth0")], 1500,
+                           0x4abc)
+    assert [c.argv[3:] for c in cmds[:3]] == [c.argv[3:] for c in again
+                                              if c.argv[:3] == ("tc", "class", "add")][3:]
+    cut = HostShaping("abc", links, 1500).change_commands(0, 3, 0)
+    assert [c.argv for c in cut] == [
+        ("tc", "qdisc", "change", "dev", "lo", "parent", f"{run_handle('abc'):x}:{m}", "handle",
+         f"{m}:", "pfifo", "limit", "0") for m in (11, 12)]
+    with pytest.raises(ValueError, match="link 2->0 does not leave this host"):
+        change_commands(links, 1500, 0x4abc, 2, 0, rate_mbit=5.0)
+    with pytest.raises(ValueError, match=r"rate_mbit = -5 is out of range"):
+        change_commands(links, 1500, 0x4abc, 0, 1, rate_mbit=-5)
