@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .algorithms import momentum_warning
 from .compute import check as check_compute
-from .config import Config
+from .config import Config, ConfigError
 from .data import Corpus, build_corpus
 from .devices import simulator_device
 from .model import shape_from_config
@@ -42,6 +42,8 @@ def preflight(cfg: Config) -> Preflight:
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo)  # the scenario: every event checked before the run
     if cfg.net.link_trace:
-        load_link_trace(cfg.net.link_trace, cfg.workers)
+        load_link_trace(cfg.net.link_trace, cfg.workers)  # its errors first, then:
+        raise ConfigError(f"net.link_trace = {cfg.net.link_trace!r}: link traces are not "
+                          "replayed by run and simulate yet")
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)
     return Preflight(topo, build_corpus(cfg), warnings, world)

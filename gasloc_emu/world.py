@@ -31,6 +31,8 @@ from functools import cached_property
 from .scenario import (
     JoinEvent,
     LeaveEvent,
+    LinkEvent,
+    PartitionEvent,
     PauseEvent,
     Scenario,
     ScenarioError,
@@ -164,6 +166,13 @@ class World:
 def check_supported(scenario: Scenario) -> None:
     """Refuse, before the run, what the runners cannot do yet (one line, exit 2)."""
     for ev in scenario.events:
+        if not ev.by_round:
+            raise ScenarioError(f"{scenario.source}: {ev.kind} event at at_s = {ev.at_s:g}: "
+                                "events at a time are not applied by run and simulate yet; "
+                                "give it a round (round = R)")
+        if isinstance(ev, (LinkEvent, PartitionEvent)):
+            raise ScenarioError(f"{scenario.source}: {ev.kind} event at round {ev.round}: link "
+                                "and partition events are not applied by run and simulate yet")
         if isinstance(ev, (LeaveEvent, JoinEvent)) and not ev.by_round:
             raise ScenarioError(f"{scenario.source}: {ev.kind} of worker {ev.worker} at "
                                 f"at_s = {ev.at_s:g}: leaves and joins are only supported at "
