@@ -130,3 +130,139 @@ def test_every_message_the_algorithms_send_fits_the_receivers_schema(tmp_path, m
     for src, dst, kind, dtype, shape in sent:
         assert dtype == torch.float32, (src, dst, kind)
         assert schemas[dst].shape_of(src, kind) == shape, (src, dst, kind, shape)
+
+
+# -- churn: the ring re-formed over the living (``members``), and the ``join`` kind
+
+NUMEL = 1002  # into 4 chunks: 251, 251, 250, 250; into 5: 201, 201, 200, 200, 200
+RING5 = [f"{phase}{s}" for phase in ("rs", "ag") for s in range(4)]  # every ring kind of 5
+
+
+def _living(t: int) -> set[int]:
+    """5 workers; worker 2 is gone from round 3 on."""
+    return {0, 1, 2, 3, 4} if t < 3 else {0, 1, 3, 4}
+
+
+def test_with_members_ring_chunks_follow_the_living_ring():
+    schema = WireSchema(3, 5, NUMEL, members=_living)
+    # round 3: the ring 0, 1, 3, 4; receiver 3 sits at position 2, its sender is 1 (position 1),
+    # which sends chunks 1, 0, 3 at reduce-scatter and 2, 1, 0 at all-gather, of a split into 4
+    assert [schema.shape_of(1, f"rs{s}", 3) for s in range(3)] == [(251,), (251,), (250,)]
+    assert [schema.shape_of(1, f"ag{s}", 3) for s in range(3)] == [(250,), (251,), (251,)]
+    assert schema.shape_of(1, "rs3", 3) is None and schema.shape_of(1, "ag3", 3) is None
+    for src in (0, 2, 3, 4):   # 2 is gone; 0 and 4 are not before 3 on the ring
+        assert all(schema.shape_of(src, kind, 3) is None for kind in RING5), src
+    # round 2: everyone, the ring of 5 as without members: sender 2, chunks of a split into 5
+    assert [schema.shape_of(2, f"rs{s}", 2) for s in range(4)] == [(200,), (201,), (201,), (200,)]
+    assert [schema.shape_of(2, f"ag{s}", 2) for s in range(4)] == [(200,), (200,), (201,), (201,)]
+    assert all(schema.shape_of(1, kind, 2) is None for kind in RING5)
+
+
+@pytest.mark.parametrize("round_idx", [3, 4, 99])
+def test_a_worker_that_is_not_a_member_receives_no_ring_messages(round_idx):
+    schema = WireSchema(2, 5, NUMEL, members=_living)
+    assert all(schema.shape_of(src, kind, round_idx) is None
+               for src in range(5) for kind in RING5)
+    assert schema.shape_of(1, "rs0", 2) == (201,)   # while it was a member, it did
+
+
+@pytest.mark.parametrize(("living", "steps"), [({1, 4}, 1), ({4}, 0)])
+def test_small_living_rings_have_fewer_steps(living, steps):
+    """Two alive: one step of each phase, halves of the model; alone: no ring messages."""
+    schema = WireSchema(4, 6, NUMEL, members=lambda t: living)
+    got = {(src, kind): schema.shape_of(src, kind, 0) for src in range(6)
+           for kind in (f"{p}{s}" for p in ("rs", "ag") for s in range(5))}
+    want = {(1, "rs0"): (501,), (1, "ag0"): (501,)} if steps else {}
+    assert {k: v for k, v in got.items() if v is not None} == want
+
+
+@pytest.mark.parametrize("round_idx", [-1, 1.0, "0", None])
+def test_with_members_a_bad_round_index_has_no_ring_shape(round_idx):
+    schema = WireSchema(3, 5, NUMEL, members=_living)
+    assert schema.shape_of(2, "rs0", round_idx) is None
+
+
+@pytest.mark.parametrize("world", [2, 4, 5, 7])
+def test_without_members_shapes_are_as_before_and_as_with_everyone_alive(world):
+    """members=None: the full ring, whatever the round; the same shapes as members that are
+    every worker in every round."""
+    kinds = ["z", "join", "x"] + [f"{p}{s}" for p in ("rs", "ag") for s in range(world)]
+    for rank in range(world):
+        plain = WireSchema(rank, world, NUMEL)
+        everyone = WireSchema(rank, world, NUMEL, members=lambda t, w=world: range(w))
+        assert plain.members is None
+        for src in range(world):
+            for kind in kinds:
+                want = plain.shape_of(src, kind)
+                for t in (0, 5):
+                    assert plain.shape_of(src, kind, t) == want, (rank, src, kind)
+                    assert everyone.shape_of(src, kind, t) == want, (rank, src, kind)
+                if kind[:2] in ("rs", "ag"):
+                    step = int(kind[2:])
+                    ok = src == (rank - 1) % world and step < world - 1
+                    assert (want is not None) == ok, (rank, src, kind)
+
+
+@pytest.mark.parametrize("members", [None, _living])
+def test_join_comes_from_any_sender_with_the_models_shape(members):
+    for rank in range(5):   # 2 is not a member from round 3: it receives the model to rejoin
+        schema = WireSchema(rank, 5, NUMEL, members=members)
+        assert all(schema.shape_of(src, "join", t) == (NUMEL,)
+                   for src in range(5) for t in (0, 3, 6))
+        assert schema.max_numel() == NUMEL
+
+
+def test_join_cannot_be_an_extra_kind():
+    with pytest.raises(ValueError, match=r"extra kind 'join' must be a non-empty str that is not "
+                                         r"an algorithm's kind \(z, join, rs<s>, ag<s>\)"):
+        WireSchema(0, 2, 10, {"join": (10,)})
+    assert WireSchema(0, 2, 10, {"joined": (1,)}).shape_of(1, "joined") == (1,)
+
+
+@pytest.mark.parametrize(("world", "members"), [(5, [0, 1, 3, 4]), (6, [1, 2, 5]), (4, [0, 3]),
+                                                (5, [3])])
+def test_the_ring_over_members_sends_exactly_what_the_schema_allows(monkeypatch, world,
+                                                                    members):
+    """base.ring_all_reduce_sum over ``members`` at round 3 (every worker alive in other rounds):
+    every message fits its receiver's schema, and every ring message a schema allows is sent."""
+    import threading
+
+    from gasloc_emu.transport.memory import Hub
+
+    sent: list[tuple] = []
+    real_send = InMemoryTransport._send
+
+    def recording_send(self, peer, round_idx, kind, tensor):
+        sent.append((self.rank, peer, round_idx, kind, tuple(tensor.shape)))
+        real_send(self, peer, round_idx, kind, tensor)
+
+    monkeypatch.setattr(InMemoryTransport, "_send", recording_send)
+    hub = Hub(world, timeout_s=20.0)
+
+    def body(rank: int) -> None:
+        tp = hub.transport(rank)
+        try:
+            with hub.cond:
+                if rank in members:
+                    tp.all_reduce_mean(3, torch.ones(NUMEL), members)
+                tp.finish()
+        except BaseException as exc:  # noqa: BLE001 - stop the other threads too
+            hub.abort(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30.0)
+    if hub.error is not None:
+        raise hub.error
+    alive = lambda t: members if t == 3 else range(world)  # noqa: E731
+    schemas = [WireSchema(r, world, NUMEL, members=alive) for r in range(world)]
+    for src, dst, round_idx, kind, shape in sent:
+        assert round_idx == 3 and schemas[dst].shape_of(src, kind, 3) == shape, \
+            (src, dst, kind, shape)
+    kinds = [f"{p}{s}" for p in ("rs", "ag") for s in range(world)]
+    allowed = {(src, dst, kind) for dst in range(world) for src in range(world)
+               for kind in kinds if schemas[dst].shape_of(src, kind, 3) is not None}
+    assert {(src, dst, kind) for src, dst, _, kind, _ in sent} == allowed
+    assert len(sent) == len(allowed) == (2 * len(members) * (len(members) - 1))
