@@ -117,6 +117,7 @@ class Supervisor:
         self.control_drops: dict[str, int] = {}  # by reason: summary.json's control_drops
         self.world = None  # the scenario's rounds (set by run from the preflight)
         self.feed = None  # its events, into events.jsonl and onto the display
+        self.links_round = 0   # the scenario's link changes of rounds < this are applied
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -130,7 +131,8 @@ class Supervisor:
     def run(self, pre: Preflight) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
         self.world = pre.world
-        self.feed = event_feed(self.world, self.rec, self.progress)
+        self.feed = event_feed(self.world, self.rec, self.progress,
+                               shaper=_applied_by(self.network.shaper))
         self.launch_spec().write(self.dir)
         self.slots = self._spawn_all()
         self._await(lambda s: s.ready is not None, _READY_TIMEOUT_S, "start")
@@ -153,6 +155,7 @@ class Supervisor:
 
     def _start(self) -> None:
         """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
+        self._change_links(0)   # round 0's, before anything is sent
         self.t0 = time.time()
         peers = {str(s.rank): s.ready["addr"] for s in self.slots}
         for s in self.slots:
@@ -264,11 +267,23 @@ class Supervisor:
     def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
         slot.round = msg.row["round"]
         slot.overruns += msg.row.get("overruns", 0)
+        self._change_links(msg.row["round"] + 1)
         if self.feed is not None:
             self.feed.row(msg.row)
         self.rec.metric(msg.row)
         if self.progress is not None:
             self.progress(msg.row)
+
+    def _change_links(self, upto: int) -> None:
+        """The network's link changes of rounds <= ``upto``, once each, when the first worker
+        reports round ``upto`` - 1 (tc: messages of that round still in flight may see them;
+        the userspace shaper's workers apply their own at their round starts)."""
+        links = self.world.links if self.world is not None else None
+        if links is None:
+            return
+        while self.links_round <= min(upto, self.cfg.run.rounds - 1):
+            self.network.change_links(links.changes.get(self.links_round, {}))
+            self.links_round += 1
 
     def _on_final(self, slot: WorkerSlot, msg: control.Final, extra) -> None:
         if len(extra) != 1:
@@ -423,6 +438,14 @@ class Supervisor:
             sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
             rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def _applied_by(shaper: str) -> str:
+    """Who applies a scenario's link changes under this shaper (events.jsonl's applied_by)."""
+    return {"tc": "tc: the launcher, when the first worker reports the round before",
+            "userspace": "userspace: each worker at its round start",
+            "none": "none: a partition's cuts are the algorithms' absent edges"
+            }.get(shaper, shaper)
 
 
 def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
@@ -604,7 +627,10 @@ def _last_words(rec: records.RunRecord, summary: dict) -> str | None:
 
 
 def _probes(cfg: Config, network) -> bool:
-    return cfg.net.probe and network.shaper != "none"
+    """Probe shaped links; not a network that starts unshaped (``ScenarioNetwork``: a link
+    event's rate applies later, and an unshaped link has no target to miss)."""
+    return cfg.net.probe and network.shaper != "none" and not getattr(network, "unshaped_start",
+                                                                      False)
 
 
 def _probe_links(cfg: Config, pre: Preflight, network, log: Log) -> list[str]:

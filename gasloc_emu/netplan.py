@@ -16,6 +16,14 @@ class LoopbackNetwork:
     def __init__(self, cfg: Config, reason: str = "no bandwidth profile"):
         self.cfg, self.reason = cfg, reason
 
+    def change_links(self, changes: dict) -> None:
+        """Nothing shapes here: a partition's cuts (and their restores to unshaped) are the
+        algorithms' absent edges, and link events that change rates or latencies get
+        ``ScenarioNetwork`` instead (``open_network``); anything else is an error."""
+        shaping = {k: v for k, v in changes.items() if v[0] not in (None, 0.0) or v[1]}
+        if shaping:
+            raise RuntimeError(f"link changes {shaping} on an unshaped network")
+
     def bind_address(self, rank: int) -> str:
         return "tcp://127.0.0.1:0"  # the worker reports the port it got
 
@@ -39,6 +47,39 @@ class LoopbackNetwork:
         return {"shaper": "none", "links": link_bytes}
 
 
+class ScenarioNetwork(LoopbackNetwork):
+    """No bandwidth profile, but a scenario whose link events change rates or latencies: the
+    userspace shaper with every link unshaped at the start, so that a link changed to 5 Mbit/s
+    runs at 5 Mbit/s from then on, as the simulator's link model has it. Each worker applies
+    its own links' changes (``worker_process``)."""
+
+    shaper = "userspace"
+    unshaped_start = True   # nothing to probe before the first link event (launcher._probes)
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg, "no bandwidth profile; the scenario's link events need a shaper: "
+                         "userspace (links unshaped until an event changes them)")
+
+    def shaping_spec(self) -> dict | None:
+        from netem.userspace import MAX_QUEUE_S
+        n = self.cfg.workers
+        links = [[s, d, None, 0.0] for s in range(n) for d in range(n) if s != d]
+        return {"mode": "userspace", "workers": n, "links": links, "up_mbit": {},
+                "max_queue_s": MAX_QUEUE_S}
+
+    def change_links(self, changes: dict) -> None:
+        """The workers apply them (the launcher has no tc here)."""
+
+    def dry_run_text(self) -> str:
+        return "# shaper: userspace (scenario link events); nothing to create"
+
+    def describe_summary(self) -> dict:
+        return super().describe_summary() | {"shaper": "userspace"}
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        return {"shaper": "userspace", "links": link_bytes}
+
+
 class ShapedNetwork:
     """A run over the netem package's network: tc in namespaces, or the userspace shaper."""
 
@@ -46,6 +87,27 @@ class ShapedNetwork:
         self.cfg, self.session = cfg, session
         self.shaper = session.decision.shaper
         self.probe_rows: list[dict] = []
+        self._live = None   # netem.commands.LiveLinks, made at the first change under tc
+
+    def change_links(self, changes: dict) -> None:
+        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)} with tc, in
+        place (``netem.commands.LiveLinks``); under the userspace shaper the workers apply
+        them. Latency changes under tc without netem are the receivers' (their release
+        queue), so only rates go to tc then."""
+        if self.shaper != "tc" or not changes:
+            return
+        from netem.commands import LiveLinks
+        from netem.namespaces import run_commands
+        if self._live is None:
+            s = self.session
+            self._live = LiveLinks(s.plan, s.topo, s.decision)
+        netem = self.session.decision.delay == "netem"
+        cmds = []
+        for (src, dst), (rate, latency) in sorted(changes.items()):
+            rate = rate if rate is not None else self._live.rate_mbit(src, dst)
+            cmds += self._live.change(src, dst, rate_mbit=rate,
+                                      latency_ms=latency if netem else None)
+        run_commands(cmds)
 
     def bind_address(self, rank: int) -> str:
         return self.session.bind_address(rank)
@@ -150,6 +212,13 @@ class HostNetwork:
     def __exit__(self, *exc) -> None:
         if self.tc is not None:
             self.tc.close()
+
+    def change_links(self, changes: dict) -> None:
+        """Under the userspace shaper the workers apply a scenario's link changes; host tc
+        classes are not changed by scenarios yet, so that is refused, never skipped."""
+        if changes and self.shaper == "tc":
+            raise RuntimeError("a scenario's link changes on a multi-node tc network are not "
+                               "applied yet; use net.shaper = 'userspace'")
 
     def bind_address(self, rank: int) -> str:
         addr, base = self.bases[rank]
@@ -289,16 +358,68 @@ def check_network(cfg: Config) -> None:
                            "drop it, or choose a shaper (auto, tc or userspace)")
 
 
-def sim_link_model(cfg: Config):
+def sim_link_model(cfg: Config, world=None):
     """The simulator's link model from the bandwidth profile, or None when unshaped.
 
     Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``; the virtual
-    clock then predicts nothing, as the emulator then shapes nothing.
+    clock then predicts nothing, as the emulator then shapes nothing. A scenario whose link
+    events change rates or latencies gets a ``RoundLinkModel`` even without a profile (``run``
+    then shapes with the userspace shaper, see ``open_network``). ``world``: the run's, when
+    the caller has it (default: read from the config).
     """
+    if world is None and cfg.run.scenario:
+        from .topology import build_topology
+        from .world import from_config
+        world = from_config(cfg, build_topology(cfg))
+    if world is not None and world.changes_links:
+        return RoundLinkModel(world.links, link_caps(cfg))
     if not shaped(cfg):
         return None
     from netem.profiles import build_link_plan  # netem loads only for shaped runs
     return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
+
+
+def link_caps(cfg: Config):
+    """(src, dst) -> (src's uplink cap, dst's downlink cap) in Mbit/s, None for none."""
+    if not shaped(cfg):
+        return lambda src, dst: (None, None)
+    plan = build_plan(cfg)
+    return lambda src, dst: (plan.cap(src).up_mbit, plan.cap(dst).down_mbit)
+
+
+class LinkCut(RuntimeError):
+    """A message was offered to a link a partition cuts: the algorithms must not send there."""
+
+
+class RoundLinkModel:
+    """The virtual clock's link model when a scenario changes links: each message gets the
+    (rate, latency) in force for the round in its key (``at_round``), with the profile's caps
+    on top, as ``LinkPlan.link_model`` has them (one flow with a cap to itself). An unshaped
+    link takes no time; a cut link refuses the message (``LinkCut``)."""
+
+    def __init__(self, schedule, caps):
+        self.schedule, self.caps = schedule, caps
+
+    def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
+        return self.at_round(src, dst, nbytes, 0)
+
+    def at_round(self, src: int, dst: int, nbytes: int, round_idx: int) -> tuple[float, float]:
+        rate, latency_ms = self.schedule.in_force(src, dst, round_idx)
+        if rate == 0.0:
+            raise LinkCut(f"a message of round {round_idx} from worker {src} to worker {dst}: "
+                          "a partition cuts that link in that round")
+        rates = [r for r in (rate, *self.caps(src, dst)) if r is not None]
+        wire_s = nbytes * 8 / (min(rates) * 1e6) if rates else 0.0
+        return wire_s, latency_ms / 1e3
+
+
+def _changes_links(cfg: Config) -> bool:
+    """Whether the run's scenario has link events that change rates or latencies."""
+    if not cfg.run.scenario:
+        return False
+    from .scenario import LinkEvent, load_scenario
+    scenario = load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
+    return any(isinstance(ev, LinkEvent) for ev in scenario.events)
 
 
 def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
@@ -320,6 +441,9 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
 def open_network(cfg: Config, dry_run: bool = False):
     """The network of a run, undone on exit."""
     if not shaped(cfg):
+        if cfg.net.shaper != "none" and _changes_links(cfg):
+            yield ScenarioNetwork(cfg)
+            return
         reason = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
         yield LoopbackNetwork(cfg, reason)
         return

@@ -19,6 +19,7 @@ import torch
 from . import compute, data
 from .config import Config
 from .devices import simulator_device, threads_per_worker
+from .netplan import sim_link_model
 from .records import RunRecord
 from .summary import final_summary
 from .topology import build_topology
@@ -58,7 +59,9 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
     slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
         world = world_from_config(cfg, topo)
-        feed = event_feed(world, rec, progress)
+        feed = event_feed(world, rec, progress, shaper="simulate: link model by round")
+        if world is not None and world.changes_links and link_model is None:
+            link_model = sim_link_model(cfg, world)  # link events apply without a profile too
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
             if feed is not None:

@@ -134,8 +134,8 @@ def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[i
 
 
 def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
-                    complete: bool, living: frozenset[int] | None = None
-                    ) -> set[tuple[int, int]]:
+                    complete: bool, living: frozenset[int] | None = None,
+                    cut: frozenset[tuple[int, int]] = frozenset()) -> set[tuple[int, int]]:
     """A random perfect matching using only ``edges``; uniform when the base graph is complete.
 
     On other base graphs: a randomised backtracking search that always matches the free worker
@@ -146,7 +146,16 @@ def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generato
     when every worker lives; otherwise a worker may stay unmatched: one of an odd number on a
     complete base, as few as the search finds on other bases (a subgraph of the base graph may
     have no perfect matching).
+
+    ``cut`` (sorted pairs, a partition's) are edges the matching may not use; the draws are
+    those above when nothing is cut, otherwise the search of a non-complete base over the
+    remaining edges.
     """
+    if cut:
+        alive = frozenset(range(n)) if living is None else living
+        adj = [(frozenset(a) & alive) - {j for j in a if _edge(i, j) in cut}
+               for i, a in enumerate(_adjacency(n, edges))]
+        return _near_perfect_matching(alive, adj, rng)
     if living is None or len(living) == n:
         return _perfect_matching(edges, n, rng, complete)
     order = sorted(living)
@@ -267,13 +276,15 @@ class Topology:
             return self.possible_edges
         return _round_edges(self, t)
 
-    def _draw_edges(self, t: int, living: frozenset[int] | None = None) -> set[tuple[int, int]]:
-        """Round t's matching (two for matching2) among ``living`` (default: everyone)."""
+    def _draw_edges(self, t: int, living: frozenset[int] | None = None,
+                    cut: frozenset[tuple[int, int]] = frozenset()) -> set[tuple[int, int]]:
+        """Round t's matching (two for matching2) among ``living`` (default: everyone),
+        without the ``cut`` edges."""
         rng = np.random.default_rng([self.seed, t, 0x3A7C])
         complete = self.base == "complete"
-        out = random_matching(self.possible_edges, self.n, rng, complete, living)
+        out = random_matching(self.possible_edges, self.n, rng, complete, living, cut)
         if self.name == "matching2":
-            out |= random_matching(self.possible_edges, self.n, rng, complete, living)
+            out |= random_matching(self.possible_edges, self.n, rng, complete, living, cut)
         return out
 
     def neighbors(self, t: int) -> list[list[int]]:
@@ -367,14 +378,21 @@ class LivingGraph:
     stochastic; a worker with no living neighbour (or a dead one) has the row (1.0, {}) and no
     peers: it keeps training alone. The spectral quantities (``lambda2``, ``gamma_star``) are
     those of the full graph: the momentum is chosen once, for the configured graph.
+
+    ``cut(t)`` (optional) gives the edges a partition cuts in round t, as pairs in either
+    order: they are absent edges, like a dead worker's (weights over the remaining degrees,
+    matchings drawn without them); with nothing cut the graph is bit for bit the one without.
     """
 
-    def __init__(self, full: Topology, alive: Callable[[int], Iterable[int]]):
+    def __init__(self, full: Topology, alive: Callable[[int], Iterable[int]],
+                 cut: Callable[[int], Iterable[tuple[int, int]]] | None = None):
         if not isinstance(full, Topology):
             raise TypeError(f"full must be a Topology, got {type(full).__name__}")
         if not callable(alive):
             raise TypeError(f"alive must be a function round -> living workers, got {alive!r}")
-        self.full, self._alive = full, alive
+        if cut is not None and not callable(cut):
+            raise TypeError(f"cut must be a function round -> cut edges, got {cut!r}")
+        self.full, self._alive, self._cut = full, alive, cut
 
     def __repr__(self) -> str:
         return f"LivingGraph({self.full!r})"
@@ -423,24 +441,34 @@ class LivingGraph:
         """The workers alive in round t, as ``alive(t)`` gives them."""
         return frozenset(self._alive(t))
 
+    def cut(self, t: int) -> frozenset[tuple[int, int]]:
+        """The edges cut in round t, as sorted pairs."""
+        if self._cut is None:
+            return frozenset()
+        return frozenset(_edge(*_check_pair(e, self.n, t)) for e in self._cut(t))
+
+    def _round(self, t: int):
+        return _living_round(self.full, t, self.living(t), self.cut(t))
+
     def edges(self, t: int) -> set[tuple[int, int]]:
-        """Edges used in round t, both ends alive (a fresh set: callers may modify it)."""
-        return set(_living_round(self.full, t, self.living(t))[0])
+        """Edges used in round t, both ends alive and not cut (a fresh set: callers may modify
+        it)."""
+        return set(self._round(t)[0])
 
     def neighbors(self, t: int) -> list[list[int]]:
-        return [list(a) for a in _living_round(self.full, t, self.living(t))[1]]
+        return [list(a) for a in self._round(t)[1]]
 
     def peers(self, rank: int, t: int) -> list[int]:
         """Sorted living neighbours of ``rank`` in round t; [] for a dead or isolated worker."""
         _check_worker(rank, self.n)
-        return list(_living_round(self.full, t, self.living(t))[1][rank])
+        return list(self._round(t)[1][rank])
 
     def row(self, rank: int, t: int, adj: list[list[int]] | None = None
             ) -> tuple[float, dict[int, float]]:
         """(W[i,i], {j: W[i,j]}) of worker ``rank`` in round t, with the surviving degrees."""
         _check_worker(rank, self.n)
         if adj is None:
-            adj = _living_round(self.full, t, self.living(t))[1]
+            adj = self._round(t)[1]
         return _mh_row(adj, rank, self.alpha)
 
     def mixing_matrix(self, t: int = 0) -> np.ndarray:
@@ -449,15 +477,17 @@ class LivingGraph:
 
 
 @lru_cache(maxsize=64)
-def _living_round(topo: Topology, t: int, alive: frozenset[int]
+def _living_round(topo: Topology, t: int, alive: frozenset[int],
+                  cut: frozenset[tuple[int, int]] = frozenset()
                   ) -> tuple[frozenset[tuple[int, int]], tuple[tuple[int, ...], ...]]:
-    """(edges, adjacency) of round t among ``alive``, memoised: every worker asks for its row
-    every round, and a matching over a subset costs a search."""
+    """(edges, adjacency) of round t among ``alive`` without the ``cut`` edges, memoised:
+    every worker asks for its row every round, and a matching over a subset costs a search."""
     _check_alive(alive, topo.n, t)
     if topo.time_varying:
-        edges = topo._draw_edges(t, alive)
+        edges = topo._draw_edges(t, alive, cut)
     else:
-        edges = {e for e in topo.possible_edges if e[0] in alive and e[1] in alive}
+        edges = {e for e in topo.possible_edges
+                 if e[0] in alive and e[1] in alive and e not in cut}
     return frozenset(edges), tuple(tuple(a) for a in _adjacency(topo.n, edges))
 
 
@@ -467,6 +497,16 @@ def _check_alive(alive: frozenset, n: int, t: int) -> None:
     if bad:
         raise ValueError(f"alive({t}) gave workers {bad} outside [0, {n}) (ints only); the "
                          "graph must be built over every worker id the run ever has")
+
+
+def _check_pair(pair, n: int, t: int) -> tuple[int, int]:
+    """A cut edge as two distinct worker ids in [0, n); ValueError naming it otherwise."""
+    ok = isinstance(pair, tuple) and len(pair) == 2 and all(
+        type(w) is int and 0 <= w < n for w in pair) and pair[0] != pair[1]
+    if not ok:
+        raise ValueError(f"cut({t}) gave edge {pair!r}; expected a pair of two different "
+                         f"workers in [0, {n})")
+    return pair
 
 
 def _check_worker(rank: int, n: int) -> None:

@@ -6,7 +6,9 @@ time. Each thread reports, in program order, what it did: computed for ``work_s`
 replays those reports as a discrete-event simulation:
 
 - a message leaves at the sender's virtual time, queues behind earlier messages on its directed
-  link, and takes ``bytes * 8 / rate`` plus the link's latency (the ``LinkModel``);
+  link, and takes ``bytes * 8 / rate`` plus the link's latency (the ``LinkModel``; a model with
+  an ``at_round`` method, a scenario's ``netplan.RoundLinkModel``, gets the round in the
+  message's key, so a link event at round R times the messages of rounds >= R);
 - a receiver that needs a message before it has arrived waits, and uses no CPU meanwhile;
 - k workers computing at once share the machine as Linux's fair scheduler shares it among busy
   processes (processor sharing): each progresses at ``min(1, slots / k)`` seconds of work per
@@ -155,7 +157,7 @@ class VirtualClock:
         dst = op.key[0]
         arrival = self.now_s
         if self.link_model is not None:
-            wire_s, latency_s = self.link_model(src, dst, op.nbytes)
+            wire_s, latency_s = self._link(src, dst, op)
             start = max(self.now_s, self.link_free_s.get((src, dst), 0.0))
             self.link_free_s[(src, dst)] = start + wire_s
             arrival = start + wire_s + latency_s
@@ -164,6 +166,14 @@ class VirtualClock:
             receiver.wake_s, receiver.waiting_key = arrival, None
         else:
             self.arrivals[op.key] = arrival
+
+    def _link(self, src: int, dst: int, op: Send) -> tuple[float, float]:
+        """(wire s, latency s) of one message; a model with ``at_round`` (a scenario's links
+        change by round) gets the round in the message's key."""
+        at_round = getattr(self.link_model, "at_round", None)
+        if at_round is not None:
+            return at_round(src, dst, op.nbytes, op.key[2])
+        return self.link_model(src, dst, op.nbytes)
 
     def _recv(self, lane: _Lane, key: tuple) -> None:
         arrival = self.arrivals.pop(key, None)

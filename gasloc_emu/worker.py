@@ -80,7 +80,7 @@ class Worker:
         graph = living_graph(self.topology, world)
         self.algo = algorithms.make(cfg.algo, rank, transport, graph,
                                     weight=compute.pseudo_grad_weight(cfg, rank),
-                                    members=world.alive if world and world.churns else None)
+                                    members=ring_members(world, rank))
         self.algo.begin(self.theta)
         self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
         self.step = 0
@@ -191,10 +191,18 @@ class Worker:
 
 def living_graph(topo: topology.Topology | None, world: World | None):
     """The gossip graph the algorithm mixes over: the full one, or its view over the workers
-    a scenario keeps alive in each round."""
-    if topo is None or world is None or not world.churns:
+    a scenario keeps alive in each round, without the edges a partition cuts."""
+    if topo is None or world is None or not world.reshapes:
         return topo
-    return topology.LivingGraph(topo, world.alive)
+    return topology.LivingGraph(topo, world.alive, world.cut_edges)
+
+
+def ring_members(world: World | None, rank: int):
+    """DiLoCo's ``members(t)`` for ``rank``: None (the full ring) without churn or partition,
+    else the living workers of its side of a partition (``World.ring_members``)."""
+    if world is None or not world.reshapes:
+        return None
+    return world.ring_members(rank)
 
 
 def _sync(device) -> None:

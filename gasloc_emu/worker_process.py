@@ -167,6 +167,7 @@ class WorkerProcess:
         self.transport = None
         self.worker = None
         self.world = None
+        self.links: LinkApplier | None = None   # a scenario's link changes, on this shaper
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
@@ -201,13 +202,16 @@ class WorkerProcess:
         topo = build_topology(self.cfg)
         self.world = world = world_from_config(self.cfg, topo)
         numel = count_parameters(self.cfg.model)
+        from .worker import ring_members
         schema = WireSchema(self.rank, self.cfg.workers, numel,
-                            members=world.alive if world is not None and world.churns else None)
+                            members=ring_members(world, self.rank))
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
+        self.links = LinkApplier.of(self.cfg, world, self.rank, _shaping(self.spec, self.rank))
         self.transport = tp = ZmqTransport(
             self.rank, self.cfg.workers, bind, ctx=self.ctx,
             max_numel=numel, schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
-            should_stop=self.ctl.poll_stop, shaping=_shaping(self.spec, self.rank),
+            should_stop=self.ctl.poll_stop,
+            shaping=self.links.shaper if self.links else _shaping(self.spec, self.rank),
             security=self.ctl.security, link_ports=self.spec.link_ports)
         self.state.transport = tp
         device = self.spec.devices[self.rank]
@@ -235,6 +239,8 @@ class WorkerProcess:
             plan = self._plan(t)
             if plan is not None and not plan.active:
                 continue
+            if self.links is not None:
+                self.links.sending(t)   # before anything of round t is sent
             state.round, state.phase = t, "computing"
             for joiner in (plan.donate_to if plan else ()):
                 worker.donate(joiner, t)
@@ -244,6 +250,8 @@ class WorkerProcess:
             if worker.should_eval(t):
                 state.phase = "evaluating"
                 stats.eval_loss = worker.evaluate(t)
+            if self.links is not None:
+                self.links.receiving(t + 1)   # after the last receive of round t
             row = stats.as_dict() | {"time_s": time.time() - t0,
                                      "dropped": self.transport.counters()["dropped"]}
             self.ctl.send({"type": "metric", "row": row})
@@ -286,6 +294,67 @@ class WorkerProcess:
                        "counters": self.transport.counters()}, tensor_frame(theta))
         self.state.phase = "done"
         self.ctl.wait_for("exit", self.spec.exit_timeout_s)
+
+
+class LinkApplier:
+    """A scenario's link changes on this worker's userspace shaper (``world.LinkSchedule``).
+
+    Sender side: at the start of round R, before anything of R is sent, every link from this
+    worker takes the values in force for R (``set_link``; a cut stamps nothing). Every message
+    of round R is sent after that point and every message of R-1 before it, so the sender times
+    each message with its round's values, as the simulator does.
+
+    Receiver side (``set_rx_link``): in ``userspace`` mode it only bounds the release times a
+    sender may stamp, and a sender can enter round R while this worker is still in R-1, so every
+    value each incoming link will have is applied before round 0 (the bound keeps the slowest
+    rate and largest latency it is given). In ``delay-only`` mode (tc paces, this worker's
+    release queue adds the latency) the new latency of round R is applied at the end of round
+    R-1, after its last receive; a message of R that arrives before that gets the old latency.
+    """
+
+    def __init__(self, schedule, rank: int, shaper, caps):
+        self.schedule, self.rank, self.shaper, self.caps = schedule, rank, shaper, caps
+        self.sent_upto = self.recv_upto = -1
+        if shaper.mode == "userspace":
+            self.receiving(10**9)
+
+    @classmethod
+    def of(cls, cfg, world, rank: int, shaper) -> LinkApplier | None:
+        """The applier of a run whose scenario changes links, under a userspace shaper (tc
+        runs without latency changes need none: the launcher changes the classes)."""
+        if shaper is None or world is None or world.links is None or not world.links.changes:
+            return None
+        from .netplan import link_caps
+        return cls(world.links, rank, shaper, link_caps(cfg))
+
+    def _due(self, after: int, upto: int) -> list[tuple[int, dict]]:
+        return [(r, ch) for r, ch in sorted(self.schedule.changes.items()) if after < r <= upto]
+
+    def sending(self, t: int) -> None:
+        """Set every link from this worker that changed since the last call to round t's
+        values."""
+        links = {link for _, ch in self._due(self.sent_upto, t) for link in ch
+                 if link[0] == self.rank}
+        for src, dst in sorted(links):
+            rate, latency = self.schedule.in_force(src, dst, t)
+            self.shaper.set_link(dst, self._rate(rate, (self.caps(src, dst)[1],)), latency)
+        self.sent_upto = max(self.sent_upto, t)
+
+    def receiving(self, t: int) -> None:
+        """Give this worker's release side the values of its incoming links up to round t."""
+        for _, changes in self._due(self.recv_upto, t):
+            for (src, dst), (rate, latency) in sorted(changes.items()):
+                if dst == self.rank:
+                    self.shaper.set_rx_link(src, self._rate(rate, self.caps(src, dst)), latency)
+        self.recv_upto = max(self.recv_upto, t)
+
+    @staticmethod
+    def _rate(rate: float | None, caps) -> float | None:
+        """The rate the shaper paces at: the link's, under the profile's caps (0: cut)."""
+        if rate == 0.0:
+            return 0.0
+        rates = [r for r in (rate, *caps) if r is not None]
+        return min(rates) if rates else None
 
 
 def _shaping(spec: LaunchSpec, rank: int):

@@ -18,8 +18,29 @@ The rules (docs/ALGORITHM.md, "Churn"):
   lowest-ranked living worker), with a fresh inner optimizer and outer state, and takes part
   from round R.
 - Round-triggered ``speed`` events set a worker's speed from that round on; ``pause`` events
-  stop it for their seconds at the start of that round. Time-triggered ones are the runner's to
-  apply on its own clock (``time_events``).
+  stop it for their seconds at the start of that round. Events at a time (``at_s``) are refused
+  before the run (``check_supported``): nothing applies them yet.
+
+Links (docs/NETWORK.md, "Scenarios"); ``LinkSchedule`` plays the scenario's ``Timeline`` on a
+round-only clock, so the values in force, partition cuts and restores are the Timeline's:
+
+- A ``link`` event at round R sets the (rate, latency) of its directed links for the messages of
+  rounds >= R; a message belongs to the round in its key (``(dst, src, round, kind)``). The
+  simulator's link model times each message with the values of its round; under the userspace
+  shaper each worker applies its sending links at the start of its round R (before it sends
+  anything of R); under tc the launcher changes the classes when the first worker reports round
+  R-1, so messages of R-1 still in flight may see the new rate. ``loss_pct`` is refused: neither
+  the simulator nor the userspace shaper models loss.
+- A ``partition`` at round R cuts every link between its two groups for rounds R..end_round-1
+  (to the end without one); at end_round the Timeline's restore events set the links back to
+  the values in force (a link event that fell inside the cut arrives with the restore). For the
+  algorithms a cut link is an absent edge: gossip mixes over the living graph minus the cut
+  edges (Metropolis–Hastings weights over the remaining degrees, matchings drawn without them),
+  and DiLoCo's ring All-Reduce runs within each group over its living members (a partition that
+  leaves a living worker in neither group is refused for DiLoCo). In the first round of a cut,
+  a worker that loses a neighbour of its previous round spends ``failure_detect_s`` noticing it,
+  as for a departure. A join whose donor is cut from the joiner is refused; the default donor
+  is chosen among the workers it can reach.
 """
 from __future__ import annotations
 
@@ -29,6 +50,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .scenario import (
+    Event,
     JoinEvent,
     LeaveEvent,
     LinkEvent,
@@ -37,13 +59,101 @@ from .scenario import (
     Scenario,
     ScenarioError,
     SpeedEvent,
+    Timeline,
     as_record,
     load_scenario,
 )
 from .topology import LivingGraph
 
-# peers(rank, t, alive): the workers ``rank`` exchanges with in round t when ``alive`` live
-PeersFn = Callable[[int, int, frozenset], list]
+# the largest rate a link can have (netem.profiles.RATE_RANGE_MBIT): an unshaped link's value on
+# the Timeline, whose restores must be valid link events; read back as None (unshaped)
+UNSHAPED_MBIT = 100_000.0
+Pair = tuple[int, int]
+LinkState = tuple[float | None, float]   # (rate_mbit: None unshaped, 0.0 cut; latency_ms)
+BaseLink = Callable[[int, int], LinkState]
+
+# peers(rank, t, alive[, cut=edges]): the workers ``rank`` exchanges with in round t when
+# ``alive`` live and the (undirected, sorted) edges ``cut`` are cut; ``cut`` is passed only
+# when a partition holds in round t
+PeersFn = Callable[..., list]
+
+
+def unshaped_link(src: int, dst: int) -> LinkState:
+    """A link no profile shapes: unlimited rate, no latency."""
+    return (None, 0.0)
+
+
+class LinkSchedule:
+    """The round-triggered link and partition events of a scenario, per round.
+
+    The scenario's ``Timeline`` is played once, round by round, on a clock that never moves
+    (events at a time are refused), so the values in force, cuts and restores are exactly its
+    own. ``base_link(src, dst)`` is a link's (rate_mbit or None, latency_ms) before any event.
+    """
+
+    def __init__(self, scenario: Scenario, rounds: int, base_link: BaseLink = unshaped_link):
+        self._base = base_link
+        timeline = Timeline(scenario, self._timeline_base, lambda: 0.0)
+        self.fired: dict[int, list[Event]] = {}
+        self.changes: dict[int, dict[Pair, LinkState]] = {}
+        self._cuts: list[frozenset] = []
+        self._history: dict[Pair, list[tuple[int, LinkState]]] = {}
+        for t in range(rounds):
+            events = [ev for ev in timeline.due(t)
+                      if isinstance(ev, (LinkEvent, PartitionEvent))]
+            cut = timeline.cut_links()
+            self._cuts.append(cut)
+            touched = _touched(events)
+            if events:
+                self.fired[t] = events
+            if touched:
+                self.changes[t] = {link: self._state(timeline, link, cut) for link in touched}
+                for link, state in self.changes[t].items():
+                    self._history.setdefault(link, []).append((t, state))
+
+    def _timeline_base(self, src: int, dst: int) -> tuple[float, float, float]:
+        rate, latency = self._base(src, dst)
+        return (UNSHAPED_MBIT if rate is None else rate, latency, 0.0)
+
+    def _state(self, timeline: Timeline, link: Pair, cut: frozenset) -> LinkState:
+        rate, latency, _ = timeline.link_values(*link)
+        if link in cut:
+            return (0.0, latency)
+        unshaped = rate == UNSHAPED_MBIT and self._base(*link)[0] is None
+        return (None if unshaped else rate, latency)
+
+    def cut(self, t: int) -> frozenset:
+        """The directed links cut in round t."""
+        return self._cuts[t] if 0 <= t < len(self._cuts) else frozenset()
+
+    def cut_edges(self, t: int) -> frozenset:
+        """The undirected edges (sorted pairs) cut in round t, as the algorithms see them."""
+        return frozenset((min(a, b), max(a, b)) for a, b in self.cut(t))
+
+    def in_force(self, src: int, dst: int, t: int) -> LinkState:
+        """(rate_mbit, latency_ms) of src -> dst for the messages of round t (rate None:
+        unshaped; 0.0: cut)."""
+        state = self._base(src, dst)
+        for r, values in self._history.get((src, dst), ()):
+            if r > t:
+                break
+            state = values
+        return state
+
+    @property
+    def changes_links(self) -> bool:
+        """Whether any link's rate or latency changes (not only partitions' cuts)."""
+        return any(isinstance(ev, LinkEvent) for evs in self.fired.values() for ev in evs)
+
+
+def _touched(events: list) -> list[Pair]:
+    """The links whose values the events of one round set (held ones wait for their restore)."""
+    out: dict[Pair, None] = {}
+    for ev in events:
+        links = ev.cut_links() if isinstance(ev, PartitionEvent) else ev.links
+        out.update(dict.fromkeys(links))
+    return sorted(out)
+
 
 
 @dataclass(frozen=True)
@@ -67,7 +177,8 @@ class World:
 
     def __init__(self, scenario: Scenario | None, workers: int, rounds: int,
                  failure_detect_s: float, peers: PeersFn,
-                 neighbours: Callable[[int], list] | None = None):
+                 neighbours: Callable[[int], list] | None = None,
+                 base_link: BaseLink = unshaped_link):
         if not (math.isfinite(failure_detect_s) and 0.0 <= failure_detect_s <= 3600.0):
             raise ScenarioError(f"run.failure_detect_s = {failure_detect_s!r} is out of range; "
                                 "expected [0, 3600] seconds")
@@ -76,12 +187,60 @@ class World:
         self._neighbours = neighbours or (lambda rank: [])
         if scenario is not None:
             check_supported(scenario)
+        self.links = LinkSchedule(scenario, rounds, base_link) if scenario is not None else None
+        if scenario is not None:
+            self._check_donors()
 
     @property
     def churns(self) -> bool:
         """Whether workers leave or join: the algorithms then mix over the living."""
         return self.scenario is not None and any(
             isinstance(ev, (LeaveEvent, JoinEvent)) for ev in self.scenario.events)
+
+    @property
+    def partitions(self) -> bool:
+        """Whether a partition cuts links: the algorithms then mix without the cut edges."""
+        return self.scenario is not None and any(
+            isinstance(ev, PartitionEvent) for ev in self.scenario.events)
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether the algorithms must follow the world round by round (who lives, what is
+        cut), instead of the full graph or ring."""
+        return self.churns or self.partitions
+
+    @property
+    def changes_links(self) -> bool:
+        """Whether link events change rates or latencies (a shaper or link model must apply
+        them)."""
+        return self.links is not None and self.links.changes_links
+
+    def cut_edges(self, t: int) -> frozenset:
+        """The undirected edges a partition cuts in round t."""
+        return self.links.cut_edges(t) if self.links is not None else frozenset()
+
+    def ring_members(self, rank: int) -> Callable[[int], frozenset]:
+        """``members(t)`` for worker ``rank``'s DiLoCo ring: the living workers it is not cut
+        from (its group during a partition; everyone alive otherwise)."""
+        def members(t: int) -> frozenset:
+            alive = self.alive(t)
+            cut = self.cut_edges(t)
+            return frozenset(w for w in alive if (min(rank, w), max(rank, w)) not in cut)
+        return members
+
+    def _peers_at(self, rank: int, t: int, alive: frozenset) -> list:
+        cut = self.cut_edges(t)
+        return self._peers(rank, t, alive, cut=cut) if cut else self._peers(rank, t, alive)
+
+    def _check_donors(self) -> None:
+        """A joiner's donor must be reachable: refuse a named donor that a partition cuts."""
+        for ev in self.scenario.round_events:
+            if isinstance(ev, JoinEvent) and ev.from_worker is not None and \
+                    _edge(ev.worker, ev.from_worker) in self.cut_edges(ev.round):
+                raise ScenarioError(
+                    f"{self.scenario.source}: join of worker {ev.worker} at round {ev.round} "
+                    f"from worker {ev.from_worker}: a partition cuts them apart in that round; "
+                    "name a donor in the joiner's group")
 
     @cached_property
     def _by_round(self) -> dict[int, list]:
@@ -116,18 +275,26 @@ class World:
 
     def donor(self, ev: JoinEvent, was: frozenset) -> int:
         """The scenario's ``from_worker``, else the lowest-ranked living neighbour, else the
-        lowest-ranked living worker."""
+        lowest-ranked living worker; during a partition, among those the joiner can reach."""
         if ev.from_worker is not None:
             return ev.from_worker
-        near = sorted(set(self._neighbours(ev.worker)) & was)
-        return near[0] if near else min(was)
+        cut = self.cut_edges(ev.round) if ev.round is not None else frozenset()
+        reach = {w for w in was if _edge(ev.worker, w) not in cut} or set(was)
+        near = sorted(set(self._neighbours(ev.worker)) & reach)
+        return near[0] if near else min(reach)
 
     def _detect_s(self, rank: int, t: int, was: frozenset, alive: frozenset) -> float:
-        """``failure_detect_s`` when a peer of ``rank``'s in round t-1 is gone in round t."""
+        """``failure_detect_s`` when a peer of ``rank``'s in round t-1 is gone in round t, or
+        cut from it by a partition that starts in round t."""
         if t == 0 or rank not in alive or rank not in was:
             return 0.0
-        gone = was - alive
-        return self.failure_detect_s if gone & set(self._peers(rank, t - 1, was)) else 0.0
+        lost = (was - alive) | self._newly_cut(rank, t)
+        return self.failure_detect_s if lost & set(self._peers_at(rank, t - 1, was)) else 0.0
+
+    def _newly_cut(self, rank: int, t: int) -> set[int]:
+        """The workers a partition cuts from ``rank`` in round t but not in round t-1."""
+        new = self.cut_edges(t) - self.cut_edges(t - 1)
+        return {b if a == rank else a for a, b in new if rank in (a, b)}
 
     def _speed(self, rank: int, t: int) -> float | None:
         speeds = [ev.speed for ev in self._events(t, SpeedEvent) if ev.worker == rank]
@@ -138,13 +305,33 @@ class World:
 
     def records(self, t: int) -> list[dict]:
         """The events of round t as events.jsonl objects (``scenario.as_record``), a join with
-        the donor it took, a departure with the peers that spend time noticing it."""
+        the donor it took, a departure with the peers that spend time noticing it; link and
+        partition events as the Timeline fired them (restores included), with the values
+        ``applied`` to each directed link for the messages of round t on."""
         out = []
         for ev in self._by_round.get(t, ()):
+            if isinstance(ev, (LinkEvent, PartitionEvent)):
+                continue   # from the schedule below, as fired
             rec = as_record(ev)
             if isinstance(ev, JoinEvent):
                 rec["from_worker"] = self.plan(ev.worker, t).join_from
             if isinstance(ev, LeaveEvent):
+                rec["detected_by"] = sorted(r for r in self.alive(t)
+                                            if self.plan(r, t).detect_s > 0)
+            out.append(rec)
+        return out + self._link_records(t)
+
+    def _link_records(self, t: int) -> list[dict]:
+        if self.links is None:
+            return []
+        out = []
+        for ev in self.links.fired.get(t, ()):
+            rec = as_record(ev)
+            if rec.get("source") == "restore":   # per-link values (unshaped: null) in applied
+                rec |= {"rate_mbit": None, "latency_ms": None, "loss_pct": None}
+            links = ev.cut_links() if isinstance(ev, PartitionEvent) else ev.links
+            rec["applied"] = [applied_row(link, self.links.changes[t][link]) for link in links]
+            if isinstance(ev, PartitionEvent):
                 rec["detected_by"] = sorted(r for r in self.alive(t)
                                             if self.plan(r, t).detect_s > 0)
             out.append(rec)
@@ -163,6 +350,16 @@ class World:
         return out
 
 
+def applied_row(link: Pair, state: LinkState) -> dict:
+    """One link's values in force, for events.jsonl (rate_mbit null: unshaped; 0: cut)."""
+    rate, latency = state
+    return {"src": link[0], "dst": link[1], "rate_mbit": rate, "latency_ms": latency}
+
+
+def _edge(a: int, b: int) -> Pair:
+    return (a, b) if a < b else (b, a)
+
+
 def check_supported(scenario: Scenario) -> None:
     """Refuse, before the run, what the runners cannot do yet (one line, exit 2)."""
     for ev in scenario.events:
@@ -170,9 +367,11 @@ def check_supported(scenario: Scenario) -> None:
             raise ScenarioError(f"{scenario.source}: {ev.kind} event at at_s = {ev.at_s:g}: "
                                 "events at a time are not applied by run and simulate yet; "
                                 "give it a round (round = R)")
-        if isinstance(ev, (LinkEvent, PartitionEvent)):
-            raise ScenarioError(f"{scenario.source}: {ev.kind} event at round {ev.round}: link "
-                                "and partition events are not applied by run and simulate yet")
+        if isinstance(ev, LinkEvent) and ev.loss_pct is not None:
+            raise ScenarioError(f"{scenario.source}: link event at round {ev.round}: loss_pct = "
+                                f"{ev.loss_pct:g} is not applied (neither the simulator nor the "
+                                "userspace shaper models loss); give only rate_mbit and "
+                                "latency_ms")
         if isinstance(ev, (LeaveEvent, JoinEvent)) and not ev.by_round:
             raise ScenarioError(f"{scenario.source}: {ev.kind} of worker {ev.worker} at "
                                 f"at_s = {ev.at_s:g}: leaves and joins are only supported at "
@@ -190,17 +389,28 @@ def from_config(cfg, topo=None) -> World | None:
         return None
     scenario = load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
     check_with_config(scenario, cfg)
+    base = base_link(cfg)
     if topo is None:
-        return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s, ring_peers)
+        return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
+                     ring_peers, base_link=base)
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
-                 lambda rank, t, alive: LivingGraph(topo, lambda _t: alive).peers(rank, t),
+                 graph_peers(topo),
                  lambda rank: sorted(j for e in topo.possible_edges if rank in e
-                                     for j in e if j != rank))
+                                     for j in e if j != rank), base_link=base)
 
 
-def ring_peers(rank: int, t: int, alive: frozenset) -> list[int]:
-    """DiLoCo's exchange partners: its neighbours on the ring over the living, in rank order."""
-    ring = sorted(alive)
+def graph_peers(topo) -> PeersFn:
+    """Gossip's exchange partners: the living graph's neighbours without the cut edges."""
+    def peers(rank: int, t: int, alive: frozenset, cut: frozenset = frozenset()) -> list[int]:
+        return LivingGraph(topo, lambda _t: alive, lambda _t: cut).peers(rank, t)
+    return peers
+
+
+def ring_peers(rank: int, t: int, alive: frozenset,
+               cut: frozenset = frozenset()) -> list[int]:
+    """DiLoCo's exchange partners: its neighbours on the ring over the living workers it is
+    not cut from (its group during a partition), in rank order."""
+    ring = sorted(w for w in alive if _edge(rank, w) not in cut) if rank in alive else []
     if rank not in alive or len(ring) < 2:
         return []
     k = ring.index(rank)
@@ -214,9 +424,30 @@ def check_with_config(scenario: Scenario, cfg) -> None:
         raise ScenarioError(f"{scenario.source}: workers leave or join, and "
                             "algo.pseudo_grad_mean = 'steps' weights every worker by a share of "
                             "all of them; use 'plain' with a scenario that changes membership")
+    _check_partitions_for(scenario, cfg)
     if churn and cfg.fault.worker >= 0:
         raise ScenarioError(f"{scenario.source}: workers leave or join, and fault.worker = "
                             f"{cfg.fault.worker} injects a failure too; use one or the other")
+
+
+def _check_partitions_for(scenario: Scenario, cfg) -> None:
+    """DiLoCo all-reduces within each group: a living worker in neither group would have no
+    ring (it reaches both sides, which cannot reach each other). Link events need a shaper."""
+    for ev in scenario.events:
+        if isinstance(ev, LinkEvent) and cfg.net.shaper == "none":
+            raise ScenarioError(f"{scenario.source}: link event at round {ev.round} with "
+                                "net.shaper = 'none' would not be applied; choose net.shaper = "
+                                "'auto' or 'userspace'")
+        if not isinstance(ev, PartitionEvent) or cfg.algo.name != "diloco":
+            continue
+        named = set(ev.groups[0] + ev.groups[1])
+        end = ev.end_round if ev.end_round is not None else cfg.run.rounds
+        for t in range(ev.round, end):
+            stray = sorted(scenario.membership_at(t) - named)
+            if stray:
+                raise ScenarioError(f"{scenario.source}: partition at round {ev.round}: worker "
+                                    f"{stray[0]} is alive in round {t} and in neither group; "
+                                    "with DiLoCo every living worker must be in one group")
 
 
 def membership_summary(world: World) -> dict:
@@ -230,8 +461,8 @@ class EventFeed:
     """Hands each round's scenario events to ``sink`` once, when the first metrics row of that
     round (or a later one) reaches the runner; ``logged_at_s`` is that row's ``time_s``."""
 
-    def __init__(self, world: World, sink: Callable[[dict], None]):
-        self.world, self.sink, self.next_round = world, sink, 0
+    def __init__(self, world: World, sink: Callable[[dict], None], shaper: str | None = None):
+        self.world, self.sink, self.next_round, self.shaper = world, sink, 0, shaper
 
     def row(self, row: dict) -> None:
         t = row.get("round")
@@ -239,6 +470,8 @@ class EventFeed:
             return
         while self.next_round <= min(t, self.world.rounds - 1):
             for rec in self.world.records(self.next_round):
+                if "applied" in rec and self.shaper is not None:
+                    rec["applied_by"] = self.shaper
                 self.sink(rec | {"logged_at_s": row.get("time_s")})
             self.next_round += 1
 
@@ -255,8 +488,10 @@ def event_text(rec: dict) -> str:
     return f"{when}: " + what.format(**rec)
 
 
-def event_feed(world: World | None, rec, progress=None) -> EventFeed | None:
-    """The runner's feed: each event into the record's events.jsonl and onto the display."""
+def event_feed(world: World | None, rec, progress=None,
+               shaper: str | None = None) -> EventFeed | None:
+    """The runner's feed: each event into the record's events.jsonl and onto the display;
+    ``shaper`` names what applies link changes (recorded with each one as ``applied_by``)."""
     if world is None:
         return None
 
@@ -264,4 +499,19 @@ def event_feed(world: World | None, rec, progress=None) -> EventFeed | None:
         rec.event(event)
         if progress is not None:
             progress({"kind": "event", "text": event_text(event)})
-    return EventFeed(world, sink)
+    return EventFeed(world, sink, shaper)
+
+
+def base_link(cfg) -> Callable[[int, int], LinkState]:
+    """(src, dst) -> (rate_mbit or None, latency_ms) of each link before any scenario event:
+    the profile's link rate (its caps apart, see ``netplan.link_caps``), or unshaped. Read from
+    netem.profiles (pure rules) here, so that netplan may build worlds without a cycle."""
+    if not cfg.net.bw_profile or cfg.net.shaper == "none":
+        return unshaped_link
+    from netem.profiles import build_link_plan
+    plan = build_link_plan(cfg.net, cfg.workers, cfg.seed)
+
+    def base(src: int, dst: int) -> LinkState:
+        link = plan.links.get((src, dst))
+        return (None, 0.0) if link is None else (link.rate_mbit, link.latency_ms)
+    return base

@@ -12,6 +12,8 @@ inner steps (docs/ALGORITHM.md, "Unequal H_i").
 When workers leave and join (a scenario), ``members(t)`` gives the living workers of round t:
 the ring All-Reduce re-forms over them and the mean divides by their number, as elastic DiLoCo
 implementations do (torchft's and prime's), so a departed worker's drift is simply missing.
+During a partition ``members`` is this worker's (``World.ring_members(rank)``): each group
+all-reduces over its own living members, and the groups drift apart until the links come back.
 """
 from __future__ import annotations
 

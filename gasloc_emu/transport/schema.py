@@ -11,7 +11,9 @@ The algorithms send two families of messages, both 1-D vectors of the transport'
   step s; chunk sizes are those of ``torch.tensor_split`` of the model vector into n, so only
   the previous worker on the ring sends these to a receiver. When workers leave and join,
   ``members(t)`` gives round t's ring (the living workers, in rank order): n is its length,
-  positions on it replace ranks, and only the previous living worker sends.
+  positions on it replace ranks, and only the previous living worker sends. During a partition
+  the ring is the receiver's group: ``members`` is bound to the receiver
+  (``World.ring_members(rank)``), so it answers for this receiver's ring only.
 
 ``WireSchema.shape_of`` answers from an allow-list built at construction, so a kind or a shape
 that no algorithm sends is dropped ("kind", "shape" in ``framing``) before the mailbox holds

@@ -68,11 +68,14 @@ def start_long_run(out: Path, *args: str) -> tuple[subprocess.Popen, list[int]]:
 
 
 @pytest.mark.parametrize("arm", [
-    ["--algo", "gasloc", "--topology", "ring"],
+    # gasloc-ring and diloco are also checked, with churn, by test_churn.py; dsgd is gasloc's
+    # gossip code with eta = 1, gamma = 0 (test_simulate.py checks the identity)
+    pytest.param(["--algo", "gasloc", "--topology", "ring"], marks=pytest.mark.slow),
     ["--algo", "gasloc", "--topology", "matching"],
     ["--algo", "gasloc", "--topology", "complete"],
-    ["--algo", "diloco"],
-    ["--algo", "dsgd", "--topology", "ring", "--local-steps", "1"],
+    pytest.param(["--algo", "diloco"], marks=pytest.mark.slow),
+    pytest.param(["--algo", "dsgd", "--topology", "ring", "--local-steps", "1"],
+                 marks=pytest.mark.slow),
 ], ids=["gasloc-ring", "gasloc-matching", "gasloc-complete", "diloco", "dsgd"])
 def test_run_matches_simulate(tmp_path, arm):
     args = BASE + ["--rounds", "3"] + arm
@@ -164,7 +167,7 @@ def _garbage(addr: str) -> list[list[bytes]]:
 
 def test_garbage_from_outside_the_run_changes_nothing(tmp_path):
     out = tmp_path / "run"
-    proc = start("run", *BASE, "--rounds", "30", "--algo", "gasloc", "--topology", "ring",
+    proc = start("run", *BASE, "--rounds", "10", "--algo", "gasloc", "--topology", "ring",
                  "--out", str(out))
     ctx = zmq.Context()
     try:
@@ -188,7 +191,7 @@ def test_garbage_from_outside_the_run_changes_nothing(tmp_path):
     # so nothing reached the mailbox (insider garbage is tested in test_zmq_transport)
     assert set(s["drops"]["by_reason"]) <= {r for r in s["drops"]["by_reason"]
                                             if r.startswith("zap.")}
-    sim = cli("simulate", *BASE, "--rounds", "30", "--algo", "gasloc", "--topology", "ring",
+    sim = cli("simulate", *BASE, "--rounds", "10", "--algo", "gasloc", "--topology", "ring",
               "--out", str(tmp_path / "sim"))
     assert sim.returncode == 0, sim.stderr
     # the garbage changed nothing: parameters are those of an undisturbed (simulated) run

@@ -50,6 +50,7 @@ def test_expander_under_skewed_completes_and_records_links(tc_caps, tmp_path):
     assert {lk["configured_mbit"] for lk in links} <= {5.0, 50.0}
 
 
+@pytest.mark.slow  # docs/RESULTS.md measures this (and more) on the simulator and the emulator
 def test_diloco_pays_for_slow_links_and_gasloc_much_less(tc_caps, tmp_path):
     # seed 0: the skewed profile slows pairs (1,7), (4,7), (6,7); DiLoCo's ring crosses 6 -> 7
     common = ["--bw-profile", "skewed", "--workers", "8", "--seed", "0", "--rounds", "4",

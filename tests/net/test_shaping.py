@@ -11,14 +11,16 @@ def _table(rows: list[dict]) -> str:
 
 def test_goodput_within_5pct_with_traffic_in_both_directions(tc_caps, scenario, tmp_path):
     profile = tmp_path / "mixed.toml"
-    profile.write_text("[default]\nrate_mbit = 50\n"
+    # 20 Mbit/s fast links: 12 saturated flows at 50 Mbit/s made the 2-core CI host, not the
+    # shaper, the bottleneck (0.88 of the rate on every fast link, the 5 Mbit/s ones exact)
+    profile.write_text("[default]\nrate_mbit = 20\n"
                        "[[link]]\nsrc = 0\ndst = 3\nrate_mbit = 5\nsymmetric = true\n"
                        "[[link]]\nsrc = 1\ndst = 2\nrate_mbit = 5\nsymmetric = true\n")
     res = scenario.run({"action": "probe", "workers": 4, "net": {"bw_profile": str(profile)},
                         "seconds": 3.0, "parallel": True, "pings": 5})
     rows = res["rows"]
     assert len(rows) == 12                                   # all 12 directed links at once
-    assert {r["configured_mbit"] for r in rows} == {5.0, 50.0}
+    assert {r["configured_mbit"] for r in rows} == {5.0, 20.0}
     bad = [r for r in rows if not 0.95 <= r["ratio"] <= 1.05]
     assert not bad, "links off by more than 5 %:\n" + _table(bad) + "\nall:\n" + _table(rows)
 

@@ -1,0 +1,163 @@
+"""Round-triggered link and partition events (``world.LinkSchedule``, ``World``'s cuts,
+``topology.LivingGraph``'s cut edges, ``netplan.RoundLinkModel``): pure and fast."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gasloc_emu import config as C
+from gasloc_emu.netplan import LinkCut, RoundLinkModel
+from gasloc_emu.scenario import (
+    JoinEvent,
+    LeaveEvent,
+    LinkEvent,
+    PartitionEvent,
+    Scenario,
+    ScenarioError,
+)
+from gasloc_emu.topology import LivingGraph, Topology
+from gasloc_emu.virtual_clock import Done, Recv, Send, VirtualClock
+from gasloc_emu.world import LinkSchedule, World, from_config, graph_peers, ring_peers
+
+ALL4 = frozenset(range(4))
+
+
+def shaped_base(src, dst):
+    return (10.0, 5.0)
+
+
+def partition_world(rounds=8, peers=None, topo=None, extra=()):
+    sc = Scenario((PartitionEvent(round=3, end_round=6, groups=((0, 1), (2, 3))), *extra),
+                  4, rounds)
+    topo = topo or Topology("ring", 4)
+    return World(sc, 4, rounds, 0.5, peers or graph_peers(topo))
+
+
+def test_a_link_event_sets_the_values_for_its_round_and_later():
+    sc = Scenario((LinkEvent(round=3, links=((0, 1),), rate_mbit=2.0),), 4, 6)
+    links = LinkSchedule(sc, 6, shaped_base)
+    assert [links.in_force(0, 1, t) for t in (0, 2, 3, 5)] == \
+        [(10.0, 5.0), (10.0, 5.0), (2.0, 5.0), (2.0, 5.0)]
+    assert links.in_force(1, 0, 5) == (10.0, 5.0)     # the other direction is another link
+    assert links.changes_links
+
+
+def test_an_unshaped_link_changed_then_restored_reads_back_unshaped():
+    sc = Scenario((PartitionEvent(round=2, end_round=4, groups=((0,), (1,))),
+                   LinkEvent(round=3, links=((2, 3),), latency_ms=40.0)), 4, 6)
+    links = LinkSchedule(sc, 6)
+    assert links.in_force(0, 1, 1) == (None, 0.0)
+    assert links.in_force(0, 1, 2) == (0.0, 0.0) and links.cut(2) == {(0, 1), (1, 0)}
+    assert links.in_force(0, 1, 4) == (None, 0.0) and links.cut(4) == frozenset()
+    assert links.in_force(2, 3, 3) == (None, 40.0)
+
+
+def test_a_change_inside_a_cut_is_held_until_the_restore():
+    sc = Scenario((PartitionEvent(round=2, end_round=4, groups=((0,), (1,))),
+                   LinkEvent(round=3, links=((0, 1),), rate_mbit=3.0)), 2, 6)
+    links = LinkSchedule(sc, 6, shaped_base)
+    assert links.in_force(0, 1, 3) == (0.0, 5.0)
+    assert links.in_force(0, 1, 4) == (3.0, 5.0)
+
+
+def test_cut_edges_are_absent_from_the_living_graph():
+    ring = Topology("ring", 4)
+    cut = {3: {(2, 1), (0, 3)}}
+    g = LivingGraph(ring, lambda t: ALL4, lambda t: cut.get(t, ()))
+    assert g.peers(1, 3) == [0] and g.peers(2, 3) == [3]
+    assert g.row(1, 3) == (0.5, {0: 0.5})          # MH over the remaining degrees
+    w = g.mixing_matrix(3)
+    assert np.allclose(w.sum(0), 1) and np.allclose(w, w.T)
+    assert np.array_equal(g.mixing_matrix(2), ring.mixing_matrix(2))   # nothing cut: the same
+
+
+@pytest.mark.parametrize("name", ["matching", "matching2"])
+def test_matchings_are_drawn_without_cut_edges(name):
+    topo = Topology(name, 6, seed=1)
+    cut = frozenset((a, b) for a in (0, 1, 2) for b in (3, 4, 5))
+    g = LivingGraph(topo, lambda t: frozenset(range(6)), lambda t: cut if t % 2 else ())
+    for t in range(8):
+        if t % 2:
+            assert not g.edges(t) & cut and g.edges(t)
+        else:
+            assert g.edges(t) == topo.edges(t)
+
+
+def test_the_first_round_of_a_cut_costs_failure_detection_to_who_loses_a_neighbour():
+    world = partition_world()
+    assert [world.plan(r, 3).detect_s for r in range(4)] == [0.5] * 4   # ring 0-1-2-3-0
+    assert all(world.plan(r, t).detect_s == 0 for r in range(4) for t in (2, 4, 6))
+    assert world.plan(1, 3).alive == ALL4
+    star = Topology("ring", 4)
+    w2 = World(Scenario((PartitionEvent(round=3, groups=((0,), (2,))),), 4, 8), 4, 8, 0.5,
+               graph_peers(star))
+    assert [w2.plan(r, 3).detect_s for r in range(4)] == [0.0] * 4   # 0 and 2 are not peers
+
+
+def test_diloco_rings_are_the_groups_during_a_partition():
+    world = partition_world(peers=ring_peers)
+    assert world.ring_members(2)(4) == {2, 3} and world.ring_members(0)(4) == {0, 1}
+    assert world.ring_members(2)(6) == ALL4
+    assert ring_peers(0, 4, ALL4, cut=world.cut_edges(4)) == [1]
+
+
+def test_a_named_donor_across_the_cut_is_refused_and_the_default_stays_on_its_side():
+    extra = (LeaveEvent(round=4, worker=2), JoinEvent(round=5, worker=2, from_worker=0))
+    with pytest.raises(ScenarioError, match="from worker 0: a partition cuts them apart"):
+        partition_world(extra=extra)
+    ok = partition_world(extra=(LeaveEvent(round=4, worker=2), JoinEvent(round=5, worker=2)))
+    assert ok.plan(2, 5).join_from == 3     # its ring neighbours are 1 and 3; 1 is cut
+
+
+def test_a_partition_costs_nothing_to_the_graph_without_cuts():
+    """Without a partition the world's living graph is the full one (bit for bit)."""
+    sc = Scenario((LinkEvent(round=1, links=((0, 1),), rate_mbit=3.0),), 4, 4)
+    world = World(sc, 4, 4, 0.5, graph_peers(Topology("ring", 4)))
+    assert not world.reshapes and world.cut_edges(2) == frozenset()
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def cfg(tmp_path, text, **over):
+    return C.resolve(overrides={"workers": 4, "run.rounds": 8, "run.dashboard": "off",
+                                "run.scenario": write(tmp_path, text)} | over)
+
+
+PART_2 = "[[event]]\ntype='partition'\nround=2\ngroups=[[0,1],[2]]\n"
+
+
+def test_diloco_refuses_a_living_worker_in_neither_group(tmp_path):
+    with pytest.raises(ScenarioError, match="worker 3 is alive in round 2 and in neither group"):
+        from_config(cfg(tmp_path, PART_2, **{"algo.name": "diloco"}))
+    assert from_config(cfg(tmp_path, PART_2)).partitions   # gossip: 3 keeps both sides
+
+
+def test_loss_and_an_explicit_no_shaper_are_refused(tmp_path):
+    loss = "[[event]]\ntype='link'\nround=2\nlink=[0,1]\nloss_pct=1.0\n"
+    with pytest.raises(ScenarioError, match="loss_pct = 1 is not applied"):
+        from_config(cfg(tmp_path, loss))
+    rate = "[[event]]\ntype='link'\nround=2\nlink=[0,1]\nrate_mbit=1.0\n"
+    with pytest.raises(ScenarioError, match="net.shaper = 'none' would not be applied"):
+        from_config(cfg(tmp_path, rate, **{"net.shaper": "none"}))
+
+
+def test_the_round_link_model_times_each_message_by_its_round():
+    sc = Scenario((LinkEvent(round=3, links=((0, 1),), rate_mbit=2.0),
+                   PartitionEvent(round=5, groups=((0,), (1,)))), 2, 6)
+    model = RoundLinkModel(LinkSchedule(sc, 6), lambda s, d: (None, 4.0))
+    assert model.at_round(0, 1, 10**6, 2) == (2.0, 0.0)        # unshaped but the 4 Mbit/s cap
+    assert model.at_round(0, 1, 10**6, 3) == (4.0, 0.0)
+    with pytest.raises(LinkCut, match="round 5 from worker 0 to worker 1"):
+        model.at_round(0, 1, 1, 5)
+    clock = VirtualClock(2, model, slots=2)
+    for rnd in (2, 3):
+        clock.report(0, Send((1, 0, rnd, "z"), 10**6))
+    clock.report(0, Done())
+    for rnd in (2, 3):
+        clock.report(1, Recv((1, 0, rnd, "z")))
+    clock.report(1, Done())
+    assert clock.now_s == pytest.approx(2.0 + 4.0)   # round 2 at 4 Mbit/s, round 3 at 2
