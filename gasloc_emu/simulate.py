@@ -160,8 +160,6 @@ class _Life:
 
     def plan(self, t: int) -> RoundPlan | None:
         """Round t's plan, after the leave or join it starts with; None: absent this round."""
-        if self.world is None:
-            return RoundPlan(alive=frozenset(), active=True)
         plan = self.world.plan(self.rank, t)
         if plan.leaving:
             check_departure(self.cfg, self.rank, t)
@@ -188,10 +186,10 @@ def _worker_loop(life: _Life, hub: Hub, rounds: int) -> None:
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
             for t in range(rounds):
-                plan = life.plan(t)
-                if plan is None:
-                    continue
-                _round(life.worker, t, plan if life.world is not None else None)
+                if life.world is None:
+                    _round(life.worker, t, None)
+                elif (plan := life.plan(t)) is not None:
+                    _round(life.worker, t, plan)
             tp.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)

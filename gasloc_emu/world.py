@@ -128,7 +128,7 @@ class LinkSchedule:
 
     def cut_edges(self, t: int) -> frozenset:
         """The undirected edges (sorted pairs) cut in round t, as the algorithms see them."""
-        return frozenset((min(a, b), max(a, b)) for a, b in self.cut(t))
+        return frozenset(_edge(a, b) for a, b in self.cut(t))
 
     def in_force(self, src: int, dst: int, t: int) -> LinkState:
         """(rate_mbit, latency_ms) of src -> dst for the messages of round t (rate None:
@@ -194,8 +194,7 @@ class World:
     @property
     def churns(self) -> bool:
         """Whether workers leave or join: the algorithms then mix over the living."""
-        return self.scenario is not None and any(
-            isinstance(ev, (LeaveEvent, JoinEvent)) for ev in self.scenario.events)
+        return self.scenario is not None and churns(self.scenario)
 
     @property
     def partitions(self) -> bool:
@@ -225,7 +224,7 @@ class World:
         def members(t: int) -> frozenset:
             alive = self.alive(t)
             cut = self.cut_edges(t)
-            return frozenset(w for w in alive if (min(rank, w), max(rank, w)) not in cut)
+            return frozenset(w for w in alive if _edge(rank, w) not in cut)
         return members
 
     def _peers_at(self, rank: int, t: int, alive: frozenset) -> list:
@@ -360,6 +359,11 @@ def _edge(a: int, b: int) -> Pair:
     return (a, b) if a < b else (b, a)
 
 
+def churns(scenario: Scenario) -> bool:
+    """Whether the scenario's workers leave or join."""
+    return any(isinstance(ev, (LeaveEvent, JoinEvent)) for ev in scenario.events)
+
+
 def check_supported(scenario: Scenario) -> None:
     """Refuse, before the run, what the runners cannot do yet (one line, exit 2)."""
     for ev in scenario.events:
@@ -372,10 +376,6 @@ def check_supported(scenario: Scenario) -> None:
                                 f"{ev.loss_pct:g} is not applied (neither the simulator nor the "
                                 "userspace shaper models loss); give only rate_mbit and "
                                 "latency_ms")
-        if isinstance(ev, (LeaveEvent, JoinEvent)) and not ev.by_round:
-            raise ScenarioError(f"{scenario.source}: {ev.kind} of worker {ev.worker} at "
-                                f"at_s = {ev.at_s:g}: leaves and joins are only supported at "
-                                "a round (round = R) so far")
         if isinstance(ev, JoinEvent) and ev.worker >= scenario.workers:
             raise ScenarioError(f"{scenario.source}: join of worker {ev.worker}: only departed "
                                 f"workers (ids 0..{scenario.workers - 1}) can join so far, "
@@ -419,7 +419,7 @@ def ring_peers(rank: int, t: int, alive: frozenset,
 
 def check_with_config(scenario: Scenario, cfg) -> None:
     """What a scenario cannot be combined with (one line, exit 2)."""
-    churn = any(isinstance(ev, (LeaveEvent, JoinEvent)) for ev in scenario.events)
+    churn = churns(scenario)
     if churn and cfg.algo.name == "diloco" and cfg.algo.pseudo_grad_mean == "steps":
         raise ScenarioError(f"{scenario.source}: workers leave or join, and "
                             "algo.pseudo_grad_mean = 'steps' weights every worker by a share of "
