@@ -281,6 +281,7 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     sup.link_meter, sup.t0 = launcher.LinkMeter(), 1.0
     sup.expect = control.Expect(workers, rounds, count_parameters(sup.cfg.model))
     sup.control_drops = {}
+    sup.world, sup.feed, sup.links_round = None, None, 0  # no scenario
     return sup, recorded, events
 
 
