@@ -517,11 +517,13 @@ class _Walk:
         for trigger, group in itertools.groupby(self.same, key=lambda ie: ie[1].trigger):
             group = list(group)
             changes = [(i, e) for i, e in group if isinstance(e, (LeaveEvent, JoinEvent))]
+            before = set(self.alive)
             for i, ev in changes:
                 self._change(i, ev)
                 checked[i] = ev
             if changes:
                 self._check_not_empty(*changes[-1])
+                self._check_donors(changes, before & self.alive)
                 members.append((trigger, frozenset(self.alive)))
             for i, ev in group:   # joins too: their from_worker must be alive
                 if not isinstance(ev, LeaveEvent):
@@ -535,6 +537,21 @@ class _Walk:
         if not self.alive:
             raise ScenarioError(f"{self.sc._where(i, ev)}: no worker would be alive after "
                                 f"{ev.when()}; at least one must remain")
+
+    def _check_donors(self, changes: list[tuple[int, Event]], stay: set[int]) -> None:
+        """A joiner starts from the parameters a donor had at the end of the round before,
+        sent in the joining round: the donor must be alive in both (not joining, not
+        leaving at that trigger)."""
+        for i, ev in changes:
+            if not isinstance(ev, JoinEvent):
+                continue
+            if ev.from_worker is not None and ev.from_worker not in stay:
+                raise ScenarioError(
+                    f"{self.sc._where(i, ev)}: from_worker {ev.from_worker} must be alive both "
+                    f"before and at {ev.when()} (such workers: {_ids(stay) if stay else 'none'})")
+            if not stay:
+                raise ScenarioError(f"{self.sc._where(i, ev)}: no worker alive both before and "
+                                    f"at {ev.when()} to give worker {ev.worker} its parameters")
 
     def _alive_check(self, i: int, ev: Event, alive: set[int], at: str | None) -> Event:
         where = self.sc._where(i, ev)

@@ -258,7 +258,7 @@ class World:
         """What worker ``rank`` does at the start of round t."""
         alive = self.alive(t)
         was = self.alive(t - 1) if t > 0 else frozenset(range(self.workers))
-        joins = self._donors(t, was)
+        joins = self._donors(t, was & alive)
         return RoundPlan(
             alive=alive, active=rank in alive, leaving=rank in was - alive,
             join_from=joins.get(rank), donate_to=tuple(j for j, d in joins.items() if d == rank),
@@ -268,17 +268,18 @@ class World:
     def _events(self, t: int, cls: type) -> list:
         return [ev for ev in self._by_round.get(t, ()) if isinstance(ev, cls)]
 
-    def _donors(self, t: int, was: frozenset) -> dict[int, int]:
-        """{joiner: donor} for the joins of round t; donors are workers alive in round t-1."""
-        return {ev.worker: self.donor(ev, was) for ev in self._events(t, JoinEvent)}
+    def _donors(self, t: int, stay: frozenset) -> dict[int, int]:
+        """{joiner: donor} for the joins of round t; donors are alive in rounds t-1 and t
+        (the parameters of the end of t-1, sent at the start of t)."""
+        return {ev.worker: self.donor(ev, stay) for ev in self._events(t, JoinEvent)}
 
-    def donor(self, ev: JoinEvent, was: frozenset) -> int:
+    def donor(self, ev: JoinEvent, stay: frozenset) -> int:
         """The scenario's ``from_worker``, else the lowest-ranked living neighbour, else the
         lowest-ranked living worker; during a partition, among those the joiner can reach."""
         if ev.from_worker is not None:
             return ev.from_worker
         cut = self.cut_edges(ev.round) if ev.round is not None else frozenset()
-        reach = {w for w in was if _edge(ev.worker, w) not in cut} or set(was)
+        reach = {w for w in stay if _edge(ev.worker, w) not in cut} or set(stay)
         near = sorted(set(self._neighbours(ev.worker)) & reach)
         return near[0] if near else min(reach)
 

@@ -217,7 +217,8 @@ WHERE = "scenario s.toml event #"
     (["type = 'join'\nround = 3\nworker = 4\nfrom_worker = 4"],
      "#1 (join): from_worker = 4 is the joining worker itself"),
     (["type = 'leave'\nround = 3\nworker = 0", "type = 'join'\nround = 3\nworker = 4\n"
-      "from_worker = 0"], "#2 (join): worker 0 is not alive at round 3 (alive: 1-4)"),
+      "from_worker = 0"], "#2 (join): from_worker 0 must be alive both before and at round 3 "
+                         "(such workers: 1-3)"),
     ([f"type = 'leave'\nround = 1\nworker = {w}" for w in (0, 1, 2)]
      + ["type = 'leave'\nround = 2\nworker = 3"],
      "#4 (leave): no worker would be alive after round 2; at least one must remain"),
@@ -328,11 +329,16 @@ def test_a_rejoin_and_a_new_worker_in_order_validate(tmp_path):
     assert sc.total_workers == 6
 
 
-def test_leaving_and_joining_at_one_round_keeps_someone_alive(tmp_path):
-    # alone, worker 0 leaves as worker 1 joins: never zero alive at the start of a round
+def test_a_join_needs_a_worker_alive_before_and_in_its_round(tmp_path):
+    # alone, worker 0 leaves as worker 1 joins: someone is alive in every round, but nobody
+    # holds round 2's parameters in round 3 to hand them over (a leaver's process is gone)
+    with pytest.raises(ScenarioError, match="#2 .join.: no worker alive both before and at "
+                                            "round 3 to give worker 1 its parameters"):
+        load(tmp_path, events_toml("type = 'leave'\nround = 3\nworker = 0",
+                                   "type = 'join'\nround = 3\nworker = 1"), workers=1)
     sc = load(tmp_path, events_toml("type = 'leave'\nround = 3\nworker = 0",
-                                    "type = 'join'\nround = 3\nworker = 1"), workers=1)
-    assert sc.membership_at(2) == {0} and sc.membership_at(3) == {1}
+                                    "type = 'join'\nround = 2\nworker = 1"), workers=1)
+    assert sc.membership_at(2) == {0, 1} and sc.membership_at(3) == {1}
 
 
 def test_back_to_back_partitions_do_not_overlap(tmp_path):
@@ -607,7 +613,8 @@ def _oracle(workers: int, changes: list[tuple[str, int, int]]) -> dict[int, froz
     a plain re-statement of the rules for round-triggered leaves and joins."""
     alive, next_id, seen, steps = set(range(workers)), workers, set(), {}
     order = sorted(changes, key=lambda c: c[2])
-    for rnd, group in itertools.groupby(order, key=lambda c: c[2]):
+    for rnd, grouped in itertools.groupby(order, key=lambda c: c[2]):
+        group, before = list(grouped), set(alive)
         for kind, w, _ in group:
             if (w, rnd) in seen:
                 return None
@@ -623,6 +630,8 @@ def _oracle(workers: int, changes: list[tuple[str, int, int]]) -> dict[int, froz
                 alive.add(w)
         if not alive:
             return None
+        if any(kind == "join" for kind, _, _ in group) and not before & alive:
+            return None   # no one holds the last round's parameters to give a joiner
         steps[rnd] = frozenset(alive)
     return steps
 

@@ -344,11 +344,10 @@ GRAPHS = [("ring", n) for n in range(4, 9)] + [("torus", n) for n in (4, 6, 8)]
 
 
 @st.composite
-def churn(draw, same_round_donors: bool = False):
+def churn(draw):
     """A random round-triggered leave/join scenario on a ring or torus of 4..8 workers, and a
     world for DiLoCo's ring or for gossip over the graph. A join's ``from_worker``, when drawn,
-    is a worker alive before and after its round (with ``same_round_donors``, also a worker
-    joining in the same round, which the scenario's validation lets through)."""
+    is a worker alive before and after its round (validation refuses any other)."""
     name, n = draw(st.sampled_from(GRAPHS))
     rounds = draw(st.integers(2, 9))
     alive, events = set(range(n)), []
@@ -363,8 +362,7 @@ def churn(draw, same_round_donors: bool = False):
         for w in sorted(leaving):
             events.append(LeaveEvent(worker=w, round=t))
         for w in joining:
-            donors = stay + ([j for j in joining if j != w] if same_round_donors else [])
-            donor = draw(st.none() | st.sampled_from(donors)) if donors else None
+            donor = draw(st.none() | st.sampled_from(stay)) if stay else None
             events.append(JoinEvent(worker=w, round=t, from_worker=donor))
         alive = (alive - leaving) | set(joining)
     events = draw(st.permutations(events))   # the file's order must not matter
@@ -408,15 +406,16 @@ def test_world_follows_the_scenario_round_by_round(case):
             assert plan.leaving == ((t, rank) in leaves), (rank, t)
             assert (plan.join_from is not None) == ((t, rank) in joins), (rank, t)
             if plan.join_from is not None:
-                ev, near = joins[t, rank], _full_neighbours(topo, rank) & was
+                stay = was & alive   # holds round t-1's parameters and sends them in t
+                ev, near = joins[t, rank], _full_neighbours(topo, rank) & stay
                 assert plan.active and plan.join_from != rank
-                assert plan.join_from in was, (rank, t, plan.join_from)   # alive at t-1
+                assert plan.join_from in stay, (rank, t, plan.join_from)
                 if ev.from_worker is not None:
                     assert plan.join_from == ev.from_worker
                 elif kind == "gossip" and near:
                     assert plan.join_from == min(near)
                 else:
-                    assert plan.join_from == min(was)
+                    assert plan.join_from == min(stay)
                 join_from[rank] = plan.join_from
             donate_to |= {j: rank for j in plan.donate_to}
             gone = was - alive
@@ -432,17 +431,10 @@ def _case(events: tuple) -> tuple:
     return sc, Topology("ring", 4), graph_world(sc, Topology("ring", 4), 8), "gossip"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a joiner's donor need not be alive in the joining round. World.donor picks the "
-    "default donor from the workers alive at t-1 without excluding those leaving at t (their "
-    "process is killed at the start of t), and Scenario validation lets from_worker be a "
-    "worker that joins in the same round (it has no parameters of round t-1)"))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=churn(same_round_donors=True))
+@given(case=churn())
 @example(case=_case((LeaveEvent(worker=2, round=2), JoinEvent(worker=2, round=5),
                      LeaveEvent(worker=1, round=5))))
-@example(case=_case((LeaveEvent(worker=2, round=2), LeaveEvent(worker=3, round=2),
-                     JoinEvent(worker=2, round=5), JoinEvent(worker=3, round=5, from_worker=2))))
 def test_every_joiners_donor_is_alive_before_and_in_its_round(case):
     sc, topo, world, _ = case
     for t in range(1, sc.rounds):
@@ -452,12 +444,8 @@ def test_every_joiners_donor_is_alive_before_and_in_its_round(case):
                 assert donor in world.alive(t - 1) and donor in world.alive(t), (rank, t, donor)
 
 
-# -- the two holes above, one example each
+# -- a donor leaving, or joining, in the joining round
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG world.World.donor: the default donor is chosen among the workers alive at t-1 "
-    "(`was`) only; a neighbour that leaves at t (process killed) is still picked, and "
-    "plan() tells it both leaving=True and donate_to=(joiner,)"))
 def test_the_default_donor_is_not_a_worker_leaving_in_the_joining_round():
     sc = Scenario((LeaveEvent(worker=2, round=2), JoinEvent(worker=2, round=5),
                    LeaveEvent(worker=1, round=5)), 4, ROUNDS)
@@ -467,12 +455,23 @@ def test_the_default_donor_is_not_a_worker_leaving_in_the_joining_round():
     assert world.plan(2, 5).join_from == 3   # the lowest-ranked neighbour still alive
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG scenario validation (_Walk.run checks from_worker against the membership after the "
-    "round's changes): a join may name as from_worker a worker that joins in the same round, "
-    "which has no parameters 'as they were at the end of round R-1'; World passes it on"))
-def test_a_donor_joining_in_the_same_round_is_refused():
-    events = (LeaveEvent(worker=2, round=2), LeaveEvent(worker=3, round=2),
-              JoinEvent(worker=2, round=5), JoinEvent(worker=3, round=5, from_worker=2))
-    with pytest.raises(ScenarioError, match="from_worker|not alive"):
-        World(Scenario(events, 4, ROUNDS), 4, ROUNDS, FD, ring_peers, ring_neighbours(4))
+@pytest.mark.parametrize("events", [
+    # worker 2 joins in round 5 itself: it has no parameters of the end of round 4
+    (LeaveEvent(worker=2, round=2), LeaveEvent(worker=3, round=2),
+     JoinEvent(worker=2, round=5), JoinEvent(worker=3, round=5, from_worker=2)),
+    # worker 2 leaves in round 5: its process is killed before it could send them
+    (LeaveEvent(worker=3, round=2), LeaveEvent(worker=2, round=5),
+     JoinEvent(worker=3, round=5, from_worker=2)),
+], ids=["joining", "leaving"])
+def test_a_donor_joining_or_leaving_in_the_same_round_is_refused(events):
+    with pytest.raises(ScenarioError, match="from_worker 2 must be alive both before and at "
+                                            "round 5"):
+        Scenario(events, 4, ROUNDS)
+
+
+def test_a_join_with_no_worker_staying_is_refused():
+    events = (LeaveEvent(worker=1, round=2), LeaveEvent(worker=2, round=2),
+              LeaveEvent(worker=3, round=2), JoinEvent(worker=1, round=4),
+              LeaveEvent(worker=0, round=4))
+    with pytest.raises(ScenarioError, match="no worker alive both before and at round 4"):
+        Scenario(events, 4, ROUNDS)
