@@ -118,6 +118,7 @@ class Supervisor:
         self.world = None  # the scenario's rounds (set by run from the preflight)
         self.feed = None  # its events, into events.jsonl and onto the display
         self.links_round = 0   # the scenario's link changes of rounds < this are applied
+        self.timed_upto_s = -1.0   # and its changes by time up to here (the run's clock)
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -193,6 +194,7 @@ class Supervisor:
             self._on_heartbeat(control.unpack(frame.bytes), sender=auth.peer_user(frame))
         while self.router in events and self.router.poll(0):
             self._on_control(self.router.recv_multipart(copy=False))
+        self._change_links_by_time()
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
             self.progress({"kind": "links", "links": rows})
@@ -281,9 +283,28 @@ class Supervisor:
         links = self.world.links if self.world is not None else None
         if links is None:
             return
+        now_s = time.time() - self.t0 if self.t0 else 0.0
         while self.links_round <= min(upto, self.cfg.run.rounds - 1):
-            self.network.change_links(links.changes.get(self.links_round, {}))
+            t = self.links_round
+            self.network.change_links({link: links.at(*link, t, now_s)
+                                       for link in links.changes.get(t, {})})
             self.links_round += 1
+
+    def _change_links_by_time(self) -> None:
+        """The time-triggered link changes whose time has come on the run's clock (tc changes
+        the classes then; under the userspace shaper the workers apply their own). A link a
+        partition holds cut stays cut: its restore brings the value in force then."""
+        timed = self.world.links.timed if self.world and self.world.links else None
+        if timed is None or not self.t0:
+            return
+        now_s = time.time() - self.t0
+        cut = self.world.links.cut(max(self.links_round - 1, 0))
+        changes = {link: timed.in_force(*link, now_s)
+                   for ev in timed.due(self.timed_upto_s, now_s) for link in ev.links
+                   if link not in cut}
+        self.timed_upto_s = now_s
+        if changes:
+            self.network.change_links(changes)
 
     def _on_final(self, slot: WorkerSlot, msg: control.Final, extra) -> None:
         if len(extra) != 1:

@@ -367,7 +367,7 @@ def sim_link_model(cfg: Config, world=None):
     then shapes with the userspace shaper, see ``open_network``). ``world``: the run's, when
     the caller has it (default: read from the config).
     """
-    if world is None and cfg.run.scenario:
+    if world is None and (cfg.run.scenario or cfg.net.link_trace):
         from .topology import build_topology
         from .world import from_config
         world = from_config(cfg, build_topology(cfg))
@@ -392,10 +392,11 @@ class LinkCut(RuntimeError):
 
 
 class RoundLinkModel:
-    """The virtual clock's link model when a scenario changes links: each message gets the
-    (rate, latency) in force for the round in its key (``at_round``), with the profile's caps
-    on top, as ``LinkPlan.link_model`` has them (one flow with a cap to itself). An unshaped
-    link takes no time; a cut link refuses the message (``LinkCut``)."""
+    """The virtual clock's link model when a scenario (or a link trace) changes links: each
+    message gets the (rate, latency) in force for the round in its key and the virtual time it
+    is sent at (``at_round``; ``world.LinkSchedule.at``), with the profile's caps on top, as
+    ``LinkPlan.link_model`` has them (one flow with a cap to itself). An unshaped link takes
+    no time; a cut link refuses the message (``LinkCut``)."""
 
     def __init__(self, schedule, caps):
         self.schedule, self.caps = schedule, caps
@@ -403,8 +404,9 @@ class RoundLinkModel:
     def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
         return self.at_round(src, dst, nbytes, 0)
 
-    def at_round(self, src: int, dst: int, nbytes: int, round_idx: int) -> tuple[float, float]:
-        rate, latency_ms = self.schedule.in_force(src, dst, round_idx)
+    def at_round(self, src: int, dst: int, nbytes: int, round_idx: int,
+                 now_s: float = 0.0) -> tuple[float, float]:
+        rate, latency_ms = self.schedule.at(src, dst, round_idx, now_s)
         if rate == 0.0:
             raise LinkCut(f"a message of round {round_idx} from worker {src} to worker {dst}: "
                           "a partition cuts that link in that round")
@@ -414,7 +416,10 @@ class RoundLinkModel:
 
 
 def _changes_links(cfg: Config) -> bool:
-    """Whether the run's scenario has link events that change rates or latencies."""
+    """Whether the run's scenario has link events that change rates or latencies, or a link
+    trace replays some (read again here: the files were checked by the preflight)."""
+    if cfg.net.link_trace:
+        return True
     if not cfg.run.scenario:
         return False
     from .scenario import LinkEvent, load_scenario

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 from .algorithms import momentum_warning
 from .compute import check as check_compute
-from .config import Config, ConfigError
+from .config import Config
 from .data import Corpus, build_corpus
 from .devices import simulator_device
 from .model import shape_from_config
 from .netplan import check_network
-from .scenario import load_link_trace
 from .topology import Topology, build_topology
 from .world import World
 from .world import from_config as world_from_config
@@ -40,10 +39,7 @@ def preflight(cfg: Config) -> Preflight:
     check_compute(cfg)  # speeds, profile file, budget vs. weighting: before anything runs
     shape_from_config(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
-    world = world_from_config(cfg, topo)  # the scenario: every event checked before the run
-    if cfg.net.link_trace:
-        load_link_trace(cfg.net.link_trace, cfg.workers)  # its errors first, then:
-        raise ConfigError(f"net.link_trace = {cfg.net.link_trace!r}: link traces are not "
-                          "replayed by run and simulate yet")
+    # the scenario and the link trace: every event and row checked before the run
+    world = world_from_config(cfg, topo)
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)
     return Preflight(topo, build_corpus(cfg), warnings, world)

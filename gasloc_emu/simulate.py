@@ -59,7 +59,7 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
     slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
         world = world_from_config(cfg, topo)
-        feed = event_feed(world, rec, progress, shaper="simulate: link model by round")
+        feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
         if world is not None and world.changes_links and link_model is None:
             link_model = sim_link_model(cfg, world)  # link events apply without a profile too
 

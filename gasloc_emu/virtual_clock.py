@@ -8,7 +8,8 @@ replays those reports as a discrete-event simulation:
 - a message leaves at the sender's virtual time, queues behind earlier messages on its directed
   link, and takes ``bytes * 8 / rate`` plus the link's latency (the ``LinkModel``; a model with
   an ``at_round`` method, a scenario's ``netplan.RoundLinkModel``, gets the round in the
-  message's key, so a link event at round R times the messages of rounds >= R);
+  message's key and the time it is sent, so a link event at round R times the messages of
+  rounds >= R, and one at a time those sent from then on);
 - a receiver that needs a message before it has arrived waits, and uses no CPU meanwhile;
 - k workers computing at once share the machine as Linux's fair scheduler shares it among busy
   processes (processor sharing): each progresses at ``min(1, slots / k)`` seconds of work per
@@ -169,10 +170,10 @@ class VirtualClock:
 
     def _link(self, src: int, dst: int, op: Send) -> tuple[float, float]:
         """(wire s, latency s) of one message; a model with ``at_round`` (a scenario's links
-        change by round) gets the round in the message's key."""
+        change by round or by time) gets the round in the message's key and the send time."""
         at_round = getattr(self.link_model, "at_round", None)
         if at_round is not None:
-            return at_round(src, dst, op.nbytes, op.key[2])
+            return at_round(src, dst, op.nbytes, op.key[2], self.now_s)
         return self.link_model(src, dst, op.nbytes)
 
     def _recv(self, lane: _Lane, key: tuple) -> None:

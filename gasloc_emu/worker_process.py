@@ -233,6 +233,8 @@ class WorkerProcess:
         """Every round, then one metrics row for the launcher; returns early when told to stop."""
         worker, state = self.worker, self.state
         state.speed = worker.compute.speed
+        if self.links is not None:
+            self.links.start(t0)
         for t in range(self.rejoin.from_round if self.rejoin else 0, self.cfg.run.rounds):
             if self.ctl.poll_stop():
                 return
@@ -300,32 +302,50 @@ class LinkApplier:
     """A scenario's link changes on this worker's userspace shaper (``world.LinkSchedule``).
 
     Sender side: at the start of round R, before anything of R is sent, every link from this
-    worker takes the values in force for R (``set_link``; a cut stamps nothing). Every message
-    of round R is sent after that point and every message of R-1 before it, so the sender times
-    each message with its round's values, as the simulator does.
+    worker that a round-triggered event changed takes the values in force for R (``set_link``;
+    a cut stamps nothing). Every message of round R is sent after that point and every message
+    of R-1 before it, so the sender times each message with its round's values, as the
+    simulator does. Links changed by time (scenario events at ``at_s``, a link trace) are set
+    just before each message is stamped (the shaper's ``on_stamp``), to the values in force at
+    that moment of the run's clock (``time.time() - t0``), as the simulator takes them at the
+    virtual time of the send.
 
     Receiver side (``set_rx_link``): in ``userspace`` mode it only bounds the release times a
     sender may stamp, and a sender can enter round R while this worker is still in R-1, so every
-    value each incoming link will have is applied before round 0 (the bound keeps the slowest
-    rate and largest latency it is given). In ``delay-only`` mode (tc paces, this worker's
-    release queue adds the latency) the new latency of round R is applied at the end of round
-    R-1, after its last receive; a message of R that arrives before that gets the old latency.
+    value each incoming link will have (by round or by time) is applied before round 0 (the
+    bound keeps the slowest rate and largest latency it is given). In ``delay-only`` mode (tc
+    paces, this worker's release queue adds the latency) the new latency of round R is applied
+    at the end of round R-1, after its last receive; a message of R that arrives before that
+    gets the old latency. A latency changed by time is the one in force when a message arrives
+    (the shaper's ``on_release``).
     """
 
     def __init__(self, schedule, rank: int, shaper, caps):
         self.schedule, self.rank, self.shaper, self.caps = schedule, rank, shaper, caps
         self.sent_upto = self.recv_upto = -1
+        self.round, self.t0 = 0, None   # the round being sent; the run's start (time.time())
+        self._timed_set: dict[tuple[int, int], tuple] = {}   # what a timed link was last set to
+        if schedule.timed is not None:
+            shaper.on_stamp = self._timed_tx
+            shaper.on_release = self._timed_rx if shaper.mode == "delay-only" else None
         if shaper.mode == "userspace":
             self.receiving(10**9)
+            self._bound_timed()
 
     @classmethod
     def of(cls, cfg, world, rank: int, shaper) -> LinkApplier | None:
-        """The applier of a run whose scenario changes links, under a userspace shaper (tc
-        runs without latency changes need none: the launcher changes the classes)."""
-        if shaper is None or world is None or world.links is None or not world.links.changes:
+        """The applier of a run whose scenario (or link trace) changes links, under a userspace
+        shaper (tc runs without latency changes need none: the launcher changes the classes)."""
+        if shaper is None or world is None or world.links is None:
+            return None
+        if not world.links.changes and world.links.timed is None:
             return None
         from .netplan import link_caps
         return cls(world.links, rank, shaper, link_caps(cfg))
+
+    def start(self, t0: float) -> None:
+        """The run's start on the time.time() clock: times of timed changes count from it."""
+        self.t0 = t0
 
     def _due(self, after: int, upto: int) -> list[tuple[int, dict]]:
         return [(r, ch) for r, ch in sorted(self.schedule.changes.items()) if after < r <= upto]
@@ -333,12 +353,43 @@ class LinkApplier:
     def sending(self, t: int) -> None:
         """Set every link from this worker that changed since the last call to round t's
         values."""
+        self.round = t
         links = {link for _, ch in self._due(self.sent_upto, t) for link in ch
                  if link[0] == self.rank}
+        now_s = time.time() - self.t0 if self.t0 is not None else 0.0
         for src, dst in sorted(links):
-            rate, latency = self.schedule.in_force(src, dst, t)
+            rate, latency = self.schedule.at(src, dst, t, now_s)
             self.shaper.set_link(dst, self._rate(rate, (self.caps(src, dst)[1],)), latency)
+            self._timed_set[(src, dst)] = (rate, latency)
         self.sent_upto = max(self.sent_upto, t)
+
+    def _timed_tx(self, peer: int, now: float) -> None:
+        """Before a message to ``peer`` is stamped: the link's values in force now."""
+        link = (self.rank, peer)
+        if self.t0 is None or link not in self.schedule.timed.steps:
+            return
+        state = self.schedule.at(*link, self.round, now - self.t0)
+        if self._timed_set.get(link) != state:
+            self._timed_set[link] = state
+            self.shaper.set_link(peer, self._rate(state[0], (self.caps(*link)[1],)), state[1])
+
+    def _timed_rx(self, src: int, arrival: float) -> None:
+        """delay-only: before a message from ``src`` is released, the latency in force now."""
+        link = (src, self.rank)
+        if self.t0 is None or link not in self.schedule.timed.steps:
+            return
+        state = self.schedule.timed.in_force(*link, arrival - self.t0)
+        if state is not None and self._timed_set.get(link) != state:
+            self._timed_set[link] = state
+            self.shaper.set_rx_link(src, self._rate(state[0], self.caps(*link)), state[1])
+
+    def _bound_timed(self) -> None:
+        """userspace: every value a timed incoming link will have, into the release bound."""
+        timed = self.schedule.timed
+        for src, dst in sorted(timed.steps if timed is not None else ()):
+            if dst == self.rank:
+                for rate, latency in timed.values(src, dst):
+                    self.shaper.set_rx_link(src, self._rate(rate, self.caps(src, dst)), latency)
 
     def receiving(self, t: int) -> None:
         """Give this worker's release side the values of its incoming links up to round t."""

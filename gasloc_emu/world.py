@@ -45,6 +45,7 @@ round-only clock, so the values in force, partition cuts and restores are the Ti
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -54,6 +55,7 @@ from .scenario import (
     JoinEvent,
     LeaveEvent,
     LinkEvent,
+    LinkTrace,
     PartitionEvent,
     PauseEvent,
     Scenario,
@@ -61,6 +63,7 @@ from .scenario import (
     SpeedEvent,
     Timeline,
     as_record,
+    load_link_trace,
     load_scenario,
 )
 from .topology import LivingGraph
@@ -91,16 +94,18 @@ class LinkSchedule:
     own. ``base_link(src, dst)`` is a link's (rate_mbit or None, latency_ms) before any event.
     """
 
-    def __init__(self, scenario: Scenario, rounds: int, base_link: BaseLink = unshaped_link):
+    def __init__(self, scenario: Scenario, rounds: int, base_link: BaseLink = unshaped_link,
+                 trace: LinkTrace | None = None):
         self._base = base_link
         timeline = Timeline(scenario, self._timeline_base, lambda: 0.0)
         self.fired: dict[int, list[Event]] = {}
         self.changes: dict[int, dict[Pair, LinkState]] = {}
         self._cuts: list[frozenset] = []
         self._history: dict[Pair, list[tuple[int, LinkState]]] = {}
+        self.timed = TimedLinks.of(scenario, trace, base_link)
         for t in range(rounds):
             events = [ev for ev in timeline.due(t)
-                      if isinstance(ev, (LinkEvent, PartitionEvent))]
+                      if isinstance(ev, (LinkEvent, PartitionEvent)) and ev.by_round]
             cut = timeline.cut_links()
             self._cuts.append(cut)
             touched = _touched(events)
@@ -131,8 +136,8 @@ class LinkSchedule:
         return frozenset(_edge(a, b) for a, b in self.cut(t))
 
     def in_force(self, src: int, dst: int, t: int) -> LinkState:
-        """(rate_mbit, latency_ms) of src -> dst for the messages of round t (rate None:
-        unshaped; 0.0: cut)."""
+        """(rate_mbit, latency_ms) of src -> dst for the messages of round t by the
+        round-triggered events alone (rate None: unshaped; 0.0: cut)."""
         state = self._base(src, dst)
         for r, values in self._history.get((src, dst), ()):
             if r > t:
@@ -140,10 +145,71 @@ class LinkSchedule:
             state = values
         return state
 
+    def at(self, src: int, dst: int, t: int, now_s: float) -> LinkState:
+        """(rate_mbit, latency_ms) of src -> dst for a message of round t sent ``now_s``
+        seconds after the run's start: cut while a partition cuts it in round t, else the
+        time-triggered value in force then (``TimedLinks``), else the round's."""
+        state = self.in_force(src, dst, t)
+        if self.timed is None or (src, dst) in self.cut(t):
+            return state
+        timed = self.timed.in_force(src, dst, now_s)
+        return state if timed is None else timed
+
     @property
     def changes_links(self) -> bool:
         """Whether any link's rate or latency changes (not only partitions' cuts)."""
-        return any(isinstance(ev, LinkEvent) for evs in self.fired.values() for ev in evs)
+        return self.timed is not None or any(
+            isinstance(ev, LinkEvent) for evs in self.fired.values() for ev in evs)
+
+
+class TimedLinks:
+    """The time-triggered link changes: a scenario's link events at ``at_s`` and a link trace's
+    rows, as per-link steps (at_s, (rate_mbit, latency_ms)) on the run's clock (seconds since
+    its start). A field an event leaves out keeps its value.
+
+    A message takes the values in force when its sender sends it: the simulator's link model
+    at the send's virtual time, the userspace shaper when it stamps the message (at the
+    sender's clock); under tc the launcher changes the class at that time, so bytes already
+    queued on the link feel the change too. A link changed by time may not also be changed by
+    round (which came later would depend on the run's speed): that is refused before the run.
+    """
+
+    def __init__(self, events: list[LinkEvent], base_link: BaseLink):
+        self.events = sorted(events, key=lambda ev: ev.at_s)
+        self.steps: dict[Pair, list[tuple[float, LinkState]]] = {}
+        for ev in self.events:
+            for link in ev.links:
+                steps = self.steps.setdefault(link, [])
+                rate, latency = steps[-1][1] if steps else base_link(*link)
+                steps.append((ev.at_s, (rate if ev.rate_mbit is None else ev.rate_mbit,
+                                        latency if ev.latency_ms is None else ev.latency_ms)))
+
+    @classmethod
+    def of(cls, scenario: Scenario, trace: LinkTrace | None,
+           base_link: BaseLink) -> TimedLinks | None:
+        """The time-triggered link changes of a scenario and a trace; None when there are
+        none."""
+        events = [ev for ev in scenario.time_events if isinstance(ev, LinkEvent)]
+        events += trace.changes_between(0.0, math.inf) if trace is not None else []
+        return cls(events, base_link) if events else None
+
+    def in_force(self, src: int, dst: int, now_s: float) -> LinkState | None:
+        """The link's values at ``now_s``; None before its first time-triggered change."""
+        steps = self.steps.get((src, dst), ())
+        k = bisect_right(steps, now_s, key=lambda step: step[0])
+        return steps[k - 1][1] if k else None
+
+    def due(self, after_s: float, upto_s: float) -> list[LinkEvent]:
+        """The changes with after_s < at_s <= upto_s, in time order."""
+        return [ev for ev in self.events if after_s < ev.at_s <= upto_s]
+
+    def values(self, src: int, dst: int) -> list[LinkState]:
+        """Every value the link takes by time (the receivers' bounds take them all in)."""
+        return [state for _, state in self.steps.get((src, dst), ())]
+
+    def applied(self, ev: LinkEvent) -> list[dict]:
+        """The values ``ev`` put in force on each of its links (events.jsonl)."""
+        return [applied_row(link, self.in_force(*link, ev.at_s)) for link in ev.links]
 
 
 def _touched(events: list) -> list[Pair]:
@@ -178,7 +244,7 @@ class World:
     def __init__(self, scenario: Scenario | None, workers: int, rounds: int,
                  failure_detect_s: float, peers: PeersFn,
                  neighbours: Callable[[int], list] | None = None,
-                 base_link: BaseLink = unshaped_link):
+                 base_link: BaseLink = unshaped_link, trace: LinkTrace | None = None):
         if not (math.isfinite(failure_detect_s) and 0.0 <= failure_detect_s <= 3600.0):
             raise ScenarioError(f"run.failure_detect_s = {failure_detect_s!r} is out of range; "
                                 "expected [0, 3600] seconds")
@@ -186,8 +252,9 @@ class World:
         self.failure_detect_s, self._peers = failure_detect_s, peers
         self._neighbours = neighbours or (lambda rank: [])
         if scenario is not None:
-            check_supported(scenario)
-        self.links = LinkSchedule(scenario, rounds, base_link) if scenario is not None else None
+            check_supported(scenario, trace)
+        self.links = (LinkSchedule(scenario, rounds, base_link, trace)
+                      if scenario is not None else None)
         if scenario is not None:
             self._check_donors()
 
@@ -365,15 +432,29 @@ def churns(scenario: Scenario) -> bool:
     return any(isinstance(ev, (LeaveEvent, JoinEvent)) for ev in scenario.events)
 
 
-def check_supported(scenario: Scenario) -> None:
+# why each kind of event cannot fire at a time (at_s) yet: it changes what the algorithms do
+# in a round, and every worker must agree on which round that is
+_NOT_BY_TIME = {
+    "partition": "a partition changes who mixes with whom, and every worker must agree on the "
+                 "round it starts (a time falls in different rounds on different workers)",
+    "leave": "a departure changes the graph every worker mixes over; they must agree on its "
+             "round",
+    "join": "a join changes the graph every worker mixes over; they must agree on its round",
+    "speed": "a speed change sets the steps a time budget allows, which simulate and run must "
+             "take alike",
+    "pause": "a pause is taken at a round's start, where simulate and run can agree on it",
+}
+
+
+def check_supported(scenario: Scenario, trace: LinkTrace | None = None) -> None:
     """Refuse, before the run, what the runners cannot do yet (one line, exit 2)."""
     for ev in scenario.events:
-        if not ev.by_round:
+        if not ev.by_round and ev.kind in _NOT_BY_TIME:
             raise ScenarioError(f"{scenario.source}: {ev.kind} event at at_s = {ev.at_s:g}: "
-                                "events at a time are not applied by run and simulate yet; "
-                                "give it a round (round = R)")
+                                f"only link events may fire at a time; {_NOT_BY_TIME[ev.kind]}. "
+                                "Give it a round (round = R)")
         if isinstance(ev, LinkEvent) and ev.loss_pct is not None:
-            raise ScenarioError(f"{scenario.source}: link event at round {ev.round}: loss_pct = "
+            raise ScenarioError(f"{scenario.source}: link event at {ev.when()}: loss_pct = "
                                 f"{ev.loss_pct:g} is not applied (neither the simulator nor the "
                                 "userspace shaper models loss); give only rate_mbit and "
                                 "latency_ms")
@@ -381,23 +462,42 @@ def check_supported(scenario: Scenario) -> None:
             raise ScenarioError(f"{scenario.source}: join of worker {ev.worker}: only departed "
                                 f"workers (ids 0..{scenario.workers - 1}) can join so far, "
                                 "not new ones")
+    _check_one_clock_per_link(scenario, trace)
+
+
+def _check_one_clock_per_link(scenario: Scenario, trace: LinkTrace | None) -> None:
+    """A link changed both at rounds and at times would take whichever came last, which
+    depends on how fast the run goes: refused."""
+    by_round = {link for ev in scenario.round_events if isinstance(ev, LinkEvent)
+                for link in ev.links}
+    timed = [(link, ev) for ev in scenario.time_events if isinstance(ev, LinkEvent)
+             for link in ev.links]
+    timed += [(link, None) for link in (trace.points if trace is not None else ())]
+    for link, ev in timed:
+        if link in by_round:
+            what = f"a link event at {ev.when()}" if ev is not None else trace.source
+            raise ScenarioError(f"{scenario.source}: link {link[0]}->{link[1]} is changed both "
+                                f"by round and by time ({what}); use one clock per link")
 
 
 def from_config(cfg, topo=None) -> World | None:
     """The world of a resolved config: None without ``run.scenario``. ``topo``: the full gossip
     graph (None for DiLoCo, whose exchange partners are its ring's neighbours)."""
-    if not cfg.run.scenario:
+    if not (cfg.run.scenario or cfg.net.link_trace):
         return None
-    scenario = load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
-    check_with_config(scenario, cfg)
+    scenario = (load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
+                if cfg.run.scenario else Scenario((), cfg.workers, cfg.run.rounds, "no scenario"))
+    trace = (load_link_trace(cfg.net.link_trace, scenario.total_workers)
+             if cfg.net.link_trace else None)
+    check_with_config(scenario, cfg, trace)
     base = base_link(cfg)
     if topo is None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
-                     ring_peers, base_link=base)
+                     ring_peers, base_link=base, trace=trace)
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                  graph_peers(topo),
                  lambda rank: sorted(j for e in topo.possible_edges if rank in e
-                                     for j in e if j != rank), base_link=base)
+                                     for j in e if j != rank), base_link=base, trace=trace)
 
 
 def graph_peers(topo) -> PeersFn:
@@ -418,8 +518,11 @@ def ring_peers(rank: int, t: int, alive: frozenset,
     return sorted({ring[k - 1], ring[(k + 1) % len(ring)]} - {rank})
 
 
-def check_with_config(scenario: Scenario, cfg) -> None:
-    """What a scenario cannot be combined with (one line, exit 2)."""
+def check_with_config(scenario: Scenario, cfg, trace: LinkTrace | None = None) -> None:
+    """What a scenario (and a link trace) cannot be combined with (one line, exit 2)."""
+    if trace is not None and cfg.net.shaper == "none":
+        raise ScenarioError(f"{trace.source} with net.shaper = 'none' would not be applied; "
+                            "choose net.shaper = 'auto' or 'userspace'")
     churn = churns(scenario)
     if churn and cfg.algo.name == "diloco" and cfg.algo.pseudo_grad_mean == "steps":
         raise ScenarioError(f"{scenario.source}: workers leave or join, and "
@@ -436,7 +539,7 @@ def _check_partitions_for(scenario: Scenario, cfg) -> None:
     ring (it reaches both sides, which cannot reach each other). Link events need a shaper."""
     for ev in scenario.events:
         if isinstance(ev, LinkEvent) and cfg.net.shaper == "none":
-            raise ScenarioError(f"{scenario.source}: link event at round {ev.round} with "
+            raise ScenarioError(f"{scenario.source}: link event at {ev.when()} with "
                                 "net.shaper = 'none' would not be applied; choose net.shaper = "
                                 "'auto' or 'userspace'")
         if not isinstance(ev, PartitionEvent) or cfg.algo.name != "diloco":
@@ -464,6 +567,7 @@ class EventFeed:
 
     def __init__(self, world: World, sink: Callable[[dict], None], shaper: str | None = None):
         self.world, self.sink, self.next_round, self.shaper = world, sink, 0, shaper
+        self.timed_upto_s = -math.inf   # time-triggered changes up to here are logged
 
     def row(self, row: dict) -> None:
         t = row.get("round")
@@ -471,10 +575,24 @@ class EventFeed:
             return
         while self.next_round <= min(t, self.world.rounds - 1):
             for rec in self.world.records(self.next_round):
-                if "applied" in rec and self.shaper is not None:
-                    rec["applied_by"] = self.shaper
-                self.sink(rec | {"logged_at_s": row.get("time_s")})
+                self._log(rec, row)
             self.next_round += 1
+        self._timed(row)
+
+    def _timed(self, row: dict) -> None:
+        """The time-triggered link changes up to the row's time (the run's clock)."""
+        timed = self.world.links.timed if self.world.links is not None else None
+        now_s = row.get("time_s")
+        if timed is None or not isinstance(now_s, (int, float)):
+            return
+        for ev in timed.due(self.timed_upto_s, now_s):
+            self._log(as_record(ev) | {"applied": timed.applied(ev)}, row)
+        self.timed_upto_s = max(self.timed_upto_s, now_s)
+
+    def _log(self, rec: dict, row: dict) -> None:
+        if "applied" in rec and self.shaper is not None:
+            rec["applied_by"] = self.shaper
+        self.sink(rec | {"logged_at_s": row.get("time_s")})
 
 
 def event_text(rec: dict) -> str:

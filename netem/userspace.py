@@ -113,12 +113,18 @@ class LinkShaper:
         self._up_free = 0.0
         self._lock = threading.Lock()
         self._sleep = sleep
+        # called before each stamp (peer, now) and each release (src, arrival), outside the
+        # lock: a caller's timeline sets the values in force then (links changed by time)
+        self.on_stamp: Callable[[int, float], None] | None = None
+        self.on_release: Callable[[int, float], None] | None = None
 
     def stamp(self, peer: int, nbytes: int, now: float) -> float | None:
         """Sender side, just before sending ``nbytes`` to ``peer``: the delivery time, or None."""
         if self.mode != "userspace":
             return None
         self._check_peer(peer)
+        if self.on_stamp is not None:
+            self.on_stamp(peer, now)
         with self._lock:
             if self._rate_bps[peer] == 0.0:
                 raise LinkCutError(f"link {self.rank}->{peer} is cut (rate 0, a partition): "
@@ -194,6 +200,8 @@ class LinkShaper:
         """Receiver side: when the algorithm may see a message from ``src`` that arrived at
         ``arrival``."""
         base = arrival if deliver_at is None else max(deliver_at, arrival)
+        if self.on_release is not None:
+            self.on_release(src, arrival)
         with self._lock:
             delay_s = self._rx_delay_s.get(src, 0.0)
         return max(base, arrival + delay_s)
