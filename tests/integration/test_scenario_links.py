@@ -93,3 +93,38 @@ def test_a_link_slowed_under_the_userspace_shaper_slows_its_rounds(tmp_path):
                              {"src": 1, "dst": 0, "rate_mbit": 2.0, "latency_ms": 0.0}]
     assert ev["applied_by"].startswith("userspace")
     assert json.loads((runs["run"] / "summary.json").read_text())["shaper"] == "userspace"
+
+
+TRACE = "time_s,src,dst,rate_mbit\n0.0,0,1,50\n0.0,1,0,50\n0.5,0,1,2\n0.5,1,0,2\n"
+
+
+def test_a_link_trace_replays_in_both_runners_on_their_clocks(tmp_path):
+    """Two workers whose one link slows from 50 to 2 Mbit/s at 0.5 s on the run's clock: the
+    rounds before exchange in a fraction of the slow wire time, the last one takes it, in both
+    runners (the simulator on its virtual clock, the userspace shaper on the wall clock)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    runs = {}
+    for mode in ("simulate", "run"):
+        runs[mode] = tmp_path / mode
+        res = cli(mode, "--workers", "2", "--model", "tiny", "--local-steps", "2", "--seed", "2",
+                  "--rounds", "4", "--step-time-s", "0.1", "--no-dashboard",
+                  "--set", "data.max_corpus_mb=0.5", "--set", "data.eval_batches=1",
+                  "--link-trace", str(trace), "--out", str(runs[mode]))
+        assert res.returncode == 0, res.stderr
+    for mode, path in runs.items():
+        r = rows(path)
+        wire_s = r[0, 0]["bytes_sent"] * 8 / (SLOW_MBIT * 1e6)
+        assert max(r[0, w]["comm_s"] for w in (0, 1)) < 0.3 * wire_s, (mode, wire_s)
+        # the worker whose compute ended first waits for its peer's later message: the whole
+        # wire time at least (the other one, that much less the gap between their ends)
+        last = max(r[3, w]["comm_s"] for w in (0, 1))
+        assert 0.98 * wire_s <= last < 2 * wire_s, (mode, last, wire_s)
+        logged = events(path)
+        assert [(e["at_s"], e["links"], e["source"]) for e in logged] == [
+            (0.0, [[0, 1]], "trace"), (0.0, [[1, 0]], "trace"),
+            (0.5, [[0, 1]], "trace"), (0.5, [[1, 0]], "trace")]
+        assert all(e["logged_at_s"] >= e["at_s"] for e in logged)
+    sim, emu = rows(runs["simulate"]), rows(runs["run"])
+    assert max(abs(sim[k]["train_loss"] - emu[k]["train_loss"]) for k in sim) <= 1e-5
+    assert events(runs["run"])[-1]["applied_by"].startswith("userspace")
