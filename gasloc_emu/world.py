@@ -18,8 +18,9 @@ The rules (docs/ALGORITHM.md, "Churn"):
   lowest-ranked living worker), with a fresh inner optimizer and outer state, and takes part
   from round R.
 - Round-triggered ``speed`` events set a worker's speed from that round on; ``pause`` events
-  stop it for their seconds at the start of that round. Events at a time (``at_s``) are refused
-  before the run (``check_supported``): nothing applies them yet.
+  stop it for their seconds at the start of that round. Only link events may come at a time
+  (``at_s``, and a link trace's rows: ``TimedLinks``); the other kinds at a time are refused
+  before the run (``check_supported``), since every worker must agree on their round.
 
 Links (docs/NETWORK.md, "Scenarios"); ``LinkSchedule`` plays the scenario's ``Timeline`` on a
 round-only clock, so the values in force, partition cuts and restores are the Timeline's:
