@@ -576,18 +576,37 @@ class EventFeed:
             return
         while self.next_round <= min(t, self.world.rounds - 1):
             for rec in self.world.records(self.next_round):
-                self._log(rec, row)
+                self._log(self._with_timed(rec, self.next_round, row), row)
             self.next_round += 1
         self._timed(row)
 
-    def _timed(self, row: dict) -> None:
-        """The time-triggered link changes up to the row's time (the run's clock)."""
-        timed = self.world.links.timed if self.world.links is not None else None
+    def _now_s(self, row: dict) -> float | None:
         now_s = row.get("time_s")
-        if timed is None or not isinstance(now_s, (int, float)):
+        return now_s if isinstance(now_s, (int, float)) else None
+
+    def _with_timed(self, rec: dict, t: int, row: dict) -> dict:
+        """A round's record whose links include some changed by time (a restore brings back
+        the value in force then): their ``applied`` values at the row's time."""
+        links, now_s = self.world.links, self._now_s(row)
+        if "applied" not in rec or links is None or links.timed is None or now_s is None:
+            return rec
+        return rec | {"applied": [applied_row((a["src"], a["dst"]),
+                                              links.at(a["src"], a["dst"], t, now_s))
+                                  for a in rec["applied"]]}
+
+    def _timed(self, row: dict) -> None:
+        """The time-triggered link changes up to the row's time (the run's clock); links a
+        partition holds cut in the row's round are ``held`` (their restore brings the value)."""
+        timed = self.world.links.timed if self.world.links is not None else None
+        now_s = self._now_s(row)
+        if timed is None or now_s is None:
             return
+        cut = self.world.links.cut(row["round"])
         for ev in timed.due(self.timed_upto_s, now_s):
-            self._log(as_record(ev) | {"applied": timed.applied(ev)}, row)
+            rec = as_record(ev) | {"applied": [a for a in timed.applied(ev)
+                                               if (a["src"], a["dst"]) not in cut]}
+            held = [list(link) for link in ev.links if link in cut]
+            self._log(rec | ({"held": held} if held else {}), row)
         self.timed_upto_s = max(self.timed_upto_s, now_s)
 
     def _log(self, rec: dict, row: dict) -> None:
