@@ -202,14 +202,16 @@ class WorkerProcess:
         topo = build_topology(self.cfg)
         self.world = world = world_from_config(self.cfg, topo)
         numel = count_parameters(self.cfg.model)
+        from .algorithms import wire_kinds
         from .worker import ring_members
         schema = WireSchema(self.rank, self.cfg.workers, numel,
+                            extra=wire_kinds(self.cfg.algo, numel),
                             members=ring_members(world, self.rank))
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.links = LinkApplier.of(self.cfg, world, self.rank, _shaping(self.spec, self.rank))
         self.transport = tp = ZmqTransport(
             self.rank, self.cfg.workers, bind, ctx=self.ctx,
-            max_numel=numel, schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
+            max_numel=schema.max_numel(), schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
             should_stop=self.ctl.poll_stop,
             shaping=self.links.shaper if self.links else _shaping(self.spec, self.rank),
             security=self.ctl.security, link_ports=self.spec.link_ports)

@@ -286,6 +286,10 @@ class World:
         """The undirected edges a partition cuts in round t."""
         return self.links.cut_edges(t) if self.links is not None else frozenset()
 
+    def heals(self, t: int) -> bool:
+        """Whether links a partition cut in round t-1 are back in round t."""
+        return t > 0 and bool(self.cut_edges(t - 1) - self.cut_edges(t))
+
     def ring_members(self, rank: int) -> Callable[[int], frozenset]:
         """``members(t)`` for worker ``rank``'s DiLoCo ring: the living workers it is not cut
         from (its group during a partition; everyone alive otherwise)."""

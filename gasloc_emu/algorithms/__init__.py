@@ -5,6 +5,7 @@ from ..topology import Topology, build_topology
 from ..transport.base import Transport
 from .base import OuterAlgorithm
 from .diloco import DiLoCo
+from .diloco import wire_kinds as diloco_wire_kinds
 from .gasloc import GASLoC
 from .gossip import DSGD, PlainGossip
 
@@ -35,16 +36,17 @@ def momentum_warning(cfg) -> str | None:
             f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
 
 def make(acfg, rank: int, transport: Transport, topology: Topology | None,
-         weight: float = 1.0, members=None) -> OuterAlgorithm:
+         weight: float = 1.0, members=None, heals=None) -> OuterAlgorithm:
     """``weight``: what DiLoCo multiplies this worker's pseudo-gradient by before the mean
     (``compute.pseudo_grad_weight``); gossip algorithms mix by W alone and ignore it.
     ``members(t)``: the living workers of round t, for DiLoCo's ring (gossip algorithms get a
-    graph over the living as ``topology`` instead)."""
+    graph over the living as ``topology`` instead); ``heals(t)``: whether a partition ends in
+    round t (DiLoCo merges the groups' states then)."""
     if acfg.name == "gasloc":
         return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology))
     if acfg.name == "diloco":
         return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight,
-                      members)
+                      members, heals)
     if acfg.name == "dsgd":
         return DSGD(rank, transport, topology)
     if acfg.name == "local-gossip":
@@ -52,5 +54,11 @@ def make(acfg, rank: int, transport: Transport, topology: Topology | None,
     raise ValueError(f"unknown algorithm {acfg.name!r}")
 
 
+def wire_kinds(acfg, numel: int) -> dict[str, tuple[int]]:
+    """The messages an algorithm sends besides gossip's ``z``, the ring's and the join's: the
+    receivers' schema allows exactly these."""
+    return diloco_wire_kinds(numel) if acfg.name == "diloco" else {}
+
+
 __all__ = ["DSGD", "DiLoCo", "GASLoC", "OuterAlgorithm", "PlainGossip", "make",
-           "momentum_value", "momentum_warning"]
+           "momentum_value", "momentum_warning", "wire_kinds"]

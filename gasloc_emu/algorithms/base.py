@@ -31,6 +31,14 @@ class OuterAlgorithm:
         """The workers this one exchanges with in round ``round_idx``."""
         return self.topology.peers(self.rank, round_idx) if self.topology else []
 
+    def handover(self) -> dict[str, torch.Tensor]:
+        """What a joiner takes over from its donor besides theta, by message kind: nothing
+        here (a gossip worker's outer state is its own; docs/ALGORITHM.md, "Churn")."""
+        return {}
+
+    def take_over(self, state: dict[str, torch.Tensor]) -> None:
+        """A joiner's side of ``handover``, after ``begin``."""
+
     def state_bytes(self) -> int:
         """Model-sized buffers this algorithm keeps between rounds (for memory reports)."""
         return sum(t.numel() * t.element_size() for t in self._state() if t is not None)
