@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_algorithms import DIM, consensus_error, on_hub, quadratic_inner, random_starts
 
 from gasloc_emu.algorithms import DiLoCo, wire_kinds
 from gasloc_emu.config import resolve
 from gasloc_emu.transport.memory import Hub
-
-from test_algorithms import DIM, consensus_error, on_hub, quadratic_inner, random_starts
 
 ROUNDS, CUT = 6, range(1, 3)    # a partition {0, 1} | {2, 3} in rounds 1 and 2
 
