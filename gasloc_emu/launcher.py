@@ -119,6 +119,9 @@ class Supervisor:
         self.feed = None  # its events, into events.jsonl and onto the display
         self.links_round = 0   # the scenario's link changes of rounds < this are applied
         self.timed_upto_s = -1.0   # and its changes by time up to here (the run's clock)
+        # {worker, round, recv_links} of each row, when links change: what summary.json's
+        # link_changes observe (one per worker and round, so bounded by the run's length)
+        self.link_rows: list[dict] = []
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -270,11 +273,18 @@ class Supervisor:
         slot.round = msg.row["round"]
         slot.overruns += msg.row.get("overruns", 0)
         self._change_links(msg.row["round"] + 1)
+        self._keep_link_row(msg.row)
         if self.feed is not None:
             self.feed.row(msg.row)
         self.rec.metric(msg.row)
         if self.progress is not None:
             self.progress(msg.row)
+
+    def _keep_link_row(self, row: dict) -> None:
+        """Keep what ``link_changes`` needs of a (checked) row, in a run whose links change."""
+        if self.world is None or self.world.links is None or "recv_links" not in row:
+            return
+        self.link_rows.append({k: row[k] for k in ("worker", "round", "recv_links")})
 
     def _change_links(self, upto: int) -> None:
         """The network's link changes of rounds <= ``upto``, once each, when the first worker
@@ -435,6 +445,9 @@ class Supervisor:
         out["control_drops"] = self.control_drops_total()
         if self.world is not None:
             out["membership"] = membership_summary(self.world)
+        if self.world is not None and self.world.links is not None:
+            out["link_changes"] = observed_link_changes(link_changes(self.world.links),
+                                                        self.link_rows)
         return out
 
     def drops_so_far(self) -> dict:
@@ -459,6 +472,67 @@ class Supervisor:
             sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
             rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def link_changes(links) -> list[dict]:
+    """Every link change a run applies (``world.LinkSchedule``), in order: the round-triggered
+    ones (cuts and restores included), then each link of each time-triggered one; with the
+    values configured (rate_mbit None: unshaped; 0.0: cut), not yet observed."""
+    out = [_change(src, dst, state, round_idx=t)
+           for t, changed in sorted(links.changes.items())
+           for (src, dst), state in sorted(changed.items())]
+    if links.timed is not None:
+        out += [_change(*link, links.timed.in_force(*link, ev.at_s), at_s=ev.at_s)
+                for ev in links.timed.events for link in ev.links]
+    return out
+
+
+def _change(src: int, dst: int, state: tuple, *, round_idx: int | None = None,
+            at_s: float | None = None) -> dict:
+    rate_mbit, latency_ms = state
+    return {"src": src, "dst": dst, "round": round_idx, "at_s": at_s, "rate_mbit": rate_mbit,
+            "latency_ms": latency_ms}
+
+
+def observed_link_changes(changes: list[dict], rows: list[dict]) -> list[dict]:
+    """``changes`` (``link_changes``), each with the rate its link delivered afterwards.
+
+    ``rows``: {worker, round, recv_links} of metrics rows (``worker.link_row``). A change is
+    observed in the first row (by round) of its destination that has messages from its source
+    sent after it: of a round >= its round, or whose earliest message was sent at or after its
+    time. A cut carries nothing and is not observed; without such a row the observation is
+    None. The rate is the bytes over their wire time: the summed transfer times less one
+    configured latency per message, so that it compares with the configured rate.
+    """
+    by_worker: dict[int, list[dict]] = {}
+    for row in sorted(rows, key=lambda r: r["round"]):
+        by_worker.setdefault(row["worker"], []).append(row)
+    return [change | _observation(change, by_worker.get(change["dst"], []))
+            for change in changes]
+
+
+def _observation(change: dict, rows: list[dict]) -> dict:
+    """observed_mbit and observed_round of one change, from its destination's rows."""
+    if change["rate_mbit"] != 0.0:   # a cut (0.0) carries no message to observe
+        for row in rows:
+            use = row["recv_links"].get(str(change["src"]))
+            if use is not None and _sent_after(change, row["round"], use["sent_s"]):
+                return {"observed_mbit": _observed_mbit(use, change["latency_ms"]),
+                        "observed_round": row["round"]}
+    return {"observed_mbit": None, "observed_round": None}
+
+
+def _sent_after(change: dict, round_idx: int, sent_s: float) -> bool:
+    if change["round"] is not None:
+        return round_idx >= change["round"]
+    return sent_s >= change["at_s"]
+
+
+def _observed_mbit(use: dict, latency_ms: float | None) -> float | None:
+    """Mbit/s over the wire time; None when the latency accounts for all of the transfer (a
+    link too fast to tell apart from its latency)."""
+    wire_s = use["transfer_s"] - use["messages"] * (latency_ms or 0.0) / 1e3
+    return round(use["bytes"] * 8 / 1e6 / wire_s, 4) if wire_s > 0 else None
 
 
 def _applied_by(shaper: str) -> str:

@@ -53,12 +53,23 @@ class RoundStats:
     overruns: int = 0  # steps whose real time exceeded their nominal time (step_time_s > 0)
     overrun_ratio: float = 0.0  # the round's worst real / nominal step time; 0 when measured
     eval_loss: float | None = None
+    # the ZeroMQ transport's link observations of this round's messages, by source (str rank):
+    # {"bytes", "messages", "transfer_s", "sent_s"} (``link_row``); None: not measured
+    recv_links: dict[str, dict] | None = None
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
-        if out["eval_loss"] is None:
-            del out["eval_loss"]
+        for name in ("eval_loss", "recv_links"):
+            if out[name] is None:
+                del out[name]
         return out
+
+
+def link_row(use, t0_s: float) -> dict:
+    """One source's ``recv_links`` entry from its ``mailbox.LinkUse``; ``sent_s``: the earliest
+    message's send time on the run's clock (seconds since ``t0_s``, a time.time() value)."""
+    return {"bytes": use.nbytes, "messages": use.messages, "transfer_s": use.transfer_s,
+            "sent_s": use.first_sent_at - t0_s}
 
 
 class Worker:
@@ -80,11 +91,16 @@ class Worker:
         graph = living_graph(self.topology, world)
         self.algo = algorithms.make(cfg.algo, rank, transport, graph,
                                     weight=compute.pseudo_grad_weight(cfg, rank),
-                                    members=ring_members(world, rank))
+                                    members=ring_members(world, rank),
+                                    heals=world.heals if world is not None and world.partitions
+                                    else None)
         self.algo.begin(self.theta)
         self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
         self.step = 0
         self.overruns = 0  # over the whole run, for the record's compute block
+        # the run's start (time.time()), set by the worker process: link observations are
+        # reported on the run's clock. None (the simulator): no observations are reported
+        self.t0: float | None = None
 
     def inner_phase(self) -> tuple[float, compute.InnerPhase]:
         """AdamW steps on this worker's shard, as many as the compute model says; the mean
@@ -140,7 +156,17 @@ class Worker:
             bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]),
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
-            overruns=phase.overruns, overrun_ratio=phase.worst_ratio)
+            overruns=phase.overruns, overrun_ratio=phase.worst_ratio,
+            recv_links=self.recv_links(round_idx))
+
+    def recv_links(self, round_idx: int) -> dict[str, dict] | None:
+        """The transport's link observations of round ``round_idx`` (``link_row``), or None
+        where it measures none (the simulator's) or the run's clock is unknown."""
+        observe = getattr(self.transport, "recv_links", None)
+        if observe is None or self.t0 is None:
+            return None
+        return {str(src): link_row(use, self.t0)
+                for src, use in sorted(observe(round_idx).items())}
 
     def begin_round(self, plan: RoundPlan) -> None:
         """A scenario's speed change and pause at the start of a round."""
@@ -159,14 +185,19 @@ class Worker:
     def donate(self, joiner: int, round_idx: int) -> None:
         """Send this worker's parameters (the start of round ``round_idx``) to a joiner."""
         self.transport.send(joiner, round_idx, "join", self.theta.detach().clone())
+        for kind, tensor in self.algo.handover().items():   # DiLoCo: its shared momentum
+            self.transport.send(joiner, round_idx, kind, tensor)
 
     def join(self, donor: int, round_idx: int) -> None:
         """Start from ``donor``'s parameters at the start of round ``round_idx``: a fresh inner
-        optimizer and outer state around them (docs/ALGORITHM.md, "Churn")."""
+        optimizer and outer state around them, but what the algorithm hands over (DiLoCo's
+        shared momentum buffer; docs/ALGORITHM.md, "Churn")."""
         received = self.transport.recv(donor, round_idx, "join")
         with torch.no_grad():
             self.theta.copy_(received.to(self.theta.device))
         self.algo.begin(self.theta)
+        self.algo.take_over({kind: self.transport.recv(donor, round_idx, kind).to(self.theta.device)
+                             for kind in self.algo.handover()})
 
     def check_finite(self, round_idx: int, loss: float) -> None:
         """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour

@@ -234,6 +234,7 @@ class WorkerProcess:
     def train(self, t0: float) -> None:
         """Every round, then one metrics row for the launcher; returns early when told to stop."""
         worker, state = self.worker, self.state
+        worker.t0 = t0   # link observations are reported on the run's clock
         state.speed = worker.compute.speed
         if self.links is not None:
             self.links.start(t0)

@@ -391,8 +391,29 @@ _ROW = {
     "speed": lambda r, v, e: _speed(r, v),
     "overruns": lambda r, v, e: _int(r, v, 0),
     "overrun_ratio": lambda r, v, e: _float(r, v, 0.0),
+    "recv_links": lambda r, v, e: _recv_links(r, v, e),
 }
-_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio")
+_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "recv_links")
+_LINK_USE = ("bytes", "messages", "transfer_s", "sent_s")
+
+
+def _recv_links(reason: str, value, expect: Expect) -> dict[str, dict]:
+    """A row's link observations (``worker.link_row``): {rank text: {bytes, messages,
+    transfer_s, sent_s}}. Only a measurement, never acted on, but checked like any field."""
+    if not isinstance(value, dict) or len(value) > expect.workers:
+        raise ControlError(reason, f"{_show(value)} is not a map of at most {expect.workers} "
+                                   f"ranks to link observations")
+    out: dict[str, dict] = {}
+    for key, use in value.items():
+        rank = _rank_key(reason, key, expect)
+        if not isinstance(use, dict):
+            raise ControlError(reason, f"{_show(use)} is not a map")
+        _fields(use, reason, _LINK_USE)
+        out[str(rank)] = {"bytes": _int(reason, use["bytes"], 0),
+                          "messages": _int(reason, use["messages"], 1),
+                          "transfer_s": _float(reason, use["transfer_s"], 0.0),
+                          "sent_s": _float(reason, use["sent_s"])}
+    return out
 
 
 def _row(value, worker: int, expect: Expect) -> dict:

@@ -15,6 +15,9 @@ Header keys (version 1):
     shape       list  dimensions, ints >= 0
     nbytes      int   payload length in bytes (numel * itemsize)
     deliver_at  float optional: when the userspace shaper lets the message out (time.time())
+    sent_at     float optional: when the sender handed the message to its transport
+                (time.time()); only ever used to measure links (``mailbox.LinkTally``), never
+                for control, because a sender may claim anything
 
 Exact checks. With a ``schema`` (``schema.WireSchema``; the transport always passes one) the
 kind must be one the sender sends this receiver ("kind") and the shape exactly the one the
@@ -39,7 +42,9 @@ MAX_DIMS = 16
 # A version-1 header is about 100 bytes; anything much longer is not one of ours.
 MAX_HEADER_BYTES = 1024
 _REQUIRED_KEYS = frozenset({"v", "src", "round", "kind", "dtype", "shape", "nbytes"})
-_KNOWN_KEYS = _REQUIRED_KEYS | {"deliver_at"}
+_KNOWN_KEYS = _REQUIRED_KEYS | {"deliver_at", "sent_at"}
+# optional float header keys: each must be a finite number when present
+_TIME_KEYS = ("deliver_at", "sent_at")
 
 
 class FrameError(ValueError):
@@ -57,6 +62,7 @@ class Message:
     kind: str
     tensor: torch.Tensor
     deliver_at: float | None = None
+    sent_at: float | None = None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -66,7 +72,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 # -- encoding (our own, trusted tensors: errors are programming errors, hence ValueError)
 
 def encode(src: int, round: int, kind: str, tensor: torch.Tensor,
-           deliver_at: float | None = None) -> tuple[bytes, memoryview]:
+           deliver_at: float | None = None,
+           sent_at: float | None = None) -> tuple[bytes, memoryview]:
     """Header bytes and a zero-copy view of ``tensor``'s memory, ready for ``send_multipart``.
 
     The view keeps ``tensor``'s storage alive, so the caller may drop its own reference; it must
@@ -76,8 +83,9 @@ def encode(src: int, round: int, kind: str, tensor: torch.Tensor,
     header = {"v": VERSION, "src": src, "round": round, "kind": kind,
               "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
               "nbytes": tensor.numel() * tensor.element_size()}
-    if deliver_at is not None:
-        header["deliver_at"] = float(deliver_at)
+    for name, value in (("deliver_at", deliver_at), ("sent_at", sent_at)):
+        if value is not None:
+            header[name] = float(value)
     return msgpack.packb(header), _payload_view(tensor)
 
 
@@ -127,9 +135,9 @@ def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_n
     payload = _buffer_of(frames[1])
     _check_nbytes(header, numel * dtype.itemsize, payload.nbytes)
     tensor = _view_tensor(payload, dtype, numel).reshape(shape)
-    at = header.get("deliver_at")
+    at, sent = header.get("deliver_at"), header.get("sent_at")
     return Message(header["src"], header["round"], header["kind"], tensor,
-                   None if at is None else float(at))
+                   None if at is None else float(at), None if sent is None else float(sent))
 
 
 def _buffer_of(frame) -> memoryview:
@@ -168,9 +176,10 @@ def _check_keys(header: dict) -> None:
                                    f"{sorted(map(str, unknown))}")
     if header["v"] != VERSION or not _is_int(header["v"]):
         raise FrameError("version", f"format version {header['v']!r}, expected {VERSION}")
-    at = header.get("deliver_at")
-    if at is not None and (type(at) not in (int, float) or not math.isfinite(at)):
-        raise FrameError("deliver_at", f"deliver_at {at!r} is not a finite number")
+    for name in _TIME_KEYS:
+        at = header.get(name)
+        if at is not None and (type(at) not in (int, float) or not math.isfinite(at)):
+            raise FrameError(name, f"{name} {at!r} is not a finite number")
 
 
 def _check_identity(header: dict, world_size: int, self_rank: int,

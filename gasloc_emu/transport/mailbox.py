@@ -34,15 +34,22 @@ are dropped as "overflow". The defaults (``PeerBounds.for_model``) never drop a 
   round t+1 input, so it is never more than one round ahead (under 4 models' bytes).
 - messages: max(max_rounds_ahead + 2, 3 * 2(n-1)): every round of the window for gossip, and
   for the ring the current round and two ahead (one more than the lock-step allows).
+
+Link observations (``RecvLinks``). What each taken message says about its link: its bytes and
+its transfer time, from the sender's ``sent_at`` stamp to the moment it became available here
+(``take_timed``). The stamp is the sender's word, so it feeds this measurement only, never a
+decision, and a transfer time no link can have (not positive, or over MAX_TRANSFER_S: clocks
+apart, or a made-up stamp) is not counted.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .base import check_rank
@@ -51,6 +58,12 @@ from .framing import Message
 Key = tuple[int, int, str]  # (src, round, kind)
 # Ring rounds a peer's chunk messages are allowed to span: the current round and two ahead.
 RING_ROUNDS_HELD = 3
+# A transfer longer than this is no link's (gpt2 over 1 Mbit/s takes about 13 minutes): the
+# sender's clock is far from this one, or its stamp is made up. Such an observation is dropped.
+MAX_TRANSFER_S = 3600.0
+# Rounds whose link observations wait to be taken; an older one is forgotten (bounded memory
+# when nobody asks, e.g. a worker that stopped reporting rows).
+MAX_TALLY_ROUNDS = 64
 
 
 class Shaping(Protocol):
@@ -104,6 +117,8 @@ class Mailbox:
         self.shaping, self._now = shaping, now
         self._round = 0
         self._held: dict[Key, Message] = {}
+        # when each held message became available (time.time() clock): max(arrival, release)
+        self._available_s: dict[Key, float] = {}
         self._pending: list[tuple[float, int, Message]] = []  # (release time, seq, msg) heap
         self._seq = itertools.count()  # ties in release time go out in arrival order
         self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
@@ -141,14 +156,14 @@ class Mailbox:
         if reason is not None:
             self.refuse(reason)
             return reason
-        self._keep(msg, release_s)
+        self._keep(msg, arrival_s, release_s)
         return None
 
-    def _keep(self, msg: Message, release_s: float | None) -> None:
+    def _keep(self, msg: Message, arrival_s: float, release_s: float | None) -> None:
         self._seen[msg.round].add((msg.src, msg.kind))
         self._charge(msg, +1)
         if release_s is None or release_s <= self._now():
-            self._held[_key(msg)] = msg
+            self._hold(msg, arrival_s if release_s is None else max(arrival_s, release_s))
         else:
             heapq.heappush(self._pending, (release_s, next(self._seq), msg))
 
@@ -185,9 +200,10 @@ class Mailbox:
         """Move every message whose release time has come into the mailbox, in release order."""
         now = self._now()
         while self._pending and self._pending[0][0] <= now:
-            self._release(heapq.heappop(self._pending)[2])
+            release_s, _, msg = heapq.heappop(self._pending)
+            self._release(msg, release_s)
 
-    def _release(self, msg: Message) -> None:
+    def _release(self, msg: Message, release_s: float) -> None:
         if msg.round < self.window()[0]:
             self._drop(msg, "stale")
         elif _key(msg) in self._held:
@@ -196,7 +212,12 @@ class Mailbox:
             self._drop(msg, "duplicate")
         else:
             self._seen[msg.round].add((msg.src, msg.kind))  # that record may be pruned too
-            self._held[_key(msg)] = msg
+            # its release time, not now: how late this worker polled is not the link's doing
+            self._hold(msg, release_s)
+
+    def _hold(self, msg: Message, available_s: float) -> None:
+        self._held[_key(msg)] = msg
+        self._available_s[_key(msg)] = available_s
 
     def next_release_s(self) -> float | None:
         """The earliest release time waiting (on the ``now`` clock), or None."""
@@ -209,15 +230,21 @@ class Mailbox:
 
     def take(self, key: Key) -> Message:
         """Hand out the message (src, round, kind); KeyError if it is not here (yet)."""
+        return self.take_timed(key)[0]
+
+    def take_timed(self, key: Key) -> tuple[Message, float]:
+        """``take``, with the moment the message became available to the algorithm (its arrival
+        or its release, whichever was later; time.time() clock): where its transfer ended."""
         if key not in self._held:
             raise KeyError(f"worker {self.rank}: no message {key} in the mailbox")
         msg = self._held.pop(key)
         self._charge(msg, -1)
-        return msg
+        return msg, self._available_s.pop(key)
 
     def clear(self) -> None:
         """Forget every message (on close); the drop counters stay."""
         self._held.clear()
+        self._available_s.clear()
         self._pending.clear()
         self._seen.clear()
         self._usage = [[0, 0] for _ in range(self.world_size)]
@@ -249,6 +276,7 @@ class Mailbox:
         """Forget rounds that fell out of the window; unclaimed messages of theirs are drops."""
         lo = self.window()[0]
         for key in [k for k in self._held if k[1] < lo]:
+            self._available_s.pop(key, None)
             self._drop(self._held.pop(key), "stale")
         for rnd in [r for r in self._seen if r < lo]:
             del self._seen[rnd]
@@ -278,3 +306,51 @@ def _check_config(rank: int, world_size: int, max_rounds_ahead: int, bounds: Pee
         raise ValueError(f"max_rounds_ahead must be an int >= 1, got {max_rounds_ahead!r}")
     if not isinstance(bounds, PeerBounds):
         raise TypeError(f"bounds must be a PeerBounds, got {type(bounds).__name__}")
+
+
+@dataclass
+class LinkUse:
+    """What one source's messages of one round said about its link to this worker."""
+
+    nbytes: int = 0
+    messages: int = 0
+    transfer_s: float = 0.0  # summed over the messages, each from sent_at to available
+    first_sent_at: float = math.inf  # the earliest sent_at (time.time() clock)
+
+
+@dataclass
+class RecvLinks:
+    """Per round and source, the link observations of the messages handed to the algorithm."""
+
+    max_rounds: int = MAX_TALLY_ROUNDS
+    rejected: int = 0  # observations dropped for an impossible transfer time
+    _rounds: dict[int, dict[int, LinkUse]] = field(default_factory=dict, init=False, repr=False)
+
+    def note(self, msg: Message, available_s: float) -> bool:
+        """Count ``msg``, which became available at ``available_s``; False when its stamp is
+        missing or its transfer time impossible (then nothing is counted)."""
+        if msg.sent_at is None:
+            return False
+        transfer_s = available_s - msg.sent_at
+        if not 0.0 < transfer_s <= MAX_TRANSFER_S:
+            self.rejected += 1
+            return False
+        use = self._round(msg.round).setdefault(msg.src, LinkUse())
+        use.nbytes += _nbytes(msg)
+        use.messages += 1
+        use.transfer_s += transfer_s
+        use.first_sent_at = min(use.first_sent_at, msg.sent_at)
+        return True
+
+    def _round(self, round_idx: int) -> dict[int, LinkUse]:
+        if round_idx not in self._rounds and len(self._rounds) >= self.max_rounds:
+            del self._rounds[min(self._rounds)]
+        return self._rounds.setdefault(round_idx, {})
+
+    def take(self, round_idx: int) -> dict[int, LinkUse]:
+        """Round ``round_idx``'s observations by source; they and every older round's are
+        forgotten (a round is reported once)."""
+        out = self._rounds.pop(round_idx, {})
+        for old in [r for r in self._rounds if r < round_idx]:
+            del self._rounds[old]
+        return out

@@ -29,6 +29,11 @@ worker next looks. Without a shaper the worker thread reads the socket itself. W
 (at most POLL_SLICE_S, and never past the next release) so that ``should_stop`` can abort them
 and releases are on time.
 
+Link measurement. Every message carries ``sent_at``, when ``send`` was called; when ``recv``
+hands a message to the algorithm, its bytes and its transfer time (from ``sent_at`` to when it
+became available here) are noted by round and source (``recv_links``), so that the record can
+say what rate a link delivered after a change. Only a measurement: nothing acts on it.
+
 Authentication (``security``; ``auth``). The PULL socket is a ZAP server and every PUSH socket
 a client logging in as this worker, with the run's credentials (PLAIN, or CURVE, which also
 encrypts). A connection without the run's keys never completes its handshake, so nothing it
@@ -56,7 +61,14 @@ import zmq
 from . import auth, framing
 from .base import TransportBase, TransportError
 from .framing import FrameError
-from .mailbox import Key, Mailbox, PeerBounds, Shaping  # Shaping: still importable from here
+from .mailbox import (  # Shaping: still importable from here
+    Key,
+    LinkUse,
+    Mailbox,
+    PeerBounds,
+    RecvLinks,
+    Shaping,
+)
 from .schema import WireSchema
 
 if TYPE_CHECKING:
@@ -123,6 +135,7 @@ class ZmqTransport(TransportBase):
                               max_msgs_per_peer, max_bytes_per_peer)
         # before TransportBase zeroes ``dropped``, which the mailbox counts
         self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
+        self.link_log = RecvLinks()  # what the messages taken say about their links
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
         self.link_ports = link_ports
@@ -216,8 +229,9 @@ class ZmqTransport(TransportBase):
         tensor = self._wire_tensor(tensor)
         sock = self._socket_to(peer)
         nbytes = tensor.numel() * tensor.element_size()
-        deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, time.time())
-        frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at)
+        sent_at = time.time()  # one instant for the stamp and the receiver's link measurement
+        deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, sent_at)
+        frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at, sent_at)
         self._wait_until(lambda: _try_send(sock, frames),
                          f"room to send {kind!r} of round {round_idx} to worker {peer}", sock)
 
@@ -230,13 +244,20 @@ class ZmqTransport(TransportBase):
         key: Key = (peer, round_idx, kind)
         self._wait_until(lambda: self.mailbox.has(key),
                          f"{kind!r} of round {round_idx} from worker {peer}")
-        return self.mailbox.take(key).tensor
+        msg, available_s = self.mailbox.take_timed(key)
+        self.link_log.note(msg, available_s)
+        return msg.tensor
 
     # -- more of the interface
 
     def counters(self) -> dict:
         reasons = self.drop_reasons()  # one copy: "dropped" is its sum even while ZAP counts
         return super().counters() | {"dropped": sum(reasons.values()), "drop_reasons": reasons}
+
+    def recv_links(self, round_idx: int) -> dict[int, LinkUse]:
+        """What the messages of round ``round_idx`` taken so far say about their links, by
+        source (bytes, messages, summed transfer time, earliest sent_at); reported once."""
+        return self.link_log.take(round_idx)
 
     def set_round(self, round_idx: int) -> None:
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
