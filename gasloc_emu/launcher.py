@@ -31,7 +31,7 @@ from .netplan import open_network, used_pairs
 from .preflight import Preflight
 from .summary import drops_summary, final_summary
 from .transport import auth, control
-from .world import event_feed, membership_summary
+from .world import event_feed, link_changes, membership_summary, observed_link_changes
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
@@ -472,67 +472,6 @@ class Supervisor:
             sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
             rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
-
-
-def link_changes(links) -> list[dict]:
-    """Every link change a run applies (``world.LinkSchedule``), in order: the round-triggered
-    ones (cuts and restores included), then each link of each time-triggered one; with the
-    values configured (rate_mbit None: unshaped; 0.0: cut), not yet observed."""
-    out = [_change(src, dst, state, round_idx=t)
-           for t, changed in sorted(links.changes.items())
-           for (src, dst), state in sorted(changed.items())]
-    if links.timed is not None:
-        out += [_change(*link, links.timed.in_force(*link, ev.at_s), at_s=ev.at_s)
-                for ev in links.timed.events for link in ev.links]
-    return out
-
-
-def _change(src: int, dst: int, state: tuple, *, round_idx: int | None = None,
-            at_s: float | None = None) -> dict:
-    rate_mbit, latency_ms = state
-    return {"src": src, "dst": dst, "round": round_idx, "at_s": at_s, "rate_mbit": rate_mbit,
-            "latency_ms": latency_ms}
-
-
-def observed_link_changes(changes: list[dict], rows: list[dict]) -> list[dict]:
-    """``changes`` (``link_changes``), each with the rate its link delivered afterwards.
-
-    ``rows``: {worker, round, recv_links} of metrics rows (``worker.link_row``). A change is
-    observed in the first row (by round) of its destination that has messages from its source
-    sent after it: of a round >= its round, or whose earliest message was sent at or after its
-    time. A cut carries nothing and is not observed; without such a row the observation is
-    None. The rate is the bytes over their wire time: the summed transfer times less one
-    configured latency per message, so that it compares with the configured rate.
-    """
-    by_worker: dict[int, list[dict]] = {}
-    for row in sorted(rows, key=lambda r: r["round"]):
-        by_worker.setdefault(row["worker"], []).append(row)
-    return [change | _observation(change, by_worker.get(change["dst"], []))
-            for change in changes]
-
-
-def _observation(change: dict, rows: list[dict]) -> dict:
-    """observed_mbit and observed_round of one change, from its destination's rows."""
-    if change["rate_mbit"] != 0.0:   # a cut (0.0) carries no message to observe
-        for row in rows:
-            use = row["recv_links"].get(str(change["src"]))
-            if use is not None and _sent_after(change, row["round"], use["sent_s"]):
-                return {"observed_mbit": _observed_mbit(use, change["latency_ms"]),
-                        "observed_round": row["round"]}
-    return {"observed_mbit": None, "observed_round": None}
-
-
-def _sent_after(change: dict, round_idx: int, sent_s: float) -> bool:
-    if change["round"] is not None:
-        return round_idx >= change["round"]
-    return sent_s >= change["at_s"]
-
-
-def _observed_mbit(use: dict, latency_ms: float | None) -> float | None:
-    """Mbit/s over the wire time; None when the latency accounts for all of the transfer (a
-    link too fast to tell apart from its latency)."""
-    wire_s = use["transfer_s"] - use["messages"] * (latency_ms or 0.0) / 1e3
-    return round(use["bytes"] * 8 / 1e6 / wire_s, 4) if wire_s > 0 else None
 
 
 def _applied_by(shaper: str) -> str:
