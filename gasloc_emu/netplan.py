@@ -100,7 +100,7 @@ class ShapedNetwork:
         from netem.namespaces import run_commands
         if self._live is None:
             s = self.session
-            self._live = LiveLinks(s.plan, s.topo, s.decision)
+            self._live = LiveLinks(s.plan, s.topo, s.decision, gso_floor_mbit=s.gso_floor_mbit)
         netem = self.session.decision.delay == "netem"
         cmds = []
         for (src, dst), (rate, latency) in sorted(changes.items()):
@@ -454,5 +454,17 @@ def open_network(cfg: Config, dry_run: bool = False):
         return
     from netem.namespaces import NetworkSession
     plan, decision = shaping_decision(cfg)
-    with NetworkSession(plan, decision, dry_run=dry_run) as session:
+    with NetworkSession(plan, decision, dry_run=dry_run,
+                        gso_floor_mbit=_slowest_changes(cfg)) as session:
         yield ShapedNetwork(cfg, session)
+
+
+def _slowest_changes(cfg: Config) -> dict[int, float]:
+    """Per worker, the slowest rate the scenario or link trace gives its sending links (tc
+    sizes GSO packets for it from the start; ``netem.commands.egress_commands``)."""
+    if not (cfg.run.scenario or cfg.net.link_trace):
+        return {}
+    from .topology import build_topology
+    from .world import from_config
+    world = from_config(cfg, build_topology(cfg))
+    return world.links.slowest_mbit() if world is not None and world.links else {}

@@ -246,14 +246,18 @@ class NetworkSession:
     """
 
     def __init__(self, plan: LinkPlan, decision: Decision, run_id: str | None = None,
-                 dry_run: bool = False, env_flag: str = ENV_FLAG):
+                 dry_run: bool = False, env_flag: str = ENV_FLAG,
+                 gso_floor_mbit: dict[int, float] | None = None):
         self.plan, self.decision, self.dry_run, self.env_flag = plan, decision, dry_run, env_flag
+        # per worker, the slowest rate a scenario will give its links (plan_commands, LiveLinks)
+        self.gso_floor_mbit = gso_floor_mbit or {}
         self.run_id = run_id or new_run_id()
         self.mode = self._choose_mode()
         self.topo = (NetTopology(self.run_id, plan.workers, plan.mtu)
                      if self.mode != "loopback" else None)
         # both validate what the shaper cannot do, before anything exists
-        self.commands = plan_commands(plan, self.topo, decision) if self.topo else []
+        self.commands = (plan_commands(plan, self.topo, decision,
+                                       gso_floor_mbit=self.gso_floor_mbit) if self.topo else [])
         check_supported(plan, decision)
         self.spec = spec_for(plan, decision)
         self.ports = [BASE_PORT + k for k in range(plan.workers)] if self.topo else \

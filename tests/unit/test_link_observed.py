@@ -261,6 +261,25 @@ def test_no_message_after_the_change_gives_null():
     assert (used["observed_mbit"], used["observed_round"]) == (2.0, 1)
 
 
+def test_the_median_of_three_rounds_sees_through_a_transient_round():
+    # 50 -> 5 Mbit/s applied while a message was in flight: the next one queued behind it
+    transfers = {5: 1.313, 6: 0.995, 7: 1.025, 8: 5.0}   # 5 Mbit each: 3.8, 5.03, 4.88 Mbit/s
+    rows = [{"worker": 1, "round": r, "recv_links": {"0": _use(625_000, s, r)}}
+            for r, s in transfers.items()]
+    out = observed_link_changes([_change(round_idx=5, rate=5.0)], rows)[0]
+    assert out["observed_round"] == 5 and len(out["observed_each_mbit"]) == 3
+    assert out["observed_mbit"] == pytest.approx(5 / 1.025, abs=1e-3)   # the middle, not 3.8
+
+
+def test_a_change_is_read_only_until_the_links_next_change():
+    rows = [{"worker": 1, "round": r, "recv_links": {"0": _use(MB, 1.0 if r < 3 else 0.1, r)}}
+            for r in range(6)]
+    first, second = observed_link_changes([_change(round_idx=1, rate=2.0),
+                                           _change(round_idx=3, rate=20.0)], rows)
+    assert first["observed_each_mbit"] == pytest.approx([2.0, 2.0])   # rounds 1 and 2 only
+    assert second["observed_mbit"] == pytest.approx(20.0)
+
+
 def test_a_transfer_within_the_latency_gives_null():
     rows = [{"worker": 1, "round": 0, "recv_links": {"0": _use(MB, 0.05, 0.1)}}]
     out = observed_link_changes([_change(round_idx=0, latency_ms=50.0)], rows)[0]
