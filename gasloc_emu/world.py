@@ -175,7 +175,8 @@ class LinkSchedule:
     def changes_links(self) -> bool:
         """Whether any link's rate or latency changes (not only partitions' cuts)."""
         return self.timed is not None or any(
-            isinstance(ev, LinkEvent) for evs in self.fired.values() for ev in evs)
+            isinstance(ev, LinkEvent) and ev.source != "restore"   # a partition's end
+            for evs in self.fired.values() for ev in evs)
 
 
 class TimedLinks:
