@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import torch
@@ -295,18 +296,23 @@ def _rank_key(reason: str, key, expect: Expect) -> int:
     return _int(reason, key, 0, expect.workers - 1)
 
 
-def _peer_counts(reason: str, value, expect: Expect) -> dict[int, int]:
-    """{rank: count >= 0}, at most one entry per rank."""
+def _rank_map(reason: str, value, expect: Expect, what: str, item) -> dict[int, Any]:
+    """{rank: item(entry)}, at most one entry per rank (``what``: the entries, for errors)."""
     if not isinstance(value, dict) or len(value) > expect.workers:
         raise ControlError(reason, f"{_show(value)} is not a map of at most {expect.workers} "
-                                   f"ranks to counts")
-    out: dict[int, int] = {}
-    for key, count in value.items():
+                                   f"ranks to {what}")
+    out: dict[int, Any] = {}
+    for key, entry in value.items():
         rank = _rank_key(reason, key, expect)
         if rank in out:
             raise ControlError(reason, f"rank {rank} appears twice")
-        out[rank] = _int(reason, count, 0)
+        out[rank] = item(entry)
     return out
+
+
+def _peer_counts(reason: str, value, expect: Expect) -> dict[int, int]:
+    """{rank: count >= 0}, at most one entry per rank."""
+    return _rank_map(reason, value, expect, "counts", lambda count: _int(reason, count, 0))
 
 
 def _drops(kind: str, dropped, reasons) -> tuple[int, dict[str, int]]:
@@ -400,20 +406,17 @@ _LINK_USE = ("bytes", "messages", "transfer_s", "sent_s")
 def _recv_links(reason: str, value, expect: Expect) -> dict[str, dict]:
     """A row's link observations (``worker.link_row``): {rank text: {bytes, messages,
     transfer_s, sent_s}}. Only a measurement, never acted on, but checked like any field."""
-    if not isinstance(value, dict) or len(value) > expect.workers:
-        raise ControlError(reason, f"{_show(value)} is not a map of at most {expect.workers} "
-                                   f"ranks to link observations")
-    out: dict[str, dict] = {}
-    for key, use in value.items():
-        rank = _rank_key(reason, key, expect)
-        if not isinstance(use, dict):
-            raise ControlError(reason, f"{_show(use)} is not a map")
-        _fields(use, reason, _LINK_USE)
-        out[str(rank)] = {"bytes": _int(reason, use["bytes"], 0),
-                          "messages": _int(reason, use["messages"], 1),
-                          "transfer_s": _float(reason, use["transfer_s"], 0.0),
-                          "sent_s": _float(reason, use["sent_s"])}
-    return out
+    uses = _rank_map(reason, value, expect, "link observations", lambda u: _link_use(reason, u))
+    return {str(rank): use for rank, use in uses.items()}
+
+
+def _link_use(reason: str, use) -> dict:
+    if not isinstance(use, dict):
+        raise ControlError(reason, f"{_show(use)} is not a map")
+    _fields(use, reason, _LINK_USE)
+    return {"bytes": _int(reason, use["bytes"], 0), "messages": _int(reason, use["messages"], 1),
+            "transfer_s": _float(reason, use["transfer_s"], 0.0),
+            "sent_s": _float(reason, use["sent_s"])}
 
 
 def _row(value, worker: int, expect: Expect) -> dict:
