@@ -50,6 +50,28 @@ def test_expander_under_skewed_completes_and_records_links(tc_caps, tmp_path):
     assert {lk["configured_mbit"] for lk in links} <= {5.0, 50.0}
 
 
+def test_a_link_slowed_in_place_under_tc_delivers_its_new_rate(tc_caps, tmp_path):
+    """A scenario drops 0 <-> 1 from 50 to 5 Mbit/s at round 3: tc changes the classes in place
+    and summary.json's link_changes observes 5 Mbit/s within 5 % (issue: a world that
+    changes). GSO is sized for 5 Mbit/s from the start, since TCP keeps its set-up size."""
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text("[[event]]\ntype = 'link'\nround = 3\nlinks = [[0, 1], [1, 0]]\n"
+                        "rate_mbit = 5.0\n")
+    out = tmp_path / "run"
+    res = cli("run", "--workers", "2", "--rounds", "6", "--local-steps", "2", *TINY,
+              "--bw-profile", "uniform", "--rate-mbit", "50", "--shaper", "tc", "--no-probe",
+              "--scenario", str(scenario), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    s = load(out, "summary.json")
+    assert s["shaper"] == "tc"
+    changes = s["link_changes"]
+    assert [(c["src"], c["dst"], c["round"], c["rate_mbit"]) for c in changes] == \
+        [(0, 1, 3, 5.0), (1, 0, 3, 5.0)]
+    for c in changes:
+        assert c["observed_round"] == 3 and len(c["observed_each_mbit"]) == 3, c
+        assert c["observed_mbit"] == pytest.approx(5.0, rel=0.05), c
+
+
 @pytest.mark.slow  # docs/RESULTS.md measures this (and more) on the simulator and the emulator
 def test_diloco_pays_for_slow_links_and_gasloc_much_less(tc_caps, tmp_path):
     # seed 0: the skewed profile slows pairs (1,7), (4,7), (6,7); DiLoCo's ring crosses 6 -> 7
