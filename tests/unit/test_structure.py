@@ -80,3 +80,10 @@ def test_only_the_layer_above_imports_the_command_layer(top, above):
 def test_the_graph_sees_function_local_imports():
     # app imports launcher only inside run_command: the edge must still be there
     assert "gasloc_emu.launcher" in import_graph()["gasloc_emu.app"]
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test modules by basename (no __init__.py under tests/): two files of one
+    name in different folders stop the whole collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
