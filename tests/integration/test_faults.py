@@ -59,8 +59,10 @@ def test_simulate_reports_the_injected_fault(tmp_path, gasloc, mode):
     assert time.monotonic() - t0 < 120  # a hang is seen as a stall at once, not after 600 s
 
 
-# a worker that dies without a word is also test_launcher's killed worker (SIGKILL)
-@pytest.mark.parametrize("mode", ["raise", pytest.param("exit", marks=pytest.mark.slow), "hang"])
+# a worker that dies without a word is also test_launcher's killed worker (SIGKILL), and one
+# that goes silent its stopped worker (SIGSTOP: the heartbeat stops, as with an injected hang)
+@pytest.mark.parametrize("mode", ["raise", pytest.param("exit", marks=pytest.mark.slow),
+                                  pytest.param("hang", marks=pytest.mark.slow)])
 def test_run_reports_the_injected_fault(tmp_path, gasloc, alive, mode):
     done = with_fault_mode(gasloc, "run", mode, tmp_path / "run",
                            "--set", "run.heartbeat_timeout_s=3")

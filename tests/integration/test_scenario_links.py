@@ -73,6 +73,8 @@ def test_a_partition_of_two_groups_run_equals_simulate(tmp_path):
     assert restore["source"] == "restore" and restore["round"] == 6
 
 
+# the change's rate is also observed in test_link_observed_in_run.py (the same shaper path)
+@pytest.mark.slow
 def test_a_link_slowed_under_the_userspace_shaper_slows_its_rounds(tmp_path):
     runs = both(tmp_path, SLOW, 5)
     for mode, path in runs.items():
