@@ -183,7 +183,9 @@ def test_shaped_cross_host_run(hosts, tmp_path, shaper):
 LINKCHECK = Path(__file__).with_name("linkcheck.py")
 
 
-@pytest.mark.parametrize("shaper", ["tc", "userspace"])
+# the userspace shaper's rates are checked on one host too (test_userspace_shaper,
+# test_link_observed_in_run); across hosts it is the same code on other addresses
+@pytest.mark.parametrize("shaper", ["tc", pytest.param("userspace", marks=pytest.mark.slow)])
 def test_a_shaped_cross_host_link_measures_its_rate(hosts, shaper):
     """Host A sends to host B over one 8 Mbit/s link, shaped by the product's tc (one HTB class
     matched on B's address and the link's port) or its userspace shaper; B measures."""
