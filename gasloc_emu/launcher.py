@@ -613,7 +613,7 @@ def launch(cfg: Config, pre: Preflight, path: Path | None, *, dry_run: bool = Fa
     disk) ends with a summary.json that has a status and the error, where the disk allows.
     """
     with ExitStack() as stack:
-        network = stack.enter_context(open_network(cfg, dry_run=dry_run))
+        network = stack.enter_context(open_network(cfg, dry_run=dry_run, world=pre.world))
         if dry_run:
             return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
         remove_stale_socket_dirs()

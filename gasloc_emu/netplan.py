@@ -367,10 +367,7 @@ def sim_link_model(cfg: Config, world=None):
     then shapes with the userspace shaper, see ``open_network``). ``world``: the run's, when
     the caller has it (default: read from the config).
     """
-    if world is None and (cfg.run.scenario or cfg.net.link_trace):
-        from .topology import build_topology
-        from .world import from_config
-        world = from_config(cfg, build_topology(cfg))
+    world = _world_of(cfg, world)
     if world is not None and world.changes_links:
         return RoundLinkModel(world.links, link_caps(cfg))
     if not shaped(cfg):
@@ -415,16 +412,14 @@ class RoundLinkModel:
         return wire_s, latency_ms / 1e3
 
 
-def _changes_links(cfg: Config) -> bool:
-    """Whether the run's scenario has link events that change rates or latencies, or a link
-    trace replays some (read again here: the files were checked by the preflight)."""
-    if cfg.net.link_trace:
-        return True
-    if not cfg.run.scenario:
-        return False
-    from .scenario import LinkEvent, load_scenario
-    scenario = load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
-    return any(isinstance(ev, LinkEvent) for ev in scenario.events)
+def _world_of(cfg: Config, world=None):
+    """The run's world: ``world`` when the caller has it (the preflight's), else read from the
+    config (None without a scenario or a link trace)."""
+    if world is not None or not (cfg.run.scenario or cfg.net.link_trace):
+        return world
+    from .topology import build_topology
+    from .world import from_config
+    return from_config(cfg, build_topology(cfg))
 
 
 def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
@@ -443,10 +438,13 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
 
 
 @contextmanager
-def open_network(cfg: Config, dry_run: bool = False):
-    """The network of a run, undone on exit."""
+def open_network(cfg: Config, dry_run: bool = False, world=None):
+    """The network of a run, undone on exit. ``world``: the run's, when the caller has it
+    (default: read from the config)."""
+    world = _world_of(cfg, world)
+    links = world.links if world is not None else None
     if not shaped(cfg):
-        if cfg.net.shaper != "none" and _changes_links(cfg):
+        if cfg.net.shaper != "none" and world is not None and world.changes_links:
             yield ScenarioNetwork(cfg)
             return
         reason = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
@@ -454,17 +452,7 @@ def open_network(cfg: Config, dry_run: bool = False):
         return
     from netem.namespaces import NetworkSession
     plan, decision = shaping_decision(cfg)
-    with NetworkSession(plan, decision, dry_run=dry_run,
-                        gso_floor_mbit=_slowest_changes(cfg)) as session:
+    # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
+    floor = links.slowest_mbit() if links is not None else {}
+    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor) as session:
         yield ShapedNetwork(cfg, session)
-
-
-def _slowest_changes(cfg: Config) -> dict[int, float]:
-    """Per worker, the slowest rate the scenario or link trace gives its sending links (tc
-    sizes GSO packets for it from the start; ``netem.commands.egress_commands``)."""
-    if not (cfg.run.scenario or cfg.net.link_trace):
-        return {}
-    from .topology import build_topology
-    from .world import from_config
-    world = from_config(cfg, build_topology(cfg))
-    return world.links.slowest_mbit() if world is not None and world.links else {}
