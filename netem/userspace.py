@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-MAX_QUEUE_S = 0.5       # at most this much data per link ahead of real time (backpressure)
+MAX_QUEUE_S = 0.5       # a link's queue ahead of a new message, at most (backpressure)
 # A release time may exceed the link's worst case by this much (float rounding, clock steps)
 RELEASE_SLACK_S = 0.25
 MAX_POLL_S = 0.02       # a waiting receiver re-checks at least this often
@@ -119,7 +119,15 @@ class LinkShaper:
         self.on_release: Callable[[int, float], None] | None = None
 
     def stamp(self, peer: int, nbytes: int, now: float) -> float | None:
-        """Sender side, just before sending ``nbytes`` to ``peer``: the delivery time, or None."""
+        """Sender side, just before sending ``nbytes`` to ``peer``: the delivery time, or None.
+
+        Backpressure, as a NIC queue of ``max_queue_s`` per link: the sender waits until what
+        the link (and a capped uplink) still holds is at most ``max_queue_s``, then the message
+        joins the queue. A message never waits for another link's queue, so sends to several
+        peers go out side by side as on independent links; and the stamp stays within
+        ``max_queue_s`` plus the message's own transfer and latency of the moment it is sent,
+        the bound a receiver checks (``latest_release_s``).
+        """
         if self.mode != "userspace":
             return None
         self._check_peer(peer)
@@ -129,12 +137,25 @@ class LinkShaper:
             if self._rate_bps[peer] == 0.0:
                 raise LinkCutError(f"link {self.rank}->{peer} is cut (rate 0, a partition): "
                                    "nothing can be sent on it until set_link gives it a rate")
+            wait_s = self._backlog_s(peer, now) - self.max_queue_s
+        if wait_s > 0:
+            self._sleep(wait_s)
+            now += wait_s
+        with self._lock:
             done = self._advance(peer, nbytes, now)
-            latency_s = self._latency_s[peer]
-        backlog = done - now - self.max_queue_s
-        if backlog > 0:
-            self._sleep(backlog)   # backpressure: never more than max_queue_s ahead
+            latency_s, rate_bps = self._latency_s[peer], self._rate_bps[peer]
+        # a capped uplink can put the end further out than the link's own rate would
+        over_s = done - now - self.max_queue_s - (nbytes * 8 / rate_bps if rate_bps else 0.0)
+        if over_s > 0:
+            self._sleep(over_s)
         return done + latency_s
+
+    def _backlog_s(self, peer: int, now: float) -> float:
+        """Seconds of data queued ahead of a new message to ``peer``."""
+        free = self._link_free.get(peer, 0.0)
+        if self._up_bps:
+            free = max(free, self._up_free)
+        return max(0.0, free - now)
 
     def _check_peer(self, peer: int) -> None:
         if peer not in self._rate_bps:

@@ -45,14 +45,34 @@ def test_uplink_cap_is_shared_by_all_links():
     assert s.stamp(1, MB, now=0.0) == pytest.approx(2.4 + 0.010)  # waits for the shared uplink
 
 
-def test_backpressure_sleeps_beyond_the_queue_bound():
+def test_backpressure_waits_while_the_queue_ahead_is_over_the_bound():
     sleeps: list[float] = []
     s = shaper(max_queue_s=0.5, sleeps=sleeps)
-    s.stamp(1, MB // 4, now=0.0)         # 0.25 s of data: no wait
+    s.stamp(1, MB // 4, now=0.0)         # 0.25 s of data on an empty link: no wait
+    s.stamp(1, MB, now=0.0)              # 0.25 s ahead of it, under the bound: no wait
     assert sleeps == []
-    s.stamp(1, MB // 2, now=0.0)         # 0.75 s queued: wait 0.25 s
-    assert sleeps == [pytest.approx(0.25)]
-    assert s.queued_s(1, now=0.0) == pytest.approx(0.75)
+    assert s.queued_s(1, now=0.0) == pytest.approx(1.25)
+    assert s.stamp(1, MB // 8, now=0.0) == pytest.approx(1.25 + 0.125 + 0.010)
+    assert sleeps == [pytest.approx(0.75)]   # until 0.5 s was left ahead of it
+
+
+def test_a_slow_link_does_not_hold_up_another():
+    """Gossip sends one model to each neighbour; each link carries its own at its own rate,
+    and no send waits for another link's queue."""
+    sleeps: list[float] = []
+    s = shaper(max_queue_s=0.5, sleeps=sleeps)
+    assert s.stamp(1, 2 * MB, now=0.0) == pytest.approx(2.0 + 0.010)   # 2 s at 8 Mbit/s
+    assert s.stamp(2, 2 * MB, now=0.0) == pytest.approx(0.2)           # 80 Mbit/s, at once
+    assert sleeps == []
+
+
+def test_a_capped_uplink_keeps_stamps_within_the_receivers_bound():
+    sleeps: list[float] = []
+    s = shaper(up=1.0, max_queue_s=0.5, sleeps=sleeps)     # 1 Mbit/s shared, 80 to worker 2
+    assert s.stamp(2, MB // 8, now=0.0) == pytest.approx(1.0)
+    # 1 s of uplink for a message the link would carry in 0.0125 s: the sender waits the
+    # rest, so the stamp is within max_queue_s + the link's transfer of the send
+    assert sleeps == [pytest.approx(1.0 - 0.5 - 0.0125)]
 
 
 def test_release_at_in_userspace_mode_is_the_delivery_time():
