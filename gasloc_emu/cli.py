@@ -82,6 +82,7 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--data", "data.path"),
     ("--outer-lr", "algo.outer_lr"),
     ("--momentum", "algo.momentum"),
+    ("--overlap", "algo.overlap"),
     ("--lr", "algo.inner.lr"),
     ("--degree", "topology.degree"),
     ("--eval-every", "run.eval_every"),

@@ -142,6 +142,11 @@ class AlgoConfig(_Validated):
                                     lo=0.0, hi=0.999, names=("auto",))
     alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
                            lo=0.0, hi=1.0)
+    overlap: int = setting(0, "Rounds communication may lag behind compute: 0 (communicate, "
+                              "then compute) or 1 (gasloc: the neighbours' z of round t are "
+                              "mixed in at the end of round t+1; diloco: round t's All-Reduce "
+                              "runs during round t+1 and its outer step lands one round late).",
+                           lo=0, hi=1)
     pseudo_grad_mean: str = setting("plain", "DiLoCo's average of pseudo-gradients when workers "
                                              "took unequal step counts H_i: plain (mean over "
                                              "workers, as DiLoCo) or steps (weighted by H_i).",
@@ -156,6 +161,10 @@ class AlgoConfig(_Validated):
         if self.name == "diloco" and m == "auto":
             raise ConfigError("algo.momentum = 'auto' needs a gossip graph; diloco takes a "
                               "number in [0, 0.999]")
+        if self.overlap and self.name not in ("gasloc", "diloco"):
+            raise ConfigError(f"algo.overlap = {self.overlap} is for gasloc and diloco; "
+                              f"{self.name} has no outer step to overlap (use gasloc with "
+                              "outer_lr = 1 and momentum = 0 for the same mixing)")
         h = self.local_steps
         if isinstance(h, tuple) and min(h) < 1:
             raise ConfigError(f"algo.local_steps = {list(h)} is out of range; per-worker values "

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .algorithms import momentum_warning
+from .algorithms import momentum_warning, overlap_refusal
 from .compute import check as check_compute
-from .config import Config
+from .config import Config, ConfigError
 from .data import Corpus, build_corpus
 from .devices import simulator_device
 from .model import shape_from_config
@@ -41,5 +41,8 @@ def preflight(cfg: Config) -> Preflight:
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     # the scenario and the link trace: every event and row checked before the run
     world = world_from_config(cfg, topo)
+    refusal = overlap_refusal(cfg, topo, world is not None)
+    if refusal:
+        raise ConfigError(refusal)
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)
     return Preflight(topo, build_corpus(cfg), warnings, world)

@@ -70,7 +70,8 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
             if progress is not None:
                 progress(row)
 
-        hub = Hub(cfg.workers, link_model, slots=slots, emit=emit)
+        hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
+                  background=bool(cfg.algo.overlap) and cfg.algo.name == "diloco")
         lives = [_Life(cfg, r, _transport(cfg, hub, r), corpus, device, topo, world)
                  for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",

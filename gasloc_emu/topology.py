@@ -342,6 +342,19 @@ class Topology:
         return float(max(np.abs(r).max() for r in roots)) if roots else 0.0
 
 
+    def min_eigenvalue(self, rounds: int = 64) -> float:
+        """The smallest eigenvalue of W_t over the graph's rounds (the first ``rounds`` draws
+        of a time-varying one): below 0, a round's mixing flips a disagreement's sign, which
+        overlapped GASLoC cannot afford (docs/ALGORITHM.md, "Overlapped GASLoC")."""
+        draws = range(rounds) if self.time_varying else range(1)
+        return float(min(np.linalg.eigvalsh(self.mixing_matrix(t))[0] for t in draws))
+
+    def lazy_alpha(self) -> float:
+        """The largest alpha with W = I - alpha L positive semi-definite in every round:
+        1 / lambda_max(L), from this graph's own alpha and smallest eigenvalue."""
+        return min(1.0, self.alpha / (1.0 - self.min_eigenvalue())) if self.alpha else 1.0
+
+
 @lru_cache(maxsize=64)
 def _round_edges(topo: Topology, t: int) -> set[tuple[int, int]]:
     """Round t's edges, memoised: every worker asks for them once per row it computes."""

@@ -16,6 +16,10 @@ replays those reports as a discrete-event simulation:
   second, where ``slots`` = cores / threads per worker. This is what the emulator's processes
   see when there are fewer cores than workers: a worker that waits on a slow link leaves its
   share to the others, so charging every worker the full contention would over-predict gossip.
+- a worker may have a second, *background* lane (an overlapped All-Reduce, ``lanes_per_worker
+  = 2``): lane ``n + rank`` runs its messages alongside the worker's compute on lane ``rank``.
+  The two hand over with zero-byte messages between lanes of the same worker, which arrive at
+  once; messages between workers queue on the workers' link whichever lane sends them;
 - a *dedicated* compute (a nominal step time, ``compute.step_time_s`` > 0) runs on the worker's
   own emulated device: it progresses at rate 1 whatever else computes, and takes no share from
   the others. The emulator sleeps each step to its nominal time, so as long as the host keeps
@@ -86,11 +90,14 @@ class VirtualClock:
     """Processor-sharing discrete-event replay of every worker's compute and messages."""
 
     def __init__(self, world_size: int, link_model: LinkModel | None, slots: float,
-                 emit: Emit | None = None):
+                 emit: Emit | None = None, lanes_per_worker: int = 1):
         if not slots > 0:
             raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
+        if lanes_per_worker not in (1, 2):
+            raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
         self.link_model, self.slots, self.emit = link_model, float(slots), emit
-        self.lanes = [_Lane(deque()) for _ in range(world_size)]
+        self.world_size = world_size
+        self.lanes = [_Lane(deque()) for _ in range(world_size * lanes_per_worker)]
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
         self.link_free_s: dict[tuple[int, int], float] = {}
@@ -154,15 +161,16 @@ class VirtualClock:
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
 
-    def _send(self, src: int, op: Send) -> None:
-        dst = op.key[0]
+    def _send(self, src_lane: int, op: Send) -> None:
+        dst_lane = op.key[0]
+        src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
         arrival = self.now_s
-        if self.link_model is not None:
+        if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
             wire_s, latency_s = self._link(src, dst, op)
             start = max(self.now_s, self.link_free_s.get((src, dst), 0.0))
             self.link_free_s[(src, dst)] = start + wire_s
             arrival = start + wire_s + latency_s
-        receiver = self.lanes[dst]
+        receiver = self.lanes[dst_lane]
         if receiver.state == _WAITING and receiver.waiting_key == op.key:
             receiver.wake_s, receiver.waiting_key = arrival, None
         else:

@@ -147,6 +147,8 @@ class Worker:
         if plan is not None and plan.detect_s > 0:
             self.idle(plan.detect_s)  # a heartbeat timeout's worth of waiting for the departed
         self.algo.outer_step(round_idx, self.theta)
+        if round_idx == self.cfg.run.rounds - 1:
+            self.algo.finish(self.theta)  # an overlapped last exchange lands here
         comm_s = self.transport.clock() - c1
         self.check_finite(round_idx, train_loss)
         after = self.transport.counters()
@@ -157,13 +159,13 @@ class Worker:
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
             overruns=phase.overruns, overrun_ratio=phase.worst_ratio,
-            recv_links=self.recv_links(round_idx))
+            recv_links=self.recv_links(round_idx - self.cfg.algo.overlap))
 
     def recv_links(self, round_idx: int) -> dict[str, dict] | None:
         """The transport's link observations of round ``round_idx`` (``link_row``), or None
         where it measures none (the simulator's) or the run's clock is unknown."""
         observe = getattr(self.transport, "recv_links", None)
-        if observe is None or self.t0 is None:
+        if observe is None or self.t0 is None or round_idx < 0:
             return None
         return {str(src): link_row(use, self.t0)
                 for src, use in sorted(observe(round_idx).items())}

@@ -1,6 +1,8 @@
 """One file per algorithm, all over the narrow ``Transport`` interface; ``make`` picks one."""
 from __future__ import annotations
 
+import math
+
 from ..topology import Topology, build_topology
 from ..transport.base import Transport
 from .base import OuterAlgorithm
@@ -35,6 +37,29 @@ def momentum_warning(cfg) -> str | None:
     return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
             f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is stable")
 
+def overlap_refusal(cfg, topo: Topology | None, scenario: bool) -> str | None:
+    """Why ``algo.overlap = 1`` cannot run as configured, or None.
+
+    Overlapped GASLoC takes the inner phase's drift at the unmixed z; on a W with a negative
+    eigenvalue mu that drift adds to mu's sign flip and, with outer momentum, a disagreement
+    grows every round (docs/ALGORITHM.md, "Overlapped GASLoC": stable when W has no negative
+    eigenvalue). A scenario's membership and link changes are not overlapped yet.
+    """
+    if not cfg.algo.overlap:
+        return None
+    if scenario:
+        return ("algo.overlap = 1 does not take a scenario or a link trace yet (leaves, joins "
+                "and partitions assume a round's exchange ends in that round)")
+    if cfg.algo.name != "gasloc" or topo is None:
+        return None
+    low = topo.min_eigenvalue()
+    if low >= -1e-12:
+        return None
+    return (f"algo.overlap = 1 needs gossip weights with no negative eigenvalue (W >= 0); this "
+            f"{topo.name} graph's W has {low:.3f} at algo.alpha = {topo.alpha:g}; set "
+            f"algo.alpha <= {math.floor(topo.lazy_alpha() * 1000) / 1000:g}")
+
+
 def make(acfg, rank: int, transport: Transport, topology: Topology | None,
          weight: float = 1.0, members=None, heals=None) -> OuterAlgorithm:
     """``weight``: what DiLoCo multiplies this worker's pseudo-gradient by before the mean
@@ -43,10 +68,11 @@ def make(acfg, rank: int, transport: Transport, topology: Topology | None,
     graph over the living as ``topology`` instead); ``heals(t)``: whether a partition ends in
     round t (DiLoCo merges the groups' states then)."""
     if acfg.name == "gasloc":
-        return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology))
+        return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology),
+                      acfg.overlap)
     if acfg.name == "diloco":
         return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight,
-                      members, heals)
+                      members, heals, acfg.overlap)
     if acfg.name == "dsgd":
         return DSGD(rank, transport, topology)
     if acfg.name == "local-gossip":

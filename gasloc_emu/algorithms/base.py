@@ -27,6 +27,10 @@ class OuterAlgorithm:
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def finish(self, theta: torch.Tensor) -> None:
+        """After the last round: complete what is still in flight (an overlapped algorithm's
+        last exchange) so that ``theta`` is the final model; nothing here."""
+
     def peers(self, round_idx: int) -> list[int]:
         """The workers this one exchanges with in round ``round_idx``."""
         return self.topology.peers(self.rank, round_idx) if self.topology else []
@@ -52,12 +56,26 @@ def gossip(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Te
            out: torch.Tensor) -> None:
     """Send ``z`` to this round's neighbours and write sum_j W[i, j] z_j into ``out``.
 
-    The sum runs self first, then peers in increasing rank, so every transport gives the same
-    bits. ``z`` is handed over to the transport (ownership rule) and must not be ``out``.
+    ``z`` is handed over to the transport (ownership rule) and must not be ``out``.
     """
-    peers = topo.peers(rank, round_idx)
-    for j in peers:
+    gossip_send(tp, topo, rank, round_idx, z)
+    gossip_mix(tp, topo, rank, round_idx, z, out)
+
+
+def gossip_send(tp: Transport, topo: Topology, rank: int, round_idx: int,
+                z: torch.Tensor) -> None:
+    """The first half of ``gossip``: ``z`` to every neighbour of round ``round_idx``."""
+    for j in topo.peers(rank, round_idx):
         tp.send(j, round_idx, "z", z)
+
+
+@torch.no_grad()
+def gossip_mix(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Tensor,
+               out: torch.Tensor) -> None:
+    """The second half: receive the neighbours' z of round ``round_idx`` and write
+    sum_j W[i, j] z_j into ``out``, self first, then peers in increasing rank, so every
+    transport gives the same bits (``z`` is this worker's own, as sent)."""
+    peers = topo.peers(rank, round_idx)
     self_w, weights = topo.row(rank, round_idx)
     received = {j: tp.recv(j, round_idx, "z") for j in peers}
     torch.mul(z, self_w, out=out)

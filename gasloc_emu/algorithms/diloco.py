@@ -19,6 +19,19 @@ partition ``members`` is this worker's (``World.ring_members(rank)``): each grou
 over its own living members, and the groups' states drift apart. When the links come back
 (``heals(t)``), the ring first averages the states (theta and buffer, in rank order, so every
 worker gets the same bits), then takes the round's step from that one state again.
+
+Overlapped (``overlap = 1``; docs/ALGORITHM.md, "Overlapped DiLoCo"): the outer step is written
+in GASLoC's form on the complete graph (lr = eta, mu = gamma; at overlap 0 the two are the
+same iterates, a test checks it), and the All-Reduce that replaces gossip runs in the
+background during the next round's inner steps, landing one round late:
+    y_i = m + lr * w_i g_i,  g_i = theta_i^+ - z_i     drift from where this round started
+    z_i = y_i + mu * (y_i - y_i^prev)                 All-Reduced during the next round
+    m <- mean_j z_j                                    (m = theta_0 in round 0)
+so a worker starts each round from its own outer step on its own drift, and the others'
+drifts reach it one round late: the eager-update idea of Kale et al. (2025) with the own drift
+standing in for the round's mean, and the overlapped All-Reduce of Streaming DiLoCo
+(Douillard et al., 2025). The plain one-round delay (every worker waits for the mean before
+moving at all) diverged here with lr 0.7, mu 0.9; docs/ALGORITHM.md gives the numbers.
 """
 from __future__ import annotations
 
@@ -43,8 +56,13 @@ class DiLoCo(OuterAlgorithm):
 
     def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
                  weight: float = 1.0, members: Callable[[int], Collection[int]] | None = None,
-                 heals: Callable[[int], bool] | None = None):
+                 heals: Callable[[int], bool] | None = None, overlap: int = 0):
         super().__init__(rank, transport, None)
+        if overlap not in (0, 1):
+            raise ValueError(f"overlap = {overlap!r} is out of range; expected 0 or 1")
+        self.overlap = overlap
+        self.pending = None  # overlap 1: the All-Reduce of z in flight (a PendingReduce)
+        self.y_prev: torch.Tensor | None = None
         self.members, self.heals = members, heals
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"weight = {weight!r} is out of range; expected a finite number > 0")
@@ -53,18 +71,57 @@ class DiLoCo(OuterAlgorithm):
 
     @torch.no_grad()
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        if self.overlap:
+            self._overlapped_step(round_idx, theta)
+            return
         drift = self.anchor - theta
         if self.weight != 1.0:  # the plain mean stays bit for bit what it was
             drift.mul_(self.weight)
         if self.heals is not None and self.heals(round_idx):
             self._heal(round_idx)
-        delta = self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx))
+        self._step(self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx)))
+        theta.copy_(self.anchor)
+
+    def _step(self, delta: torch.Tensor) -> None:
+        """Outer Nesterov SGD on the anchor with the mean pseudo-gradient ``delta``."""
         if self.buf is None:
             self.buf = delta.clone()
         else:
             self.buf.mul_(self.mu).add_(delta)
         self.anchor.add_(delta.add(self.buf, alpha=self.mu), alpha=-self.lr)
-        theta.copy_(self.anchor)
+
+    def begin(self, theta: torch.Tensor) -> None:
+        super().begin(theta)
+        if self.overlap:
+            self.y_prev = theta.detach().clone()  # as GASLoC's: no momentum in round 0
+
+    def _overlapped_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        """The module docstring's overlapped update; ``anchor`` is z of the previous round."""
+        mixed = self._land()
+        theta.sub_(self.anchor)
+        if self.weight != 1.0:
+            theta.mul_(self.weight)
+        theta.add_(mixed)                                   # m + w g
+        y = torch.lerp(mixed, theta, self.lr)
+        z = torch.lerp(self.y_prev, y, 1.0 + self.mu)
+        self.y_prev = y
+        self.anchor.copy_(z)  # before the All-Reduce takes z over (it sums into it in place)
+        theta.copy_(z)
+        self.pending = self.transport.start_all_reduce_mean(round_idx, z, self._ring(round_idx))
+
+    def _land(self) -> torch.Tensor:
+        """The mean z of the round in flight (waiting for it); theta_0 in round 0."""
+        if self.pending is None:
+            return self.anchor.clone()
+        pending, self.pending = self.pending, None
+        return pending.wait()
+
+    @torch.no_grad()
+    def finish(self, theta: torch.Tensor) -> None:
+        """The last round's mean, which overlap left in flight: every worker ends on it."""
+        if self.pending is not None:
+            theta.copy_(self._land())
+            self.anchor.copy_(theta)
 
     def _heal(self, round_idx: int) -> None:
         """After a partition: the mean of the ring's states, summed in rank order (the same
@@ -108,4 +165,4 @@ class DiLoCo(OuterAlgorithm):
         return sorted({ring[(k - 1) % n], ring[(k + 1) % n]} - {self.rank})
 
     def _state(self) -> list[torch.Tensor | None]:
-        return [self.anchor, self.buf]
+        return [self.anchor, self.buf, self.y_prev]

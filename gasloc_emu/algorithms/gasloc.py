@@ -8,6 +8,17 @@ arXiv 2606.11081):
     theta_i <- sum_j W_t[i, j] z_j                 gossip, W_t = I - alpha * Laplacian_t
 On a complete graph with W = 11^T / n this is DiLoCo with Nesterov outer SGD (lr eta, momentum
 gamma); with eta = 0 it is accelerated gossip averaging.
+
+Overlapped (``overlap = 1``; docs/ALGORITHM.md, "Overlapped GASLoC"): z_i leaves at the end of
+round t and the inner phase of round t+1 starts from z_i at once; at the end of round t+1 the
+neighbours' z of round t are mixed in, as the correction sum_j W_t[i, j] z_j - z_i added to the
+inner result, before the outer step of round t+1:
+    g_i = theta_i^+ - z_i^{t}                     drift of round t+1, started from z_i^t
+    y_i = m_i + eta * g_i,  m_i = sum_j W_t[i, j] z_j^t   (m_i = theta_0 in round 0)
+    z_i^{t+1} = y_i + gamma * (y_i - y_i^prev)    sent; round t+2 starts from it
+The only difference from overlap 0 is where g_i is evaluated (z_i instead of m_i); after the
+last round ``finish`` mixes the last z. Stable for W with no negative eigenvalue (the config
+refuses others): docs/ALGORITHM.md derives why.
 """
 from __future__ import annotations
 
@@ -15,17 +26,22 @@ import torch
 
 from ..topology import Topology
 from ..transport.base import Transport
-from .base import OuterAlgorithm, gossip
+from .base import OuterAlgorithm, gossip, gossip_mix, gossip_send
 
 
 class GASLoC(OuterAlgorithm):
     name = "gasloc"
 
     def __init__(self, rank: int, transport: Transport, topology: Topology,
-                 outer_lr: float, momentum: float):
+                 outer_lr: float, momentum: float, overlap: int = 0):
         super().__init__(rank, transport, topology)
-        self.eta, self.gamma = outer_lr, momentum
+        if overlap not in (0, 1):
+            raise ValueError(f"overlap = {overlap!r} is out of range; expected 0 or 1")
+        self.eta, self.gamma, self.overlap = outer_lr, momentum, overlap
         self.y_prev: torch.Tensor | None = None
+        # overlap 1: this worker's z in flight (as sent, read-only) and its round
+        self.sent: torch.Tensor | None = None
+        self.sent_round: int | None = None
 
     def begin(self, theta: torch.Tensor) -> None:
         super().begin(theta)
@@ -33,6 +49,9 @@ class GASLoC(OuterAlgorithm):
 
     @torch.no_grad()
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        if self.overlap:
+            self._overlapped_step(round_idx, theta)
+            return
         # lerp is exact at its end points: y == theta^+ bit for bit when eta = 1, and
         # z == y when gamma = 0, so the dsgd / local-gossip special cases hold exactly.
         y = torch.lerp(self.anchor, theta, self.eta)
@@ -41,5 +60,36 @@ class GASLoC(OuterAlgorithm):
         gossip(self.transport, self.topology, self.rank, round_idx, z, theta)
         self.anchor.copy_(theta)
 
+    def _overlapped_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        """The outer step of round ``round_idx`` with the previous round's gossip landing now
+        (see the module docstring); ``anchor`` is z of the previous round, where this round's
+        inner phase started."""
+        mixed = self._land(theta)
+        theta.sub_(self.anchor).add_(mixed)        # theta^+ + (m_i - z_i) = m_i + g_i
+        y = torch.lerp(mixed, theta, self.eta)
+        z = torch.lerp(self.y_prev, y, 1.0 + self.gamma)
+        self.y_prev = y
+        gossip_send(self.transport, self.topology, self.rank, round_idx, z)
+        self.sent, self.sent_round = z, round_idx
+        self.anchor.copy_(z)
+        theta.copy_(z)
+
+    def _land(self, like: torch.Tensor) -> torch.Tensor:
+        """m_i = sum_j W[i, j] z_j of the round in flight, in a fresh tensor; the anchor (theta_0)
+        when nothing is in flight (round 0)."""
+        if self.sent is None:
+            return self.anchor.clone()
+        mixed = torch.empty_like(like)
+        gossip_mix(self.transport, self.topology, self.rank, self.sent_round, self.sent, mixed)
+        self.sent, self.sent_round = None, None
+        return mixed
+
+    @torch.no_grad()
+    def finish(self, theta: torch.Tensor) -> None:
+        """Mix the last round's z in: the final model is sum_j W[i, j] z_j, as without overlap."""
+        if self.sent is not None:
+            theta.copy_(self._land(theta))
+            self.anchor.copy_(theta)
+
     def _state(self) -> list[torch.Tensor | None]:
-        return [self.anchor, self.y_prev]
+        return [self.anchor, self.y_prev, self.sent]

@@ -1,6 +1,7 @@
 """The narrow interface between algorithms and the network, and what every transport shares.
 
-An algorithm only ever calls ``send``, ``recv`` and ``all_reduce_mean``. Two implementations
+An algorithm only ever calls ``send``, ``recv`` and ``all_reduce_mean`` (or its background
+form, ``start_all_reduce_mean``, whose ``wait`` gives the same value). Two implementations
 exist: ``memory.InMemoryTransport`` (the in-process simulator) and ``zmq_transport.ZmqTransport``
 (the multi-process emulator). The ring All-Reduce is written once, here, over send/recv, so the
 simulator and the emulator sum in exactly the same order.
@@ -47,12 +48,27 @@ class Transport(Protocol):
         """The mean of ``tensor`` over all workers, or over ``members`` (sorted ranks including
         this one) when some have left (same value on every worker taking part)."""
 
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                              members: Sequence[int] | None = None) -> PendingReduce:
+        """``all_reduce_mean`` in the background: the caller computes meanwhile and must not use
+        the transport for anything else until ``wait()`` has returned the mean."""
+
     def counters(self) -> dict:
         """Cumulative bytes per peer, dropped messages and seconds spent waiting."""
 
     def clock(self) -> float:
         """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual
         one)."""
+
+
+class PendingReduce:
+    """A background All-Reduce's handle: ``wait()`` returns its mean (once)."""
+
+    def __init__(self, value: torch.Tensor | None = None):
+        self._value = value
+
+    def wait(self) -> torch.Tensor:
+        return self._value
 
 
 class TransportBase:
@@ -94,6 +110,11 @@ class TransportBase:
                         members: Sequence[int] | None = None) -> torch.Tensor:
         total = ring_all_reduce_sum(self, round_idx, tensor, members)
         return total.div_(self.world_size if members is None else len(members))
+
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                              members: Sequence[int] | None = None) -> PendingReduce:
+        """Here: at once (the same value; transports that can overlap override this)."""
+        return PendingReduce(self.all_reduce_mean(round_idx, tensor, members))
 
     def counters(self) -> dict:
         return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),

@@ -78,6 +78,10 @@ class FaultyTransport:
         self._maybe_fail(round_idx)
         return self.inner.all_reduce_mean(round_idx, tensor, members)
 
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor, members=None):
+        self._maybe_fail(round_idx)
+        return self.inner.start_all_reduce_mean(round_idx, tensor, members)
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # counters, clock, and each transport's own calls
 

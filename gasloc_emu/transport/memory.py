@@ -8,6 +8,11 @@ Timing is not decided here: every send, receive and measured compute is reported
 ``VirtualClock``, which replays them in virtual time (links that queue and take bytes * 8 / rate
 plus latency, cores shared among the workers computing at once). With no link model every
 transfer is instantaneous and only compute takes time.
+
+A background All-Reduce (``start_all_reduce_mean`` on a hub made with ``background=True``, for
+overlapped DiLoCo) runs on the worker's second clock lane: the thread does the ring's sends and
+receives when ``wait`` is called, in program order as always, but the clock replays them on
+the lane that started when the All-Reduce was started, alongside the compute in between.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import threading
 import torch
 
 from ..virtual_clock import Compute, Done, Emit, LinkModel, Mark, Recv, Send, VirtualClock
-from .base import TransportBase, TransportError
+from .base import PendingReduce, TransportBase, TransportError
 
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
 
@@ -25,12 +30,14 @@ class Hub:
     """Mailboxes, the turn lock, and the virtual clock of every simulated worker."""
 
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
-                 timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None):
-        self.world_size = world_size
+                 timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None,
+                 background: bool = False):
+        self.world_size, self.background = world_size, background
         self.cond = threading.Condition(threading.RLock())
         self.mail: dict[tuple, torch.Tensor] = {}
         # slots=None: as many cores as workers, i.e. no CPU sharing in the prediction
-        self.clock = VirtualClock(world_size, link_model, slots or world_size, emit)
+        self.clock = VirtualClock(world_size, link_model, slots or world_size, emit,
+                                  lanes_per_worker=2 if background else 1)
         self.timeout_s = timeout_s
         self.error: BaseException | None = None
         # for the stall check: who waits for which message, who hangs (since which round), who ended
@@ -75,6 +82,23 @@ class InMemoryTransport(TransportBase):
     def __init__(self, hub: Hub, rank: int):
         super().__init__(rank, hub.world_size)
         self.hub = hub
+        self.lane = rank  # the clock lane this worker's messages are reported on now
+
+    def _clock_key(self, key: tuple) -> tuple:
+        """A mailbox key (dst, src, round, kind) with the workers as clock lanes."""
+        offset = self.lane - self.rank
+        return (key[0] + offset, key[1] + offset, *key[2:])
+
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                              members=None) -> PendingReduce:
+        if not self.hub.background:
+            return super().start_all_reduce_mean(round_idx, tensor, members)
+        bg = self.rank + self.world_size
+        fork = (bg, self.rank, round_idx, "fork")
+        with self.hub.cond:
+            self.hub.clock.report(self.rank, Send(fork, 0))
+            self.hub.clock.report(bg, Recv(fork))
+        return _DeferredReduce(self, round_idx, tensor, members)
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
         hub = self.hub
@@ -84,13 +108,14 @@ class InMemoryTransport(TransportBase):
                 raise TransportError(f"worker {self.rank} sent {kind!r} of round {round_idx} "
                                      f"to worker {peer} twice")
             hub.mail[key] = tensor
-            hub.clock.report(self.rank, Send(key, tensor.numel() * tensor.element_size()))
+            hub.clock.report(self.lane, Send(self._clock_key(key),
+                                             tensor.numel() * tensor.element_size()))
             hub.cond.notify_all()
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         hub, key = self.hub, (self.rank, peer, round_idx, kind)
         with hub.cond:
-            hub.clock.report(self.rank, Recv(key))
+            hub.clock.report(self.lane, Recv(self._clock_key(key)))
             hub.waiting[self.rank] = key
             try:
                 hub.check_stalled()
@@ -135,5 +160,30 @@ class InMemoryTransport(TransportBase):
     def finish(self) -> None:
         with self.hub.cond:
             self.hub.clock.report(self.rank, Done())
+            if self.hub.background:
+                self.hub.clock.report(self.rank + self.world_size, Done())
             self.hub.done.add(self.rank)
             self.hub.check_stalled()  # the workers left may be waiting for this one
+
+
+class _DeferredReduce(PendingReduce):
+    """The simulator's background All-Reduce: run by ``wait`` on the worker's own thread, timed
+    on its background lane, which hands the mean back to the worker's lane when done."""
+
+    def __init__(self, tp: InMemoryTransport, round_idx: int, tensor: torch.Tensor, members):
+        super().__init__()
+        self.tp, self.round_idx, self.tensor, self.members = tp, round_idx, tensor, members
+
+    def wait(self) -> torch.Tensor:
+        tp, rank = self.tp, self.tp.rank
+        bg = rank + tp.world_size
+        tp.lane = bg
+        try:
+            mean = tp.all_reduce_mean(self.round_idx, self.tensor, self.members)
+        finally:
+            tp.lane = rank
+        done = (rank, bg, self.round_idx, "joined")
+        with tp.hub.cond:
+            tp.hub.clock.report(bg, Send(done, 0))
+            tp.hub.clock.report(rank, Recv(done))
+        return mean

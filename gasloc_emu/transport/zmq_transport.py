@@ -59,7 +59,7 @@ import torch
 import zmq
 
 from . import auth, framing
-from .base import TransportBase, TransportError
+from .base import PendingReduce, TransportBase, TransportError
 from .framing import FrameError
 from .mailbox import (  # Shaping: still importable from here
     Key,
@@ -144,6 +144,7 @@ class ZmqTransport(TransportBase):
         self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
         self.linger_s, self.should_stop = linger_s, should_stop
         self._closed = False
+        self._background: _BackgroundReduce | None = None  # an overlapped All-Reduce
         self.connect(peer_addrs or {})
         self._own_context = ctx is None
         self._ctx = zmq.Context() if ctx is None else ctx
@@ -259,6 +260,21 @@ class ZmqTransport(TransportBase):
         source (bytes, messages, summed transfer time, earliest sent_at); reported once."""
         return self.link_log.take(round_idx)
 
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
+                              members=None) -> PendingReduce:
+        """The ring All-Reduce on a thread of its own, while the caller computes.
+
+        The caller does not use this transport again before ``wait()`` (the algorithm's
+        contract), so the sockets have one user at a time; the thread's start and join order
+        every use. libzmq's I/O threads move the bytes, and this thread forwards each chunk as
+        soon as it lands, which the worker's thread, busy with inner steps, could not.
+        """
+        self._check_open()
+        if self._background is not None:
+            raise TransportError(f"worker {self.rank}: an All-Reduce is already in flight")
+        self._background = _BackgroundReduce(self, round_idx, tensor, members)
+        return self._background
+
     def set_round(self, round_idx: int) -> None:
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
         self.mailbox.set_round(round_idx)
@@ -271,6 +287,8 @@ class ZmqTransport(TransportBase):
         if self._closed:
             return
         self._closed = True
+        if self._background is not None:  # it sees _closed at its next poll slice and ends
+            self._background.join(timeout_s=2 * POLL_SLICE_S + 1)
         linger_ms = int(1000 * (self.linger_s if linger_s is None else linger_s))
         for sock in self._push.values():
             sock.close(linger=linger_ms)
@@ -327,6 +345,8 @@ class ZmqTransport(TransportBase):
             self._pump(self._slice_s(deadline), out_sock)
 
     def _check_abort(self, what: str, deadline: float) -> None:
+        if self._closed:
+            raise TransportError(f"worker {self.rank}: closed while waiting for {what}")
         if self.should_stop is not None and self.should_stop():
             raise TransportError(f"worker {self.rank}: stopped while waiting for {what}")
         if time.monotonic() >= deadline:
@@ -386,6 +406,39 @@ class ZmqTransport(TransportBase):
             self._zap.stop()  # before term(), which waits for its socket
         if self._own_context:
             self._ctx.term()  # returns once every socket is closed and its linger is over
+
+
+class _BackgroundReduce(PendingReduce):
+    """``all_reduce_mean`` on a daemon thread; ``wait`` joins it and returns the mean, or raises
+    what the thread raised (a timeout, a stop, a peer gone)."""
+
+    def __init__(self, tp: ZmqTransport, round_idx: int, tensor: torch.Tensor, members):
+        super().__init__()
+        self._tp, self._error = tp, None
+        self._thread = threading.Thread(target=self._run, args=(round_idx, tensor, members),
+                                        name="zmq-all-reduce", daemon=True)
+        self._thread.start()
+
+    def _run(self, round_idx: int, tensor: torch.Tensor, members) -> None:
+        waited = self._tp.wait_s  # the worker's waits are what ``wait`` blocks, not these
+        try:
+            self._value = self._tp.all_reduce_mean(round_idx, tensor, members)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._error = exc
+        finally:
+            self._tp.wait_s = waited
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def wait(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self._thread.join()
+        self._tp.wait_s += time.perf_counter() - t0
+        self._tp._background = None
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class _ArrivalStamper:

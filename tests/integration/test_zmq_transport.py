@@ -79,6 +79,22 @@ def _all_reduce(rank: int, addrs: dict[int, str], numel: int) -> bytes:
         return tp.all_reduce_mean(3, _rank_input(rank, numel)).numpy().tobytes()
 
 
+def _background_all_reduce(rank: int, addrs: dict[int, str], numel: int, busy_s: float) -> dict:
+    """Start the All-Reduce, stay busy (not touching the transport) for ``busy_s``, then wait:
+    the ring must progress meanwhile, so the wait is short."""
+    torch.set_num_threads(1)
+    with _transport(rank, addrs, model_numel=numel) as tp:
+        time.sleep(0.5 * rank)  # staggered: worker 0's ring cannot finish before worker 2 starts
+        t0 = time.perf_counter()
+        pending = tp.start_all_reduce_mean(3, _rank_input(rank, numel))
+        start_s = time.perf_counter() - t0
+        time.sleep(busy_s)
+        t0 = time.perf_counter()
+        mean = pending.wait()
+        return {"mean": mean.numpy().tobytes(), "wait_s": time.perf_counter() - t0,
+                "start_s": start_s, "counted_wait_s": tp.counters()["wait_s"]}
+
+
 def _rank_input(rank: int, numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(100 + rank))
 
@@ -147,6 +163,20 @@ def test_ring_all_reduce_matches_in_memory_bit_for_bit(pool, world, loopback_add
     reference = _in_memory_mean(world, numel)
     assert got == reference
     assert len(set(got)) == 1  # every worker holds the same bits
+
+
+def test_a_background_all_reduce_progresses_while_the_worker_is_busy(pool, loopback_addrs):
+    """The overlapped DiLoCo contract: the mean is the ring's, bit for bit, and it is done
+    by the time the worker comes back from 1.5 s of other work (a staggered start included:
+    each worker's ring waits only for its neighbours' threads, never for their main threads)."""
+    numel = 100_003
+    got = _run_workers(pool, _background_all_reduce, loopback_addrs(3), numel=numel,
+                       busy_s=1.5)
+    assert [g["mean"] for g in got] == _in_memory_mean(3, numel)
+    assert max(g["start_s"] for g in got) < 0.2, [g["start_s"] for g in got]
+    assert max(g["wait_s"] for g in got) < 0.2, [g["wait_s"] for g in got]
+    # the worker's own waiting is what it blocked in wait(), not the ring thread's waits
+    assert all(g["counted_wait_s"] == pytest.approx(g["wait_s"], abs=0.05) for g in got)
 
 
 def test_early_messages_are_kept_until_asked_for(pool, loopback_addrs):
