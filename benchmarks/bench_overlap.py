@@ -15,26 +15,14 @@ host shows there first). ``run`` uses the userspace shaper, so it needs no privi
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from bench_compute import cli, rows  # the same subprocess call and metrics reader
 
 MODEL_BYTES = 482_304   # the tiny model's float32 parameters
 ARMS = {"gasloc-matching": ["--algo", "gasloc", "--topology", "matching"],
         "diloco": ["--algo", "diloco"]}
-
-
-def cli(*args: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args, "--no-dashboard"],
-                         capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        raise SystemExit(f"gasloc-emu {' '.join(args)} failed:\n{res.stderr}")
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def per_round_s(run_dir: Path, rounds: int) -> float:
