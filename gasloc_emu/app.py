@@ -239,6 +239,9 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
         plot_copy = page.parent / "results" / f"{name}.png"
         plot_copy.parent.mkdir(parents=True, exist_ok=True)
         plot_copy.write_bytes((out_dir / "plot.png").read_bytes())
+        if result.get("tuning_plot"):
+            plot_copy.with_name(f"{name}-tuning.png").write_bytes(
+                Path(result["tuning_plot"]).read_bytes())
         command = f"gasloc-emu sweep {preset}" + (f" --out {out}" if out else "") + \
             "".join(f" --arm {a}" for a in arms) + f" --report {report}"
         update_results_page(page, name, markdown_section(name, result, command,

@@ -58,12 +58,13 @@ def _local_steps(value: str | None):
 
 
 def _momentum(value: str | None):
-    if value is None or value == "auto":
+    if value is None or (value.startswith("auto") and C.auto_factor(value) is not None):
         return value
     try:
         return float(value)
     except ValueError:
-        raise C.ConfigError(f"--momentum {value!r}: expected a number or 'auto'") from None
+        raise C.ConfigError(f"--momentum {value!r}: expected a number, 'auto' or 'auto*F' "
+                            "(F in (0, 1])") from None
 
 
 # ---------------------------------------------------------------- flags generated from the tree
@@ -109,7 +110,7 @@ COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--wo
 # resolve_from_flags, inside friendly_errors, so a bad value is one line like any other.
 _PARSERS = {
     "algo.local_steps": (_local_steps, "H|H1,H2,..."),
-    "algo.momentum": (_momentum, "GAMMA|auto"),
+    "algo.momentum": (_momentum, "GAMMA|auto|auto*F"),
 }
 # Flags that set a setting without naming it as a value, for `config --fields`.
 _OTHER_FLAGS = {"run.dashboard": "--no-dashboard (off)"}

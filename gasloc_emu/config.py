@@ -126,6 +126,20 @@ class InnerConfig(_Validated):
 ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip")
 
 
+def auto_factor(momentum: str) -> float | None:
+    """F of 'auto' (1) or 'auto*F' (a fraction of the graph's gamma*); None if neither."""
+    if momentum == "auto":
+        return 1.0
+    head, star, tail = momentum.partition("*")
+    if head != "auto" or not star:
+        return None
+    try:
+        f = float(tail)
+    except ValueError:
+        return None
+    return f if 0.0 < f <= 1.0 else None
+
+
 @dataclass(frozen=True)
 class AlgoConfig(_Validated):
     _section = "algo."
@@ -138,8 +152,9 @@ class AlgoConfig(_Validated):
     outer_lr: float = setting(0.7, "Outer learning rate eta (DiLoCo's outer SGD lr).",
                               lo=0.0, hi=10.0)
     momentum: float | str = setting(0.9, "Outer momentum gamma (Nesterov mu for DiLoCo), or "
-                                         "'auto' for the graph's critical gamma*.",
-                                    lo=0.0, hi=0.999, names=("auto",))
+                                         "'auto' for the graph's critical gamma*, or 'auto*F' "
+                                         "for F times it (F in (0, 1], e.g. auto*0.5).",
+                                    lo=0.0, hi=0.999, names=("auto", "auto*F"))
     alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
                            lo=0.0, hi=1.0)
     overlap: int = setting(0, "Rounds communication may lag behind compute: 0 (communicate, "
@@ -155,11 +170,11 @@ class AlgoConfig(_Validated):
 
     def _check(self) -> None:
         m = self.momentum
-        if isinstance(m, str) and m != "auto":
+        if isinstance(m, str) and auto_factor(m) is None:
             raise ConfigError(f"algo.momentum = {m!r} is not allowed; expected a number "
-                              "in [0, 0.999] or 'auto'")
-        if self.name == "diloco" and m == "auto":
-            raise ConfigError("algo.momentum = 'auto' needs a gossip graph; diloco takes a "
+                              "in [0, 0.999], 'auto' or 'auto*F' with F in (0, 1]")
+        if self.name == "diloco" and isinstance(m, str):
+            raise ConfigError(f"algo.momentum = {m!r} needs a gossip graph; diloco takes a "
                               "number in [0, 0.999]")
         if self.overlap and self.name not in ("gasloc", "diloco"):
             raise ConfigError(f"algo.overlap = {self.overlap} is for gasloc and diloco; "

@@ -10,6 +10,8 @@ A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
     seeds = [0, 1, 2]
     tune_key = "algo.inner.lr"    # searched on seed 0 for every arm, best kept for all seeds
     tune_values = [1e-3, 3e-3]
+    # or a joint search over several keys (their product), instead of tune_key/tune_values:
+    # tune = { "algo.outer_lr" = [0.5, 1.0], "algo.momentum" = [0.0, "auto"] }
     target_loss = 3.0             # for time/rounds to target
     verdict = "beats"             # how the verdict is computed (see ``verdict``)
     [[sweep.arm]]
@@ -22,6 +24,7 @@ A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -61,10 +64,23 @@ class SweepSpec:
     verdict: str = "beats"
     tolerance: float = 0.02
     x_axis: str = "round"  # "both": also plot and tabulate against seconds
+    tune: tuple = ()  # ((key, values), ...): the searched grid, tune_key/values or [sweep.tune]
+
+    @property
+    def tune_keys(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.tune)
+
+    def grid(self) -> list[tuple]:
+        """Every point of the search, as a tuple of values in ``tune_keys`` order; [()] when
+        nothing is searched."""
+        return list(itertools.product(*(values for _, values in self.tune)))
+
+    def settings(self, point: tuple) -> dict:
+        return dict(zip(self.tune_keys, point, strict=True))
 
 
 _SPEC_KEYS = {"title", "claim", "mode", "seeds", "arm", "tune_key", "tune_values", "target_loss",
-              "verdict", "tolerance", "x_axis"}
+              "verdict", "tolerance", "x_axis", "tune"}
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -84,7 +100,25 @@ def load_spec(path: str | Path) -> SweepSpec:
                      raw.get("mode", "simulate"), tuple(raw.get("seeds", [0, 1, 2])), arms,
                      raw.get("tune_key", ""), tuple(raw.get("tune_values", ())),
                      raw.get("target_loss"), raw.get("verdict", "beats"),
-                     float(raw.get("tolerance", 0.02)), raw.get("x_axis", "round"))
+                     float(raw.get("tolerance", 0.02)), raw.get("x_axis", "round"),
+                     _tune(path, raw))
+
+
+def _tune(path, raw: dict) -> tuple:
+    """The searched grid: [sweep.tune] (several keys), or tune_key with tune_values (one)."""
+    table = raw.get("tune")
+    if table is not None and raw.get("tune_key"):
+        raise C.ConfigError(f"{path}: give either [sweep.tune] or tune_key/tune_values, not both")
+    if table is None:
+        key, values = raw.get("tune_key", ""), tuple(raw.get("tune_values", ()))
+        return ((key, values),) if key and values else ()
+    if not isinstance(table, dict) or not table:
+        raise C.ConfigError(f"{path}: sweep.tune must be a table of key = [values]")
+    for key, values in table.items():
+        if not isinstance(values, list) or not values:
+            raise C.ConfigError(f"{path}: sweep.tune.{key} = {values!r}; expected a non-empty "
+                                "list of values")
+    return tuple((k, tuple(v)) for k, v in table.items())
 
 
 def arm_config(preset: str | Path, arm: Arm, seed: int, extra: dict | None = None) -> C.Config:
@@ -146,20 +180,36 @@ def failed_runs(run_dirs: list[Path]) -> int:
 def run_arm(preset: Path, spec: SweepSpec, arm: Arm, out: Path, log) -> ArmResult:
     res = ArmResult(arm)
     first = spec.seeds[0]
-    for value in spec.tune_values or (None,):
-        extra = {spec.tune_key: value} if value is not None else {}
-        tag = f"{arm.name}-s{first}" + (f"-{_fmt_val(value)}" if value is not None else "")
-        d = run_one(arm_config(preset, arm, first, extra), out / tag, spec.mode)
+    for point in spec.grid():
+        tag = f"{arm.name}-s{first}" + _point_tag(point)
+        d = run_one(arm_config(preset, arm, first, spec.settings(point)), out / tag, spec.mode)
         res.tuning_runs.append(d)
-        res.tuned[value] = final_loss(d)
-        log(f"  {tag}: final eval loss {res.tuned[value]:.4f}")
-    res.best = min(res.tuned, key=lambda v: res.tuned[v])
-    extra = {spec.tune_key: res.best} if res.best is not None else {}
+        res.tuned[point] = final_loss(d)
+        log(f"  {tag}: final eval loss {res.tuned[point]:.4f}")
+    res.best = min(res.tuned, key=lambda p: res.tuned[p])
     for seed in spec.seeds:
-        tag = f"{arm.name}-s{seed}" + (f"-{_fmt_val(res.best)}" if res.best is not None else "")
-        res.runs.append(run_one(arm_config(preset, arm, seed, extra), out / tag, spec.mode))
+        tag = f"{arm.name}-s{seed}" + _point_tag(res.best)
+        res.runs.append(run_one(arm_config(preset, arm, seed, spec.settings(res.best)),
+                                out / tag, spec.mode))
         log(f"  {tag}: final eval loss {final_loss(res.runs[-1]):.4f}")
     return res
+
+
+def _point_tag(point: tuple) -> str:
+    """A grid point in a run folder's name: '-0.001' (one key, as before grids), '-0.5-auto'."""
+    return "".join(f"-{_fmt_val(v)}" for v in point)
+
+
+def _point_label(point: tuple) -> str:
+    """A grid point in tables and results.json: '0.001', or '0.5, auto' for several keys."""
+    return ", ".join(_fmt_val(v) for v in point) if point else "-"
+
+
+def _point_value(point: tuple):
+    """What results.json keeps as the best: the value itself for one key, a list for several."""
+    if not point:
+        return None
+    return point[0] if len(point) == 1 else list(point)
 
 
 def _fmt_val(v) -> str:
@@ -185,6 +235,9 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
               "runs": len(_all_runs(results))}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_sweep(spec, results, out / "plot.png")
+    if len(spec.tune) >= 2:
+        plot_tuning(spec, results, out / "tuning.png")
+        report["tuning_plot"] = str(out / "tuning.png")
     return report
 
 
@@ -223,8 +276,8 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
             [load_run(d).clock_s for d in res.runs]
         rows.append({
             "arm": res.arm.name, "group": res.arm.group, "role": res.arm.role,
-            "tuned": {_fmt_val(k) if k is not None else "-": v for k, v in res.tuned.items()},
-            "best": res.best,
+            "tuned": {_point_label(k): v for k, v in res.tuned.items()},
+            "best": _point_value(res.best),
             "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
             "consensus_distance": _stats([s.get("consensus_distance") for s in sums]),
             "wall_s": _stats(clocks),
@@ -322,6 +375,49 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def tuning_grid(spec: SweepSpec, res: ArmResult) -> np.ndarray:
+    """Seed-0 final eval loss over the first two searched keys (rows: the second key's values,
+    columns: the first's), each cell the best over the other keys; NaN where every run
+    diverged or failed."""
+    v0, v1 = spec.tune[0][1], spec.tune[1][1]
+    cells = np.full((len(v1), len(v0)), np.inf)
+    for point, loss in res.tuned.items():
+        i, j = v1.index(point[1]), v0.index(point[0])
+        cells[i, j] = min(cells[i, j], loss)
+    cells[~np.isfinite(cells)] = np.nan
+    return cells
+
+
+def plot_tuning(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
+    """One heat map per arm of the joint search (seed 0): the whole grid, not only its best."""
+    Figure, FigureCanvasAgg = matplotlib_figure()
+    cols = min(len(results), 3)
+    rows = math.ceil(len(results) / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.8 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    (k0, v0), (k1, v1) = spec.tune[0], spec.tune[1]
+    for ax, res in zip(axes, results, strict=False):
+        cells = tuning_grid(spec, res)
+        image = ax.imshow(cells, cmap="viridis_r", aspect="auto", origin="lower")
+        for (i, j), loss in np.ndenumerate(cells):   # white on the dark (high-loss) cells
+            dark = np.isnan(loss) or image.norm(loss) > 0.5
+            ax.text(j, i, "div" if np.isnan(loss) else f"{loss:.3f}", ha="center",
+                    va="center", fontsize=7, color="white" if dark else "black")
+        ax.set_xticks(range(len(v0)), [_fmt_val(v) for v in v0])
+        ax.set_yticks(range(len(v1)), [_fmt_val(v) for v in v1])
+        ax.set_xlabel(k0)
+        ax.set_ylabel(k1)
+        ax.set_title(res.arm.name, fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    for ax in axes[len(results):]:
+        ax.set_visible(False)
+    rest = ", ".join(k for k, _ in spec.tune[2:])
+    fig.suptitle(f"{spec.title}: seed-{spec.seeds[0]} final eval loss"
+                 + (f", best over {rest}" if rest else ""), fontsize=10)
+    fig.savefig(path, dpi=110)
+
+
 def _pm(stat, fmt: str = "{:.4f}") -> str:
     mean, std, n = stat
     if mean is None:
@@ -337,24 +433,28 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
              f"Command: `{command}`", "",
              f"Mode: {spec['mode']} ({_mode_words(emulated, timed)}); "
-             f"seeds {list(spec['seeds'])}; the same search over "
-             f"{spec['tune_key'] or 'nothing'} "
-             f"{list(spec['tune_values'])} on seed {spec['seeds'][0]} for every arm, best value "
+             f"seeds {list(spec['seeds'])}; the same search over {_search_words(spec)} "
+             f"on seed {spec['seeds'][0]} for every arm, best value "
              "kept for all seeds. Mean ± standard deviation over seeds. Final eval loss is that of "
              "the average of the workers' models; consensus distance is the RMS distance of the "
              "workers' parameters to that average.", "",
-             f"| arm | best {spec['tune_key'] or ''} | final eval loss | consensus distance | "
+             f"| arm | best {', '.join(k for k, _ in spec.get('tune', ()))} | final eval loss | "
+             "consensus distance | "
              + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
              + "MB sent |",
              "| --- | --- | --- | --- | " + ("--- | --- | " if timed else "") + "--- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
-        lines.append(f"| {r['arm']} | {_fmt_val(r['best']) if r['best'] is not None else '-'} | "
+        lines.append(f"| {r['arm']} | {_best_words(r['best'])} | "
                      f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
                      + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
                         if timed else "")
                      + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
-    lines += ["", f"![{name}]({plot_rel})", "", "Verdict, computed from the table "
+    lines += ["", f"![{name}]({plot_rel})"]
+    if report.get("tuning_plot"):
+        lines += ["", f"The whole search, seed {spec['seeds'][0]}, one heat map per arm:", "",
+                  f"![{name} search]({plot_rel.removesuffix('.png')}-tuning.png)"]
+    lines += ["", "Verdict, computed from the table "
               f"(rule: {spec['verdict']}):", ""]
     lines += [_verdict_line(group, j, spec) for group, judged in report["verdict"].items()
               for j in judged]
@@ -363,6 +463,22 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
               f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report.get('runs', '')} runs took "
               f"{report.get('run_seconds', report['seconds']) / 60:.1f} min of wall-clock.", ""]
     return "\n".join(lines)
+
+
+def _search_words(spec: dict) -> str:
+    """'algo.inner.lr [0.001, 0.003]', or the grid 'algo.outer_lr [0.5, 1.0] x algo.momentum
+    [0.0, 'auto']' (every combination), or 'nothing'."""
+    tune = spec.get("tune") or ()
+    if not tune:
+        return "nothing"
+    words = " x ".join(f"{k} {list(v)}" for k, v in tune)
+    return words if len(tune) == 1 else f"the grid {words} (every combination)"
+
+
+def _best_words(best) -> str:
+    if best is None:
+        return "-"
+    return ", ".join(_fmt_val(v) for v in best) if isinstance(best, list) else _fmt_val(best)
 
 
 def _mode_words(emulated: bool, timed: bool) -> str:

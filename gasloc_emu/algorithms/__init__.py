@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..config import auto_factor
 from ..topology import Topology, build_topology
 from ..transport.base import Transport
 from .base import OuterAlgorithm
@@ -13,11 +14,12 @@ from .gossip import DSGD, PlainGossip
 
 
 def momentum_value(acfg, topology: Topology | None) -> float:
-    """gamma as a number: the configured one, or gamma* of the graph for 'auto'."""
-    if acfg.momentum == "auto":
+    """gamma as a number: the configured one, or gamma* of the graph for 'auto' (times F for
+    'auto*F')."""
+    if isinstance(acfg.momentum, str):
         if topology is None:
-            raise ValueError("algo.momentum = 'auto' needs a gossip graph (not diloco)")
-        return topology.gamma_star
+            raise ValueError(f"algo.momentum = {acfg.momentum!r} needs a gossip graph (not diloco)")
+        return auto_factor(acfg.momentum) * topology.gamma_star
     return float(acfg.momentum)
 
 

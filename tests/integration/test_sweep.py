@@ -53,9 +53,8 @@ def test_every_preset_and_arm_resolves(preset):
     C.resolve(preset)  # the base config runs with `gasloc-emu run --config`
     for arm in spec.arms:
         for seed in spec.seeds:
-            for value in spec.tune_values or (None,):
-                extra = {spec.tune_key: value} if value is not None else {}
-                assert sweep.arm_config(preset, arm, seed, extra).seed == seed
+            for point in spec.grid():
+                assert sweep.arm_config(preset, arm, seed, spec.settings(point)).seed == seed
 
 
 def test_mini_sweep_writes_table_plot_and_section(tmp_path):
@@ -102,3 +101,41 @@ def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
     # redone from nothing, same seed: same losses
     for a, b in zip(again["rows"], first["rows"], strict=True):
         assert (a["tuned"], a["final_eval_loss"]) == (b["tuned"], b["final_eval_loss"])
+
+
+GRID = MINI.replace('tune_key = "algo.inner.lr"\ntune_values = [0.001, 0.003]\n',
+                    'tune = { "algo.outer_lr" = [0.5, 1.0], "algo.momentum" = [0.0, "auto*0.5"], '
+                    '"algo.inner.lr" = [0.003] }\n')
+GRID = GRID.replace("seeds = [0, 1]", "seeds = [0]").replace("rounds = 3", "rounds = 2")
+
+
+def test_a_joint_search_runs_every_combination_and_draws_the_grid(tmp_path):
+    preset = tmp_path / "grid.toml"
+    preset.write_text(GRID)
+    spec = sweep.load_spec(preset)
+    assert spec.tune_keys == ("algo.outer_lr", "algo.momentum", "algo.inner.lr")
+    assert len(spec.grid()) == 4
+    report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
+    assert report["runs"] == 2 * 4   # per arm every combination on seed 0 (the best is reused)
+    for row in report["rows"]:
+        assert set(row["tuned"]) == {"0.5, 0, 0.003", "0.5, auto*0.5, 0.003",
+                                     "1, 0, 0.003", "1, auto*0.5, 0.003"}
+        best = min(row["tuned"], key=row["tuned"].get)
+        assert ", ".join(sweep._fmt_val(v) for v in row["best"]) == best
+    run = tmp_path / "out" / "g-s0-1-auto*0.5-0.003"
+    gamma = json.loads((run / "summary.json").read_text())["gamma"]
+    from gasloc_emu.topology import Topology
+    assert gamma == pytest.approx(0.5 * Topology("ring", 4).gamma_star)
+    png = Path(report["tuning_plot"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = sweep.markdown_section("grid", report, "cmd", "results/grid.png")
+    assert "the grid algo.outer_lr [0.5, 1.0] x algo.momentum [0.0, 'auto*0.5']" in text
+    assert "![grid search](results/grid-tuning.png)" in text
+    assert "| best algo.outer_lr, algo.momentum, algo.inner.lr |" in text
+
+
+def test_a_grid_and_a_single_key_cannot_both_be_given(tmp_path):
+    preset = tmp_path / "both.toml"
+    preset.write_text(MINI + '[sweep.tune]\n"algo.outer_lr" = [0.5]\n')
+    with pytest.raises(C.ConfigError, match="either"):
+        sweep.load_spec(preset)

@@ -261,3 +261,16 @@ def test_check_setting_gives_the_set_message(key, value, parts):
     for part in parts:
         assert part in str(info.value), (part, str(info.value))
     assert C.check_setting("workers", 3) == 3
+
+
+def test_momentum_auto_times_a_factor_is_that_fraction_of_gamma_star():
+    from gasloc_emu.algorithms import momentum_value
+    from gasloc_emu.topology import Topology
+    cfg = C.resolve(overrides={"workers": 8, "algo.momentum": "auto*0.5"})
+    assert momentum_value(cfg.algo, Topology("ring", 8)) == pytest.approx(
+        0.5 * Topology("ring", 8).gamma_star)
+    for bad in ("auto*0", "auto*1.5", "auto*x", "auto0.5"):
+        with pytest.raises(C.ConfigError, match="auto\\*F"):
+            C.resolve(overrides={"algo.momentum": bad})
+    with pytest.raises(C.ConfigError, match="needs a gossip graph"):
+        C.resolve(overrides={"algo.name": "diloco", "algo.momentum": "auto*0.5"})
