@@ -52,6 +52,22 @@ class OuterAlgorithm:
 
 
 @torch.no_grad()
+def lagged_outer_step(theta: torch.Tensor, start: torch.Tensor, mixed: torch.Tensor,
+                      y_prev: torch.Tensor, eta: float, gamma: float,
+                      weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, z) of an overlapped round (docs/ALGORITHM.md, "Overlap"): the inner result
+    ``theta`` started from ``start`` (this worker's z of the round before), and the mix of
+    that round's z landed as ``mixed``; y = m + eta w (theta^+ - start), z = y + gamma (y -
+    y_prev). ``theta`` is overwritten (with m + w g on the way)."""
+    theta.sub_(start)
+    if weight != 1.0:
+        theta.mul_(weight)
+    theta.add_(mixed)                                   # the correction m - z, applied
+    y = torch.lerp(mixed, theta, eta)
+    return y, torch.lerp(y_prev, y, 1.0 + gamma)
+
+
+@torch.no_grad()
 def gossip(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Tensor,
            out: torch.Tensor) -> None:
     """Send ``z`` to this round's neighbours and write sum_j W[i, j] z_j into ``out``.

@@ -41,7 +41,7 @@ from collections.abc import Callable, Collection
 import torch
 
 from ..transport.base import Transport
-from .base import OuterAlgorithm
+from .base import OuterAlgorithm, lagged_outer_step
 
 OUTER, HEAL = "outer", "heal"   # message kinds: a joiner's buffer; a member's state at a heal
 
@@ -97,14 +97,8 @@ class DiLoCo(OuterAlgorithm):
 
     def _overlapped_step(self, round_idx: int, theta: torch.Tensor) -> None:
         """The module docstring's overlapped update; ``anchor`` is z of the previous round."""
-        mixed = self._land()
-        theta.sub_(self.anchor)
-        if self.weight != 1.0:
-            theta.mul_(self.weight)
-        theta.add_(mixed)                                   # m + w g
-        y = torch.lerp(mixed, theta, self.lr)
-        z = torch.lerp(self.y_prev, y, 1.0 + self.mu)
-        self.y_prev = y
+        self.y_prev, z = lagged_outer_step(theta, self.anchor, self._land(), self.y_prev,
+                                           self.lr, self.mu, self.weight)
         self.anchor.copy_(z)  # before the All-Reduce takes z over (it sums into it in place)
         theta.copy_(z)
         self.pending = self.transport.start_all_reduce_mean(round_idx, z, self._ring(round_idx))

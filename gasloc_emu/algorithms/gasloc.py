@@ -26,7 +26,7 @@ import torch
 
 from ..topology import Topology
 from ..transport.base import Transport
-from .base import OuterAlgorithm, gossip, gossip_mix, gossip_send
+from .base import OuterAlgorithm, gossip, gossip_mix, gossip_send, lagged_outer_step
 
 
 class GASLoC(OuterAlgorithm):
@@ -65,10 +65,8 @@ class GASLoC(OuterAlgorithm):
         (see the module docstring); ``anchor`` is z of the previous round, where this round's
         inner phase started."""
         mixed = self._land(theta)
-        theta.sub_(self.anchor).add_(mixed)        # theta^+ + (m_i - z_i) = m_i + g_i
-        y = torch.lerp(mixed, theta, self.eta)
-        z = torch.lerp(self.y_prev, y, 1.0 + self.gamma)
-        self.y_prev = y
+        self.y_prev, z = lagged_outer_step(theta, self.anchor, mixed, self.y_prev, self.eta,
+                                           self.gamma)
         gossip_send(self.transport, self.topology, self.rank, round_idx, z)
         self.sent, self.sent_round = z, round_idx
         self.anchor.copy_(z)
