@@ -58,7 +58,7 @@ def _local_steps(value: str | None):
 
 
 def _momentum(value: str | None):
-    if value is None or (value.startswith("auto") and C.auto_factor(value) is not None):
+    if value is None or C.auto_factor(value) is not None:
         return value
     try:
         return float(value)

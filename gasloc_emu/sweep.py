@@ -476,9 +476,10 @@ def _search_words(spec: dict) -> str:
 
 
 def _best_words(best) -> str:
+    """results.json's best (``_point_value``) as ``_point_label`` writes the point."""
     if best is None:
         return "-"
-    return ", ".join(_fmt_val(v) for v in best) if isinstance(best, list) else _fmt_val(best)
+    return _point_label(tuple(best) if isinstance(best, list) else (best,))
 
 
 def _mode_words(emulated: bool, timed: bool) -> str:

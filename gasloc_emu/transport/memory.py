@@ -83,6 +83,7 @@ class InMemoryTransport(TransportBase):
         super().__init__(rank, hub.world_size)
         self.hub = hub
         self.lane = rank  # the clock lane this worker's messages are reported on now
+        self.bg_lane = rank + hub.world_size  # its background lane (a hub with background)
 
     def _clock_key(self, key: tuple) -> tuple:
         """A mailbox key (dst, src, round, kind) with the workers as clock lanes."""
@@ -93,11 +94,10 @@ class InMemoryTransport(TransportBase):
                               members=None) -> PendingReduce:
         if not self.hub.background:
             return super().start_all_reduce_mean(round_idx, tensor, members)
-        bg = self.rank + self.world_size
-        fork = (bg, self.rank, round_idx, "fork")
+        fork = (self.bg_lane, self.rank, round_idx, "fork")
         with self.hub.cond:
             self.hub.clock.report(self.rank, Send(fork, 0))
-            self.hub.clock.report(bg, Recv(fork))
+            self.hub.clock.report(self.bg_lane, Recv(fork))
         return _DeferredReduce(self, round_idx, tensor, members)
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
@@ -161,7 +161,7 @@ class InMemoryTransport(TransportBase):
         with self.hub.cond:
             self.hub.clock.report(self.rank, Done())
             if self.hub.background:
-                self.hub.clock.report(self.rank + self.world_size, Done())
+                self.hub.clock.report(self.bg_lane, Done())
             self.hub.done.add(self.rank)
             self.hub.check_stalled()  # the workers left may be waiting for this one
 
@@ -175,8 +175,7 @@ class _DeferredReduce(PendingReduce):
         self.tp, self.round_idx, self.tensor, self.members = tp, round_idx, tensor, members
 
     def wait(self) -> torch.Tensor:
-        tp, rank = self.tp, self.tp.rank
-        bg = rank + tp.world_size
+        tp, rank, bg = self.tp, self.tp.rank, self.tp.bg_lane
         tp.lane = bg
         try:
             mean = tp.all_reduce_mean(self.round_idx, self.tensor, self.members)
