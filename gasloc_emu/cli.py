@@ -67,6 +67,16 @@ def _momentum(value: str | None):
                             "(F in (0, 1])") from None
 
 
+def _outer_lr(value: str | None):
+    if value is None or value == C.ONE_MINUS_MOMENTUM:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise C.ConfigError(f"--outer-lr {value!r}: expected a number or "
+                            f"'{C.ONE_MINUS_MOMENTUM}'") from None
+
+
 # ---------------------------------------------------------------- flags generated from the tree
 
 # One row per setting flag: (flag, dotted key[, short alias]). Help comes from the field's doc,
@@ -111,6 +121,7 @@ COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--wo
 _PARSERS = {
     "algo.local_steps": (_local_steps, "H|H1,H2,..."),
     "algo.momentum": (_momentum, "GAMMA|auto|auto*F"),
+    "algo.outer_lr": (_outer_lr, "ETA|1-momentum"),
 }
 # Flags that set a setting without naming it as a value, for `config --fields`.
 _OTHER_FLAGS = {"run.dashboard": "--no-dashboard (off)"}

@@ -123,7 +123,10 @@ class InnerConfig(_Validated):
                                lo=0.0, hi=1e6)
 
 
-ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip")
+ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip", "a2cid2")
+# algo.outer_lr = "1-momentum": eta = 1 - gamma, so the heavy ball's step on the mean,
+# eta / (1 - gamma), stays 1 and only the gossip is accelerated (docs/ALGORITHM.md, "gamma")
+ONE_MINUS_MOMENTUM = "1-momentum"
 
 
 def auto_factor(momentum: str) -> float | None:
@@ -143,17 +146,23 @@ def auto_factor(momentum: str) -> float | None:
 @dataclass(frozen=True)
 class AlgoConfig(_Validated):
     _section = "algo."
-    name: str = setting("gasloc", "Algorithm: gasloc, diloco, dsgd or local-gossip.",
+    name: str = setting("gasloc", "Algorithm: gasloc, diloco, dsgd, local-gossip or a2cid2 "
+                                  "(asynchronous pairwise gossip with a continuous momentum; "
+                                  "run.rounds counts its gradient steps per worker).",
                         choices=ALGORITHMS)
     local_steps: int | tuple = setting(0, "Inner steps H per round: one number, or one per "
                                           "worker (slow workers do fewer); 0 takes the "
                                           "algorithm's default (dsgd 1, the others 10).",
                                        lo=0, hi=1_000_000)
-    outer_lr: float = setting(0.7, "Outer learning rate eta (DiLoCo's outer SGD lr).",
-                              lo=0.0, hi=10.0)
+    outer_lr: float | str = setting(0.7, "Outer learning rate eta (DiLoCo's outer SGD lr), or "
+                                         "'1-momentum' (gasloc: eta = 1 - gamma, which keeps "
+                                         "the step on the mean at 1).",
+                                    lo=0.0, hi=10.0, names=(ONE_MINUS_MOMENTUM,))
     momentum: float | str = setting(0.9, "Outer momentum gamma (Nesterov mu for DiLoCo), or "
                                          "'auto' for the graph's critical gamma*, or 'auto*F' "
-                                         "for F times it (F in (0, 1], e.g. auto*0.5).",
+                                         "for F times it (F in (0, 1], e.g. auto*0.5); a2cid2: "
+                                         "'auto' for the paper's continuous momentum, 0 for "
+                                         "none.",
                                     lo=0.0, hi=0.999, names=("auto", "auto*F"))
     alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
                            lo=0.0, hi=1.0)
@@ -173,6 +182,14 @@ class AlgoConfig(_Validated):
         if isinstance(m, str) and auto_factor(m) is None:
             raise ConfigError(f"algo.momentum = {m!r} is not allowed; expected a number "
                               "in [0, 0.999], 'auto' or 'auto*F' with F in (0, 1]")
+        if isinstance(self.outer_lr, str) and (self.outer_lr != ONE_MINUS_MOMENTUM
+                                               or self.name != "gasloc"):
+            raise ConfigError(f"algo.outer_lr = {self.outer_lr!r} is not allowed for "
+                              f"{self.name}; expected a number in [0, 10]"
+                              + (" or '1-momentum'" if self.name == "gasloc" else ""))
+        if self.name == "a2cid2" and m not in ("auto", 0, 0.0):
+            raise ConfigError(f"algo.momentum = {m!r} is not allowed for a2cid2; expected "
+                              "'auto' (the paper's constants for the graph) or 0 (none)")
         if self.name == "diloco" and isinstance(m, str):
             raise ConfigError(f"algo.momentum = {m!r} needs a gossip graph; diloco takes a "
                               "number in [0, 0.999]")

@@ -44,6 +44,8 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         "lambda2": None if topo is None else topo.lambda2,
         "gamma": algorithms.momentum_value(cfg.algo, topo)
         if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
+        "eta": algorithms.outer_lr_value(cfg.algo, topo)
+        if cfg.algo.name in ("gasloc", "diloco") else None,
         "final_eval_loss": data.evaluate(gpt, eval_set), "worker_eval_loss": worker_eval,
         "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
         # the simulator's virtual clock fills these in: its prediction, and the CPU slots

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import auto_factor
+from ..config import ONE_MINUS_MOMENTUM, auto_factor
 from ..topology import Topology, build_topology
 from ..transport.base import Transport
 from .base import OuterAlgorithm
@@ -21,6 +21,13 @@ def momentum_value(acfg, topology: Topology | None) -> float:
             raise ValueError(f"algo.momentum = {acfg.momentum!r} needs a gossip graph (not diloco)")
         return auto_factor(acfg.momentum) * topology.gamma_star
     return float(acfg.momentum)
+
+
+def outer_lr_value(acfg, topology: Topology | None) -> float:
+    """eta as a number: the configured one, or 1 - gamma for '1-momentum'."""
+    if acfg.outer_lr == ONE_MINUS_MOMENTUM:
+        return 1.0 - momentum_value(acfg, topology)
+    return float(acfg.outer_lr)
 
 
 def momentum_warning(cfg) -> str | None:
@@ -70,7 +77,8 @@ def make(acfg, rank: int, transport: Transport, topology: Topology | None,
     graph over the living as ``topology`` instead); ``heals(t)``: whether a partition ends in
     round t (DiLoCo merges the groups' states then)."""
     if acfg.name == "gasloc":
-        return GASLoC(rank, transport, topology, acfg.outer_lr, momentum_value(acfg, topology),
+        return GASLoC(rank, transport, topology, outer_lr_value(acfg, topology),
+                      momentum_value(acfg, topology),
                       acfg.overlap)
     if acfg.name == "diloco":
         return DiLoCo(rank, transport, acfg.outer_lr, momentum_value(acfg, None), weight,
@@ -89,4 +97,4 @@ def wire_kinds(acfg, numel: int) -> dict[str, tuple[int]]:
 
 
 __all__ = ["DSGD", "DiLoCo", "GASLoC", "OuterAlgorithm", "PlainGossip", "make",
-           "momentum_value", "momentum_warning", "wire_kinds"]
+           "momentum_value", "momentum_warning", "outer_lr_value", "wire_kinds"]

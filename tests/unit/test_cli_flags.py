@@ -183,7 +183,7 @@ def test_config_fields_lists_every_key_with_its_flag_and_allowed_values():
         assert flag in lines[key] and all(s in lines[key] for s in short), lines[key]
     assert "--no-dashboard" in lines["run.dashboard"]
     assert "[range: 1..4096]" in lines["workers"]
-    assert "[one of: gasloc, diloco, dsgd, local-gossip]" in lines["algo.name"]
+    assert "[one of: gasloc, diloco, dsgd, local-gossip, a2cid2]" in lines["algo.name"]
     assert "skewed-worker" in lines["net.bw_profile"]
     assert lines["algo.inner.beta1"].split()[1] == "-"  # no flag: --set only
 
