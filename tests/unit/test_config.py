@@ -62,6 +62,7 @@ def test_toml_round_trip_of_awkward_strings(tmp_path, text):
        rate=st.floats(0.001, 100_000.0), name=st.sampled_from(C.ALGORITHMS))
 def test_toml_round_trip_property(tmp_path_factory, seed, workers, lr, momentum, rate, name):
     assume(not (name == "diloco" and momentum == "auto"))  # rejected: DiLoCo has no graph
+    assume(not (name == "a2cid2" and momentum not in ("auto", 0.0)))  # its own constants or none
     cfg = C.resolve(overrides={"seed": seed, "workers": workers, "algo.outer_lr": lr,
                                "algo.momentum": momentum, "net.rate_mbit": rate, "algo.name": name})
     path = tmp_path_factory.mktemp("rt") / "c.toml"
@@ -132,7 +133,7 @@ def test_sweep_table_in_a_preset_is_ignored(tmp_path):
     ({"net.loss_pct": float("nan")}, ["net.loss_pct", "nan"]),
     ({"workers": "four"}, ["workers", "'four'", "int"]),
     ({"workers": True}, ["workers", "True", "int"]),
-    ({"algo.outer_lr": "fast"}, ["algo.outer_lr", "'fast'", "float"]),
+    ({"algo.outer_lr": "fast"}, ["algo.outer_lr", "'fast'", "1-momentum"]),
 ])
 def test_errors_name_key_value_and_allowed(override, parts):
     with pytest.raises(C.ConfigError) as info:
