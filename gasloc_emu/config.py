@@ -160,9 +160,7 @@ class AlgoConfig(_Validated):
                                     lo=0.0, hi=10.0, names=(ONE_MINUS_MOMENTUM,))
     momentum: float | str = setting(0.9, "Outer momentum gamma (Nesterov mu for DiLoCo), or "
                                          "'auto' for the graph's critical gamma*, or 'auto*F' "
-                                         "for F times it (F in (0, 1], e.g. auto*0.5); a2cid2: "
-                                         "'auto' for the paper's continuous momentum, 0 for "
-                                         "none.",
+                                         "for F times it (F in (0, 1], e.g. auto*0.5).",
                                     lo=0.0, hi=0.999, names=("auto", "auto*F"))
     alpha: float = setting(1.0, "Gossip step alpha in W = I - alpha * Laplacian.",
                            lo=0.0, hi=1.0)
@@ -171,6 +169,9 @@ class AlgoConfig(_Validated):
                               "mixed in at the end of round t+1; diloco: round t's All-Reduce "
                               "runs during round t+1 and its outer step lands one round late).",
                            lo=0, hi=1)
+    continuous_momentum: bool = setting(True, "a2cid2: the paper's continuous momentum, with "
+                                              "its constants from the graph; off, plain "
+                                              "asynchronous pairwise gossip.")
     pseudo_grad_mean: str = setting("plain", "DiLoCo's average of pseudo-gradients when workers "
                                              "took unequal step counts H_i: plain (mean over "
                                              "workers, as DiLoCo) or steps (weighted by H_i).",
@@ -187,9 +188,6 @@ class AlgoConfig(_Validated):
             raise ConfigError(f"algo.outer_lr = {self.outer_lr!r} is not allowed for "
                               f"{self.name}; expected a number in [0, 10]"
                               + (" or '1-momentum'" if self.name == "gasloc" else ""))
-        if self.name == "a2cid2" and m not in ("auto", 0, 0.0):
-            raise ConfigError(f"algo.momentum = {m!r} is not allowed for a2cid2; expected "
-                              "'auto' (the paper's constants for the graph) or 0 (none)")
         if self.name == "diloco" and isinstance(m, str):
             raise ConfigError(f"algo.momentum = {m!r} needs a gossip graph; diloco takes a "
                               "number in [0, 0.999]")

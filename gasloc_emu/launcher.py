@@ -23,13 +23,16 @@ from pathlib import Path
 import zmq
 
 from . import exitcodes, records
+from .algorithms.a2cid2 import acid_constants
 from .config import Config
 from .devices import DeviceAssignment, threads_per_worker, worker_devices
 from .launch_spec import LaunchSpec
 from .model import count_parameters
 from .netplan import open_network, used_pairs
+from .pairing import Pairer
 from .preflight import Preflight
 from .summary import drops_summary, final_summary
+from .topology import build_topology
 from .transport import auth, control
 from .world import event_feed, link_changes, membership_summary, observed_link_changes
 
@@ -122,6 +125,8 @@ class Supervisor:
         # {worker, round, recv_links} of each row, when links change: what summary.json's
         # link_changes observe (one per worker and round, so bounded by the run's length)
         self.link_rows: list[dict] = []
+        # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
+        self.pairer = async_pairer(cfg)
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -328,9 +333,20 @@ class Supervisor:
             raise RunDiverged(text, msg.diverged_at)
         raise RunFailed(text)
 
+    def _on_avail(self, slot: WorkerSlot, msg: control.Avail, extra) -> None:
+        if self.pairer is None:
+            return self._drop("avail.algo")  # only asynchronous gossip asks for peers
+        try:
+            pairings = (self.pairer.finished if msg.finished else self.pairer.ready)(msg.worker)
+        except ValueError:
+            return self._drop("avail.state")  # ready twice, or after its last step
+        for p in pairings:
+            self._tell(p.worker, {"type": "pair"} | p.to_json())
+
     # the allow-list of what the ROUTER acts on: a message's class picks its handler
     _CONTROL_HANDLERS = {control.Ready: _on_ready, control.Metric: _on_metric,
-                         control.Final: _on_final, control.Error: _on_error}
+                         control.Final: _on_final, control.Error: _on_error,
+                         control.Avail: _on_avail}
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
@@ -445,6 +461,8 @@ class Supervisor:
         out["control_drops"] = self.control_drops_total()
         if self.world is not None:
             out["membership"] = membership_summary(self.world)
+        if self.pairer is not None:
+            out["asynchronous"] = self.pairer.record() | acid_record(self.cfg, pre.topology)
         if self.world is not None and self.world.links is not None:
             out["link_changes"] = observed_link_changes(link_changes(self.world.links),
                                                         self.link_rows)
@@ -472,6 +490,21 @@ class Supervisor:
             sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
             rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+def async_pairer(cfg: Config) -> Pairer | None:
+    """The pairer of asynchronous gossip (a2cid2), over the graph's edges; None otherwise."""
+    if cfg.algo.name != "a2cid2":
+        return None
+    return Pairer(cfg.workers, build_topology(cfg).possible_edges, cfg.seed)
+
+
+def acid_record(cfg: Config, topo) -> dict:
+    """The continuous momentum's constants, as the workers use them (0, 0: switched off)."""
+    if not cfg.algo.continuous_momentum:
+        return {"eta": 0.0, "alpha_tilde": 0.0}
+    eta, alpha_tilde = acid_constants(topo.n, topo.possible_edges)
+    return {"eta": eta, "alpha_tilde": alpha_tilde}
 
 
 def _applied_by(shaper: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .algorithms import momentum_warning, overlap_refusal
+from .algorithms import async_refusal, momentum_warning, overlap_refusal
 from .compute import check as check_compute
 from .config import Config, ConfigError
 from .data import Corpus, build_corpus
@@ -41,7 +41,8 @@ def preflight(cfg: Config) -> Preflight:
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     # the scenario and the link trace: every event and row checked before the run
     world = world_from_config(cfg, topo)
-    refusal = overlap_refusal(cfg, topo, world is not None)
+    refusal = overlap_refusal(cfg, topo, world is not None) \
+        or async_refusal(cfg, topo, world is not None)
     if refusal:
         raise ConfigError(refusal)
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)

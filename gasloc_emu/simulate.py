@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from . import compute, data
+from .async_sim import simulate_async
 from .config import Config
 from .devices import simulator_device, threads_per_worker
 from .netplan import sim_link_model
@@ -44,8 +45,9 @@ def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
+    run = simulate_async if cfg.algo.name == "a2cid2" else _simulate  # no rounds: events
     try:
-        return _simulate(cfg, Path(out), progress, link_model, corpus,
+        return run(cfg, Path(out), progress, link_model, corpus,
                          device or simulator_device(cfg.run.device))
     finally:
         torch.set_num_threads(threads)

@@ -209,8 +209,12 @@ class WorkerProcess:
                             members=ring_members(world, self.rank))
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.links = LinkApplier.of(self.cfg, world, self.rank, _shaping(self.spec, self.rank))
+        limits = {}
+        if self.cfg.algo.name == "a2cid2":   # exchange labels, one message per peer at a time
+            from .async_worker import transport_limits
+            limits = transport_limits(numel * 4)
         self.transport = tp = ZmqTransport(
-            self.rank, self.cfg.workers, bind, ctx=self.ctx,
+            self.rank, self.cfg.workers, bind, ctx=self.ctx, **limits,
             max_numel=schema.max_numel(), schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
             should_stop=self.ctl.poll_stop,
             shaping=self.links.shaper if self.links else _shaping(self.spec, self.rank),
@@ -234,10 +238,12 @@ class WorkerProcess:
     def train(self, t0: float) -> None:
         """Every round, then one metrics row for the launcher; returns early when told to stop."""
         worker, state = self.worker, self.state
-        worker.t0 = t0   # link observations are reported on the run's clock
+        worker.t0 = self.t0 = t0   # link observations are reported on the run's clock
         state.speed = worker.compute.speed
         if self.links is not None:
             self.links.start(t0)
+        if self.cfg.algo.name == "a2cid2":
+            return self._train_async(t0)
         for t in range(self.rejoin.from_round if self.rejoin else 0, self.cfg.run.rounds):
             if self.ctl.poll_stop():
                 return
@@ -260,6 +266,37 @@ class WorkerProcess:
             row = stats.as_dict() | {"time_s": time.time() - t0,
                                      "dropped": self.transport.counters()["dropped"]}
             self.ctl.send({"type": "metric", "row": row})
+
+    def _train_async(self, t0: float) -> None:
+        """Asynchronous gossip: a step, then the pairer's answer and an exchange, no rounds."""
+        from .async_worker import run_async
+        done = run_async(self.worker, self.cfg.run.rounds, t0, self._ask_peer, self._report_step)
+        if done:
+            self.ctl.send({"type": "avail", "step": self.cfg.run.rounds - 1, "finished": True})
+
+    def _ask_peer(self, k: int):
+        """Tell the launcher step k is done and wait for its pairing (None: told to stop)."""
+        from .pairing import Pairing
+        self.state.phase = "communicating"
+        self.ctl.send({"type": "avail", "step": k, "finished": False})
+        msg = self.ctl.wait_for("pair", self.spec.peer_timeout_s)
+        if msg["type"] == "stop":
+            return None
+        pairing = Pairing.from_json(msg)
+        if pairing.worker != self.rank or pairing.peer == self.rank:
+            raise RuntimeError(f"worker {self.rank}: the launcher sent a pairing for "
+                               f"{pairing.worker} with {pairing.peer}")
+        return pairing
+
+    def _report_step(self, stats) -> None:
+        self.state.round, self.state.phase = stats.round, "computing"
+        self.state.finished_round(stats)
+        if self.worker.should_eval(stats.round):
+            self.state.phase = "evaluating"
+            stats.eval_loss = self.worker.evaluate(stats.round)
+        row = stats.as_dict() | {"time_s": time.time() - self.t0,
+                                 "dropped": self.transport.counters()["dropped"]}
+        self.ctl.send({"type": "metric", "row": row})
 
     def _plan(self, t: int):
         """Round t's plan from the scenario (None without one), after its leave or join."""

@@ -6,6 +6,8 @@ import math
 from ..config import ONE_MINUS_MOMENTUM, auto_factor
 from ..topology import Topology, build_topology
 from ..transport.base import Transport
+from .a2cid2 import KIND as A2CID2_KIND
+from .a2cid2 import A2CiD2
 from .base import OuterAlgorithm
 from .diloco import DiLoCo
 from .diloco import wire_kinds as diloco_wire_kinds
@@ -69,6 +71,22 @@ def overlap_refusal(cfg, topo: Topology | None, scenario: bool) -> str | None:
             f"algo.alpha <= {math.floor(topo.lazy_alpha() * 1000) / 1000:g}")
 
 
+def async_refusal(cfg, topo: Topology | None, scenario: bool) -> str | None:
+    """Why asynchronous gossip (a2cid2) cannot run as configured, or None: it has no rounds for
+    a scenario's events to happen at, and takes one step per exchange."""
+    if cfg.algo.name != "a2cid2":
+        return None
+    if scenario:
+        return ("algo.name = a2cid2 does not take a scenario or a link trace yet (their events "
+                "happen at rounds, and it has none)")
+    if cfg.compute.inner_budget_s > 0:
+        return (f"compute.inner_budget_s = {cfg.compute.inner_budget_s:g} does not apply to "
+                "a2cid2, which takes one step per exchange; set it to 0")
+    if topo is None or not topo.possible_edges:
+        return "algo.name = a2cid2 needs a graph with at least one edge"
+    return None
+
+
 def make(acfg, rank: int, transport: Transport, topology: Topology | None,
          weight: float = 1.0, members=None, heals=None) -> OuterAlgorithm:
     """``weight``: what DiLoCo multiplies this worker's pseudo-gradient by before the mean
@@ -87,14 +105,18 @@ def make(acfg, rank: int, transport: Transport, topology: Topology | None,
         return DSGD(rank, transport, topology)
     if acfg.name == "local-gossip":
         return PlainGossip(rank, transport, topology)
+    if acfg.name == "a2cid2":
+        return A2CiD2(rank, transport, topology, momentum=acfg.continuous_momentum)
     raise ValueError(f"unknown algorithm {acfg.name!r}")
 
 
 def wire_kinds(acfg, numel: int) -> dict[str, tuple[int]]:
     """The messages an algorithm sends besides gossip's ``z``, the ring's and the join's: the
     receivers' schema allows exactly these."""
+    if acfg.name == "a2cid2":
+        return {A2CID2_KIND: (numel,)}
     return diloco_wire_kinds(numel) if acfg.name == "diloco" else {}
 
 
-__all__ = ["DSGD", "DiLoCo", "GASLoC", "OuterAlgorithm", "PlainGossip", "make",
-           "momentum_value", "momentum_warning", "outer_lr_value", "wire_kinds"]
+__all__ = ["A2CiD2", "DSGD", "DiLoCo", "GASLoC", "OuterAlgorithm", "PlainGossip", "async_refusal",
+           "make", "momentum_value", "momentum_warning", "outer_lr_value", "wire_kinds"]

@@ -3,8 +3,9 @@
 A Unix socket path reaches across network namespaces and is never shaped, so control traffic
 (start, stop, heartbeats, metrics, final parameters) never competes with the emulated links.
 
-    launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error;
-                                                              start, stop, exit
+    launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error,
+                                                              avail (a2cid2);
+                                                              start, stop, exit, pair
     launcher PULL    <-  worker PUSH (heartbeat thread): hb {worker, round, step, state, peer,
                                                             sent, dropped, drop_reasons;
                                                             optional: speed, round_steps,
@@ -196,10 +197,29 @@ class Error:
                    None if where is None else _where("error.diverged_at", where, expect))
 
 
-Message = Heartbeat | Ready | Metric | Final | Error
+@dataclass(frozen=True)
+class Avail:
+    """Asynchronous gossip (a2cid2): the worker finished step ``step`` and waits for a peer
+    (the launcher's pairer answers with a ``pair`` message), or, with ``finished``, it has
+    taken its last step and will not ask again."""
+
+    worker: int
+    step: int
+    finished: bool
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Avail:
+        _fields(wire, "avail", ("type", "worker", "step", "finished"))
+        if type(wire["finished"]) is not bool:
+            raise ControlError("avail.finished", f"expected a bool, got {_show(wire['finished'])}")
+        return cls(_worker(wire, "avail", expect),
+                   _int("avail.step", wire["step"], 0, expect.rounds - 1), wire["finished"])
+
+
+Message = Heartbeat | Ready | Metric | Final | Error | Avail
 # the allow-list: a type name off the wire only ever selects one of these
 MESSAGES: dict[str, type] = {"hb": Heartbeat, "ready": Ready, "metric": Metric, "final": Final,
-                             "error": Error}
+                             "error": Error, "avail": Avail}
 
 
 def parse(msg, expect: Expect) -> Message:

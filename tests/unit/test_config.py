@@ -62,7 +62,6 @@ def test_toml_round_trip_of_awkward_strings(tmp_path, text):
        rate=st.floats(0.001, 100_000.0), name=st.sampled_from(C.ALGORITHMS))
 def test_toml_round_trip_property(tmp_path_factory, seed, workers, lr, momentum, rate, name):
     assume(not (name == "diloco" and momentum == "auto"))  # rejected: DiLoCo has no graph
-    assume(not (name == "a2cid2" and momentum not in ("auto", 0.0)))  # its own constants or none
     cfg = C.resolve(overrides={"seed": seed, "workers": workers, "algo.outer_lr": lr,
                                "algo.momentum": momentum, "net.rate_mbit": rate, "algo.name": name})
     path = tmp_path_factory.mktemp("rt") / "c.toml"
