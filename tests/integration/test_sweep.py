@@ -1,9 +1,11 @@
-"""Sweeps: every arm over seeds with the same tuning, a table, a plot and a results section."""
+"""Sweeps: every arm over seeds with a tuning search (shared or per arm), a table, a plot and a
+results section."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gasloc_emu import config as C
@@ -53,8 +55,8 @@ def test_every_preset_and_arm_resolves(preset):
     C.resolve(preset)  # the base config runs with `gasloc-emu run --config`
     for arm in spec.arms:
         for seed in spec.seeds:
-            for point in spec.grid():
-                assert sweep.arm_config(preset, arm, seed, spec.settings(point)).seed == seed
+            for point in spec.grid(arm):
+                assert sweep.arm_config(preset, arm, seed, spec.settings(point, arm)).seed == seed
 
 
 def test_mini_sweep_writes_table_plot_and_section(tmp_path):
@@ -139,3 +141,167 @@ def test_a_grid_and_a_single_key_cannot_both_be_given(tmp_path):
     preset.write_text(MINI + '[sweep.tune]\n"algo.outer_lr" = [0.5]\n')
     with pytest.raises(C.ConfigError, match="either"):
         sweep.load_spec(preset)
+
+
+# ------------------------------------------------------------------ per-arm searches
+
+# g searches its own two keys, lg the sweep-wide learning rates, d its own three learning rates
+PER_ARM = GRID.replace(
+    'tune = { "algo.outer_lr" = [0.5, 1.0], "algo.momentum" = [0.0, "auto*0.5"], '
+    '"algo.inner.lr" = [0.003] }\n',
+    'tune_key = "algo.inner.lr"\ntune_values = [0.001, 0.003]\n').replace(
+    'set = { "algo.name" = "gasloc", "topology.name" = "ring" }\n',
+    'set = { "algo.name" = "gasloc", "topology.name" = "ring" }\n'
+    'tune = { "algo.outer_lr" = [0.5, 1.0], "algo.inner.lr" = [0.003] }\n') + """
+[[sweep.arm]]
+name = "d"
+group = "x"
+role = "baseline"
+set = { "algo.name" = "dsgd", "topology.name" = "ring", "algo.local_steps" = 1 }
+tune = { "algo.inner.lr" = [0.001, 0.003, 0.01] }
+"""
+
+EQUAL_BUDGET = PER_ARM.replace('verdict = "beats"', 'verdict = "beats"\nequal_budget = true')
+
+
+def test_per_arm_searches_run_each_arms_own_grid_and_report_it(tmp_path):
+    preset = tmp_path / "per-arm.toml"
+    preset.write_text(PER_ARM)
+    out = tmp_path / "out"
+    report = sweep.run_sweep(preset, out, log=lambda *_: None)
+    # one seed: every arm's seed-0 points, nothing else; own grids name their keys, the
+    # sweep-wide grid keeps its value-only names
+    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == sorted([
+        "g-s0-outer_lr=0.5-lr=0.003", "g-s0-outer_lr=1-lr=0.003", "lg-s0-0.001", "lg-s0-0.003",
+        "d-s0-lr=0.001", "d-s0-lr=0.003", "d-s0-lr=0.01"])
+    assert report["runs"] == 7
+    eta = json.loads((out / "g-s0-outer_lr=0.5-lr=0.003" / "summary.json").read_text())["eta"]
+    assert eta == 0.5
+    rows = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert {a: r["tune_keys"] for a, r in rows.items()} == {
+        "g": ["algo.outer_lr", "algo.inner.lr"], "lg": ["algo.inner.lr"], "d": ["algo.inner.lr"]}
+    assert set(rows["g"]["tuned"]) == {"0.5, 0.003", "1, 0.003"}
+    assert set(rows["d"]["tuned"]) == {"0.001", "0.003", "0.01"}
+    for r in rows.values():  # each arm's best is the best of its own search
+        best = min(r["tuned"], key=r["tuned"].get)
+        assert sweep._best_words(r["best"]) == best
+    assert Path(report["tuning_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    text = sweep.markdown_section("per-arm", report, "cmd", "results/per-arm.png")
+    assert "seeds [0]; each arm's own search (below) on seed 0, from 2 to 3 runs per arm, " \
+           "best value kept for all seeds." in text
+    assert "- g: the grid algo.outer_lr [0.5, 1.0] x algo.inner.lr [0.003] (every " \
+           "combination), 2 runs\n- lg: algo.inner.lr [0.001, 0.003], 2 runs\n" in text
+    assert "| arm | best | final eval loss |" in text  # the cells say which keys
+    g_best, lg_best = rows["g"]["best"], rows["lg"]["best"]
+    assert f"| g | outer_lr {sweep._fmt_val(g_best[0])}, lr 0.003 | " in text
+    assert f"| lg | lr {sweep._fmt_val(lg_best)} | " in text
+    assert "![per-arm search](results/per-arm-tuning.png)" in text
+
+
+def test_a_heat_map_has_one_row_for_an_arm_that_searched_one_key():
+    arm = sweep.Arm("d", {}, tune=(("algo.inner.lr", (0.001, 0.003, 0.01)),))
+    spec = sweep.SweepSpec("t", "c", "simulate", (0,), (arm,))
+    res = sweep.ArmResult(arm, tuned={(0.001,): 3.0, (0.003,): 2.5, (0.01,): float("inf")})
+    cells = sweep.tuning_grid(spec, res)
+    assert cells.shape == (1, 3) and list(cells[0, :2]) == [3.0, 2.5] and np.isnan(cells[0, 2])
+
+
+def test_equal_budget_refuses_arms_whose_searches_differ_in_size(tmp_path):
+    preset = tmp_path / "unequal.toml"
+    preset.write_text(EQUAL_BUDGET)
+    with pytest.raises(C.ConfigError, match=r"equal_budget.*g 2, lg 2, d 3"):
+        sweep.load_spec(preset)
+
+
+def test_equal_budget_is_said_in_the_mode_sentence(tmp_path):
+    preset = tmp_path / "equal.toml"
+    preset.write_text(EQUAL_BUDGET.replace("[0.001, 0.003, 0.01]", "[0.001, 0.003]"))
+    text = sweep.markdown_section("equal", _fake_report(sweep.load_spec(preset)), "cmd", "e.png")
+    assert "each arm's own search (below) on seed 0; every arm had the same budget of 2 seed-0 " \
+           "runs, best value kept for all seeds." in text
+
+
+@pytest.mark.parametrize("arm_extra, match", [
+    ('tunes = { "algo.inner.lr" = [0.001] }\n', "unknown keys"),  # a misspelt tune
+    ('tune = { "topology.name" = ["ring", "torus"] }\n', "both sets and searches"),
+])
+def test_an_arms_search_is_checked(tmp_path, arm_extra, match):
+    preset = tmp_path / "bad.toml"
+    preset.write_text(MINI.replace('name = "lg"\n', 'name = "lg"\n' + arm_extra))
+    with pytest.raises(C.ConfigError, match=match):
+        sweep.load_spec(preset)
+
+
+def _fake_report(spec: sweep.SweepSpec) -> dict:
+    """A report as run_sweep gives it, with made-up numbers: the markdown without any runs."""
+    rows = []
+    for i, arm in enumerate(spec.arms):
+        grid = spec.grid(arm)
+        rows.append({"arm": arm.name, "group": arm.group, "role": arm.role,
+                     "tune_keys": list(spec.arm_keys(arm)),
+                     "best": sweep._point_value(grid[i % len(grid)]),
+                     "final_eval_loss": (2.5 - i / 100, 0.0123, 2),
+                     "consensus_distance": (0.25, 0.0051, 2), "wall_s": (30.0 + i, 0.5, 2),
+                     "time_to_target_s": (10.0 + i, 1.25, 2),
+                     "bytes_sent_total": (1.5434e9, 0.0, 2), "rounds": 3, "runs": ["a", "b"],
+                     "failed_runs": 0})
+    return {"spec": sweep._spec_dict(spec), "rows": rows, "verdict": sweep.verdict(spec, rows),
+            "machine": {"platform": "Linux-x", "python": "3.11.7", "torch": "2.13.0+cpu",
+                        "cpus": 2, "gpu": None},
+            "seconds": 100.0, "run_seconds": 2328.0, "runs": 60,
+            **({"tuning_plot": "x/tuning.png"} if len(spec.tune) >= 2 else {})}
+
+
+# written by the sweep code before per-arm searches existed: sections of docs/RESULTS.md made
+# from presets without them must regenerate byte for byte
+GRID_SECTION = """## mini
+
+Claim: gasloc beats local gossip.
+
+Command: `cmd`
+
+Mode: simulate (in-process simulator; its clock is the compute model's time (nominal step times \
+where compute.step_time_s is set) plus modelled transfers); seeds [0]; the same search over the \
+grid algo.outer_lr [0.5, 1.0] x algo.momentum [0.0, 'auto*0.5'] x algo.inner.lr [0.003] (every \
+combination) on seed 0 for every arm, best value kept for all seeds. Mean ± standard deviation \
+over seeds. Final eval loss is that of the average of the workers' models; consensus distance is \
+the RMS distance of the workers' parameters to that average.
+
+| arm | best algo.outer_lr, algo.momentum, algo.inner.lr | final eval loss | consensus distance | \
+time to eval loss 4.6 (s) | predicted s (simulator) | MB sent |
+| --- | --- | --- | --- | --- | --- | --- |
+| g | 0.5, 0, 0.003 | 2.5000 ± 0.0123 (n=2) | 0.250 ± 0.005 (n=2) | 10.0 ± 1.2 (n=2) | \
+30.0 ± 0.5 (n=2) | 1543.4 |
+| lg | 0.5, auto*0.5, 0.003 | 2.4900 ± 0.0123 (n=2) | 0.250 ± 0.005 (n=2) | 11.0 ± 1.2 (n=2) | \
+31.0 ± 0.5 (n=2) | 1543.4 |
+
+![grid](results/grid.png)
+
+The whole search, seed 0, one heat map per arm:
+
+![grid search](results/grid-tuning.png)
+
+Verdict, computed from the table (rule: beats):
+
+- x: g (2.5000) lower final eval loss than lg 2.4900: **no**
+
+Machine: Linux-x, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu, GPU none; its 60 runs took 38.8 min \
+of wall-clock.
+"""
+
+
+def test_a_preset_without_per_arm_searches_gives_the_same_section_as_before(tmp_path):
+    preset = tmp_path / "grid.toml"
+    preset.write_text(GRID)
+    report = _fake_report(sweep.load_spec(preset))
+    assert sweep.markdown_section("grid", report, "cmd", "results/grid.png") == GRID_SECTION
+    # results.json's lists (not tuples) give the same section
+    again = json.loads(json.dumps(report))
+    assert sweep.markdown_section("grid", again, "cmd", "results/grid.png") == GRID_SECTION
+    h1_spec = sweep.load_spec(REPO / "runs" / "h1-topologies.toml")
+    h1 = sweep.markdown_section("h1", _fake_report(h1_spec), "cmd", "h1.png")
+    assert "seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.002, 0.004, 0.008] on " \
+           "seed 0 for every arm, best value kept for all seeds." in h1
+    assert "| arm | best algo.inner.lr | final eval loss |" in h1
+    assert "| gasloc-ring | 0.001 |" in h1
