@@ -73,7 +73,8 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
                 progress(row)
 
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
-                  background=bool(cfg.algo.overlap) and cfg.algo.name == "diloco")
+                  background=bool(cfg.algo.overlap) and cfg.algo.name == "diloco",
+                  timed_self=timed_self(cfg, world))
         lives = [_Life(cfg, r, _transport(cfg, hub, r), corpus, device, topo, world)
                  for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
@@ -105,6 +106,15 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
+
+
+def timed_self(cfg: Config, world) -> dict:
+    """{rank: (its SelfTimeline, the speed its thread computes at)} for the virtual clock."""
+    if world is None:
+        return {}
+    models = compute.models(cfg)
+    return {r: (tl, models[r].speed) for r in range(cfg.workers)
+            if (tl := world.timed_self(r)) is not None}
 
 
 def predicts_wall(cfg: Config, link_model: LinkModel | None) -> bool:

@@ -20,6 +20,10 @@ replays those reports as a discrete-event simulation:
   = 2``): lane ``n + rank`` runs its messages alongside the worker's compute on lane ``rank``.
   The two hand over with zero-byte messages between lanes of the same worker, which arrive at
   once; messages between workers queue on the workers' link whichever lane sends them;
+- a worker's speed and pause events at a time (``timed_self``: a ``world.SelfTimeline`` and
+  the speed its thread computes at) are applied when its lane begins a compute at or after
+  their time: a pause stands the lane still first; a speed scales the compute's work by the
+  thread's speed over the new one, and the round's row gets the new speed and compute_s;
 - a *dedicated* compute (a nominal step time, ``compute.step_time_s`` > 0) runs on the worker's
   own emulated device: it progresses at rate 1 whatever else computes, and takes no share from
   the others. The emulator sleeps each step to its nominal time, so as long as the host keeps
@@ -47,6 +51,7 @@ class Compute:
     work_s: float  # seconds this compute took with the machine to itself
     dedicated: bool = False  # on the worker's own emulated device: never shared, never slowed
     idle: bool = False  # standing still (a pause, waiting out a failure detection): not compute
+    timed: bool = False  # the worker's timed speed and pause events are applied to it already
 
 
 @dataclass(frozen=True)
@@ -84,13 +89,17 @@ class _Lane:
     wait_at_mark_s: float = 0.0
     compute_end_s: float = 0.0
     idle: bool = False  # the current Compute is idle time: its end is not a compute end
+    timeline: object = None  # the worker's speed and pause events at a time (SelfTimeline)
+    base_speed: float = 1.0  # the speed its thread computes at
+    speed: float | None = None  # the speed a timed event set (None: none yet)
 
 
 class VirtualClock:
     """Processor-sharing discrete-event replay of every worker's compute and messages."""
 
     def __init__(self, world_size: int, link_model: LinkModel | None, slots: float,
-                 emit: Emit | None = None, lanes_per_worker: int = 1):
+                 emit: Emit | None = None, lanes_per_worker: int = 1,
+                 timed_self: dict | None = None):
         if not slots > 0:
             raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
         if lanes_per_worker not in (1, 2):
@@ -98,6 +107,8 @@ class VirtualClock:
         self.link_model, self.slots, self.emit = link_model, float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque()) for _ in range(world_size * lanes_per_worker)]
+        for rank, (timeline, speed) in (timed_self or {}).items():
+            self.lanes[rank].timeline, self.lanes[rank].base_speed = timeline, speed
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
         self.link_free_s: dict[tuple[int, int], float] = {}
@@ -144,6 +155,9 @@ class VirtualClock:
                 self._apply(rank, lane, lane.ops.popleft())
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
+        if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
+                and not op.idle and not op.timed:
+            op = self._timed(lane, op)
         if isinstance(op, Compute):
             if op.work_s > 0:
                 lane.state, lane.remaining_s, lane.dedicated = _COMPUTING, op.work_s, op.dedicated
@@ -160,6 +174,19 @@ class VirtualClock:
             lane.state = _DONE
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
+
+    def _timed(self, lane: _Lane, op: Compute) -> Compute:
+        """A compute that begins now, after the worker's due timed events: a pause first (the
+        compute waits behind it), then the work at the speed in force."""
+        speed, pause_s = lane.timeline.due(self.now_s)
+        if speed is not None:
+            lane.speed = speed
+        scaled = Compute(op.work_s * lane.base_speed / (lane.speed or lane.base_speed),
+                         op.dedicated, timed=True)
+        if pause_s > 0:
+            lane.ops.appendleft(scaled)
+            return Compute(pause_s, dedicated=True, idle=True)
+        return scaled
 
     def _send(self, src_lane: int, op: Send) -> None:
         dst_lane = op.key[0]
@@ -192,6 +219,9 @@ class VirtualClock:
         lane.wake_s, lane.waiting_key = arrival, (key if arrival is None else None)
 
     def _mark(self, lane: _Lane, row: dict) -> None:
+        if lane.speed is not None and "compute_s" in row:  # a speed set at a time
+            row = row | {"speed": lane.speed,
+                         "compute_s": row["compute_s"] * lane.base_speed / lane.speed}
         row = row | {"time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
                      "wait_s": lane.wait_total_s - lane.wait_at_mark_s}
         lane.wait_at_mark_s = lane.wait_total_s

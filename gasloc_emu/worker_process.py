@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import sys
@@ -168,6 +169,7 @@ class WorkerProcess:
         self.worker = None
         self.world = None
         self.links: LinkApplier | None = None   # a scenario's link changes, on this shaper
+        self.timeline = None   # its speed and pause events at a time (world.SelfTimeline)
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
@@ -201,6 +203,7 @@ class WorkerProcess:
         corpus = build_corpus(self.cfg)
         topo = build_topology(self.cfg)
         self.world = world = world_from_config(self.cfg, topo)
+        self.timeline = world.timed_self(self.rank) if world is not None else None
         numel = count_parameters(self.cfg.model)
         from .algorithms import wire_kinds
         from .worker import ring_members
@@ -250,6 +253,7 @@ class WorkerProcess:
             plan = self._plan(t)
             if plan is not None and not plan.active:
                 continue
+            plan = self._timed(plan, time.time() - t0)
             if self.links is not None:
                 self.links.sending(t)   # before anything of round t is sent
             state.round, state.phase = t, "computing"
@@ -297,6 +301,17 @@ class WorkerProcess:
         row = stats.as_dict() | {"time_s": time.time() - self.t0,
                                  "dropped": self.transport.counters()["dropped"]}
         self.ctl.send({"type": "metric", "row": row})
+
+    def _timed(self, plan, now_s: float):
+        """The round's plan with this worker's speed and pause events at a time that are due
+        (``world.SelfTimeline``): taken at the start of its first round at or after their
+        time."""
+        timeline = self.timeline
+        if timeline is None:
+            return plan
+        speed, pause_s = timeline.due(now_s)
+        return dataclasses.replace(plan, speed=speed if speed is not None else plan.speed,
+                                   pause_s=plan.pause_s + pause_s)
 
     def _plan(self, t: int):
         """Round t's plan from the scenario (None without one), after its leave or join."""

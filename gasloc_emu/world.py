@@ -18,9 +18,15 @@ The rules (docs/ALGORITHM.md, "Churn"):
   lowest-ranked living worker), with a fresh inner optimizer and outer state, and takes part
   from round R.
 - Round-triggered ``speed`` events set a worker's speed from that round on; ``pause`` events
-  stop it for their seconds at the start of that round. Only link events may come at a time
-  (``at_s``, and a link trace's rows: ``TimedLinks``); the other kinds at a time are refused
-  before the run (``check_supported``), since every worker must agree on their round.
+  stop it for their seconds at the start of that round. At a time (``at_s``) they concern that
+  worker alone, so no other worker has to agree on a round: each takes effect at the start of
+  the worker's first inner phase that starts at or after at_s (``SelfTimeline``; the emulator
+  reads its clock at the start of each round, the simulator's virtual clock applies them to the
+  lane when that phase's compute begins). A worker's speed events all take one trigger, and a
+  speed at a time is refused with a time budget (the steps it allows would depend on how fast
+  the run goes). Link events may come at a time too (``at_s``, and a link trace's rows:
+  ``TimedLinks``); leaves, joins and partitions at a time are refused before the run
+  (``check_supported``), since every worker must agree on their round.
 
 Links (docs/NETWORK.md, "Scenarios"); ``LinkSchedule`` plays the scenario's ``Timeline`` on a
 round-only clock, so the values in force, partition cuts and restores are the Timeline's:
@@ -253,6 +259,28 @@ class RoundPlan:
     pause_s: float = 0.0      # seconds it stands still at the start of the round
 
 
+class SelfTimeline:
+    """One worker's speed and pause events at a time (``at_s``), each taken once, in order,
+    when its clock (the run's, or the simulator's virtual one) reaches it: ``due(now_s)``."""
+
+    def __init__(self, events):
+        self.events = sorted(events, key=lambda ev: ev.at_s)
+        self.next = 0
+
+    def due(self, now_s: float) -> tuple[float | None, float]:
+        """(the speed from now on, None when unchanged; seconds to pause now) of the events
+        with at_s <= now_s not taken yet."""
+        speed, pause_s = None, 0.0
+        while self.next < len(self.events) and self.events[self.next].at_s <= now_s:
+            ev = self.events[self.next]
+            if isinstance(ev, SpeedEvent):
+                speed = ev.speed
+            else:
+                pause_s += ev.seconds
+            self.next += 1
+        return speed, pause_s
+
+
 class World:
     """A scenario's rounds as seen by every worker. ``peers(rank, t, alive)`` is the exchange
     partners of the algorithm (the living graph's, or DiLoCo's ring); ``neighbours(rank)``
@@ -425,6 +453,17 @@ class World:
             out.append(rec)
         return out
 
+    def timed_self(self, rank: int) -> SelfTimeline | None:
+        """Worker ``rank``'s speed and pause events at a time, or None when it has none."""
+        events = [ev for ev in (self.scenario.time_events if self.scenario else ())
+                  if isinstance(ev, (SpeedEvent, PauseEvent)) and ev.worker == rank]
+        return SelfTimeline(events) if events else None
+
+    @property
+    def times_workers(self) -> bool:
+        """Whether some worker has speed or pause events at a time."""
+        return any(self.timed_self(r) is not None for r in range(self.workers))
+
     def departed(self) -> frozenset:
         """Workers that leave at some round and are not back at the end."""
         return frozenset(range(self.workers)) - self.alive(self.rounds - 1)
@@ -461,9 +500,6 @@ _NOT_BY_TIME = {
     "leave": "a departure changes the graph every worker mixes over; they must agree on its "
              "round",
     "join": "a join changes the graph every worker mixes over; they must agree on its round",
-    "speed": "a speed change sets the steps a time budget allows, which simulate and run must "
-             "take alike",
-    "pause": "a pause is taken at a round's start, where simulate and run can agree on it",
 }
 
 
@@ -472,7 +508,8 @@ def check_supported(scenario: Scenario, trace: LinkTrace | None = None) -> None:
     for ev in scenario.events:
         if not ev.by_round and ev.kind in _NOT_BY_TIME:
             raise ScenarioError(f"{scenario.source}: {ev.kind} event at at_s = {ev.at_s:g}: "
-                                f"only link events may fire at a time; {_NOT_BY_TIME[ev.kind]}. "
+                                f"only link, speed and pause events may fire at a time; "
+                                f"{_NOT_BY_TIME[ev.kind]}. "
                                 "Give it a round (round = R)")
         if isinstance(ev, LinkEvent) and ev.loss_pct is not None:
             raise ScenarioError(f"{scenario.source}: link event at {ev.when()}: loss_pct = "
@@ -484,6 +521,18 @@ def check_supported(scenario: Scenario, trace: LinkTrace | None = None) -> None:
                                 f"workers (ids 0..{scenario.workers - 1}) can join so far, "
                                 "not new ones")
     _check_one_clock_per_link(scenario, trace)
+    _check_one_trigger_per_speed(scenario)
+
+
+def _check_one_trigger_per_speed(scenario: Scenario) -> None:
+    """A worker's speed set both at rounds and at times would take whichever came last, which
+    depends on how fast the run goes: refused."""
+    by_round = {ev.worker for ev in scenario.round_events if isinstance(ev, SpeedEvent)}
+    for ev in scenario.time_events:
+        if isinstance(ev, SpeedEvent) and ev.worker in by_round:
+            raise ScenarioError(f"{scenario.source}: worker {ev.worker}'s speed is set both at "
+                                f"rounds and at a time ({ev.when()}); give its speed events "
+                                "one trigger")
 
 
 def _check_one_clock_per_link(scenario: Scenario, trace: LinkTrace | None) -> None:
@@ -550,6 +599,12 @@ def check_with_config(scenario: Scenario, cfg, trace: LinkTrace | None = None) -
                             "algo.pseudo_grad_mean = 'steps' weights every worker by a share of "
                             "all of them; use 'plain' with a scenario that changes membership")
     _check_partitions_for(scenario, cfg)
+    timed_speed = [ev for ev in scenario.time_events if isinstance(ev, SpeedEvent)]
+    if timed_speed and cfg.compute.inner_budget_s > 0:
+        raise ScenarioError(f"{scenario.source}: speed event at {timed_speed[0].when()} with "
+                            f"compute.inner_budget_s = {cfg.compute.inner_budget_s:g}: the steps "
+                            "a budget allows would depend on how fast the run goes; give it a "
+                            "round (round = R)")
     if churn and cfg.fault.worker >= 0:
         raise ScenarioError(f"{scenario.source}: workers leave or join, and fault.worker = "
                             f"{cfg.fault.worker} injects a failure too; use one or the other")
@@ -669,6 +724,10 @@ class EventFeed:
     def __init__(self, world: World, sink: Callable[[dict], None], shaper: str | None = None):
         self.world, self.sink, self.next_round, self.shaper = world, sink, 0, shaper
         self.timed_upto_s = -math.inf   # time-triggered changes up to here are logged
+        # speed and pause events at a time, logged with the first row of their worker at or
+        # past their time (they apply from its next round)
+        self.self_timed = [ev for ev in (world.scenario.time_events if world.scenario else ())
+                           if isinstance(ev, (SpeedEvent, PauseEvent))]
 
     def row(self, row: dict) -> None:
         t = row.get("round")
@@ -679,6 +738,17 @@ class EventFeed:
                 self._log(self._with_timed(rec, self.next_round, row), row)
             self.next_round += 1
         self._timed(row)
+        self._self_timed(row)
+
+    def _self_timed(self, row: dict) -> None:
+        now_s = self._now_s(row)
+        if not self.self_timed or now_s is None:
+            return
+        due = [ev for ev in self.self_timed if ev.worker == row.get("worker") and
+               ev.at_s <= now_s]
+        for ev in due:
+            self._log(as_record(ev), row)
+            self.self_timed.remove(ev)
 
     def _now_s(self, row: dict) -> float | None:
         now_s = row.get("time_s")

@@ -31,13 +31,16 @@ class Hub:
 
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
                  timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None,
-                 background: bool = False):
+                 background: bool = False, timed_self: dict | None = None):
+        """``timed_self``: {rank: (timeline, speed)} of workers with speed or pause events at a
+        time, for the clock (``VirtualClock``)."""
         self.world_size, self.background = world_size, background
         self.cond = threading.Condition(threading.RLock())
         self.mail: dict[tuple, torch.Tensor] = {}
         # slots=None: as many cores as workers, i.e. no CPU sharing in the prediction
         self.clock = VirtualClock(world_size, link_model, slots or world_size, emit,
-                                  lanes_per_worker=2 if background else 1)
+                                  lanes_per_worker=2 if background else 1,
+                                  timed_self=timed_self)
         self.timeout_s = timeout_s
         self.error: BaseException | None = None
         # for the stall check: who waits for which message, who hangs (since which round), who ended

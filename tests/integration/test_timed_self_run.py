@@ -1,0 +1,74 @@
+"""Speed and pause events at a time, in simulate and run: each worker takes them at its first
+round that starts at or after their time, by the virtual clock or the run's wall-clock; they
+change only timing, so the losses stay simulate's."""
+from __future__ import annotations
+
+import json
+
+from gasloc_emu import config as C
+from gasloc_emu.simulate import simulate
+
+SCENARIO = """
+[[event]]
+type = "speed"
+worker = 1
+speed = 0.5
+at_s = 0.9
+
+[[event]]
+type = "pause"
+worker = 2
+seconds = 0.7
+at_s = 1.4
+"""
+
+
+def _cfg(tmp_path) -> C.Config:
+    (tmp_path / "timed.toml").write_text(SCENARIO)
+    return C.resolve(overrides={
+        "workers": 4, "algo.local_steps": 5, "run.rounds": 8, "compute.step_time_s": 0.05,
+        "run.scenario": str(tmp_path / "timed.toml"), "run.dashboard": "off"})
+
+
+def _rows(run_dir, worker: int) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sorted((r for r in rows if r["worker"] == worker), key=lambda r: r["round"])
+
+
+def _check_speed(rows: list[dict], at_s: float, slack_s: float) -> None:
+    """Full speed up to the first round that started at or after ``at_s``, half speed after."""
+    k = next(r["round"] for r in rows if r["speed"] == 0.5)
+    assert all(r["speed"] == 1.0 for r in rows[:k]) and all(r["speed"] == 0.5 for r in rows[k:])
+    assert rows[k - 1]["time_s"] >= at_s - slack_s      # round k started at or after at_s
+    assert k < 2 or rows[k - 2]["time_s"] < at_s + slack_s   # and round k-1 before it
+    assert rows[k]["compute_s"] >= 2 * rows[k - 1]["compute_s"] * 0.95
+
+
+def _check_pause(rows: list[dict], at_s: float) -> None:
+    starts = [0.0] + [r["time_s"] for r in rows[:-1]]
+    k = next(i for i, s in enumerate(starts) if s >= at_s - 0.05)
+    took = rows[k]["time_s"] - starts[k]
+    assert took >= 0.7 + 0.25 * 0.95 and rows[k - 1]["time_s"] - starts[k - 1] < 0.7
+
+
+def _events(run_dir) -> list[str]:
+    return [json.loads(x)["type"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_timed_speed_and_pause_in_simulate_and_run(tmp_path):
+    cfg = _cfg(tmp_path)
+    sim = simulate(cfg, tmp_path / "sim")
+    _check_speed(_rows(tmp_path / "sim", 1), 0.9, 0.0)
+    _check_pause(_rows(tmp_path / "sim", 2), 1.4)
+    assert sorted(_events(tmp_path / "sim")) == ["pause", "speed"]
+
+    from gasloc_emu.launcher import launch
+    from gasloc_emu.preflight import preflight
+    from gasloc_emu.records import new_run_dir
+    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "run"))
+    assert result.code == 0
+    _check_speed(_rows(tmp_path / "run", 1), 0.9, 0.05)
+    _check_pause(_rows(tmp_path / "run", 2), 1.4)
+    assert sorted(_events(tmp_path / "run")) == ["pause", "speed"]
+    run = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert abs(run["final_eval_loss"] - sim["final_eval_loss"]) <= 1e-5
