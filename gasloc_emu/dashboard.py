@@ -69,7 +69,8 @@ def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
         algorithm=cfg.algo.name,
         topology="ring-allreduce" if topo is None else cfg.topology.name,
         lambda2=None if topo is None else topo.lambda2,
-        gamma=momentum_value(cfg.algo, topo),
+        # only the outer-momentum algorithms have a gamma (plain gossip and a2cid2 have none)
+        gamma=momentum_value(cfg.algo, topo) if cfg.algo.name in ("gasloc", "diloco") else None,
         profile=cfg.net.bw_profile or "unshaped", shaper=shaper or cfg.net.shaper,
         workers=cfg.workers, rounds=cfg.run.rounds, devices=tuple(devices),
         tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size,
