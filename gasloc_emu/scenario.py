@@ -414,6 +414,8 @@ class Scenario:
     time_events: tuple[Event, ...] = field(init=False)
     membership_trigger: str | None = field(init=False)
     members: tuple[tuple[int, frozenset[int]], ...] = field(init=False, repr=False)
+    # ids below ``workers`` whose first leave or join is a join: new workers, absent until then
+    newcomers: frozenset[int] = field(init=False)
 
     def __post_init__(self) -> None:
         try:
@@ -425,6 +427,7 @@ class Scenario:
         for i, ev in indexed:
             _check_rounds(self._where(i, ev), ev, self.rounds)
         kind = _one_trigger_kind(self, indexed, (LeaveEvent, JoinEvent), "leave and join events")
+        object.__setattr__(self, "newcomers", _newcomers(self.workers, self.events))
         _check_partitions(self, indexed)
         checked, members = _Walk(self, indexed, kind or "round").run()
         events = tuple(checked[i] for i, _ in indexed)
@@ -443,7 +446,12 @@ class Scenario:
         """The workers alive at the start of round ``round_idx`` (after that round's leaves and
         joins); time-triggered leaves and joins are not predictable and not counted."""
         k = bisect_right([r for r, _ in self.members], round_idx)
-        return self.members[k - 1][1] if k else frozenset(range(self.workers))
+        return self.members[k - 1][1] if k else self.initial
+
+    @property
+    def initial(self) -> frozenset[int]:
+        """The workers alive at the start: every id below ``workers`` but the newcomers."""
+        return frozenset(range(self.workers)) - self.newcomers
 
     @property
     def total_workers(self) -> int:
@@ -455,6 +463,16 @@ class Scenario:
     def departures(self) -> frozenset[int]:
         """The workers the scenario declares leaving (at some point)."""
         return frozenset(e.worker for e in self.events if isinstance(e, LeaveEvent))
+
+
+def _newcomers(workers: int, events) -> frozenset[int]:
+    """Ids below ``workers`` whose first leave or join (in trigger order) is a join: they are
+    new workers, absent from the start until that join."""
+    first: dict[int, Event] = {}
+    for ev in sorted((e for e in events if isinstance(e, (LeaveEvent, JoinEvent))),
+                     key=lambda e: e.trigger):
+        first.setdefault(ev.worker, ev)
+    return frozenset(w for w, ev in first.items() if isinstance(ev, JoinEvent) and w < workers)
 
 
 def _check_rounds(where: str, ev: Event, rounds: int) -> None:
@@ -504,7 +522,10 @@ class _Walk:
 
     def __init__(self, sc: Scenario, indexed: list[tuple[int, Event]], kind: str):
         self.sc, self.kind = sc, kind
-        self.alive = set(range(sc.workers))
+        self.alive = set(sc.initial)
+        if not self.alive:
+            raise ScenarioError(f"{sc.source}: every worker's first event is a join, so no "
+                                "worker would be alive at the start; at least one must be")
         self.next_id = sc.workers
         self.last: dict[int, tuple[int, Event]] = {}   # worker -> its last leave or join
         self.same = sorted(((i, e) for i, e in indexed if _kind(e) == kind),

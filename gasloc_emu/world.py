@@ -364,6 +364,11 @@ class World:
             out.setdefault(ev.round, []).append(ev)
         return out
 
+    @property
+    def _initial(self) -> frozenset:
+        """Who is alive before round 0: everyone but the scenario's new workers."""
+        return self.scenario.initial if self.scenario else frozenset(range(self.workers))
+
     def alive(self, t: int) -> frozenset:
         """The workers taking part in round t."""
         if self.scenario is None:
@@ -373,7 +378,7 @@ class World:
     def plan(self, rank: int, t: int) -> RoundPlan:
         """What worker ``rank`` does at the start of round t."""
         alive = self.alive(t)
-        was = self.alive(t - 1) if t > 0 else frozenset(range(self.workers))
+        was = self.alive(t - 1) if t > 0 else self._initial
         joins = self._donors(t, was & alive)
         return RoundPlan(
             alive=alive, active=rank in alive, leaving=rank in was - alive,
@@ -517,9 +522,10 @@ def check_supported(scenario: Scenario, trace: LinkTrace | None = None) -> None:
                                 "userspace shaper models loss); give only rate_mbit and "
                                 "latency_ms")
         if isinstance(ev, JoinEvent) and ev.worker >= scenario.workers:
-            raise ScenarioError(f"{scenario.source}: join of worker {ev.worker}: only departed "
-                                f"workers (ids 0..{scenario.workers - 1}) can join so far, "
-                                "not new ones")
+            raise ScenarioError(f"{scenario.source}: join of worker {ev.worker}: the run has "
+                                f"ids 0..{scenario.workers - 1}; count a new worker in workers "
+                                f"(workers = {ev.worker + 1}): a worker whose first event is a "
+                                "join is absent from the start until then")
     _check_one_clock_per_link(scenario, trace)
     _check_one_trigger_per_speed(scenario)
 
@@ -633,6 +639,8 @@ def _check_partitions_for(scenario: Scenario, cfg) -> None:
 def membership_summary(world: World) -> dict:
     """Who left and joined, and who is alive at the end (the run record's summary)."""
     return {"changes": world.left_and_joined(),
+            # new workers: absent from the start until their first join
+            "new_workers": sorted(world.scenario.newcomers) if world.scenario else [],
             "alive_at_end": sorted(world.alive(world.rounds - 1)),
             "failure_detect_s": world.failure_detect_s}
 

@@ -203,9 +203,9 @@ WHERE = "scenario s.toml event #"
       "type = 'join'\nround = 8\nworker = 2"],
      "#2 (leave): worker 2 already left at round 3 (event #1); its join (event #3) is only at "
      "round 8"),
-    (["type = 'join'\nround = 2\nworker = 1"], "#1 (join): worker 1 is already alive at round 2"),
-    (["type = 'leave'\nround = 5\nworker = 1", "type = 'join'\nround = 2\nworker = 1"],
-     "#2 (join): worker 1 joins at round 2, before it leaves at round 5 (event #1)"),
+    (["type = 'leave'\nround = 1\nworker = 1", "type = 'join'\nround = 2\nworker = 1",
+      "type = 'join'\nround = 4\nworker = 1"],
+     "#3 (join): worker 1 is already alive at round 4"),
     (["type = 'join'\nround = 5\nworker = 4", "type = 'leave'\nround = 2\nworker = 4"],
      "#2 (leave): worker 4 leaves at round 2, before it joins at round 5 (event #1)"),
     (["type = 'leave'\nround = 2\nworker = 7"],
@@ -611,8 +611,15 @@ def test_as_record_has_a_stable_key_order_and_is_json(tmp_path):
 def _oracle(workers: int, changes: list[tuple[str, int, int]]) -> dict[int, frozenset] | None:
     """Who is alive from each round with a change, or None when the sequence is invalid:
     a plain re-statement of the rules for round-triggered leaves and joins."""
-    alive, next_id, seen, steps = set(range(workers)), workers, set(), {}
     order = sorted(changes, key=lambda c: c[2])
+    first = {}
+    for kind, w, _ in order:
+        first.setdefault(w, kind)
+    # a worker whose first change is a join is new: absent from the start until then
+    alive = set(range(workers)) - {w for w, k in first.items() if k == "join"}
+    if not alive:
+        return None
+    next_id, seen, steps = workers, set(), {-1: frozenset(alive)}  # -1: before round 0
     for rnd, grouped in itertools.groupby(order, key=lambda c: c[2]):
         group, before = list(grouped), set(alive)
         for kind, w, _ in group:
@@ -676,7 +683,8 @@ def test_round_membership_matches_the_rules_and_due_returns_everything_once(case
         return
     sc = Scenario(tuple(events), workers, rounds)
     tl = timeline(sc)
-    alive = frozenset(range(workers))
+    alive = steps[-1]
+    assert sc.initial == alive
     fired = []
     for r in range(rounds):
         alive = steps.get(r, alive)
@@ -703,3 +711,20 @@ def test_time_events_fire_once_and_never_early(times, steps):
         assert all(before < e.at_s <= clock.t for e in due)   # not early, not held back
         fired, before = fired + due, clock.t
     assert sorted(map(id, fired)) == sorted(map(id, events)) and tl.pending() == 0
+
+
+# -- new workers
+
+def test_a_worker_whose_first_event_is_a_join_is_new_and_absent_until_then(tmp_path):
+    sc = load(tmp_path, events_toml("type = 'join'\nround = 2\nworker = 1",
+                                    "type = 'leave'\nround = 5\nworker = 1"), workers=3)
+    assert sc.newcomers == {1} and sc.initial == {0, 2}
+    assert sc.membership_at(1) == {0, 2}
+    assert sc.membership_at(2) == sc.membership_at(4) == {0, 1, 2}
+    assert sc.membership_at(5) == {0, 2}
+
+
+def test_a_scenario_where_every_worker_is_new_is_refused(tmp_path):
+    message = error_of(tmp_path, "type = 'join'\nround = 2\nworker = 0",
+                       "type = 'join'\nround = 2\nworker = 1", workers=2)
+    assert "no worker would be alive at the start" in message

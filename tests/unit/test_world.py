@@ -223,8 +223,9 @@ def test_from_config_with_a_scenario_is_a_world(tmp_path):
     (("type = 'join'\nat_s = 5.0\nworker = 4",), {},
      r"^scenario scenario\.toml: join (of worker 4|event) at at_s = 5: .*round = R"),
     (("type = 'join'\nround = 4\nworker = 4",), {},
-     r"^scenario scenario\.toml: join of worker 4: only departed workers \(ids 0\.\.3\) can "
-     r"join so far, not new ones$"),
+     r"^scenario scenario\.toml: join of worker 4: the run has ids 0\.\.3; count a new worker "
+     r"in workers \(workers = 5\): a worker whose first event is a join is absent from the "
+     r"start until then$"),
     ((LEAVE_2_AT_3,), {"algo.name": "diloco", "algo.pseudo_grad_mean": "steps"},
      r"^scenario scenario\.toml: workers leave or join, and algo\.pseudo_grad_mean = 'steps' "
      r"weights every worker .*use 'plain'"),
@@ -268,7 +269,7 @@ def test_failure_detect_s_at_its_bounds_is_allowed(fd):
 
 def test_unsupported_scenarios_are_refused_by_world_itself():
     sc = Scenario((LeaveEvent(worker=2, round=3), JoinEvent(worker=4, round=5)), 4, ROUNDS)
-    with pytest.raises(ScenarioError, match="join of worker 4: only departed workers"):
+    with pytest.raises(ScenarioError, match="join of worker 4: the run has ids 0..3"):
         World(sc, 4, ROUNDS, FD, ring_peers)
 
 
@@ -279,7 +280,7 @@ def test_membership_summary_and_departed_of_a_rejoin():
     assert membership_summary(world) == {
         "changes": [{"type": "leave", "worker": 2, "round": 3},
                     {"type": "join", "worker": 2, "round": 6}],
-        "alive_at_end": [0, 1, 2, 3], "failure_detect_s": FD}
+        "new_workers": [], "alive_at_end": [0, 1, 2, 3], "failure_detect_s": FD}
     assert world.departed() == frozenset()
 
 
@@ -295,14 +296,15 @@ def test_membership_summary_and_departed_of_leaves_in_round_order():
                     {"type": "leave", "worker": 3, "round": 4},
                     {"type": "join", "worker": 2, "round": 7},
                     {"type": "leave", "worker": 0, "round": 9}],
-        "alive_at_end": [1, 2], "failure_detect_s": 0.0}
+        "new_workers": [], "alive_at_end": [1, 2], "failure_detect_s": 0.0}
     assert world.departed() == frozenset({0, 3})
 
 
 def test_membership_summary_without_churn():
     for sc in (None, Scenario((SpeedEvent(worker=1, round=1, speed=0.5),), 4, ROUNDS)):
         world = World(sc, 4, ROUNDS, FD, ring_peers)
-        assert membership_summary(world) == {"changes": [], "alive_at_end": [0, 1, 2, 3],
+        assert membership_summary(world) == {"changes": [], "new_workers": [],
+                                             "alive_at_end": [0, 1, 2, 3],
                                              "failure_detect_s": FD}
         assert world.departed() == frozenset() and not world.churns
 
