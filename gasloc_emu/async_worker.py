@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from . import compute
 from .worker import RoundStats, Worker
 
@@ -26,24 +24,20 @@ def step_unit_s(worker: Worker) -> float:
     c = worker.compute
     if c.nominal:
         return c.step_s()
-    return max(getattr(worker, "mean_step_s", 0.0), 1e-9)
+    return max(worker.mean_step_s, 1e-9)
 
 
 def one_step(worker: Worker, now_s) -> float:
     """One A2CiD2 gradient step of ``worker``: backward, the ODE up to now, the AdamW update
     on x and the same update on x~. Returns the loss."""
     t0 = time.perf_counter()
-    x, y = worker.shard.batch(worker.device)
-    _, loss = worker.gpt(x, y)
-    worker.opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if worker.cfg.algo.inner.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(worker.gpt.parameters(), worker.cfg.algo.inner.grad_clip)
-    note_step_time(worker, time.perf_counter() - t0)
-    worker.algo.before_step(worker.theta, time_units(worker, now_s()))
-    worker.opt.step()
+
+    def advance() -> None:
+        note_step_time(worker, time.perf_counter() - t0)
+        worker.algo.before_step(worker.theta, time_units(worker, now_s()))
+
+    loss = worker.train_step(before_update=advance)
     worker.algo.took_step(worker.theta)
-    worker.step += 1
     return loss.item()
 
 
@@ -51,7 +45,7 @@ def note_step_time(worker: Worker, measured_s: float) -> None:
     """The measured step time's running mean (the time unit without a nominal step time; the
     authors keep an average of it too)."""
     n = worker.step
-    worker.mean_step_s = (getattr(worker, "mean_step_s", 0.0) * n + measured_s) / (n + 1)
+    worker.mean_step_s = (worker.mean_step_s * n + measured_s) / (n + 1)
 
 
 def momentum_record(algo) -> dict:

@@ -97,6 +97,7 @@ class Worker:
         self.algo.begin(self.theta)
         self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
         self.step = 0
+        self.mean_step_s = 0.0  # measured steps' mean (A2CiD2's time unit without a nominal one)
         self.overruns = 0  # over the whole run, for the record's compute block
         # the run's start (time.time()), set by the worker process: link observations are
         # reported on the run's clock. None (the simulator): no observations are reported
@@ -109,21 +110,25 @@ class Worker:
         phase = compute.InnerPhase(self.compute, self.steps_per_round, time.perf_counter,
                                    self.sleep)
         while phase.another():
-            losses.append(self._step())
+            losses.append(self.train_step())
             if not self.compute.at_host_speed:
                 _sync(self.device)  # the step's time must include its kernels
             phase.step_done()
         self.overruns += phase.overruns
         return (torch.stack(losses).mean().item() if losses else math.nan), phase
 
-    def _step(self) -> torch.Tensor:
-        """One AdamW step on the next batch of the shard; its loss (not synchronised)."""
+    def train_step(self, before_update=None) -> torch.Tensor:
+        """One AdamW step on the next batch of the shard; its loss (not synchronised).
+        ``before_update()`` runs between the backward pass and the optimizer's update (A2CiD2
+        advances its momentum's ODE there, as the paper does at the time of the update)."""
         x, y = self.shard.batch(self.device)
         _, loss = self.gpt(x, y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.algo.inner.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), self.cfg.algo.inner.grad_clip)
+        if before_update is not None:
+            before_update()
         self.opt.step()
         self.step += 1
         return loss.detach()
