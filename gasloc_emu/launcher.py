@@ -337,9 +337,10 @@ class Supervisor:
         if self.pairer is None:
             return self._drop("avail.algo")  # only asynchronous gossip asks for peers
         try:
-            pairings = (self.pairer.finished if msg.finished else self.pairer.ready)(msg.worker)
+            pairings = self.pairer.finished(msg.worker) if msg.finished else \
+                self.pairer.ready(msg.worker, msg.step)
         except ValueError:
-            return self._drop("avail.state")  # ready twice, or after its last step
+            return self._drop("avail.state")  # ready twice, out of step, or after its last
         for p in pairings:
             self._tell(p.worker, {"type": "pair"} | p.to_json())
 

@@ -51,12 +51,16 @@ class Pairer:
         self.alone = [0] * n  # steps that found no partner
         self.pair_counts: dict[tuple[int, int], int] = {}
 
-    def ready(self, worker: int) -> list[Pairing]:
-        """``worker`` finished a step: the pairings this makes (both sides of one exchange,
+    def ready(self, worker: int, step: int | None = None) -> list[Pairing]:
+        """``worker`` finished a step (its ``step``-th, counting from 0, when given: checked
+        against the count so far): the pairings this makes (both sides of one exchange,
         ``worker`` alone, or none while it waits)."""
         self._check(worker)
         if worker in self.waiting:
             raise ValueError(f"worker {worker} is ready twice without being paired")
+        if step is not None and step != self.steps[worker]:
+            raise ValueError(f"worker {worker} says step {step}; it has taken "
+                             f"{self.steps[worker]} so far")
         self.steps[worker] += 1
         for peer in self.rng.permutation(self.adj[worker]).tolist():
             if peer in self.waiting:

@@ -188,6 +188,14 @@ def test_pairer_waits_for_a_free_neighbour_and_labels_in_order():
         p.ready(0 if got[0].peer == 2 else 2)   # still waiting: ready twice is refused
 
 
+def test_pairer_refuses_a_step_out_of_order():
+    p = Pairer(2, {(0, 1)}, 0)
+    assert p.ready(0, step=0) == []
+    assert len(p.ready(1, step=0)) == 2
+    with pytest.raises(ValueError, match="says step 2; it has taken 1"):
+        p.ready(0, step=2)
+
+
 def test_a_worker_whose_neighbours_finished_goes_on_alone():
     p = Pairer(3, {(0, 1), (1, 2)}, 0)
     assert p.ready(0) == []

@@ -33,6 +33,7 @@ VALID = {
     "final": {"type": "final", "worker": 1, "eval_loss": 3.25, "dtype": "float32", "numel": 6,
               "counters": COUNTERS},
     "error": {"type": "error", "worker": 1, "error": "InjectedFault: worker 1 raise at round 2"},
+    "avail": {"type": "avail", "worker": 1, "step": 3, "finished": False},
 }
 PARSED = {
     "hb": control.Heartbeat(1, 2, 30, "waiting", 2, {0: 10, 2: 20}, 3,
@@ -41,6 +42,7 @@ PARSED = {
     "metric": control.Metric(1, ROW),
     "final": control.Final(1, 3.25, "float32", 6, COUNTERS),
     "error": control.Error(1, "InjectedFault: worker 1 raise at round 2"),
+    "avail": control.Avail(1, 3, False),
 }
 
 
@@ -176,6 +178,12 @@ def test_the_probe_heartbeat_is_refused():
     ("error", "error", b"bytes", "error.error"),
     ("error", "diverged_at", {"worker": 1}, "error.diverged_at.fields"),
     ("error", "diverged_at", {"worker": 1, "round": 9}, "error.diverged_at"),
+    ("avail", "finished", 1, "avail.finished"),
+    ("avail", "finished", MISSING, "avail.fields"),
+    ("avail", "step", -1, "avail.step"),
+    ("avail", "step", 5, "avail.step"),   # past the run's last step
+    ("avail", "step", 2.0, "avail.step"),
+    ("avail", "worker", 7, "avail.worker"),
 ])
 def test_every_field_is_checked(kind, path, value, reason):
     refused(changed(kind, path, value), reason)
