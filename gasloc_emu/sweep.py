@@ -537,13 +537,15 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     clock = "wall-clock s (emulator)" if emulated else "predicted s (simulator)"
     grids = _arm_grids(spec, report["rows"])
     own = len(set(grids.values())) > 1   # the arms did not all search the same grid
+    searched = any(grids.values())   # without any search there is no "best" to report
+    tuning = f"{_search_sentence(spec, grids)}, best value kept for all seeds" if searched \
+        else "no search: each arm runs the settings the preset gives it"
     lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
              f"Command: `{command}`", "",
              f"Mode: {spec['mode']} ({_mode_words(emulated, timed)}); "
-             f"seeds {list(spec['seeds'])}; {_search_sentence(spec, grids)}, best value "
-             "kept for all seeds. Mean ± standard deviation over seeds. Final eval loss is that of "
-             "the average of the workers' models; consensus distance is the RMS distance of the "
-             "workers' parameters to that average.", ""]
+             f"seeds {list(spec['seeds'])}; {tuning}. Mean ± standard deviation over seeds. "
+             "Final eval loss is that of the average of the workers' models; consensus distance "
+             "is the RMS distance of the workers' parameters to that average.", ""]
     if own:
         lines += [f"Each arm's search on seed {spec['seeds'][0]}:", ""]
         lines += [f"- {arm}: {_search_words(tune)}, {_grid_size(tune)} runs"
@@ -554,17 +556,18 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     names = _short_names(dict.fromkeys(k for tune in grids.values() for k, _ in tune))
     common = next(iter(grids.values()), ())  # every arm's keys, when they all searched the same
     best_head = "best" if keyed else f"best {', '.join(k for k, _ in common)}"
-    lines += [f"| arm | {best_head} | final eval loss | "
-             "consensus distance | "
-             + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
-             + "MB sent |",
-             "| --- | --- | --- | --- | " + ("--- | --- | " if timed else "") + "--- |"]
+    lines += ["| arm | " + (f"{best_head} | " if searched else "") + "final eval loss | "
+              "consensus distance | "
+              + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
+              + "MB sent |",
+              "| --- | --- | --- | " + ("--- | " if searched else "")
+              + ("--- | --- | " if timed else "") + "--- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
         best = _best_pairs(r["best"], grids[r["arm"]], names) if keyed else \
             _best_words(r["best"])
-        lines.append(f"| {r['arm']} | {best} | "
-                     f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
+        lines.append(f"| {r['arm']} | " + (f"{best} | " if searched else "")
+                     + f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
                      + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
                         if timed else "")
                      + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")

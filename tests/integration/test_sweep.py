@@ -299,9 +299,22 @@ def test_a_preset_without_per_arm_searches_gives_the_same_section_as_before(tmp_
     # results.json's lists (not tuples) give the same section
     again = json.loads(json.dumps(report))
     assert sweep.markdown_section("grid", again, "cmd", "results/grid.png") == GRID_SECTION
-    h1_spec = sweep.load_spec(REPO / "runs" / "h1-topologies.toml")
+    h1_spec = sweep.load_spec(REPO / "runs" / "local-steps.toml")
     h1 = sweep.markdown_section("h1", _fake_report(h1_spec), "cmd", "h1.png")
-    assert "seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.002, 0.004, 0.008] on " \
+    assert "seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.003] on " \
            "seed 0 for every arm, best value kept for all seeds." in h1
     assert "| arm | best algo.inner.lr | final eval loss |" in h1
-    assert "| gasloc-ring | 0.001 |" in h1
+    assert "| gasloc-ring-H1 | 0.001 |" in h1
+
+
+def test_a_preset_without_any_search_says_so_and_has_no_best_column(tmp_path):
+    preset = tmp_path / "fixed.toml"
+    preset.write_text(MINI.replace('tune_key = "algo.inner.lr"\ntune_values = [0.001, 0.003]\n',
+                                   ""))
+    spec = sweep.load_spec(preset)
+    assert spec.grid(spec.arms[0]) == [()]
+    text = sweep.markdown_section("fixed", _fake_report(spec), "cmd", "results/fixed.png")
+    assert "no search: each arm runs the settings the preset gives it. Mean" in text
+    assert "best value kept" not in text
+    assert "| arm | final eval loss | consensus distance |" in text
+    assert "| --- | --- | --- | --- |\n" in text
