@@ -19,21 +19,15 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from bench_compute import cli, rows, summary  # the same subprocess call and readers
+from bench_compute import rows, seconds_per, sim_and_run, summary  # shared helpers
 
 MODEL_BYTES = 482_304   # the tiny model's float32 parameters
 
 
-def per_step_s(run_dir: Path, steps: int) -> float:
-    return max(r["time_s"] for r in rows(run_dir)) / steps
-
-
 def measure(tmp: Path, name: str, args: list[str], steps: int) -> dict:
-    sim, run = tmp / f"{name}-sim", tmp / f"{name}-run"
-    cli("simulate", *args, "--out", str(sim))
-    cli("run", *args, "--no-probe", "--out", str(run))
+    sim, run = sim_and_run(tmp, name, args)
     rec = summary(run).get("asynchronous") or {}
-    return {"predicted": per_step_s(sim, steps), "measured": per_step_s(run, steps),
+    return {"predicted": seconds_per(sim, steps), "measured": seconds_per(run, steps),
             "exchanges": rec.get("exchanges"), "unpaired": sum(rec.get("unpaired", [])),
             "overruns": sum(r["overruns"] for r in rows(run))}
 

@@ -32,6 +32,19 @@ def cli(*args: str) -> None:
         raise SystemExit(f"gasloc-emu {' '.join(args)} failed:\n{res.stderr}")
 
 
+def sim_and_run(tmp: Path, name: str, args: list[str]) -> tuple[Path, Path]:
+    """The same flags through ``simulate`` and ``run`` (no probe); their record folders."""
+    sim, run = tmp / f"{name}-sim", tmp / f"{name}-run"
+    cli("simulate", *args, "--out", str(sim))
+    cli("run", *args, "--no-probe", "--out", str(run))
+    return sim, run
+
+
+def seconds_per(run_dir: Path, count: int) -> float:
+    """The run clock at the last row's end over ``count`` rounds (or steps)."""
+    return max(r["time_s"] for r in rows(run_dir)) / count
+
+
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

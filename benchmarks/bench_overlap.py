@@ -18,22 +18,16 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from bench_compute import cli, rows  # the same subprocess call and metrics reader
+from bench_compute import rows, seconds_per, sim_and_run  # shared subprocess and readers
 
 MODEL_BYTES = 482_304   # the tiny model's float32 parameters
 ARMS = {"gasloc-matching": ["--algo", "gasloc", "--topology", "matching"],
         "diloco": ["--algo", "diloco"]}
 
 
-def per_round_s(run_dir: Path, rounds: int) -> float:
-    return max(r["time_s"] for r in rows(run_dir)) / rounds
-
-
 def measure(tmp: Path, name: str, args: list[str], rounds: int) -> dict:
-    sim, run = tmp / f"{name}-sim", tmp / f"{name}-run"
-    cli("simulate", *args, "--out", str(sim))
-    cli("run", *args, "--no-probe", "--out", str(run))
-    return {"predicted": per_round_s(sim, rounds), "measured": per_round_s(run, rounds),
+    sim, run = sim_and_run(tmp, name, args)
+    return {"predicted": seconds_per(sim, rounds), "measured": seconds_per(run, rounds),
             "overruns": sum(r["overruns"] for r in rows(run))}
 
 
