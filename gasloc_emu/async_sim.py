@@ -65,7 +65,6 @@ class AsyncSim:
         self.queue: list[tuple[float, float, int, str]] = []  # (time, tie-break, worker, what)
         self.rng = np.random.default_rng([cfg.seed, 0xE7E7])
         self.rows: dict[int, dict] = {}  # worker -> its current step's row, until it is paired
-        self.step_start = [0.0] * cfg.workers
         self.steps_done = [0] * cfg.workers
 
     def run(self) -> None:
@@ -87,12 +86,12 @@ class AsyncSim:
         t0 = time.perf_counter()
         loss = one_step(worker, lambda: self.now_s)
         step_s = worker.compute.step_s(time.perf_counter() - t0)
-        self.step_start[w] = self.now_s
         self.rows[w] = {"train_loss": loss, "compute_s": step_s,
                         "before": worker.transport.counters()}
         self.at(self.now_s + step_s, w, "ready")
 
     def ready(self, w: int) -> None:
+        self.rows[w]["ready_s"] = self.now_s
         pairings = self.pairer.ready(w)
         if len(pairings) == 2:
             self.exchange(pairings[0].worker, pairings[0].peer, pairings[0].label)
@@ -116,7 +115,8 @@ class AsyncSim:
     def transfer_s(self, src: int, dst: int) -> float:
         if self.link_model is None:
             return 0.0
-        wire_s, latency_s = self.link_model(src, dst, self.workers[src].theta.numel() * 4)
+        theta = self.workers[src].theta
+        wire_s, latency_s = self.link_model(src, dst, theta.numel() * theta.element_size())
         return wire_s + latency_s
 
     def done_step(self, w: int, peer: int | None, end_s: float) -> None:
@@ -136,10 +136,12 @@ class AsyncSim:
     def row(self, w: int, k: int, peer: int | None, end_s: float) -> dict:
         worker, r = self.workers[w], self.rows.pop(w)
         after, before = worker.transport.counters(), r["before"]
+        # as the emulator counts them: comm from ready to the exchange's end (the wait for a
+        # partner included), wait the transfer itself (its recv blocks for it)
         stats = RoundStats(
             worker=w, round=k, step=worker.step, train_loss=r["train_loss"],
-            compute_s=r["compute_s"], comm_s=end_s - self.step_start[w] - r["compute_s"],
-            wait_s=end_s - self.step_start[w] - r["compute_s"],
+            compute_s=r["compute_s"], comm_s=end_s - r["ready_s"],
+            wait_s=end_s - (self.now_s if peer is not None else end_s),
             bytes_sent=_delta(after, before, "bytes_sent"),
             bytes_recv=_delta(after, before, "bytes_recv"),
             peers=[] if peer is None else [peer], steps=1, speed=worker.compute.speed)
