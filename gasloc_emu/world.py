@@ -464,11 +464,6 @@ class World:
                   if isinstance(ev, (SpeedEvent, PauseEvent)) and ev.worker == rank]
         return SelfTimeline(events) if events else None
 
-    @property
-    def times_workers(self) -> bool:
-        """Whether some worker has speed or pause events at a time."""
-        return any(self.timed_self(r) is not None for r in range(self.workers))
-
     def departed(self) -> frozenset:
         """Workers that leave at some round and are not back at the end."""
         return frozenset(range(self.workers)) - self.alive(self.rounds - 1)

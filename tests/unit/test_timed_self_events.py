@@ -26,7 +26,7 @@ def test_world_gives_each_worker_its_own_timed_events():
                    PauseEvent(at_s=2.0, worker=2, seconds=1.0)), 4, 6)
     check_supported(sc)
     world = World(sc, 4, 6, 0.5, ring_peers)
-    assert world.timed_self(0) is None and world.times_workers
+    assert world.timed_self(0) is None
     assert world.timed_self(1).due(5.0) == (0.5, 0.0)
     assert world.timed_self(2).due(5.0) == (None, 1.0)
     assert world.plan(1, 3).speed is None   # not a round's: the runner's clock decides
