@@ -53,6 +53,7 @@ def test_a_new_worker_joins_in_simulate(tmp_path, algo, topology):
     _check(summary, tmp_path / "sim")
 
 
+@pytest.mark.slow  # the CI suite's budget: the simulate tests above run in it
 def test_a_new_worker_joins_in_run_as_in_simulate(tmp_path):
     from gasloc_emu.launcher import launch
     from gasloc_emu.preflight import preflight

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gasloc_emu import config as C
 from gasloc_emu.simulate import simulate
 
@@ -59,13 +61,17 @@ def _events(run_dir) -> list[str]:
     return [json.loads(x)["type"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def test_timed_speed_and_pause_in_simulate_and_run(tmp_path):
-    cfg = _cfg(tmp_path)
-    sim = simulate(cfg, tmp_path / "sim")
+def test_timed_speed_and_pause_in_simulate(tmp_path):
+    simulate(_cfg(tmp_path), tmp_path / "sim")
     _check_speed(_rows(tmp_path / "sim", 1), 0.9, 0.0)
     _check_pause(_rows(tmp_path / "sim", 2), 1.4, 0.0)
     assert sorted(_events(tmp_path / "sim")) == ["pause", "speed"]
 
+
+@pytest.mark.slow  # the CI suite's budget: simulate's test above runs in it
+def test_timed_speed_and_pause_in_run_as_in_simulate(tmp_path):
+    cfg = _cfg(tmp_path)
+    sim = simulate(cfg, tmp_path / "sim")
     from gasloc_emu.launcher import launch
     from gasloc_emu.preflight import preflight
     from gasloc_emu.records import new_run_dir
