@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import compute, data
-from .async_worker import momentum_record, one_step, time_units
+from .async_worker import one_step, time_units
 from .config import Config
 from .pairing import Pairer
 from .records import RunRecord
@@ -178,7 +178,8 @@ def simulate_async(cfg: Config, out: Path, progress, link_model, corpus, device:
             cfg, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
             workers[0].eval_set, time.perf_counter() - t_start,
             sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers), topo)
-        summary["asynchronous"] = sim.pairer.record() | momentum_record(workers[0].algo)
+        summary["asynchronous"] = sim.pairer.record() | {
+            "eta": workers[0].algo.eta, "alpha_tilde": workers[0].algo.alpha_tilde}
         if link_model is not None or any(w.compute.nominal for w in workers):
             summary["predicted_wall_s"] = sim.now_s
         summary["mode"] = "simulate"

@@ -48,11 +48,6 @@ def note_step_time(worker: Worker, measured_s: float) -> None:
     worker.mean_step_s = (worker.mean_step_s * n + measured_s) / (n + 1)
 
 
-def momentum_record(algo) -> dict:
-    """The continuous momentum's constants, for the record (0 and 0: plain pairwise gossip)."""
-    return {"eta": algo.eta, "alpha_tilde": algo.alpha_tilde}
-
-
 # the mailbox's round window, for exchange labels: they count every pairing of the run, so a
 # worker's next label may be far ahead of its last; memory stays bounded by the per-peer bounds
 LABEL_WINDOW = 1 << 40

@@ -23,7 +23,7 @@ from pathlib import Path
 import zmq
 
 from . import exitcodes, records
-from .algorithms.a2cid2 import acid_constants
+from .algorithms.a2cid2 import momentum_constants
 from .config import Config
 from .devices import DeviceAssignment, threads_per_worker, worker_devices
 from .launch_spec import LaunchSpec
@@ -463,7 +463,9 @@ class Supervisor:
         if self.world is not None:
             out["membership"] = membership_summary(self.world)
         if self.pairer is not None:
-            out["asynchronous"] = self.pairer.record() | acid_record(self.cfg, pre.topology)
+            out["asynchronous"] = self.pairer.record() | dict(zip(
+                ("eta", "alpha_tilde"),
+                momentum_constants(pre.topology, self.cfg.algo.continuous_momentum), strict=True))
         if self.world is not None and self.world.links is not None:
             out["link_changes"] = observed_link_changes(link_changes(self.world.links),
                                                         self.link_rows)
@@ -498,14 +500,6 @@ def async_pairer(cfg: Config) -> Pairer | None:
     if cfg.algo.name != "a2cid2":
         return None
     return Pairer(cfg.workers, build_topology(cfg).possible_edges, cfg.seed)
-
-
-def acid_record(cfg: Config, topo) -> dict:
-    """The continuous momentum's constants, as the workers use them (0, 0: switched off)."""
-    if not cfg.algo.continuous_momentum:
-        return {"eta": 0.0, "alpha_tilde": 0.0}
-    eta, alpha_tilde = acid_constants(topo.n, topo.possible_edges)
-    return {"eta": eta, "alpha_tilde": alpha_tilde}
 
 
 def _applied_by(shaper: str) -> str:

@@ -60,6 +60,14 @@ def laplacian(n: int, edges) -> np.ndarray:
     return lap
 
 
+def momentum_constants(topology: Topology | None, enabled: bool = True) -> tuple[float, float]:
+    """(eta, alpha~) a worker on this graph uses: the graph's, or (0, 0) with the momentum off
+    (what the run record keeps, and what ``A2CiD2`` mixes with)."""
+    if not enabled or topology is None:
+        return 0.0, 0.0
+    return acid_constants(topology.n, topology.possible_edges)
+
+
 def acid_constants(n: int, edges) -> tuple[float, float]:
     """(eta, alpha~) of the continuous momentum for this graph (module docstring)."""
     edges = sorted(edges)
@@ -93,15 +101,11 @@ class A2CiD2(OuterAlgorithm):
     name = "a2cid2"
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None,
-                 momentum: bool = True, constants: tuple[float, float] | None = None):
+                 momentum: bool = True):
         super().__init__(rank, transport, topology)
-        edges = topology.possible_edges if topology is not None else set()
-        n = topology.n if topology is not None else 1
-        eta, alpha_tilde = constants or acid_constants(n, edges)
-        self.eta, self.alpha_tilde = (eta, alpha_tilde) if momentum else (0.0, 0.0)
+        self.eta, self.alpha_tilde = momentum_constants(topology, momentum)
         self.x_tilde: torch.Tensor | None = None
         self.t_last = 0.0  # time of the last event, in gradient-step units
-        self.pairings: dict[int, int] = {}  # peer -> exchanges with it
         self._before: torch.Tensor | None = None
 
     def begin(self, theta: torch.Tensor) -> None:
@@ -136,7 +140,6 @@ class A2CiD2(OuterAlgorithm):
         theirs = self.transport.recv(peer, label, KIND).to(theta.device)
         self.x_tilde.add_(theirs - theta, alpha=self.alpha_tilde)
         theta.add_(theirs).mul_(0.5)
-        self.pairings[peer] = self.pairings.get(peer, 0) + 1
 
     def exchange(self, peer: int, label: int, theta: torch.Tensor, t: float) -> None:
         """One pairwise communication at time ``t`` (gradient-step units): send, receive,
