@@ -75,7 +75,7 @@ def use_dashboard(cfg: Config) -> bool:
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
     from .simulate import simulate  # loads torch: only for the commands that train
     from .worker import Diverged
-    pre = _preflight(cfg)
+    pre = _preflight(cfg, emulator=False)
     link_model = sim_link_model(cfg)
     path = new_run_dir(cfg, out, overwrite)
     device = simulator_device(cfg.run.device)
@@ -95,9 +95,9 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> i
     return exitcodes.OK
 
 
-def _preflight(cfg: Config):
+def _preflight(cfg: Config, emulator: bool = True):
     from .preflight import preflight  # loads torch: only the training commands need it
-    pre = preflight(cfg)
+    pre = preflight(cfg, emulator)
     for text in pre.warnings:
         click.echo(f"warning: {text}", err=True)
     return pre
@@ -120,8 +120,8 @@ def _alive_counts(cfg: Config) -> Callable[[int], int] | None:
     from .topology import build_topology
     from .world import from_config
     world = from_config(cfg, build_topology(cfg))
-    if world is None or not world.churns:
-        return None
+    if world is None or not world.churns or world.fixer is not None:
+        return None   # by time: not known before the run
     counts = [len(world.alive(t)) for t in range(cfg.run.rounds)]
     return counts.__getitem__
 

@@ -410,10 +410,15 @@ class Scenario:
     workers: int
     rounds: int
     source: str = "scenario"
+    # ids absent from the start besides the newcomers the events show: those whose join at a
+    # time is not fixed at a round yet (``World.fix``)
+    absent: frozenset[int] = frozenset()
     round_events: tuple[Event, ...] = field(init=False)
     time_events: tuple[Event, ...] = field(init=False)
     membership_trigger: str | None = field(init=False)
     members: tuple[tuple[int, frozenset[int]], ...] = field(init=False, repr=False)
+    # (at_s, who is alive from then on) when the leaves and joins are at a time
+    time_members: tuple[tuple[float, frozenset[int]], ...] = field(init=False, repr=False)
     # ids below ``workers`` whose first leave or join is a join: new workers, absent until then
     newcomers: frozenset[int] = field(init=False)
 
@@ -427,7 +432,8 @@ class Scenario:
         for i, ev in indexed:
             _check_rounds(self._where(i, ev), ev, self.rounds)
         kind = _one_trigger_kind(self, indexed, (LeaveEvent, JoinEvent), "leave and join events")
-        object.__setattr__(self, "newcomers", _newcomers(self.workers, self.events))
+        object.__setattr__(self, "newcomers",
+                           _newcomers(self.workers, self.events) | frozenset(self.absent))
         _check_partitions(self, indexed)
         checked, members = _Walk(self, indexed, kind or "round").run()
         events = tuple(checked[i] for i, _ in indexed)
@@ -438,6 +444,7 @@ class Scenario:
             (e for e in events if not e.by_round), key=lambda e: e.trigger)))
         object.__setattr__(self, "membership_trigger", kind)
         object.__setattr__(self, "members", tuple(members) if kind == "round" else ())
+        object.__setattr__(self, "time_members", tuple(members) if kind == "at_s" else ())
 
     def _where(self, index: int, ev: Event) -> str:
         return f"{self.source} event #{index} ({ev.kind})"

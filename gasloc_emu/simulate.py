@@ -72,9 +72,12 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
             if progress is not None:
                 progress(row)
 
+        timed = _TimedWorld(world) if world is not None and world.fixer is not None else None
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
                   background=bool(cfg.algo.overlap) and cfg.algo.name == "diloco",
-                  timed_self=timed_self(cfg, world))
+                  timed_self=timed_self(cfg, world), timed_world=timed)
+        if timed is not None:
+            timed.hub = hub
         lives = [_Life(cfg, r, _transport(cfg, hub, r), corpus, device, topo, world)
                  for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
@@ -106,6 +109,31 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
+
+
+class _TimedWorld:
+    """The simulator's side of ``fixing.RoundFixer``: the virtual clock's alarms fix a
+    scenario's leaves, joins and partitions at a time, at rounds, in the shared ``World``, and
+    wake the workers parked until a join (``virtual_clock``)."""
+
+    def __init__(self, world):
+        self.world, self.fixer, self.hub = world, world.fixer, None
+
+    def next_alarm_s(self) -> float | None:
+        alarms = self.fixer.alarms_s
+        return alarms[0] if alarms else None
+
+    def alarm(self, now_s: float) -> None:
+        self.world.fix(self.fixer.due(now_s))
+        for rank in range(self.world.workers):   # each looks again whether its join came
+            self.hub.clock.unpark(rank)
+        self.hub.cond.notify_all()
+
+    def started(self, rank: int, round_idx: int) -> None:
+        self.fixer.started(round_idx)
+
+    def released(self) -> None:
+        self.hub.cond.notify_all()
 
 
 def timed_self(cfg: Config, world) -> dict:
@@ -165,6 +193,7 @@ class _Life:
     def __init__(self, cfg: Config, rank: int, transport, corpus, device, topo, world):
         self.cfg, self.rank, self.transport = cfg, rank, transport
         self.corpus, self.device, self.topo, self.world = corpus, device, topo, world
+        self.released = False   # parked until the end: its join at a time never came
         self.worker: Worker | None = self.new_worker()
 
     def new_worker(self) -> Worker:
@@ -173,6 +202,8 @@ class _Life:
 
     def plan(self, t: int) -> RoundPlan | None:
         """Round t's plan, after the leave or join it starts with; None: absent this round."""
+        if self.world.fixer is not None and not self._at_round_start(t):
+            return None
         plan = self.world.plan(self.rank, t)
         if plan.leaving:
             check_departure(self.cfg, self.rank, t)
@@ -181,6 +212,21 @@ class _Life:
             self.worker = self.new_worker()
             self.worker.join(plan.join_from, t)
         return plan if plan.active else None
+
+
+    def _at_round_start(self, t: int) -> bool:
+        """With events at a time: wait until the virtual clock reaches this worker's start of
+        round t (the events due by then fixed at rounds); while it is absent until a join not
+        fixed yet, parked. False: absent in round t."""
+        world, rank = self.world, self.rank
+        while world.awaits_join(rank, t):
+            if self.released or not self.transport.park():
+                self.released = True
+                return False
+        if rank not in world.alive(t) and rank not in world.alive(t - 1 if t else 0):
+            return False   # absent, and not leaving now
+        self.transport.start_round(t)
+        return True
 
 
 def check_departure(cfg: Config, rank: int, t: int) -> None:

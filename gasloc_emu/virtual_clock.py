@@ -24,6 +24,13 @@ replays those reports as a discrete-event simulation:
   the speed its thread computes at) are applied when its lane begins a compute at or after
   their time: a pause stands the lane still first; a speed scales the compute's work by the
   thread's speed over the new one, and the round's row gets the new speed and compute_s;
+- leaves, joins and partitions at a time (``timed_world``: the simulator's side of
+  ``fixing.RoundFixer``) are fixed at rounds when the replay reaches their times (``alarm``,
+  before anything else happens at that time) from the round starts replayed so far (``Start``,
+  reported by a worker thread that then waits until the replay reaches it, so that it plays the
+  fixings due by then); a worker absent until a join at a time not fixed yet is *parked*
+  (``Park``): the replay goes on without it until an alarm unparks it, or, once every other
+  worker is done, releases it;
 - a *dedicated* compute (a nominal step time, ``compute.step_time_s`` > 0) runs on the worker's
   own emulated device: it progresses at rate 1 whatever else computes, and takes no share from
   the others. The emulator sleeps each step to its nominal time, so as long as the host keeps
@@ -44,6 +51,7 @@ LinkModel = Callable[[int, int, int], tuple[float, float]]
 Emit = Callable[[dict], None]
 
 _READY, _COMPUTING, _WAITING, _DONE = "ready", "computing", "waiting", "done"
+_PARKED = "parked"
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,16 @@ class Done:
     pass
 
 
+@dataclass(frozen=True)
+class Start:
+    round: int  # the worker starts this round (its thread waits until the replay is here)
+
+
+@dataclass(frozen=True)
+class Park:
+    pass  # absent until a join at a time is fixed: the replay goes on without this worker
+
+
 @dataclass
 class _Lane:
     """One worker as the replay sees it."""
@@ -92,6 +110,9 @@ class _Lane:
     timeline: object = None  # the worker's speed and pause events at a time (SelfTimeline)
     base_speed: float = 1.0  # the speed its thread computes at
     speed: float | None = None  # the speed a timed event set (None: none yet)
+    started: int = -1  # the last round whose Start the replay has reached
+    released: bool = False  # parked until the end: its join at a time never came
+    woken: int = 0  # how many times it was unparked or released
 
 
 class VirtualClock:
@@ -99,7 +120,10 @@ class VirtualClock:
 
     def __init__(self, world_size: int, link_model: LinkModel | None, slots: float,
                  emit: Emit | None = None, lanes_per_worker: int = 1,
-                 timed_self: dict | None = None):
+                 timed_self: dict | None = None, timed_world=None):
+        """``timed_world``: fixes events at a time at rounds (``next_alarm_s()``,
+        ``alarm(now_s)``, ``started(rank, round)``, ``released()``; see the module
+        docstring), or None."""
         if not slots > 0:
             raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
         if lanes_per_worker not in (1, 2):
@@ -109,6 +133,7 @@ class VirtualClock:
         self.lanes = [_Lane(deque()) for _ in range(world_size * lanes_per_worker)]
         for rank, (timeline, speed) in (timed_self or {}).items():
             self.lanes[rank].timeline, self.lanes[rank].base_speed = timeline, speed
+        self.timed_world = timed_world
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
         self.link_free_s: dict[tuple[int, int], float] = {}
@@ -124,6 +149,12 @@ class VirtualClock:
         """Virtual seconds ``rank`` has spent waiting for messages, as far as replayed."""
         return self.lanes[rank].wait_total_s
 
+    def unpark(self, rank: int) -> None:
+        """A parked worker goes on from now (its join may have been fixed)."""
+        lane = self.lanes[rank]
+        if lane.state == _PARKED:
+            lane.state, lane.woken = _READY, lane.woken + 1
+
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
 
@@ -136,13 +167,30 @@ class VirtualClock:
 
     def _advance(self) -> None:
         while True:
+            self._alarms()
             self._run_instant_ops()
             if any(lane.state == _READY for lane in self.lanes):
                 return  # a worker's next step is not reported yet: it may start computing now
             t_next = self._next_event_s()
             if t_next is None:
+                self._release_parked()
                 return  # everyone is done, or waits on a message not sent yet
             self._step_to(t_next)
+
+    def _alarms(self) -> None:
+        """Fix the events at a time that are due, before anything else happens now."""
+        tw = self.timed_world
+        while tw is not None and (alarm_s := tw.next_alarm_s()) is not None \
+                and alarm_s <= self.now_s:
+            tw.alarm(self.now_s)
+
+    def _release_parked(self) -> None:
+        """Once every other worker is done, the parked ones' joins will never come."""
+        parked = [lane for lane in self.lanes if lane.state == _PARKED]
+        if parked and all(lane.state in (_DONE, _PARKED) for lane in self.lanes):
+            for lane in parked:
+                lane.state, lane.released, lane.woken = _READY, True, lane.woken + 1
+            self.timed_world.released()
 
     def _run_instant_ops(self) -> None:
         """Apply every reported step that takes no time, for every worker that is ready.
@@ -172,6 +220,12 @@ class VirtualClock:
             self._mark(lane, op.row)
         elif isinstance(op, Done):
             lane.state = _DONE
+        elif isinstance(op, Start):
+            lane.started = op.round
+            if self.timed_world is not None:
+                self.timed_world.started(rank, op.round)
+        elif isinstance(op, Park):
+            lane.state = _PARKED
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
 
@@ -241,6 +295,9 @@ class VirtualClock:
                 times.append(self.now_s + lane.remaining_s / _lane_rate(lane, shared))
             elif lane.state == _WAITING and lane.wake_s is not None:
                 times.append(lane.wake_s)
+        alarm_s = self.timed_world.next_alarm_s() if self.timed_world is not None else None
+        if times and alarm_s is not None:
+            times.append(alarm_s)   # the replay stops there to fix what is due
         return min(times) if times else None
 
     def _step_to(self, t_s: float) -> None:

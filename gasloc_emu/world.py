@@ -25,8 +25,13 @@ The rules (docs/ALGORITHM.md, "Churn"):
   lane when that phase's compute begins). A worker's speed events all take one trigger, and a
   speed at a time is refused with a time budget (the steps it allows would depend on how fast
   the run goes). Link events may come at a time too (``at_s``, and a link trace's rows:
-  ``TimedLinks``); leaves, joins and partitions at a time are refused before the run
-  (``check_supported``), since every worker must agree on their round.
+  ``TimedLinks``).
+- Leaves, joins and partitions at a time change whom everyone mixes with, so every worker must
+  play them at the same round: each is fixed at a round as the run goes (``fixing.RoundFixer``:
+  one round after the highest any worker has started when a clock reaches its time), and
+  ``World.fix`` plays it from there; rounds before it come out as they were. Until then a new
+  worker, or a departed one whose join is at a time, is absent (``awaits_join``). They all take
+  one clock: by round, or all at a time (``check_supported``).
 
 Links (docs/NETWORK.md, "Scenarios"); ``LinkSchedule`` plays the scenario's ``Timeline`` on a
 round-only clock, so the values in force, partition cuts and restores are the Timeline's:
@@ -51,6 +56,7 @@ round-only clock, so the values in force, partition cuts and restores are the Ti
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from bisect import bisect_right
@@ -58,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+from .fixing import TIMED_KINDS, Fixing, RoundFixer, timed_items
 from .scenario import (
     Event,
     JoinEvent,
@@ -104,7 +111,13 @@ class LinkSchedule:
 
     def __init__(self, scenario: Scenario, rounds: int, base_link: BaseLink = unshaped_link,
                  trace: LinkTrace | None = None):
-        self._base = base_link
+        self._base, self._rounds, self._trace = base_link, rounds, trace
+        self.build(scenario)
+
+    def build(self, scenario: Scenario) -> None:
+        """Play ``scenario`` (again: a partition at a time was fixed at a round, ``World.fix``;
+        the rounds already played come out the same)."""
+        rounds, base_link, trace = self._rounds, self._base, self._trace
         timeline = Timeline(scenario, self._timeline_base, lambda: 0.0)
         self.fired: dict[int, list[Event]] = {}
         self.changes: dict[int, dict[Pair, LinkState]] = {}
@@ -298,10 +311,31 @@ class World:
         self._neighbours = neighbours or (lambda rank: [])
         if scenario is not None:
             check_supported(scenario, trace)
+        # leaves, joins and partitions at a time, fixed at rounds as the run goes (``fix``)
+        self.fixer = RoundFixer(scenario) if scenario and timed_items(scenario) else None
+        self.fixings: list[Fixing] = []
+        self.view = scenario   # the scenario by round: what is fixed so far, in rounds
+        self._fixed_at_s: dict = {}
         self.links = (LinkSchedule(scenario, rounds, base_link, trace)
                       if scenario is not None else None)
+        if self.fixer is not None:
+            self._refix()
         if scenario is not None:
             self._check_donors()
+
+    def fix(self, fixings: list[Fixing]) -> None:
+        """Play leaves, joins and partitions at a time from the rounds they were fixed at
+        (``fixing.RoundFixer``); rounds before them come out as before."""
+        known = {(f.index, f.part) for f in self.fixings}
+        new = [f for f in fixings if (f.index, f.part) not in known]
+        if new:
+            self.fixings.extend(new)
+            self._refix()
+
+    def _refix(self) -> None:
+        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings)
+        self.__dict__.pop("_by_round", None)
+        self.links.build(self.view)
 
     @property
     def churns(self) -> bool:
@@ -349,7 +383,7 @@ class World:
 
     def _check_donors(self) -> None:
         """A joiner's donor must be reachable: refuse a named donor that a partition cuts."""
-        for ev in self.scenario.round_events:
+        for ev in self.view.round_events:
             if isinstance(ev, JoinEvent) and ev.from_worker is not None and \
                     _edge(ev.worker, ev.from_worker) in self.cut_edges(ev.round):
                 raise ScenarioError(
@@ -360,7 +394,7 @@ class World:
     @cached_property
     def _by_round(self) -> dict[int, list]:
         out: dict[int, list] = {}
-        for ev in (self.scenario.round_events if self.scenario else ()):
+        for ev in (self.view.round_events if self.view else ()):
             out.setdefault(ev.round, []).append(ev)
         return out
 
@@ -373,7 +407,7 @@ class World:
         """The workers taking part in round t."""
         if self.scenario is None:
             return frozenset(range(self.workers))
-        return self.scenario.membership_at(t)
+        return self.view.membership_at(t)
 
     def plan(self, rank: int, t: int) -> RoundPlan:
         """What worker ``rank`` does at the start of round t."""
@@ -433,7 +467,7 @@ class World:
         for ev in self._by_round.get(t, ()):
             if isinstance(ev, (LinkEvent, PartitionEvent)):
                 continue   # from the schedule below, as fired
-            rec = as_record(ev)
+            rec = as_record(ev) | self._fixed(ev)
             if isinstance(ev, JoinEvent):
                 rec["from_worker"] = self.plan(ev.worker, t).join_from
             if isinstance(ev, LeaveEvent):
@@ -447,7 +481,7 @@ class World:
             return []
         out = []
         for ev in self.links.fired.get(t, ()):
-            rec = as_record(ev)
+            rec = as_record(ev) | self._fixed(ev)
             if rec.get("source") == "restore":   # per-link values (unshaped: null) in applied
                 rec |= {"rate_mbit": None, "latency_ms": None, "loss_pct": None}
             links = ev.cut_links() if isinstance(ev, PartitionEvent) else ev.links
@@ -457,6 +491,10 @@ class World:
                                             if self.plan(r, t).detect_s > 0)
             out.append(rec)
         return out
+
+    def _fixed(self, ev: Event) -> dict:
+        """An event at a time fixed at its round: its time too (``at_s``), for the record."""
+        return self._fixed_at_s.get(ev, {})
 
     def timed_self(self, rank: int) -> SelfTimeline | None:
         """Worker ``rank``'s speed and pause events at a time, or None when it has none."""
@@ -471,10 +509,57 @@ class World:
     def left_and_joined(self) -> list[dict]:
         """Who left and joined, in which round (for the run record's summary)."""
         out = []
-        for ev in (self.scenario.round_events if self.scenario else ()):
+        for ev in (self.view.round_events if self.view else ()):
             if isinstance(ev, (LeaveEvent, JoinEvent)):
-                out.append({"type": ev.kind, "worker": ev.worker, "round": ev.round})
+                change = {"type": ev.kind, "worker": ev.worker, "round": ev.round}
+                out.append(change | self._fixed(ev))
         return out
+
+    def awaits_join(self, rank: int, t: int) -> bool:
+        """Whether ``rank`` is absent in round t until a join at a time that is not fixed yet
+        (none of its joins is fixed at a later round)."""
+        if self.fixer is None or rank in self.alive(t):
+            return False
+        if any(isinstance(ev, JoinEvent) and ev.worker == rank and ev.round > t
+               for ev in self.view.round_events):
+            return False
+        fixed = {f.index for f in self.fixings}
+        return any(isinstance(ev, JoinEvent) and ev.worker == rank and not ev.by_round
+                   and i not in fixed for i, ev in enumerate(self.scenario.events))
+
+    def not_fired(self) -> list[dict]:
+        """Leaves, joins and partitions at a time that the run did not reach (or fixed at a
+        round it does not have)."""
+        fired = {(f.index, f.part) for f in self.fixings if f.round < self.rounds}
+        return [{"type": ev.kind, "part": part, "at_s": at_s} | (
+                    {"groups": [list(g) for g in ev.groups]} if isinstance(ev, PartitionEvent)
+                    else {"worker": ev.worker})
+                for at_s, i, part in (timed_items(self.scenario) if self.fixer else ())
+                for ev in [self.scenario.events[i]] if (i, part) not in fired]
+
+
+def by_round(scenario: Scenario, fixings: list[Fixing]) -> tuple[Scenario, dict]:
+    """``scenario`` with its leaves, joins and partitions at a time at the rounds they were
+    fixed at, those not fixed yet left out (a new worker stays absent until its join is fixed);
+    and {such event at its round: its times, ``at_s`` and a partition's ``end_s``}. Fixings at
+    a round the run does not have fire never, and a partition whose end is not fixed lasts so
+    far."""
+    rounds = {(f.index, f.part): f.round for f in fixings if f.round < scenario.rounds}
+    events, at_s = [], {}
+    for i, ev in enumerate(scenario.events):
+        if ev.by_round or not isinstance(ev, TIMED_KINDS):
+            events.append(ev)
+        elif (i, "start") in rounds:
+            fixed = dataclasses.replace(ev, round=rounds[(i, "start")], at_s=None, **(
+                {"end_s": None, "end_round": rounds.get((i, "end"))}
+                if isinstance(ev, PartitionEvent) else {}))
+            events.append(fixed)
+            at_s[fixed] = {"at_s": ev.at_s} | (
+                {"end_s": ev.end_s} if isinstance(ev, PartitionEvent) else {})
+    view = Scenario(tuple(events), scenario.workers, scenario.rounds, scenario.source,
+                    absent=scenario.newcomers)
+    return view, {ev: at_s[old] for ev, old in zip(view.events, events, strict=True)
+                  if old in at_s}
 
 
 def applied_row(link: Pair, state: LinkState) -> dict:
@@ -492,25 +577,11 @@ def churns(scenario: Scenario) -> bool:
     return any(isinstance(ev, (LeaveEvent, JoinEvent)) for ev in scenario.events)
 
 
-# why each kind of event cannot fire at a time (at_s) yet: it changes what the algorithms do
-# in a round, and every worker must agree on which round that is
-_NOT_BY_TIME = {
-    "partition": "a partition changes who mixes with whom, and every worker must agree on the "
-                 "round it starts (a time falls in different rounds on different workers)",
-    "leave": "a departure changes the graph every worker mixes over; they must agree on its "
-             "round",
-    "join": "a join changes the graph every worker mixes over; they must agree on its round",
-}
-
-
 def check_supported(scenario: Scenario, trace: LinkTrace | None = None) -> None:
     """Refuse, before the run, what the runners cannot do yet (one line, exit 2)."""
+    _check_one_clock(scenario)
+    _check_timed_donors(scenario)
     for ev in scenario.events:
-        if not ev.by_round and ev.kind in _NOT_BY_TIME:
-            raise ScenarioError(f"{scenario.source}: {ev.kind} event at at_s = {ev.at_s:g}: "
-                                f"only link, speed and pause events may fire at a time; "
-                                f"{_NOT_BY_TIME[ev.kind]}. "
-                                "Give it a round (round = R)")
         if isinstance(ev, LinkEvent) and ev.loss_pct is not None:
             raise ScenarioError(f"{scenario.source}: link event at {ev.when()}: loss_pct = "
                                 f"{ev.loss_pct:g} is not applied (neither the simulator nor the "
@@ -589,6 +660,34 @@ def ring_peers(rank: int, t: int, alive: frozenset,
     return sorted({ring[k - 1], ring[(k + 1) % len(ring)]} - {rank})
 
 
+def _check_one_clock(scenario: Scenario) -> None:
+    """Leaves, joins and partitions all by round or all at a time: an event at a time is fixed
+    at a round only as the run goes, so its order against one by round is not known before."""
+    kinds = {ev.by_round: ev for ev in scenario.events if isinstance(ev, TIMED_KINDS)}
+    if len(kinds) == 2:
+        timed, by_round_ev = kinds[False], kinds[True]
+        raise ScenarioError(f"{scenario.source}: {timed.kind} event at {timed.when()} and "
+                            f"{by_round_ev.kind} event at {by_round_ev.when()}: leave, join and "
+                            "partition events must all use round or all use at_s (a time is "
+                            "fixed at a round only as the run goes)")
+
+
+def _check_timed_donors(scenario: Scenario) -> None:
+    """A join at a time whose named donor a partition cuts from it at that time is refused."""
+    parts = [ev for ev in scenario.time_events if isinstance(ev, PartitionEvent)]
+    for ev in scenario.time_events:
+        if not isinstance(ev, JoinEvent) or ev.from_worker is None:
+            continue
+        for p in parts:
+            holds = p.at_s <= ev.at_s and (p.end_s is None or ev.at_s < p.end_s)
+            if holds and _edge(ev.worker, ev.from_worker) in {_edge(*link)
+                                                              for link in p.cut_links()}:
+                raise ScenarioError(
+                    f"{scenario.source}: join of worker {ev.worker} at {ev.when()} from worker "
+                    f"{ev.from_worker}: the partition at {p.when()} cuts them apart then; name a "
+                    "donor in the joiner's group")
+
+
 def check_with_config(scenario: Scenario, cfg, trace: LinkTrace | None = None) -> None:
     """What a scenario (and a link trace) cannot be combined with (one line, exit 2)."""
     if trace is not None and cfg.net.shaper == "none":
@@ -622,13 +721,27 @@ def _check_partitions_for(scenario: Scenario, cfg) -> None:
         if not isinstance(ev, PartitionEvent) or cfg.algo.name != "diloco":
             continue
         named = set(ev.groups[0] + ev.groups[1])
-        end = ev.end_round if ev.end_round is not None else cfg.run.rounds
-        for t in range(ev.round, end):
-            stray = sorted(scenario.membership_at(t) - named)
+        for when, alive in _alive_during(scenario, ev, cfg.run.rounds):
+            stray = sorted(alive - named)
             if stray:
-                raise ScenarioError(f"{scenario.source}: partition at round {ev.round}: worker "
-                                    f"{stray[0]} is alive in round {t} and in neither group; "
+                raise ScenarioError(f"{scenario.source}: partition at {ev.when()}: worker "
+                                    f"{stray[0]} is alive {when} and in neither group; "
                                     "with DiLoCo every living worker must be in one group")
+
+
+def _alive_during(scenario: Scenario, p: PartitionEvent, rounds: int):
+    """(when, who is alive then) over a partition: each of its rounds, or (at a time) each
+    membership the scenario's leaves and joins at a time give while it holds."""
+    if p.by_round:
+        end = p.end_round if p.end_round is not None else rounds
+        yield from ((f"in round {t}", scenario.membership_at(t)) for t in range(p.round, end))
+        return
+    end_s = math.inf if p.end_s is None else p.end_s
+    spans = [(0.0, scenario.initial), *scenario.time_members]
+    for k, (start_s, alive) in enumerate(spans):
+        next_s = spans[k + 1][0] if k + 1 < len(spans) else math.inf
+        if start_s < end_s and next_s > p.at_s:
+            yield f"at {max(start_s, p.at_s):g} s", alive
 
 
 def membership_summary(world: World) -> dict:
@@ -637,7 +750,8 @@ def membership_summary(world: World) -> dict:
             # new workers: absent from the start until their first join
             "new_workers": sorted(world.scenario.newcomers) if world.scenario else [],
             "alive_at_end": sorted(world.alive(world.rounds - 1)),
-            "failure_detect_s": world.failure_detect_s}
+            "failure_detect_s": world.failure_detect_s} | (
+                {"not_fired": world.not_fired()} if world.fixer is not None else {})
 
 
 def link_changes(links) -> list[dict]:

@@ -20,7 +20,18 @@ import threading
 
 import torch
 
-from ..virtual_clock import Compute, Done, Emit, LinkModel, Mark, Recv, Send, VirtualClock
+from ..virtual_clock import (
+    Compute,
+    Done,
+    Emit,
+    LinkModel,
+    Mark,
+    Park,
+    Recv,
+    Send,
+    Start,
+    VirtualClock,
+)
 from .base import PendingReduce, TransportBase, TransportError
 
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
@@ -31,16 +42,18 @@ class Hub:
 
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
                  timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None,
-                 background: bool = False, timed_self: dict | None = None):
+                 background: bool = False, timed_self: dict | None = None,
+                 timed_world=None):
         """``timed_self``: {rank: (timeline, speed)} of workers with speed or pause events at a
-        time, for the clock (``VirtualClock``)."""
+        time; ``timed_world``: what fixes leaves, joins and partitions at a time at rounds; both
+        for the clock (``VirtualClock``)."""
         self.world_size, self.background = world_size, background
         self.cond = threading.Condition(threading.RLock())
         self.mail: dict[tuple, torch.Tensor] = {}
         # slots=None: as many cores as workers, i.e. no CPU sharing in the prediction
         self.clock = VirtualClock(world_size, link_model, slots or world_size, emit,
                                   lanes_per_worker=2 if background else 1,
-                                  timed_self=timed_self)
+                                  timed_self=timed_self, timed_world=timed_world)
         self.timeout_s = timeout_s
         self.error: BaseException | None = None
         # for the stall check: who waits for which message, who hangs (since which round), who ended
@@ -159,6 +172,32 @@ class InMemoryTransport(TransportBase):
         """Hand a finished round's row to the clock, which emits it with its virtual times."""
         with self.hub.cond:
             self.hub.clock.report(self.rank, Mark(row))
+
+    def start_round(self, round_idx: int) -> None:
+        """Tell the clock this worker starts ``round_idx`` and wait until its replay is here:
+        the leaves, joins and partitions at a time due by then are fixed at their rounds."""
+        self._clock_wait(Start(round_idx),
+                         lambda lane: lane.started >= round_idx, f"round {round_idx}'s start")
+
+    def park(self) -> bool:
+        """Absent until a join at a time: wait, without holding up the clock, until an alarm
+        wakes this worker (True) or the run ends without its join (False)."""
+        woken = self.hub.clock.lanes[self.rank].woken
+        self._clock_wait(Park(), lambda lane: lane.woken > woken, "its join")
+        return not self.hub.clock.lanes[self.rank].released
+
+    def _clock_wait(self, op, reached, what: str) -> None:
+        hub, lane = self.hub, self.hub.clock.lanes[self.rank]
+        with hub.cond:
+            hub.clock.report(self.rank, op)
+            hub.cond.notify_all()
+            ok = hub.cond.wait_for(lambda: reached(lane) or hub.error is not None,
+                                   hub.timeout_s)
+            if hub.error is not None:
+                raise TransportError(f"worker {self.rank}: simulation aborted ({hub.error})")
+            if not ok:
+                raise TransportError(f"worker {self.rank} waited {hub.timeout_s:.0f} s for the "
+                                     f"virtual clock to reach {what}")
 
     def finish(self) -> None:
         with self.hub.cond:

@@ -13,8 +13,6 @@ import pytest
 from gasloc_emu import config as C
 from gasloc_emu.netplan import RoundLinkModel
 from gasloc_emu.scenario import (
-    JoinEvent,
-    LeaveEvent,
     LinkEvent,
     LinkTrace,
     PartitionEvent,
@@ -184,21 +182,6 @@ def test_a_trace_alone_changes_links():
 
 
 # ---------------------------------------------------------------- refusals
-
-@pytest.mark.parametrize(("event", "kind"), [
-    (PartitionEvent(at_s=1.0, groups=((0,), (1,))), "partition"),
-    (LeaveEvent(at_s=1.0, worker=1), "leave"),
-    (JoinEvent(at_s=1.0, worker=4), "join"),
-])
-def test_membership_and_partitions_at_a_time_are_refused(event, kind):
-    sc = Scenario((event,), 4, 6)
-    match = f"{kind} event at at_s = 1: only link, speed and pause events may fire at a time"
-    with pytest.raises(ScenarioError, match=match) as err:
-        check_supported(sc)
-    assert "Give it a round" in str(err.value)
-    with pytest.raises(ScenarioError, match="Give it a round"):
-        World(sc, 4, 6, 0.5, ring_peers)
-
 
 def test_a_timed_link_event_with_loss_is_refused():
     sc = Scenario((LinkEvent(at_s=2.0, links=((0, 1),), loss_pct=1.0),), 4, 6)

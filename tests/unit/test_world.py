@@ -218,10 +218,6 @@ def test_from_config_with_a_scenario_is_a_world(tmp_path):
 
 
 @pytest.mark.parametrize(("tables", "overrides", "match"), [
-    (("type = 'leave'\nat_s = 5.0\nworker = 2",), {},
-     r"^scenario scenario\.toml: leave (of worker 2|event) at at_s = 5: .*round = R"),
-    (("type = 'join'\nat_s = 5.0\nworker = 4",), {},
-     r"^scenario scenario\.toml: join (of worker 4|event) at at_s = 5: .*round = R"),
     (("type = 'join'\nround = 4\nworker = 4",), {},
      r"^scenario scenario\.toml: join of worker 4: the run has ids 0\.\.3; count a new worker "
      r"in workers \(workers = 5\): a worker whose first event is a join is absent from the "

@@ -1,0 +1,93 @@
+"""Leaves, joins and a partition at a time (``at_s``) in ``simulate``: each is fixed at one
+round for every worker (``fixing.RoundFixer`` on the virtual clock), the run is the same each
+time, and the record says where each landed; ``run`` refuses them for now (exit 2)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gasloc_emu import config as C
+from gasloc_emu.cli import main
+from gasloc_emu.simulate import simulate
+
+pytestmark = pytest.mark.integration
+
+# 3 steps of 0.05 s: round t runs over [0.15 t, 0.15 (t + 1)) until the leave's detection
+SCENARIO = """
+[[event]]
+type = "join"
+worker = 4
+at_s = 0.55        # round 3 started at 0.45: from round 4
+
+[[event]]
+type = "leave"
+worker = 1
+at_s = 0.9         # round 6 starts at 0.9, after the alarm: from round 6
+
+[[event]]
+type = "partition"
+groups = [[0, 4], [2, 3]]
+at_s = 1.2         # round 7 started at 1.1 (round 6 spent 0.05 s noticing the leave)
+end_s = 1.6        # round 10 starts at 1.6: back from round 10
+
+[[event]]
+type = "join"
+worker = 1
+at_s = 1.8         # round 11, the last, started at 1.75: never
+"""
+
+
+def _cfg(tmp_path, algo: str) -> C.Config:
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    return C.resolve(overrides={
+        "workers": 5, "algo.name": algo, "topology.name": "ring", "algo.local_steps": 3,
+        "run.rounds": 12, "run.eval_every": 4, "run.scenario": str(tmp_path / "s.toml"),
+        "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05})
+
+
+def _rows(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _events(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algo", ["gasloc", "diloco"])
+def test_events_at_a_time_are_fixed_at_one_round_for_everyone(tmp_path, algo):
+    summary = simulate(_cfg(tmp_path, algo), tmp_path / "a")
+    assert summary["status"] == "ok"
+    rows = _rows(tmp_path / "a")
+    rounds = {w: sorted(r["round"] for r in rows if r["worker"] == w) for w in range(5)}
+    assert rounds[4] == list(range(4, 12)) and rounds[1] == list(range(6))
+    assert rounds[0] == rounds[2] == rounds[3] == list(range(12))
+    m = summary["membership"]
+    assert m["changes"] == [{"type": "join", "worker": 4, "round": 4, "at_s": 0.55},
+                            {"type": "leave", "worker": 1, "round": 6, "at_s": 0.9}]
+    assert m["not_fired"] == [{"type": "join", "part": "start", "at_s": 1.8, "worker": 1}]
+    assert m["alive_at_end"] == [0, 2, 3, 4]
+    events = _events(tmp_path / "a")
+    part = next(e for e in events if e["type"] == "partition")
+    assert (part["round"], part["at_s"], part["end_s"]) == (8, 1.2, 1.6)
+    restore = next(e for e in events if e["type"] == "link" and e.get("source") == "restore")
+    assert restore["round"] == 10
+    if algo == "gasloc":   # the cut holds in rounds 8 and 9: ring neighbours 3 and 4 apart
+        assert {r["round"]: r["peers"] for r in rows if r["worker"] == 4} == {
+            4: [0, 3], 5: [0, 3], 6: [0, 3], 7: [0, 3], 8: [0], 9: [0], 10: [0, 3], 11: [0, 3]}
+        # the same run twice, to the bit
+        again = simulate(_cfg(tmp_path, algo), tmp_path / "b")
+        assert again["final_eval_loss"] == summary["final_eval_loss"]
+
+
+def test_run_refuses_events_at_a_time_with_exit_2(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    result = CliRunner().invoke(main, [
+        "run", "--workers", "5", "--model", "tiny", "-R", "12", "--no-dashboard",
+        "--set", f"run.scenario={tmp_path / 's.toml'}", "--out", str(tmp_path / "r")],
+        catch_exceptions=True)
+    assert result.exit_code == 2, result.output
+    assert "join event at at_s = 0.55: run plays leave, join and partition events by round " \
+        "only" in result.output
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,215 @@
+"""Leaves, joins and partitions at a time: the rule that fixes each at a round
+(``fixing.RoundFixer``), the world that plays them from there (``World.fix``), the virtual
+clock's alarms and parked workers, and what is refused before a run."""
+from __future__ import annotations
+
+import pytest
+
+from gasloc_emu.fixing import Fixing, RoundFixer, timed_items
+from gasloc_emu.preflight import timed_world_refusal
+from gasloc_emu.scenario import (
+    JoinEvent,
+    LeaveEvent,
+    LinkEvent,
+    PartitionEvent,
+    Scenario,
+    ScenarioError,
+)
+from gasloc_emu.virtual_clock import Compute, Done, Park, Start, VirtualClock
+from gasloc_emu.world import World, check_supported, ring_peers
+
+ROUNDS = 10
+
+
+def _scenario(*events, workers: int = 4) -> Scenario:
+    return Scenario(tuple(events), workers, ROUNDS)
+
+
+# ---------------------------------------------------------------- the rule
+
+def test_an_event_is_fixed_one_round_after_the_highest_started():
+    fixer = RoundFixer(_scenario(LeaveEvent(at_s=2.0, worker=1)))
+    assert fixer.alarms_s == [2.0] and fixer.due(1.9) == []
+    for t in (0, 1, 3, 2):   # workers start rounds out of step
+        fixer.started(t)
+    assert fixer.due(2.0) == [Fixing(0, "start", 2.0, 4)]
+    assert fixer.alarms_s == [] and not fixer.pending and fixer.due(99.0) == []
+
+
+def test_one_time_shares_a_round_and_later_times_never_do():
+    fixer = RoundFixer(_scenario(LeaveEvent(at_s=1.0, worker=1), LeaveEvent(at_s=1.0, worker=2),
+                                 JoinEvent(at_s=1.5, worker=1)))
+    fixer.started(0)
+    # nothing started in between, yet the join at a later time takes the next round
+    assert [(f.index, f.round) for f in fixer.due(1.5)] == [(0, 1), (1, 1), (2, 2)]
+
+
+def test_a_partition_end_is_fixed_on_its_own_and_before_a_start_at_its_time():
+    sc = _scenario(PartitionEvent(at_s=1.0, end_s=2.0, groups=((0,), (1,))),
+                   PartitionEvent(at_s=2.0, groups=((2,), (3,))))
+    assert timed_items(sc) == [(1.0, 0, "start"), (2.0, 0, "end"), (2.0, 1, "start")]
+    fixer = RoundFixer(sc)
+    fixer.started(3)
+    assert fixer.due(1.0) == [Fixing(0, "start", 1.0, 4)]
+    fixer.started(6)
+    assert fixer.due(2.0) == [Fixing(0, "end", 2.0, 7), Fixing(1, "start", 2.0, 7)]
+
+
+def test_events_by_round_are_not_the_fixers():
+    assert timed_items(_scenario(LeaveEvent(round=3, worker=1),
+                                 LinkEvent(at_s=1.0, links=((0, 1),), rate_mbit=5.0))) == []
+
+
+def test_a_fixing_round_trips_through_json_and_junk_is_refused():
+    f = Fixing(2, "end", 1.5, 7)
+    assert Fixing.from_json(f.to_json()) == f
+    for bad in ({"index": 0, "part": "middle", "at_s": 1.0, "round": 2},
+                {"index": -1, "part": "start", "at_s": 1.0, "round": 2},
+                {"index": 0, "part": "start", "at_s": 1.0, "round": -2}):
+        with pytest.raises(ValueError, match="not a fixing"):
+            Fixing.from_json(bad)
+
+
+# ---------------------------------------------------------------- the world
+
+def _world(*events, workers: int = 4) -> World:
+    return World(_scenario(*events, workers=workers), workers, ROUNDS, 0.5, ring_peers)
+
+
+def test_a_world_plays_what_is_fixed_and_nothing_before():
+    world = _world(LeaveEvent(at_s=1.0, worker=2), JoinEvent(at_s=3.0, worker=2))
+    assert world.fixer is not None and world.alive(9) == {0, 1, 2, 3}
+    world.fix([Fixing(0, "start", 1.0, 4)])
+    assert world.alive(3) == {0, 1, 2, 3} and world.alive(4) == {0, 1, 3}
+    assert world.plan(2, 4).leaving and world.plan(1, 4).detect_s == 0.5
+    assert world.awaits_join(2, 5)   # its join is not fixed yet
+    assert world.left_and_joined() == [{"type": "leave", "worker": 2, "round": 4, "at_s": 1.0}]
+    assert world.records(4)[0] | {"detected_by": None} == {
+        "type": "leave", "round": 4, "at_s": 1.0, "worker": 2, "detected_by": None}
+    assert world.not_fired() == [{"type": "join", "part": "start", "at_s": 3.0, "worker": 2}]
+    world.fix([Fixing(0, "start", 1.0, 4), Fixing(1, "start", 3.0, 7)])   # repeats ignored
+    assert len(world.fixings) == 2 and world.alive(7) == {0, 1, 2, 3}
+    assert not world.awaits_join(2, 5) and world.plan(2, 7).join_from == 0   # lowest living
+    assert world.not_fired() == []
+
+
+def test_a_new_worker_is_absent_until_its_join_is_fixed():
+    world = _world(JoinEvent(at_s=2.0, worker=3))
+    assert world.alive(0) == {0, 1, 2} and world.alive(9) == {0, 1, 2}
+    assert world.awaits_join(3, 0) and not world.awaits_join(1, 0)
+    world.fix([Fixing(0, "start", 2.0, ROUNDS)])   # at a round the run does not have
+    assert not world.awaits_join(3, 5) and world.alive(9) == {0, 1, 2}
+    assert world.not_fired() == [{"type": "join", "part": "start", "at_s": 2.0, "worker": 3}]
+
+
+def test_a_partition_at_a_time_cuts_from_its_start_until_its_end_is_fixed():
+    world = _world(PartitionEvent(at_s=1.0, end_s=2.0, groups=((0, 1), (2, 3))))
+    world.fix([Fixing(0, "start", 1.0, 3)])
+    assert world.cut_edges(2) == frozenset() and (1, 2) in world.cut_edges(9)
+    assert world.plan(1, 3).detect_s == 0.5    # it loses neighbour 2
+    world.fix([Fixing(0, "end", 2.0, 5)])
+    assert (1, 2) in world.cut_edges(4) and world.cut_edges(5) == frozenset()
+    assert world.heals(5)
+    part = [r for r in world.records(3) if r["type"] == "partition"][0]
+    assert (part["at_s"], part["end_s"], part["end_round"]) == (1.0, 2.0, 5)
+
+
+# ---------------------------------------------------------------- refusals
+
+def test_leaves_joins_and_partitions_use_one_clock():
+    sc = _scenario(LeaveEvent(at_s=1.0, worker=1), PartitionEvent(round=2, groups=((0,), (2,))))
+    with pytest.raises(ScenarioError, match=r"leave event at 1 s and partition event at round 2: "
+                                            r"leave, join and partition events must all use"):
+        check_supported(sc)
+    check_supported(_scenario(LeaveEvent(at_s=1.0, worker=1),
+                              LinkEvent(round=2, links=((0, 2),), rate_mbit=5.0)))
+
+
+def test_a_join_at_a_time_from_a_donor_cut_off_then_is_refused():
+    # the joiner may be in a group of a partition that starts with its join
+    part = PartitionEvent(at_s=2.0, end_s=3.0, groups=((0, 1), (2, 3)))
+    events = (LeaveEvent(at_s=0.5, worker=3), part)
+    with pytest.raises(ScenarioError, match=r"join of worker 3 at 2 s from worker 1: the "
+                                            r"partition at 2 s cuts them apart then"):
+        check_supported(_scenario(*events, JoinEvent(at_s=2.0, worker=3, from_worker=1)))
+    check_supported(_scenario(*events, JoinEvent(at_s=2.0, worker=3, from_worker=2)))
+
+
+def test_run_refuses_what_only_the_simulator_fixes():
+    assert timed_world_refusal(None) is None
+    assert timed_world_refusal(_world(LeaveEvent(round=2, worker=1))) is None
+    text = timed_world_refusal(_world(LeaveEvent(at_s=1.5, worker=1)))
+    assert text.startswith("scenario: leave event at at_s = 1.5: run plays leave, join and "
+                           "partition events by round only")
+
+
+# ---------------------------------------------------------------- the virtual clock
+
+class _Alarms:
+    """A timed world for the clock alone: records what happens when."""
+
+    def __init__(self, times, clock_ref):
+        self.times, self.clock_ref, self.log = list(times), clock_ref, []
+
+    def next_alarm_s(self):
+        return self.times[0] if self.times else None
+
+    def alarm(self, now_s):
+        self.log.append(("alarm", now_s, dict(self.starts)))
+        self.times.pop(0)
+        if len(self.clock_ref[0].lanes) > 1:
+            self.clock_ref[0].unpark(1)
+
+    starts: dict = {}
+
+    def started(self, rank, t):
+        self.starts = self.starts | {rank: t}
+        self.log.append(("start", rank, t))
+
+    def released(self):
+        self.log.append(("released",))
+
+
+def test_the_clock_fixes_at_an_alarm_before_a_round_starts_at_that_time():
+    ref = [None]
+    tw = _Alarms([1.0], ref)
+    clock = ref[0] = VirtualClock(1, None, 1.0, timed_world=tw)
+    clock.report(0, Start(0))
+    clock.report(0, Compute(1.0, dedicated=True))
+    clock.report(0, Start(1))   # at 1.0: the alarm fires first
+    assert tw.log == [("start", 0, 0), ("alarm", 1.0, {0: 0}), ("start", 0, 1)]
+    assert clock.lanes[0].started == 1
+
+
+def test_a_parked_worker_waits_for_an_alarm_without_holding_up_the_clock():
+    ref = [None]
+    tw = _Alarms([2.5], ref)
+    clock = ref[0] = VirtualClock(2, None, 2.0, timed_world=tw)
+    clock.report(1, Park())
+    for _ in range(3):
+        clock.report(0, Compute(1.0, dedicated=True))
+    assert clock.now_s == 2.5 and clock.lanes[1].state == "ready" and clock.lanes[1].woken == 1
+
+
+def test_parked_workers_are_released_once_the_others_are_done():
+    tw = _Alarms([50.0], [None])
+    clock = VirtualClock(2, None, 2.0, timed_world=tw)
+    clock.report(1, Park())
+    clock.report(0, Compute(1.0, dedicated=True))
+    clock.report(0, Done())
+    assert clock.lanes[1].released and tw.log == [("released",)]
+    clock.report(1, Done())
+    assert clock.finished()
+
+
+def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
+    from gasloc_emu import config as C
+    from gasloc_emu.world import check_with_config
+    cfg = C.resolve(overrides={"workers": 4, "algo.name": "diloco", "run.rounds": ROUNDS})
+    joins_late = (LeaveEvent(at_s=0.5, worker=3), JoinEvent(at_s=2.0, worker=3))
+    part = PartitionEvent(at_s=1.0, end_s=3.0, groups=((0, 1), (2,)))
+    with pytest.raises(ScenarioError, match=r"partition at 1 s: worker 3 is alive at 2 s and in "
+                                            r"neither group"):
+        check_with_config(_scenario(*joins_late, part), cfg)
+    ends_first = PartitionEvent(at_s=1.0, end_s=2.0, groups=((0, 1), (2,)))
+    check_with_config(_scenario(*joins_late, ends_first), cfg)
