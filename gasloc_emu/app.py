@@ -75,7 +75,7 @@ def use_dashboard(cfg: Config) -> bool:
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
     from .simulate import simulate  # loads torch: only for the commands that train
     from .worker import Diverged
-    pre = _preflight(cfg, emulator=False)
+    pre = _preflight(cfg)
     link_model = sim_link_model(cfg)
     path = new_run_dir(cfg, out, overwrite)
     device = simulator_device(cfg.run.device)
@@ -95,9 +95,9 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> i
     return exitcodes.OK
 
 
-def _preflight(cfg: Config, emulator: bool = True):
+def _preflight(cfg: Config):
     from .preflight import preflight  # loads torch: only the training commands need it
-    pre = preflight(cfg, emulator)
+    pre = preflight(cfg)
     for text in pre.warnings:
         click.echo(f"warning: {text}", err=True)
     return pre
@@ -150,6 +150,10 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
     if pre.world is not None and pre.world.churns:
         raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
                           "support yet; run it on one host, or drop the leave and join events")
+    if pre.world is not None and pre.world.fixer is not None:
+        raise ConfigError("run.scenario: a partition at a time (at_s), which multi-node runs "
+                          "do not support yet (only one host's launcher fixes it at a round); "
+                          "run it on one host, or give it a round (round = R)")
     path = new_run_dir(cfg, out, overwrite) if role.is_master else None
     factory = (lambda labels, shaper: make_progress(cfg, labels, shaper)) \
         if role.is_master else None

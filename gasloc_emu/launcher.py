@@ -127,6 +127,9 @@ class Supervisor:
         self.link_rows: list[dict] = []
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
         self.pairer = async_pairer(cfg)
+        # leaves, joins and partitions at a time: the workers absent until a join not fixed
+        # yet, and the round each asked at (answered once it is fixed, ``_fix_due``)
+        self.join_waiters: dict[int, int] = {}
 
     def _bind(self, kind: int, addr: str):
         """The socket and the address it got (a tcp:// port 0 becomes the port chosen)."""
@@ -203,6 +206,7 @@ class Supervisor:
         while self.router in events and self.router.poll(0):
             self._on_control(self.router.recv_multipart(copy=False))
         self._change_links_by_time()
+        self._fix_due()
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
             self.progress({"kind": "links", "links": rows})
@@ -321,6 +325,52 @@ class Supervisor:
         if changes:
             self.network.change_links(changes)
 
+    # -- leaves, joins and partitions at a time (``fixing.RoundFixer`` on the run's clock)
+
+    def _on_round(self, slot: WorkerSlot, msg: control.RoundStart, extra) -> None:
+        """A worker starts a round (or waits for its join): fix what is due first, so that no
+        round it starts misses a fixing, then answer with every fixing so far."""
+        fixer = self.world.fixer if self.world is not None else None
+        if fixer is None:
+            return self._drop("round.scenario")  # only events at a time need the question
+        self._fix_due()
+        if msg.waiting and self.world.awaits_join(slot.rank, msg.round):
+            self.join_waiters[slot.rank] = msg.round
+            return None
+        if not msg.waiting:
+            fixer.started(msg.round)
+        self._tell_fixings(slot.rank)
+        return None
+
+    def _fix_due(self) -> None:
+        """Fix the events whose time has come; answer the workers whose join that fixes; the
+        network's link changes are played again from the first round fixed (a partition's)."""
+        fixer = self.world.fixer if self.world is not None else None
+        if fixer is None or not self.t0:
+            return
+        new = fixer.due(time.time() - self.t0)
+        if new:
+            self.world.fix(new)
+            self.links_round = min(self.links_round, min(f.round for f in new))
+            for rank, t in list(self.join_waiters.items()):
+                if not self.world.awaits_join(rank, t):
+                    del self.join_waiters[rank]
+                    self._tell_fixings(rank)
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        """Once every other worker is done, a join that has not come never will."""
+        rest = [s for s in self.slots if s.rank not in self.join_waiters]
+        if self.join_waiters and all(s.final is not None or s.gone for s in rest):
+            for rank in self.join_waiters:
+                self._tell_fixings(rank, released=True)
+                self.slots[rank].gone = True
+            self.join_waiters.clear()
+
+    def _tell_fixings(self, rank: int, released: bool = False) -> None:
+        self._tell(rank, {"type": "fixings", "released": released,
+                          "fixings": [f.to_json() for f in self.world.fixings]})
+
     def _on_final(self, slot: WorkerSlot, msg: control.Final, extra) -> None:
         if len(extra) != 1:
             raise control.ControlError("final.frame", f"{len(extra)} parameter frames, not 1")
@@ -347,7 +397,7 @@ class Supervisor:
     # the allow-list of what the ROUTER acts on: a message's class picks its handler
     _CONTROL_HANDLERS = {control.Ready: _on_ready, control.Metric: _on_metric,
                          control.Final: _on_final, control.Error: _on_error,
-                         control.Avail: _on_avail}
+                         control.Avail: _on_avail, control.RoundStart: _on_round}
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
@@ -383,12 +433,14 @@ class Supervisor:
         self._serve(0.2)  # its last metrics may still be in flight
         joins = [c["round"] for c in self.world.left_and_joined()
                  if c["type"] == "join" and c["worker"] == s.rank and c["round"] > leave]
-        if not joins:
+        # a join at a time not fixed yet: the successor waits for it (``_on_round``)
+        waits = not joins and self.world.awaits_join(s.rank, leave)
+        if not joins and not waits:
             s.gone = True
             return
         addr = s.ready["addr"]
         s.proc = spawn_worker(self.dir, s.rank, s.device, self.network, self.security,
-                              rejoin=(addr, min(joins)))
+                              rejoin=(addr, min(joins) if joins else leave))
         s.ready, s.final, s.last_seen = None, None, time.monotonic()
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:

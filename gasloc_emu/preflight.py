@@ -32,21 +32,8 @@ class Preflight:
     world: World | None = None  # what the scenario does in each round; None without one
 
 
-def timed_world_refusal(world: World | None) -> str | None:
-    """What ``run`` cannot play yet: leaves, joins and partitions at a time (the simulator
-    fixes them at rounds on its virtual clock, ``fixing.RoundFixer``)."""
-    if world is None or world.fixer is None:
-        return None
-    at_s, index, _ = world.fixer.items[0]
-    ev = world.scenario.events[index]
-    return (f"{world.scenario.source}: {ev.kind} event at at_s = {at_s:g}: run plays leave, "
-            "join and partition events by round only (round = R); simulate plays them at a "
-            "time too")
-
-
-def preflight(cfg: Config, emulator: bool = True) -> Preflight:
-    """Check ``cfg`` against everything a run needs (``emulator``: a ``run``, else a
-    ``simulate``); raises the first bad-input error."""
+def preflight(cfg: Config) -> Preflight:
+    """Check ``cfg`` against everything a run needs; raises the first bad-input error."""
     topo = build_topology(cfg)
     check_network(cfg)
     check_compute(cfg)  # speeds, profile file, budget vs. weighting: before anything runs
@@ -55,8 +42,7 @@ def preflight(cfg: Config, emulator: bool = True) -> Preflight:
     # the scenario and the link trace: every event and row checked before the run
     world = world_from_config(cfg, topo)
     refusal = overlap_refusal(cfg, topo, world is not None) \
-        or async_refusal(cfg, topo, world is not None) \
-        or (timed_world_refusal(world) if emulator else None)
+        or async_refusal(cfg, topo, world is not None)
     if refusal:
         raise ConfigError(refusal)
     warnings = tuple(w for w in (momentum_warning(cfg),) if w)

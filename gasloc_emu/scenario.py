@@ -65,7 +65,10 @@ type, and what is wrong):
   the Timeline restores its links to the values they had before the cut; a link change that
   falls inside the cut is held and reaches those links with the restore (``LinkEvent.held``).
 - ``membership_at(round)`` is exact for round-triggered leaves and joins; time-triggered ones
-  depend on how fast the run goes, so it cannot predict them (it returns the initial workers).
+  depend on how fast the run goes, so it cannot predict them (it returns the initial workers):
+  the runners fix each at a round as the run goes (``fixing.RoundFixer``) and play the scenario
+  with them at those rounds (``world.by_round``). ``time_members`` is the membership in time
+  order, for the checks that need it before the run.
 """
 from __future__ import annotations
 

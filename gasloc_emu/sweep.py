@@ -201,7 +201,7 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     # these load torch, which reading and reporting results does not need
     from .preflight import preflight
     from .worker import Diverged
-    pre = preflight(cfg, emulator=mode != "simulate")
+    pre = preflight(cfg)
     if mode == "simulate":
         from .simulate import simulate
         # a tuning value can diverge: its record says so, and it counts as failed

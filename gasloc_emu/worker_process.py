@@ -170,6 +170,7 @@ class WorkerProcess:
         self.world = None
         self.links: LinkApplier | None = None   # a scenario's link changes, on this shaper
         self.timeline = None   # its speed and pause events at a time (world.SelfTimeline)
+        self.released = False   # absent to the end: its join at a time never came
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
@@ -181,7 +182,7 @@ class WorkerProcess:
             if start is None:
                 return 0
             self.train(start["t0"])
-            if not self.ctl.stop_requested:
+            if not self.ctl.stop_requested and not self.released:
                 self.report()
             return 0
         finally:
@@ -247,9 +248,15 @@ class WorkerProcess:
             self.links.start(t0)
         if self.cfg.algo.name == "a2cid2":
             return self._train_async(t0)
-        for t in range(self.rejoin.from_round if self.rejoin else 0, self.cfg.run.rounds):
+        first = self._first_round()
+        for t in range(first if first is not None else self.cfg.run.rounds,
+                       self.cfg.run.rounds):
             if self.ctl.poll_stop():
                 return
+            if not self._at_round_start(t):
+                if self.released:
+                    return
+                continue
             plan = self._plan(t)
             if plan is not None and not plan.active:
                 continue
@@ -301,6 +308,51 @@ class WorkerProcess:
         row = stats.as_dict() | {"time_s": time.time() - self.t0,
                                  "dropped": self.transport.counters()["dropped"]}
         self.ctl.send({"type": "metric", "row": row})
+
+    # -- leaves, joins and partitions at a time: the launcher fixes them at rounds
+    # (``fixing.RoundFixer``) and tells each worker at its round starts
+
+    def _timed_world(self) -> bool:
+        return self.world is not None and self.world.fixer is not None
+
+    def _first_round(self) -> int | None:
+        """The round this process starts at: 0, or a successor's join round (with a join at a
+        time, once the launcher has fixed it; None: the run ended without it)."""
+        if self.rejoin is None:
+            return 0
+        if not self._timed_world():
+            return self.rejoin.from_round
+        if not self._ask_fixings(self.rejoin.from_round, waiting=True):
+            return None
+        return self.world.join_round(self.rank, self.rejoin.from_round)
+
+    def _at_round_start(self, t: int) -> bool:
+        """With events at a time: the fixings due at this round's start (False: absent this
+        round; ``released``: absent to the end)."""
+        if not self._timed_world():
+            return True
+        world, rank = self.world, self.rank
+        while world.awaits_join(rank, t):
+            if not self._ask_fixings(t, waiting=True):
+                return False
+        if rank not in world.alive(t) and (t == 0 or rank not in world.alive(t - 1)):
+            return False   # absent, and not leaving now
+        return self._ask_fixings(t, waiting=False)
+
+    def _ask_fixings(self, t: int, waiting: bool) -> bool:
+        """Ask the launcher for every fixing so far and play them; False when it says the run
+        ends before this worker's join (``released``)."""
+        from .fixing import Fixing
+        self.state.phase = "waiting" if waiting else self.state.phase
+        self.ctl.send({"type": "round", "round": t, "waiting": waiting})
+        timeout_s = self.spec.exit_timeout_s if waiting else self.spec.peer_timeout_s
+        msg = self.ctl.wait_for("fixings", timeout_s)
+        if msg["type"] == "stop":
+            self.released = True
+            return False
+        self.world.fix([Fixing.from_json(f) for f in msg["fixings"]])
+        self.released = bool(msg["released"])
+        return not self.released
 
     def _timed(self, plan, now_s: float):
         """The round's plan with this worker's speed and pause events at a time that are due

@@ -326,6 +326,11 @@ class World:
     def fix(self, fixings: list[Fixing]) -> None:
         """Play leaves, joins and partitions at a time from the rounds they were fixed at
         (``fixing.RoundFixer``); rounds before them come out as before."""
+        items = {(index, part) for _, index, part in (self.fixer.items if self.fixer else ())}
+        for f in fixings:   # they may come over the control plane: each must be one of ours
+            if (f.index, f.part) not in items:
+                raise ValueError(f"fixing of event {f.index} ({f.part}): the scenario has no "
+                                 "such leave, join or partition at a time")
         known = {(f.index, f.part) for f in self.fixings}
         new = [f for f in fixings if (f.index, f.part) not in known]
         if new:
@@ -526,6 +531,12 @@ class World:
         fixed = {f.index for f in self.fixings}
         return any(isinstance(ev, JoinEvent) and ev.worker == rank and not ev.by_round
                    and i not in fixed for i, ev in enumerate(self.scenario.events))
+
+    def join_round(self, rank: int, after: int) -> int | None:
+        """The first round >= ``after`` at which ``rank`` joins, as far as fixed; None: none."""
+        rounds = [ev.round for ev in (self.view.round_events if self.view else ())
+                  if isinstance(ev, JoinEvent) and ev.worker == rank and ev.round >= after]
+        return min(rounds) if rounds else None
 
     def not_fired(self) -> list[dict]:
         """Leaves, joins and partitions at a time that the run did not reach (or fixed at a

@@ -4,8 +4,10 @@ A Unix socket path reaches across network namespaces and is never shaped, so con
 (start, stop, heartbeats, metrics, final parameters) never competes with the emulated links.
 
     launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error,
-                                                              avail (a2cid2);
-                                                              start, stop, exit, pair
+                                                              avail (a2cid2), round (events
+                                                              at a time);
+                                                              start, stop, exit, pair,
+                                                              fixings
     launcher PULL    <-  worker PUSH (heartbeat thread): hb {worker, round, step, state, peer,
                                                             sent, dropped, drop_reasons;
                                                             optional: speed, round_steps,
@@ -216,10 +218,30 @@ class Avail:
                    _int("avail.step", wire["step"], 0, expect.rounds - 1), wire["finished"])
 
 
-Message = Heartbeat | Ready | Metric | Final | Error | Avail
+@dataclass(frozen=True)
+class RoundStart:
+    """A scenario with leaves, joins or partitions at a time: the worker starts round
+    ``round`` and waits for every fixing so far (``fixing.RoundFixer``); with ``waiting`` it
+    is absent until a join not fixed yet, and the answer comes once that join is fixed (or
+    ``released`` when the run ends first)."""
+
+    worker: int
+    round: int
+    waiting: bool
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> RoundStart:
+        _fields(wire, "round", ("type", "worker", "round", "waiting"))
+        if type(wire["waiting"]) is not bool:
+            raise ControlError("round.waiting", f"expected a bool, got {_show(wire['waiting'])}")
+        return cls(_worker(wire, "round", expect),
+                   _int("round.round", wire["round"], 0, expect.rounds - 1), wire["waiting"])
+
+
+Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
 # the allow-list: a type name off the wire only ever selects one of these
 MESSAGES: dict[str, type] = {"hb": Heartbeat, "ready": Ready, "metric": Metric, "final": Final,
-                             "error": Error, "avail": Avail}
+                             "error": Error, "avail": Avail, "round": RoundStart}
 
 
 def parse(msg, expect: Expect) -> Message:

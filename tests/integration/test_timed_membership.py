@@ -1,6 +1,6 @@
 """Leaves, joins and a partition at a time (``at_s``) in ``simulate``: each is fixed at one
-round for every worker (``fixing.RoundFixer`` on the virtual clock), the run is the same each
-time, and the record says where each landed; ``run`` refuses them for now (exit 2)."""
+round for every worker (``fixing.RoundFixer``: on the virtual clock in ``simulate``, the same
+each time; on the launcher's clock in ``run``), and the record says where each landed."""
 from __future__ import annotations
 
 import json
@@ -81,13 +81,74 @@ def test_events_at_a_time_are_fixed_at_one_round_for_everyone(tmp_path, algo):
         assert again["final_eval_loss"] == summary["final_eval_loss"]
 
 
-def test_run_refuses_events_at_a_time_with_exit_2(tmp_path):
-    (tmp_path / "s.toml").write_text(SCENARIO)
+def test_a_multi_node_run_refuses_a_partition_at_a_time_with_exit_2(tmp_path):
+    (tmp_path / "s.toml").write_text(
+        "[[event]]\ntype = 'partition'\ngroups = [[0], [1]]\nat_s = 1.0\n")
     result = CliRunner().invoke(main, [
-        "run", "--workers", "5", "--model", "tiny", "-R", "12", "--no-dashboard",
+        "run", "--workers", "2", "--model", "tiny", "-R", "2", "--no-dashboard",
+        "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
         "--set", f"run.scenario={tmp_path / 's.toml'}", "--out", str(tmp_path / "r")],
         catch_exceptions=True)
     assert result.exit_code == 2, result.output
-    assert "join event at at_s = 0.55: run plays leave, join and partition events by round " \
-        "only" in result.output
+    assert "a partition at a time (at_s), which multi-node runs do not support yet" in \
+        result.output
     assert not (tmp_path / "r").exists()
+
+
+RUN_SCENARIO = """
+[[event]]
+type = "leave"
+worker = 1
+at_s = 0.6
+
+[[event]]
+type = "partition"
+groups = [[0, 4], [2, 3]]
+at_s = 1.0
+end_s = 1.5
+
+[[event]]
+type = "join"
+worker = 1
+at_s = 1.9
+
+[[event]]
+type = "join"      # a new worker whose join is after the end: released when the others finish
+worker = 5
+at_s = 600.0
+"""
+
+
+def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
+    """The launcher fixes them on the run's clock; where they land depends on the machine's
+    speed, so this checks that every worker played each at the same round."""
+    from gasloc_emu.launcher import launch
+    from gasloc_emu.preflight import preflight
+    from gasloc_emu.records import new_run_dir
+    (tmp_path / "s.toml").write_text(RUN_SCENARIO)
+    cfg = C.resolve(overrides={
+        "workers": 6, "algo.name": "gasloc", "topology.name": "ring", "algo.local_steps": 3,
+        "run.rounds": 24, "run.eval_every": 8, "run.scenario": str(tmp_path / "s.toml"),
+        "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05})
+    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "run"))
+    assert result.code == 0, result.error
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    leave, join = summary["membership"]["changes"]
+    assert (leave["type"], leave["at_s"], join["type"], join["at_s"]) == ("leave", 0.6, "join",
+                                                                         1.9)
+    assert summary["membership"]["not_fired"] == [
+        {"type": "join", "part": "start", "at_s": 600.0, "worker": 5}]
+    assert summary["membership"]["alive_at_end"] == [0, 1, 2, 3, 4]
+    assert leave["round"] < join["round"]
+    rows = _rows(tmp_path / "run")
+    assert sorted(r["round"] for r in rows if r["worker"] == 1) == \
+        list(range(leave["round"])) + list(range(join["round"], 24))
+    assert not [r for r in rows if r["worker"] == 5]
+    part = next(e for e in _events(tmp_path / "run") if e["type"] == "partition")
+    restore = next(e for e in _events(tmp_path / "run") if e.get("source") == "restore")
+    assert leave["round"] < part["round"] < restore["round"] < join["round"]
+    peers = {(r["worker"], r["round"]): set(r["peers"]) for r in rows}
+    for (w, t), ps in peers.items():   # each exchange is mutual: both played the same world
+        assert all(w in peers[(p, t)] for p in ps), (w, t, ps)
+    for t in range(24):   # 3 and 4, ring neighbours, are apart exactly while the cut holds
+        assert (4 in peers[(3, t)]) == (not part["round"] <= t < restore["round"]), t

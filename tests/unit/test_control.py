@@ -34,6 +34,7 @@ VALID = {
               "counters": COUNTERS},
     "error": {"type": "error", "worker": 1, "error": "InjectedFault: worker 1 raise at round 2"},
     "avail": {"type": "avail", "worker": 1, "step": 3, "finished": False},
+    "round": {"type": "round", "worker": 2, "round": 4, "waiting": True},
 }
 PARSED = {
     "hb": control.Heartbeat(1, 2, 30, "waiting", 2, {0: 10, 2: 20}, 3,
@@ -43,6 +44,7 @@ PARSED = {
     "final": control.Final(1, 3.25, "float32", 6, COUNTERS),
     "error": control.Error(1, "InjectedFault: worker 1 raise at round 2"),
     "avail": control.Avail(1, 3, False),
+    "round": control.RoundStart(2, 4, True),
 }
 
 
@@ -184,6 +186,11 @@ def test_the_probe_heartbeat_is_refused():
     ("avail", "step", 5, "avail.step"),   # past the run's last step
     ("avail", "step", 2.0, "avail.step"),
     ("avail", "worker", 7, "avail.worker"),
+    ("round", "waiting", 0, "round.waiting"),
+    ("round", "waiting", MISSING, "round.fields"),
+    ("round", "round", 5, "round.round"),   # past the run's last round
+    ("round", "round", -1, "round.round"),
+    ("round", "worker", 7, "round.worker"),
 ])
 def test_every_field_is_checked(kind, path, value, reason):
     refused(changed(kind, path, value), reason)

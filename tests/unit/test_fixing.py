@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from gasloc_emu.fixing import Fixing, RoundFixer, timed_items
-from gasloc_emu.preflight import timed_world_refusal
 from gasloc_emu.scenario import (
     JoinEvent,
     LeaveEvent,
@@ -135,12 +134,15 @@ def test_a_join_at_a_time_from_a_donor_cut_off_then_is_refused():
     check_supported(_scenario(*events, JoinEvent(at_s=2.0, worker=3, from_worker=2)))
 
 
-def test_run_refuses_what_only_the_simulator_fixes():
-    assert timed_world_refusal(None) is None
-    assert timed_world_refusal(_world(LeaveEvent(round=2, worker=1))) is None
-    text = timed_world_refusal(_world(LeaveEvent(at_s=1.5, worker=1)))
-    assert text.startswith("scenario: leave event at at_s = 1.5: run plays leave, join and "
-                           "partition events by round only")
+def test_a_world_takes_only_fixings_of_its_own_events_at_a_time():
+    world = _world(LeaveEvent(at_s=1.0, worker=2), LinkEvent(at_s=0.5, links=((0, 1),),
+                                                            rate_mbit=5.0))
+    for bad in (Fixing(1, "start", 0.5, 3), Fixing(0, "end", 1.0, 3), Fixing(7, "start", 1.0, 3)):
+        with pytest.raises(ValueError, match="the scenario has no such leave, join or partition"):
+            world.fix([bad])
+    assert world.fixings == []
+    assert World(_scenario(LeaveEvent(round=2, worker=1)), 4, ROUNDS, 0.5,
+                 ring_peers).fixer is None
 
 
 # ---------------------------------------------------------------- the virtual clock
