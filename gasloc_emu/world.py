@@ -922,6 +922,8 @@ def event_text(rec: dict) -> str:
             "link": "links {links} change",
             "partition": "partition {groups}"}.get(rec["type"], rec["type"])
     when = f"round {rec['round']}" if rec.get("round") is not None else f"{rec['at_s']:g} s"
+    if rec.get("round") is not None and rec.get("at_s") is not None:   # fixed at that round
+        when += f" (at_s {rec['at_s']:g})"
     return f"{when}: " + what.format(**rec)
 
 

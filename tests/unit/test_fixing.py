@@ -15,7 +15,7 @@ from gasloc_emu.scenario import (
     ScenarioError,
 )
 from gasloc_emu.virtual_clock import Compute, Done, Park, Start, VirtualClock
-from gasloc_emu.world import World, check_supported, ring_peers
+from gasloc_emu.world import World, check_supported, event_text, ring_peers
 
 ROUNDS = 10
 
@@ -85,6 +85,7 @@ def test_a_world_plays_what_is_fixed_and_nothing_before():
     assert world.left_and_joined() == [{"type": "leave", "worker": 2, "round": 4, "at_s": 1.0}]
     assert world.records(4)[0] | {"detected_by": None} == {
         "type": "leave", "round": 4, "at_s": 1.0, "worker": 2, "detected_by": None}
+    assert event_text(world.records(4)[0]) == "round 4 (at_s 1): worker 2 leaves"
     assert world.not_fired() == [{"type": "join", "part": "start", "at_s": 3.0, "worker": 2}]
     world.fix([Fixing(0, "start", 1.0, 4), Fixing(1, "start", 3.0, 7)])   # repeats ignored
     assert len(world.fixings) == 2 and world.alive(7) == {0, 1, 2, 3}
