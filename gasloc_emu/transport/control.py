@@ -211,11 +211,7 @@ class Avail:
 
     @classmethod
     def from_wire(cls, wire: dict, expect: Expect) -> Avail:
-        _fields(wire, "avail", ("type", "worker", "step", "finished"))
-        if type(wire["finished"]) is not bool:
-            raise ControlError("avail.finished", f"expected a bool, got {_show(wire['finished'])}")
-        return cls(_worker(wire, "avail", expect),
-                   _int("avail.step", wire["step"], 0, expect.rounds - 1), wire["finished"])
+        return cls(*_rank_round_flag(wire, "avail", "step", "finished", expect))
 
 
 @dataclass(frozen=True)
@@ -231,11 +227,17 @@ class RoundStart:
 
     @classmethod
     def from_wire(cls, wire: dict, expect: Expect) -> RoundStart:
-        _fields(wire, "round", ("type", "worker", "round", "waiting"))
-        if type(wire["waiting"]) is not bool:
-            raise ControlError("round.waiting", f"expected a bool, got {_show(wire['waiting'])}")
-        return cls(_worker(wire, "round", expect),
-                   _int("round.round", wire["round"], 0, expect.rounds - 1), wire["waiting"])
+        return cls(*_rank_round_flag(wire, "round", "round", "waiting", expect))
+
+
+def _rank_round_flag(wire: dict, kind: str, round_key: str, flag_key: str,
+                     expect: Expect) -> tuple[int, int, bool]:
+    """(worker, a round or step of the run, a bool) of a message with exactly those fields."""
+    _fields(wire, kind, ("type", "worker", round_key, flag_key))
+    if type(wire[flag_key]) is not bool:
+        raise ControlError(f"{kind}.{flag_key}", f"expected a bool, got {_show(wire[flag_key])}")
+    return (_worker(wire, kind, expect),
+            _int(f"{kind}.{round_key}", wire[round_key], 0, expect.rounds - 1), wire[flag_key])
 
 
 Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
