@@ -213,7 +213,6 @@ class _Life:
             self.worker.join(plan.join_from, t)
         return plan if plan.active else None
 
-
     def _at_round_start(self, t: int) -> bool:
         """With events at a time: wait until the virtual clock reaches this worker's start of
         round t (the events due by then fixed at rounds); while it is absent until a join not
@@ -223,8 +222,8 @@ class _Life:
             if self.released or not self.transport.park():
                 self.released = True
                 return False
-        if rank not in world.alive(t) and rank not in world.alive(t - 1 if t else 0):
-            return False   # absent, and not leaving now
+        if world.sits_out(rank, t):
+            return False
         self.transport.start_round(t)
         return True
 

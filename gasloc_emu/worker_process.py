@@ -335,20 +335,20 @@ class WorkerProcess:
         while world.awaits_join(rank, t):
             if not self._ask_fixings(t, waiting=True):
                 return False
-        if rank not in world.alive(t) and (t == 0 or rank not in world.alive(t - 1)):
-            return False   # absent, and not leaving now
+        if world.sits_out(rank, t):
+            return False
         return self._ask_fixings(t, waiting=False)
 
     def _ask_fixings(self, t: int, waiting: bool) -> bool:
         """Ask the launcher for every fixing so far and play them; False when it says the run
-        ends before this worker's join (``released``)."""
+        ends before this worker's join (``released``) or tells it to stop."""
         from .fixing import Fixing
-        self.state.phase = "waiting" if waiting else self.state.phase
+        if waiting:
+            self.state.phase = "waiting"
         self.ctl.send({"type": "round", "round": t, "waiting": waiting})
         timeout_s = self.spec.exit_timeout_s if waiting else self.spec.peer_timeout_s
         msg = self.ctl.wait_for("fixings", timeout_s)
         if msg["type"] == "stop":
-            self.released = True
             return False
         self.world.fix([Fixing.from_json(f) for f in msg["fixings"]])
         self.released = bool(msg["released"])

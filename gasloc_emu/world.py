@@ -532,6 +532,10 @@ class World:
         return any(isinstance(ev, JoinEvent) and ev.worker == rank and not ev.by_round
                    and i not in fixed for i, ev in enumerate(self.scenario.events))
 
+    def sits_out(self, rank: int, t: int) -> bool:
+        """Whether ``rank`` has no part in round t: absent in it and not leaving at it."""
+        return rank not in self.alive(t) and (t == 0 or rank not in self.alive(t - 1))
+
     def join_round(self, rank: int, after: int) -> int | None:
         """The first round >= ``after`` at which ``rank`` joins, as far as fixed; None: none."""
         rounds = [ev.round for ev in (self.view.round_events if self.view else ())
