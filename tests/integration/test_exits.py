@@ -86,8 +86,10 @@ def test_network_settings_that_would_not_apply_are_refused(tmp_path, gasloc, ext
 
 
 def _interrupt_when(args: list[str], ready, tmp_path: Path) -> subprocess.CompletedProcess:
+    # a shell's background job starts with SIGINT ignored, which a child would inherit
     proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not ready() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
