@@ -348,3 +348,57 @@ def test_the_launcher_acts_on_errors_and_checked_finals():
     assert sup.slots[0].final["counters"] == counters and torch.equal(sup.slots[0].theta,
                                                                       torch.ones(numel))
     assert sup.link_bytes() == [{"src": 0, "dst": 1, "bytes": 8}]
+
+
+def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():
+    """Leaves and joins at a time (``fixing.RoundFixer`` on the launcher's clock): a round start
+    is answered with every fixing due by then; a worker absent until a join waits for its
+    answer until the join is fixed, or is let go once the others are done."""
+    import time
+
+    from gasloc_emu.scenario import JoinEvent, LeaveEvent, Scenario
+    from gasloc_emu.world import World, ring_peers
+    sup, _, _ = _bare_supervisor(workers=3, rounds=8)
+    told = []
+    sup._tell = lambda rank, msg: told.append((rank, msg))
+    sup._on_control(_frames(b"w1", {"type": "round", "worker": 1, "round": 0, "waiting": False}))
+    assert sup.control_drops == {"round.scenario": 1} and told == []   # no events at a time
+    scenario = Scenario((JoinEvent(at_s=5.0, worker=2), LeaveEvent(at_s=10.0, worker=1)), 3, 8)
+    sup.world, sup.join_waiters = World(scenario, 3, 8, 0.5, ring_peers), {}
+
+    def at(now_s: float, rank: int, round_idx: int, waiting: bool = False) -> None:
+        sup.t0 = time.time() - now_s
+        sup._on_control(_frames(f"w{rank}".encode(), {"type": "round", "worker": rank,
+                                                      "round": round_idx, "waiting": waiting}))
+
+    at(0.5, 2, 0, waiting=True)    # the new worker asks before its join's time: no answer yet
+    at(0.5, 0, 2)
+    assert told == [(0, {"type": "fixings", "released": False, "fixings": []})]
+    at(5.5, 1, 3)                  # the join is due: fixed at 1 + the highest round started
+    join = {"index": 0, "part": "start", "at_s": 5.0, "round": 3}
+    assert told[1:] == [(2, {"type": "fixings", "released": False, "fixings": [join]}),
+                        (1, {"type": "fixings", "released": False, "fixings": [join]})]
+    assert sup.world.alive(3) == {0, 1, 2} and sup.join_waiters == {}
+    at(10.5, 0, 4)                 # worker 1 had started round 3: the leave lands on round 4
+    assert told[-1][1]["fixings"][-1] == {"index": 1, "part": "start", "at_s": 10.0, "round": 4}
+    assert sup.world.alive(4) == {0, 2}
+
+
+def test_the_launcher_lets_a_waiting_worker_go_once_the_others_are_done():
+    import time
+
+    from gasloc_emu.scenario import JoinEvent, Scenario
+    from gasloc_emu.world import World, ring_peers
+    sup, _, _ = _bare_supervisor(workers=3, rounds=8)
+    told = []
+    sup._tell = lambda rank, msg: told.append((rank, msg))
+    sup.world = World(Scenario((JoinEvent(at_s=600.0, worker=2),), 3, 8), 3, 8, 0.5, ring_peers)
+    sup.join_waiters, sup.t0 = {}, time.time() - 1.0
+    sup._on_control(_frames(b"w2", {"type": "round", "worker": 2, "round": 0, "waiting": True}))
+    sup.slots[0].final = {"eval_loss": 3.0}
+    sup._fix_due()
+    assert told == [] and not sup.slots[2].gone    # worker 1 still trains
+    sup.slots[1].final = {"eval_loss": 3.0}
+    sup._fix_due()
+    assert told == [(2, {"type": "fixings", "released": True, "fixings": []})]
+    assert sup.slots[2].gone and sup.join_waiters == {}
