@@ -523,10 +523,7 @@ class World:
     def awaits_join(self, rank: int, t: int) -> bool:
         """Whether ``rank`` is absent in round t until a join at a time that is not fixed yet
         (none of its joins is fixed at a later round)."""
-        if self.fixer is None or rank in self.alive(t):
-            return False
-        if any(isinstance(ev, JoinEvent) and ev.worker == rank and ev.round > t
-               for ev in self.view.round_events):
+        if self.fixer is None or rank in self.alive(t) or self.join_round(rank, t + 1) is not None:
             return False
         fixed = {f.index for f in self.fixings}
         return any(isinstance(ev, JoinEvent) and ev.worker == rank and not ev.by_round
