@@ -546,7 +546,7 @@ class World:
         return [{"type": ev.kind, "part": part, "at_s": at_s} | (
                     {"groups": [list(g) for g in ev.groups]} if isinstance(ev, PartitionEvent)
                     else {"worker": ev.worker})
-                for at_s, i, part in (timed_items(self.scenario) if self.fixer else ())
+                for at_s, i, part in (self.fixer.items if self.fixer else ())
                 for ev in [self.scenario.events[i]] if (i, part) not in fired]
 
 
