@@ -136,6 +136,26 @@ def test_a_negative_eigenvalue_makes_overlapped_momentum_diverge():
     assert disagreement(1.0, overlap=0) < 50
 
 
+def pair_disagreement(alpha: float, overlap: int, rounds: int = 60) -> float:
+    """8 workers on one-peer matchings, gamma 0.9, eta * eps = 0.35: the disagreement before
+    the last mix."""
+    topo = Topology("matching", 8, alpha=alpha)
+    hist = run_overlapped(8, lambda r, tp: GASLoC(r, tp, topo, 1.0, 0.9, overlap=overlap),
+                          rounds, inner=stiff_inner(8, 0.35))
+    return consensus_error([h[-2] for h in hist])
+
+
+def test_a_lazier_gossip_step_takes_back_what_the_lag_adds():
+    """docs/ALGORITHM.md, "What the lag costs": a pair's disagreement goes by kappa = 1 - alpha -
+    eta*eps with overlap, (1 - alpha)(1 - eta*eps) without. At alpha = 1 the overlapped pair's
+    kappa is -0.35 and, with gamma 0.9, its disagreement flips sign every round and fades
+    slowly: several times the sequential one. alpha = 1 - eta*eps brings kappa back to 0, and
+    the disagreement to the sequential run's."""
+    sequential = pair_disagreement(1.0, overlap=0)
+    assert pair_disagreement(1.0, overlap=1) > 4 * sequential
+    assert pair_disagreement(0.65, overlap=1) < 1.25 * sequential
+
+
 def _cfg(**over):
     sets = tuple(f"{k}={v}" for k, v in over.items())
     return config.resolve(overrides={"workers": 8, "run.rounds": 2}, sets=sets)
