@@ -167,7 +167,9 @@ class AlgoConfig(_Validated):
     overlap: int = setting(0, "Rounds communication may lag behind compute: 0 (communicate, "
                               "then compute) or 1 (gasloc: the neighbours' z of round t are "
                               "mixed in at the end of round t+1; diloco: round t's All-Reduce "
-                              "runs during round t+1 and its outer step lands one round late).",
+                              "runs during round t+1 and its outer step lands one round late). "
+                              "With gasloc, search algo.alpha below 1 with the outer lr: the "
+                              "lag's cost depends on it (docs/ALGORITHM.md).",
                            lo=0, hi=1)
     continuous_momentum: bool = setting(True, "a2cid2: the paper's continuous momentum, with "
                                               "its constants from the graph; off, plain "

@@ -76,3 +76,25 @@ def test_overlap_hides_the_transfer_in_run_and_simulate_alike(tmp_path, algo):
         assert sum(ran[0]["compute"]["overruns"]) <= 0.02 * 4 * 10 * ROUNDS, ran[0]["compute"]
     # the staleness is paid in loss, not hidden: overlap changes the iterates
     assert ovl_run[0]["final_eval_loss"] != seq_run[0]["final_eval_loss"]
+
+
+def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:
+    """GASLoC on one-peer matchings (runs/overlap.toml, gamma 0.9, eta 0.35), 4 workers, 20
+    rounds, in the simulator (its losses are run's, as above)."""
+    from gasloc_emu import config
+    from gasloc_emu.simulate import simulate
+    cfg = config.resolve(Path(__file__).parents[2] / "runs" / "overlap.toml",
+                         {"workers": 4, "run.rounds": 20, "run.eval_every": 0,
+                          "net.bw_profile": "", "algo.overlap": overlap, "algo.alpha": alpha,
+                          "algo.outer_lr": 0.35})
+    return simulate(cfg, tmp_path / name)["final_eval_loss"]
+
+
+def test_overlapped_gasloc_ends_within_3_percent_of_sequential_at_equal_rounds(tmp_path):
+    """The loss half of the must-hold, each arm with the gossip step the sweep found best for
+    it (docs/RESULTS.md, "Overlap"): 1.3 % here. At alpha = 1 the lag costs more (docs/ALGORITHM.md,
+    "What the lag costs": the late correction overshoots)."""
+    sequential = final_loss(tmp_path, "seq", 0, 0.5)
+    lazy = final_loss(tmp_path, "lazy", 1, 0.35)
+    assert lazy <= 1.03 * sequential, (lazy, sequential)
+    assert final_loss(tmp_path, "full", 1, 1.0) > lazy + 0.05
