@@ -119,12 +119,15 @@ def stiff_inner(n: int, eps: float):
     return inner
 
 
-def disagreement(alpha: float, overlap: int, rounds: int = 60) -> float:
+def disagreement(alpha: float, overlap: int, graph: str = "ring", eps: float = 0.3,
+                 rounds: int = 60) -> float:
+    """8 workers, eta = 1 (so eta * eps = eps), gamma 0.9: the disagreement before the last
+    mix."""
     n = 8
-    topo = Topology("ring", n, alpha=alpha)
+    topo = Topology(graph, n, alpha=alpha)
     hist = run_overlapped(n, lambda r, tp: GASLoC(r, tp, topo, 1.0, 0.9, overlap=overlap),
-                          rounds, inner=stiff_inner(n, 0.3))
-    return consensus_error([h[-2] for h in hist])  # before the last mix
+                          rounds, inner=stiff_inner(n, eps))
+    return consensus_error([h[-2] for h in hist])
 
 
 def test_a_negative_eigenvalue_makes_overlapped_momentum_diverge():
@@ -136,13 +139,9 @@ def test_a_negative_eigenvalue_makes_overlapped_momentum_diverge():
     assert disagreement(1.0, overlap=0) < 50
 
 
-def pair_disagreement(alpha: float, overlap: int, rounds: int = 60) -> float:
-    """8 workers on one-peer matchings, gamma 0.9, eta * eps = 0.35: the disagreement before
-    the last mix."""
-    topo = Topology("matching", 8, alpha=alpha)
-    hist = run_overlapped(8, lambda r, tp: GASLoC(r, tp, topo, 1.0, 0.9, overlap=overlap),
-                          rounds, inner=stiff_inner(8, 0.35))
-    return consensus_error([h[-2] for h in hist])
+def pair_disagreement(alpha: float, overlap: int) -> float:
+    """One-peer matchings, eta * eps = 0.35."""
+    return disagreement(alpha, overlap, graph="matching", eps=0.35)
 
 
 def test_a_lazier_gossip_step_takes_back_what_the_lag_adds():
