@@ -354,8 +354,6 @@ def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():
     """Leaves and joins at a time (``fixing.RoundFixer`` on the launcher's clock): a round start
     is answered with every fixing due by then; a worker absent until a join waits for its
     answer until the join is fixed, or is let go once the others are done."""
-    import time
-
     from gasloc_emu.scenario import JoinEvent, LeaveEvent, Scenario
     from gasloc_emu.world import World, ring_peers
     sup, _, _ = _bare_supervisor(workers=3, rounds=8)
@@ -385,8 +383,6 @@ def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():
 
 
 def test_the_launcher_lets_a_waiting_worker_go_once_the_others_are_done():
-    import time
-
     from gasloc_emu.scenario import JoinEvent, Scenario
     from gasloc_emu.world import World, ring_peers
     sup, _, _ = _bare_supervisor(workers=3, rounds=8)
