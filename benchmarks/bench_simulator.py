@@ -27,6 +27,7 @@ import torch
 from gasloc_emu import config as C
 from gasloc_emu import data, model
 from gasloc_emu.data import build_corpus
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 from gasloc_emu.worker import make_optimizer
 
@@ -71,7 +72,7 @@ def sim_run(cfg: C.Config, corpus: data.Corpus) -> tuple[float, float, float]:
     """
     with tempfile.TemporaryDirectory() as tmp:
         t0 = _now()
-        simulate(cfg, Path(tmp) / "run", corpus=corpus)
+        simulate(build_plan(cfg, corpus=corpus), Path(tmp) / "run")
         wall, cpu = _since(t0)
     net, _ = model.build_model(cfg.model, cfg.seed)
     batches = corpus.eval_batches()

@@ -16,13 +16,13 @@ from netem.probe import probe_links
 from . import exitcodes
 from .compare import CompareError, compare_table, links_table, load_run, plot, show_run
 from .config import Config, ConfigError
-from .dashboard import LiveView, header_from_config
+from .dashboard import LiveView, header_from_plan
 from .devices import simulator_device
 from .fmt import summary_lines
-from .netplan import open_network, shaped, shaping_decision, sim_link_model, used_pairs
+from .netplan import open_network, shaped, shaping_decision, used_pairs
 from .records import new_run_dir
 from .sweep import markdown_section, run_sweep, update_results_page
-from .topology import Topology, build_topology
+from .topology import Topology
 
 
 class RoundPrinter:
@@ -75,16 +75,14 @@ def use_dashboard(cfg: Config) -> bool:
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
     from .simulate import simulate  # loads torch: only for the commands that train
     from .worker import Diverged
-    pre = _preflight(cfg)
-    link_model = sim_link_model(cfg)
-    path = new_run_dir(cfg, out, overwrite)
+    plan = _plan(cfg)
+    path = new_run_dir(cfg, out, overwrite, plan.run_label())
     device = simulator_device(cfg.run.device)
-    progress = make_progress(cfg, devices=[device] * cfg.workers,
-                             shaper="virtual clock" if link_model else "none")
+    progress = make_progress(plan, devices=[device] * cfg.workers,
+                             shaper="virtual clock" if plan.link_model else "none")
     try:
         with progress:
-            summary = simulate(cfg, path, progress=progress, link_model=link_model,
-                               corpus=pre.corpus, device=device)
+            summary = simulate(plan, path, progress=progress, device=device)
     except Diverged as exc:
         click.echo(f"error: {exc}; record: {path}", err=True)
         return exitcodes.DIVERGED
@@ -95,12 +93,13 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> i
     return exitcodes.OK
 
 
-def _preflight(cfg: Config):
-    from .preflight import preflight  # loads torch: only the training commands need it
-    pre = preflight(cfg)
-    for text in pre.warnings:
+def _plan(cfg: Config, data: bool = True):
+    """The run plan (every bad input refused here), its warnings printed."""
+    from .plan import build_plan  # loads torch: only the commands that need the plan pay
+    plan = build_plan(cfg, data=data)
+    for text in plan.warnings:
         click.echo(f"warning: {text}", err=True)
-    return pre
+    return plan
 
 
 def _echo_lines(lines: list[str]) -> None:
@@ -108,21 +107,20 @@ def _echo_lines(lines: list[str]) -> None:
         click.echo(line)
 
 
-def make_progress(cfg: Config, devices=(), shaper: str | None = None):
+def make_progress(plan, devices=(), shaper: str | None = None):
     """The live dashboard on a TTY (unless switched off), else one plain line per round."""
+    cfg = plan.cfg
     if use_dashboard(cfg):
-        return LiveView(header_from_config(cfg, devices=devices, shaper=shaper))
-    return RoundPrinter(cfg.workers, cfg.run.rounds, alive=_alive_counts(cfg))
+        return LiveView(header_from_plan(plan, devices=devices, shaper=shaper))
+    return RoundPrinter(cfg.workers, cfg.run.rounds, alive=_alive_counts(plan))
 
 
-def _alive_counts(cfg: Config) -> Callable[[int], int] | None:
+def _alive_counts(plan) -> Callable[[int], int] | None:
     """How many workers take part in each round, when a scenario changes it."""
-    from .topology import build_topology
-    from .world import from_config
-    world = from_config(cfg, build_topology(cfg))
+    world = plan.world
     if world is None or not world.churns or world.fixer is not None:
         return None   # by time: not known before the run
-    counts = [len(world.alive(t)) for t in range(cfg.run.rounds)]
+    counts = [len(world.alive(t)) for t in range(plan.cfg.run.rounds)]
     return counts.__getitem__
 
 
@@ -131,10 +129,11 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
     from .launcher import launch  # loads torch, as the other training commands do
     if role is not None and role.multi:
         return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
-    pre = _preflight(cfg)
-    path = None if dry_run else new_run_dir(cfg, out, overwrite)  # refused before anything runs
-    result = launch(cfg, pre, path, dry_run=dry_run,
-                    progress_factory=lambda devices, shaper: make_progress(cfg, devices, shaper),
+    plan = _plan(cfg, data=not dry_run)
+    # refused before anything runs
+    path = None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
+    result = launch(plan, path, dry_run=dry_run,
+                    progress_factory=lambda devices, shaper: make_progress(plan, devices, shaper),
                     log=lambda line: click.echo(line, err=True))
     return _report(result)
 
@@ -143,21 +142,21 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
               secret_file: str | None) -> int:
     """One node of a multi-node run; node 0 keeps the record and shows the dashboard."""
     from .multinode import describe_role, launch_cluster
+    plan = _plan(cfg, data=not dry_run)
     if dry_run:
-        click.echo(describe_role(cfg, role))
+        click.echo(describe_role(plan, role))
         return exitcodes.OK
-    pre = _preflight(cfg)
-    if pre.world is not None and pre.world.churns:
+    if plan.world is not None and plan.world.churns:
         raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
                           "support yet; run it on one host, or drop the leave and join events")
-    if pre.world is not None and pre.world.fixer is not None:
+    if plan.world is not None and plan.world.fixer is not None:
         raise ConfigError("run.scenario: a partition at a time (at_s), which multi-node runs "
                           "do not support yet (only one host's launcher fixes it at a round); "
                           "run it on one host, or give it a round (round = R)")
-    path = new_run_dir(cfg, out, overwrite) if role.is_master else None
-    factory = (lambda labels, shaper: make_progress(cfg, labels, shaper)) \
+    path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
+    factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
         if role.is_master else None
-    result = launch_cluster(cfg, pre, path, role, secret_file=secret_file, out=out,
+    result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
                             progress_factory=factory, log=lambda line: click.echo(line, err=True))
     if not role.is_master:  # node 0 has the record and prints the summary
         return result.code
@@ -256,11 +255,11 @@ def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int
 
 def compute_show_command(cfg: Config) -> None:
     from .compute import profile_lines  # the compute model: worker speeds, step times
-    _echo_lines(profile_lines(cfg))
+    _echo_lines(profile_lines(cfg, _plan(cfg, data=False).compute))
 
 
 def netem_show_command(cfg: Config) -> None:
-    plan, decision = shaping_decision(cfg)
+    plan, decision = _plan(cfg, data=False).link_plan, shaping_decision(cfg)
     table = Table(title=f"profile {plan.profile!r}, {plan.workers} workers"
                         + (f" ({plan.note})" if getattr(plan, "note", "") else ""))
     for col in ("link", "rate Mbit/s", "effective Mbit/s", "latency ms"):
@@ -280,8 +279,9 @@ def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int
         click.echo("error: nothing to probe: give a --bw-profile (and a shaper other than none)",
                    err=True)
         return 2
-    with open_network(cfg) as network:
-        pairs = used_pairs(cfg, build_topology(cfg)) if topology_only else None
+    plan = _plan(cfg, data=False)
+    with open_network(cfg, plan.link_plan, plan.world) as network:
+        pairs = used_pairs(cfg, plan.topology) if topology_only else None
         rows = probe_links(network.session, pairs, seconds_per_link=seconds)
     _console(120).print(links_table(rows))
     missed = [r for r in rows if not r["ok"]]

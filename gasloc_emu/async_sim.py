@@ -21,13 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import compute, data
 from .async_worker import one_step, time_units
 from .config import Config
 from .pairing import Pairer
 from .records import RunRecord
 from .summary import final_summary
-from .topology import build_topology
 from .transport.base import TransportBase, TransportError
 from .worker import RoundStats, Worker
 
@@ -154,33 +152,30 @@ def _delta(after: dict, before: dict, key: str) -> int:
     return int(sum(after[key].values()) - sum(before[key].values()))
 
 
-def simulate_async(cfg: Config, out: Path, progress, link_model, corpus, device: str) -> dict:
-    """``simulate`` for a2cid2: the run record as the round-based simulator writes it, plus
-    per-worker steps and pairings in the summary."""
-    t_start = time.perf_counter()
-    compute.check(cfg)
-    corpus = corpus or data.build_corpus(cfg)
-    topo = build_topology(cfg)
+def simulate_async(plan, out: Path, progress, device: str) -> dict:
+    """``simulate`` for asynchronous pairwise gossip (``has_rounds = False``): the run record
+    as the round-based simulator writes it, plus per-worker steps and pairings."""
+    cfg, t_start = plan.cfg, time.perf_counter()
     with RunRecord(Path(out), cfg) as rec:
         boxes: dict = {}
         sim = None
-        workers = [Worker(cfg, r, PostTransport(r, cfg.workers, boxes, lambda: sim.now_s),
-                          corpus, device, topo, pace=False) for r in range(cfg.workers)]
+        workers = [Worker(plan, r, PostTransport(r, cfg.workers, boxes, lambda: sim.now_s),
+                          device, pace=False) for r in range(cfg.workers)]
 
         def emit(row: dict) -> None:
             rec.metric(row)
             if progress is not None:
                 progress(row)
 
-        sim = AsyncSim(cfg, workers, link_model, emit)
+        sim = AsyncSim(cfg, workers, plan.link_model, emit)
         sim.run()
         summary = final_summary(
-            cfg, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
+            plan, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
             workers[0].eval_set, time.perf_counter() - t_start,
-            sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers), topo)
-        summary["asynchronous"] = sim.pairer.record() | {
-            "eta": workers[0].algo.eta, "alpha_tilde": workers[0].algo.alpha_tilde}
-        if link_model is not None or any(w.compute.nominal for w in workers):
+            sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers))
+        summary["asynchronous"] = sim.pairer.record() | plan.algo.pairing_constants(
+            cfg.algo, plan.topology)
+        if plan.link_model is not None or any(w.compute.nominal for w in workers):
             summary["predicted_wall_s"] = sim.now_s
         summary["mode"] = "simulate"
         rec.summary(summary)

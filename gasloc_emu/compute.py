@@ -11,8 +11,9 @@ they cannot disagree.
   still fits in ``inner_budget_s``; the first step is always taken).
 - ``InnerPhase``: one inner phase on an injected clock: how many steps, their emulated time,
   the sleeps that pace them in an emulator process, and the steps that overran.
-- ``step_counts(cfg)``: every worker's steps per round when they are known before the run (fixed
-  H, or a budget with a nominal step time); None when they depend on measured times.
+- ``ComputePlan``: every worker's model and H_i, built once by the run plan (``plan``);
+  its ``step_counts()`` are known before the run (fixed H, or a budget with a nominal step
+  time), or None when they depend on measured times.
 """
 from __future__ import annotations
 
@@ -148,42 +149,59 @@ class InnerPhase:
         return self.clock() - self.start_s if self.sleep is not None else self.emulated_s
 
 
-def models(cfg: Config) -> tuple[ComputeModel, ...]:
-    """Every worker's compute model under ``cfg``, in rank order."""
+@dataclass(frozen=True)
+class ComputePlan:
+    """Every worker's compute under one config, built once by the run plan (``plan``):
+    their models in rank order, their fixed H_i, and whether the pseudo-gradient mean weights
+    workers by their steps (an algorithm's trait)."""
+
+    models: tuple[ComputeModel, ...]
+    fixed_steps: tuple[int, ...]
+    weighted: bool = False
+    profile: str = "uniform"   # compute.profile's name, for the record
+
+    def step_counts(self) -> tuple[int, ...] | None:
+        """Each worker's inner steps per round when known before the run, else None (a budget
+        filled with measured step times)."""
+        first = self.models[0]
+        if not first.budgeted:
+            return self.fixed_steps
+        if not first.nominal:
+            return None
+        return tuple(m.steps_in_budget() for m in self.models)
+
+    def pseudo_grad_weight(self, rank: int) -> float:
+        """What worker ``rank`` multiplies its pseudo-gradient by before the mean: 1 for the
+        plain mean, n * H_rank / sum_j H_j for the mean weighted by steps."""
+        if not self.weighted:
+            return 1.0
+        counts = self.step_counts()
+        return len(counts) * counts[rank] / sum(counts)
+
+    def record(self, overruns: list[int] | None = None) -> dict:
+        """summary.json's ``compute`` block."""
+        first = self.models[0]
+        return {"profile": self.profile, "step_time_s": first.step_time_s,
+                "inner_budget_s": first.inner_budget_s,
+                "speeds": [m.speed for m in self.models],
+                "steps_per_round": None if (s := self.step_counts()) is None else list(s),
+                "overruns": overruns}
+
+
+def plan(cfg: Config, default_steps: int, weighted: bool = False) -> ComputePlan:
+    """The compute of a run (the run plan calls this once): the profile read and checked,
+    H_i from ``algo.local_steps`` or the algorithm's ``default_steps``. ``weighted``: the
+    algorithm weights pseudo-gradients by steps, which needs every H_i before the run."""
     c = cfg.compute
-    return tuple(ComputeModel(c.step_time_s, v, c.inner_budget_s) for v in speeds(cfg))
-
-
-def step_counts(cfg: Config) -> tuple[int, ...] | None:
-    """Each worker's inner steps per round when known before the run, else None (a budget
-    filled with measured step times)."""
-    if cfg.compute.inner_budget_s <= 0:
-        return tuple(cfg.algo.steps_for(r) for r in range(cfg.workers))
-    if cfg.compute.step_time_s <= 0:
-        return None
-    return tuple(m.steps_in_budget() for m in models(cfg))
-
-
-def check(cfg: Config) -> None:
-    """Every compute check a run makes before it starts (profile file, DiLoCo's weighting)."""
-    speeds(cfg)
-    if cfg.algo.name == "diloco" and cfg.algo.pseudo_grad_mean == "steps" \
-            and step_counts(cfg) is None:
+    models = tuple(ComputeModel(c.step_time_s, v, c.inner_budget_s) for v in speeds(cfg))
+    fixed = tuple(cfg.algo.steps_for(r, default_steps) for r in range(cfg.workers))
+    out = ComputePlan(models, fixed, weighted, c.profile or "uniform")
+    if weighted and out.step_counts() is None:
         # the weights need every worker's H_i; the wire schema has no message to share them
         raise ComputeError("algo.pseudo_grad_mean = 'steps' with compute.inner_budget_s needs "
                            "compute.step_time_s > 0, so that every worker knows every step "
                            "count; with measured step times use pseudo_grad_mean = 'plain'")
-
-
-def pseudo_grad_weight(cfg: Config, rank: int) -> float:
-    """What worker ``rank`` multiplies its pseudo-gradient by before DiLoCo's mean:
-    1 for the plain mean, n * H_rank / sum_j H_j for the mean weighted by steps."""
-    if cfg.algo.pseudo_grad_mean == "plain":
-        return 1.0
-    counts = step_counts(cfg)
-    if counts is None:
-        check(cfg)  # raises, with the reason
-    return cfg.workers * counts[rank] / sum(counts)
+    return out
 
 
 # ---------------------------------------------------------------- profiles
@@ -276,26 +294,17 @@ def _check_speed(what: str, value) -> float:
 
 # ---------------------------------------------------------------- record and display
 
-def record(cfg: Config, overruns: list[int] | None = None) -> dict:
-    """summary.json's ``compute`` block; ``overruns``: steps per worker slower than nominal
-    (None where the caller did not collect them)."""
-    c = cfg.compute
-    return {"profile": c.profile or "uniform", "step_time_s": c.step_time_s,
-            "inner_budget_s": c.inner_budget_s, "speeds": list(speeds(cfg)),
-            "steps_per_round": None if (s := step_counts(cfg)) is None else list(s),
-            "overruns": overruns}
-
-
-def profile_lines(cfg: Config) -> list[str]:
+def profile_lines(cfg: Config, cp: ComputePlan) -> list[str]:
     """What ``gasloc-emu compute show`` prints: a header, then one line per worker."""
     c = cfg.compute
     head = f"compute profile {c.profile or 'uniform'!r}, {cfg.workers} workers, step time " \
         + (f"{c.step_time_s:g} s at speed 1" if c.step_time_s > 0 else "as measured") \
         + (f", budget {c.inner_budget_s:g} s per round" if c.inner_budget_s > 0 else "")
-    return [head] + [_worker_line(cfg, r, m) for r, m in enumerate(models(cfg))]
+    return [head] + [_worker_line(r, m, h) for r, (m, h) in
+                      enumerate(zip(cp.models, cp.fixed_steps, strict=True))]
 
 
-def _worker_line(cfg: Config, rank: int, m: ComputeModel) -> str:
+def _worker_line(rank: int, m: ComputeModel, fixed_steps: int) -> str:
     parts = [f"worker {rank:3d}: speed {m.speed:.3f}"]
     if m.nominal:
         parts.append(f"step {m.step_s():.4g} s")
@@ -303,7 +312,7 @@ def _worker_line(cfg: Config, rank: int, m: ComputeModel) -> str:
         parts.append(_steps(m.steps_in_budget()) if m.nominal
                      else "as many measured steps as fit per round")
     else:
-        parts.append(_steps(cfg.algo.steps_for(rank)) + " (H)")
+        parts.append(_steps(fixed_steps) + " (H)")
     return "  ".join(parts)
 
 

@@ -86,7 +86,10 @@ class _Validated:
 class ModelConfig(_Validated):
     _section = "model."
     preset: str = setting("tiny", "Named size: tiny (~0.1M params, CI), small (~1M), "
-                                  "gpt2 (124M, GPU).", choices=("tiny", "small", "gpt2"))
+                                  "gpt2 (124M, GPU); or a model of your own: "
+                                  "package.module:factory, or a name registered under the "
+                                  "entry-point group gasloc_emu.models (docs/EXTENDING.md).",
+                          names=("tiny", "small", "gpt2"))
     n_layer: int = setting(0, "Transformer blocks; 0 takes the preset's value.", lo=0, hi=96)
     n_head: int = setting(0, "Attention heads; 0 takes the preset's value.", lo=0, hi=64)
     n_embd: int = setting(0, "Embedding width; 0 takes the preset's value.", lo=0, hi=8192)
@@ -123,7 +126,33 @@ class InnerConfig(_Validated):
                                lo=0.0, hi=1e6)
 
 
+# The built-in algorithms' names, for help texts; any name registered under the entry-point
+# group gasloc_emu.algorithms, or package.module:Class, is taken (algorithms.registry)
 ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip", "a2cid2")
+
+
+class Params(Mapping):
+    """A section of free-form settings (``algo.params``): a read-only, hashable mapping of
+    TOML values, so the frozen config stays hashable. Whoever owns the keys validates them."""
+
+    def __init__(self, items: Mapping[str, Any] | None = None):
+        self._items = dict(sorted((items or {}).items()))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(repr(self._items))
+
+    def __repr__(self) -> str:
+        return f"Params({self._items!r})"
+
 # algo.outer_lr = "1-momentum": eta = 1 - gamma, so the heavy ball's step on the mean,
 # eta / (1 - gamma), stays 1 and only the gossip is accelerated (docs/ALGORITHM.md, "gamma")
 ONE_MINUS_MOMENTUM = "1-momentum"
@@ -149,7 +178,7 @@ class AlgoConfig(_Validated):
     name: str = setting("gasloc", "Algorithm: gasloc, diloco, dsgd, local-gossip or a2cid2 "
                                   "(asynchronous pairwise gossip with a continuous momentum; "
                                   "run.rounds counts its gradient steps per worker).",
-                        choices=ALGORITHMS)
+                        names=ALGORITHMS)
     local_steps: int | tuple = setting(0, "Inner steps H per round: one number, or one per "
                                           "worker (slow workers do fewer); 0 takes the "
                                           "algorithm's default (dsgd 1, the others 10).",
@@ -178,40 +207,32 @@ class AlgoConfig(_Validated):
                                              "took unequal step counts H_i: plain (mean over "
                                              "workers, as DiLoCo) or steps (weighted by H_i).",
                                     choices=("plain", "steps"))
+    params: Params = setting(Params(), "The algorithm's own settings (a plugin's, "
+                                       "algo.params.KEY = VALUE), validated by its Settings "
+                                       "dataclass when the run is planned.")
     inner: InnerConfig = field(default_factory=InnerConfig, metadata={})
 
     def _check(self) -> None:
+        """The rules every algorithm shares; each algorithm states its own about these
+        settings (``OuterAlgorithm.check_settings``), checked when the run is planned."""
         m = self.momentum
         if isinstance(m, str) and auto_factor(m) is None:
             raise ConfigError(f"algo.momentum = {m!r} is not allowed; expected a number "
                               "in [0, 0.999], 'auto' or 'auto*F' with F in (0, 1]")
-        if isinstance(self.outer_lr, str) and (self.outer_lr != ONE_MINUS_MOMENTUM
-                                               or self.name != "gasloc"):
-            raise ConfigError(f"algo.outer_lr = {self.outer_lr!r} is not allowed for "
-                              f"{self.name}; expected a number in [0, 10]"
-                              + (" or '1-momentum'" if self.name == "gasloc" else ""))
-        if self.name == "diloco" and isinstance(m, str):
-            raise ConfigError(f"algo.momentum = {m!r} needs a gossip graph; diloco takes a "
-                              "number in [0, 0.999]")
-        if self.overlap and self.name not in ("gasloc", "diloco"):
-            raise ConfigError(f"algo.overlap = {self.overlap} is for gasloc and diloco; "
-                              f"{self.name} has no outer step to overlap (use gasloc with "
-                              "outer_lr = 1 and momentum = 0 for the same mixing)")
+        if isinstance(self.outer_lr, str) and self.outer_lr != ONE_MINUS_MOMENTUM:
+            raise ConfigError(f"algo.outer_lr = {self.outer_lr!r} is not allowed; expected a "
+                              "number in [0, 10] or '1-momentum'")
         h = self.local_steps
         if isinstance(h, tuple) and min(h) < 1:
             raise ConfigError(f"algo.local_steps = {list(h)} is out of range; per-worker values "
                               "must be at least 1")
-        all_ones = set(h if isinstance(h, tuple) else ()) == {1}
-        if self.name == "dsgd" and h not in (0, 1) and not all_ones:
-            raise ConfigError(f"algo.local_steps = {h!r} is not allowed for dsgd, which takes one "
-                              "step per communication; use local-gossip for H > 1")
 
-    def steps_for(self, worker: int) -> int:
-        """H for one worker (the algorithm's default when local_steps is 0)."""
+    def steps_for(self, worker: int, default: int) -> int:
+        """H for one worker; ``default`` (the algorithm's) when local_steps is 0."""
         h = self.local_steps
         if isinstance(h, tuple):
             return h[worker]
-        return h or (1 if self.name == "dsgd" else 10)
+        return h or default
 
 
 TOPOLOGIES = ("ring", "torus", "exponential", "expander", "complete", "matching", "matching2")
@@ -393,6 +414,9 @@ def _try_coerce(value: Any, typ: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else value
     if typ is str:
         return isinstance(value, str), value
+    if typ is Params:
+        ok = isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+        return ok, Params(value) if ok else value
     if typ is tuple:
         ok = isinstance(value, (list, tuple)) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value) and len(value) > 0
@@ -410,6 +434,17 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
             raise ConfigError(f"unknown setting {prefix}{key!s}; known in this section: {allowed}")
         kwargs[key] = _coerce(prefix + key, value, hints[key])
     return cls(**kwargs)
+
+
+def build_section(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    """A dataclass section (a plugin's settings, say) from a table of values, checked as the
+    config tree's sections are: unknown keys, types and ``setting`` ranges, one error each."""
+    out = _build(cls, dict(data), prefix)
+    if not isinstance(out, _Validated):   # a plugin's plain dataclass: its ranges checked here
+        for f in fields(out):
+            if f.metadata.get("doc") is not None:
+                _check_value(f"{prefix}{f.name}", getattr(out, f.name), dict(f.metadata))
+    return out
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:
@@ -478,6 +513,8 @@ def replace(cfg: Config, **dotted: Any) -> Config:
 def to_dict(obj: Any) -> Any:
     if is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Params):
+        return {k: to_dict(v) for k, v in obj.items()}
     if isinstance(obj, tuple):
         return list(obj)
     return obj

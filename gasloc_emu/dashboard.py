@@ -58,19 +58,15 @@ class Header:
     step_time_s: float = 0.0  # nominal step time at speed 1 (0: measured), to tell late phases
 
 
-def header_from_config(cfg, devices=(), shaper: str | None = None) -> Header:
-    """The header for a resolved Config; ``shaper`` is the one actually in use, when known."""
-    # these load torch; render() and the snapshot code must not need it
-    from .algorithms import momentum_value
-    from .model import shape_from_config
-    from .topology import build_topology
-    topo = build_topology(cfg)
+def header_from_plan(plan, devices=(), shaper: str | None = None) -> Header:
+    """The header of a ``RunPlan``; ``shaper`` is the one actually in use, when known."""
+    from .model import shape_from_config  # loads torch; render() and snapshots must not need it
+    cfg, topo = plan.cfg, plan.topology
     return Header(
-        algorithm=cfg.algo.name,
-        topology="ring-allreduce" if topo is None else cfg.topology.name,
+        algorithm=cfg.algo.name, topology=plan.topology_label(),
         lambda2=None if topo is None else topo.lambda2,
-        # only the outer-momentum algorithms have a gamma (plain gossip and a2cid2 have none)
-        gamma=momentum_value(cfg.algo, topo) if cfg.algo.name in ("gasloc", "diloco") else None,
+        # only what the algorithm shows (plain gossip and a2cid2 have no outer momentum)
+        gamma=plan.constants().get("gamma"),
         profile=cfg.net.bw_profile or "unshaped", shaper=shaper or cfg.net.shaper,
         workers=cfg.workers, rounds=cfg.run.rounds, devices=tuple(devices),
         tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size,

@@ -23,16 +23,14 @@ from pathlib import Path
 import zmq
 
 from . import exitcodes, records
-from .algorithms.a2cid2 import momentum_constants
 from .config import Config
 from .devices import DeviceAssignment, threads_per_worker, worker_devices
 from .launch_spec import LaunchSpec
 from .model import count_parameters
 from .netplan import open_network, used_pairs
 from .pairing import Pairer
-from .preflight import Preflight
+from .plan import RunPlan
 from .summary import drops_summary, final_summary
-from .topology import build_topology
 from .transport import auth, control
 from .world import event_feed, link_changes, membership_summary, observed_link_changes
 
@@ -94,14 +92,15 @@ class WorkerSlot:
 class Supervisor:
     """Runs one emulator job from spawn to summary."""
 
-    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, network,
+    def __init__(self, plan: RunPlan, run_dir: Path, rec: records.RunRecord, network,
                  devices: list[DeviceAssignment], progress=None, *,
                  security: auth.Security | None = None,
                  endpoints: tuple[str, str] | None = None):
         """``security``: the run's keys (default: fresh ones, one host); ``endpoints``: where
         the control plane binds (default: ipc:// sockets in the run folder; tcp:// with port 0
         for a multi-node run, read back after binding)."""
-        self.cfg, self.dir, self.rec, self.network = cfg, run_dir, rec, network
+        cfg = plan.cfg
+        self.plan, self.cfg, self.dir, self.rec, self.network = plan, cfg, run_dir, rec, network
         self.devices, self.progress = devices, progress
         self.ctx = zmq.Context()
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
@@ -118,7 +117,7 @@ class Supervisor:
         # what every worker's messages must agree with: ranks, rounds, the model's size
         self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
         self.control_drops: dict[str, int] = {}  # by reason: summary.json's control_drops
-        self.world = None  # the scenario's rounds (set by run from the preflight)
+        self.world = plan.world  # the scenario's rounds (None without one)
         self.feed = None  # its events, into events.jsonl and onto the display
         self.links_round = 0   # the scenario's link changes of rounds < this are applied
         self.timed_upto_s = -1.0   # and its changes by time up to here (the run's clock)
@@ -126,7 +125,7 @@ class Supervisor:
         # link_changes observe (one per worker and round, so bounded by the run's length)
         self.link_rows: list[dict] = []
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
-        self.pairer = async_pairer(cfg)
+        self.pairer = async_pairer(plan)
         # leaves, joins and partitions at a time: the workers absent until a join not fixed
         # yet, and the round each asked at (answered once it is fixed, ``_fix_due``)
         self.join_waiters: dict[int, int] = {}
@@ -140,9 +139,8 @@ class Supervisor:
         return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     # -- lifecycle
-    def run(self, pre: Preflight) -> dict:
+    def run(self) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
-        self.world = pre.world
         self.feed = event_feed(self.world, self.rec, self.progress,
                                shaper=_applied_by(self.network.shaper))
         self.launch_spec().write(self.dir)
@@ -154,7 +152,7 @@ class Supervisor:
         for s in self.slots:
             self._tell(s.rank, {"type": "exit"})
         self._reap(_EXIT_GRACE_S)
-        return self._summary(wall_s, pre)
+        return self._summary(wall_s)
 
     def launch_spec(self) -> LaunchSpec:
         return LaunchSpec(
@@ -498,15 +496,15 @@ class Supervisor:
         remove_socket_files(a for a in (self.ctl_addr, self.hb_addr) if a.startswith("ipc://"))
 
     # -- results
-    def _summary(self, wall_s: float, pre: Preflight) -> dict:
+    def _summary(self, wall_s: float) -> dict:
         """The record's numbers, from the workers' checked final messages; every message a
         worker dropped is in ``drops`` (by reason and worker), every control message the
         launcher dropped in ``control_drops``."""
         alive = [s for s in self.slots if not s.gone]  # the workers there at the end
         sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in alive)
-        out = final_summary(self.cfg, [s.theta for s in alive],
+        out = final_summary(self.plan, [s.theta for s in alive],
                             [s.final["eval_loss"] for s in alive],
-                            pre.corpus.eval_batches(), wall_s, sent, pre.topology,
+                            self.plan.corpus.eval_batches(), wall_s, sent,
                             overruns=[s.overruns for s in alive])
         out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in alive)
         out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"]
@@ -515,9 +513,8 @@ class Supervisor:
         if self.world is not None:
             out["membership"] = membership_summary(self.world)
         if self.pairer is not None:
-            out["asynchronous"] = self.pairer.record() | dict(zip(
-                ("eta", "alpha_tilde"),
-                momentum_constants(pre.topology, self.cfg.algo.continuous_momentum), strict=True))
+            out["asynchronous"] = self.pairer.record() | self.plan.algo.pairing_constants(
+                self.cfg.algo, self.plan.topology)
         if self.world is not None and self.world.links is not None:
             out["link_changes"] = observed_link_changes(link_changes(self.world.links),
                                                         self.link_rows)
@@ -547,11 +544,13 @@ class Supervisor:
         return sorted(rows, key=lambda r: (r["src"], r["dst"]))
 
 
-def async_pairer(cfg: Config) -> Pairer | None:
-    """The pairer of asynchronous gossip (a2cid2), over the graph's edges; None otherwise."""
-    if cfg.algo.name != "a2cid2":
+def async_pairer(plan: RunPlan) -> Pairer | None:
+    """The pairer of asynchronous pairwise gossip (an algorithm without rounds), over the
+    graph's edges; None otherwise."""
+    if plan.algo.has_rounds:
         return None
-    return Pairer(cfg.workers, build_topology(cfg).possible_edges, cfg.seed)
+    cfg = plan.cfg
+    return Pairer(cfg.workers, plan.topology.possible_edges, cfg.seed)
 
 
 def _applied_by(shaper: str) -> str:
@@ -684,37 +683,39 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def launch(cfg: Config, pre: Preflight, path: Path | None, *, dry_run: bool = False,
+def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
            progress_factory=None, log: Log = _stderr) -> LaunchResult:
-    """``gasloc-emu run`` after its preflight: build the network, run the workers, keep the
+    """``gasloc-emu run`` of a ``RunPlan``: build the network, run the workers, keep the
     record in ``path`` (made by ``records.new_run_dir``; unused for a dry run).
 
     Whatever goes wrong once the record exists (a worker, the launcher itself, Ctrl-C, a full
     disk) ends with a summary.json that has a status and the error, where the disk allows.
     """
     with ExitStack() as stack:
-        network = stack.enter_context(open_network(cfg, dry_run=dry_run, world=pre.world))
+        cfg = plan.cfg
+        network = stack.enter_context(open_network(cfg, plan.link_plan, plan.world, dry_run))
         if dry_run:
             return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
         remove_stale_socket_dirs()
         rec = stack.enter_context(records.RunRecord(path, cfg))
         try:
-            code, summary = _launch(cfg, pre, path, rec, network, stack, progress_factory, log)
+            code, summary = _launch(plan, path, rec, network, stack, progress_factory, log)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, the record says so
             code, summary = _outcome(exc)
             _last_words(rec, summary | {"mode": "run"} | network.describe_summary())
     return LaunchResult(code, summary, path)
 
 
-def _launch(cfg, pre, path, rec, network, stack, progress_factory, log) -> tuple[int, dict]:
+def _launch(plan, path, rec, network, stack, progress_factory, log) -> tuple[int, dict]:
+    cfg = plan.cfg
     devices = worker_devices(cfg.run.device, cfg.workers)
-    warnings = _probe_links(cfg, pre, network, log) if _probes(cfg, network) else []
+    warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
     prog = None
     if progress_factory is not None:
         prog = stack.enter_context(progress_factory([d.label for d in devices], network.shaper))
         for text in warnings:
             prog({"kind": "warning", "text": text})
-    return _supervise(Supervisor(cfg, path, rec, network, devices, prog), pre)
+    return _supervise(Supervisor(plan, path, rec, network, devices, prog))
 
 
 def _outcome(exc: BaseException) -> tuple[int, dict]:
@@ -747,9 +748,9 @@ def _probes(cfg: Config, network) -> bool:
                                                                       False)
 
 
-def _probe_links(cfg: Config, pre: Preflight, network, log: Log) -> list[str]:
+def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
     """Measure the links training will use; a warning for each that misses its target by >10%."""
-    pairs = used_pairs(cfg, pre.topology)
+    pairs = used_pairs(plan.cfg, plan.topology)
     log(f"probing {len(pairs)} links ...")
     rows = network.probe(pairs)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
@@ -760,11 +761,11 @@ def _probe_links(cfg: Config, pre: Preflight, network, log: Log) -> list[str]:
     return warnings
 
 
-def _supervise(sup: Supervisor, pre: Preflight) -> tuple[int, dict]:
+def _supervise(sup: Supervisor) -> tuple[int, dict]:
     code, summary = exitcodes.OK, {}
     try:
         with _SigTerm():
-            summary = sup.run(pre)
+            summary = sup.run()
     except BaseException as exc:  # noqa: BLE001 - every ending is recorded, then stops the rest
         code, summary = _outcome(exc)
         summary["last_rounds"] = [s.round for s in sup.slots]

@@ -1,4 +1,7 @@
-"""A small GPT (pre-norm, causal self-attention, tied embeddings) and its named presets.
+"""A small GPT (pre-norm, causal self-attention, tied embeddings) and its named presets, or a
+model a user brings (``model.preset = package.module:factory``, or a name registered under the
+entry-point group ``gasloc_emu.models``): a factory taking the vocabulary size and the context
+length and returning a module that maps tokens (B, T) to logits (B, T, vocab).
 
 Parameters live as views into one flat buffer (``flatten_parameters``), so the algorithms work
 on a single contiguous vector: the outer step, gossip and the wire all see one tensor, and no
@@ -13,7 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import plugins
 from .config import ConfigError
+
+MODEL_GROUP = "gasloc_emu.models"
 
 PRESETS = {
     # name: (n_layer, n_head, n_embd, block_size, vocab_size)
@@ -33,10 +39,17 @@ class GPTShape:
     dropout: float = 0.0
 
 
+def is_plugin(mcfg) -> bool:
+    """A model the user brings rather than one of the GPT presets."""
+    return mcfg.preset not in PRESETS
+
+
 def shape_from_config(mcfg) -> GPTShape:
-    """Preset values, each replaced by the config's value where that is non-zero."""
+    """Preset values, each replaced by the config's value where that is non-zero; a plugin
+    model takes the vocabulary and context length from the config, tiny's where unset."""
+    preset = "tiny" if is_plugin(mcfg) else mcfg.preset
     base = dict(zip(("n_layer", "n_head", "n_embd", "block_size", "vocab_size"),
-                    PRESETS[mcfg.preset], strict=True))
+                    PRESETS[preset], strict=True))
     for key in base:
         base[key] = getattr(mcfg, key) or base[key]
     if base["n_embd"] % base["n_head"]:
@@ -134,19 +147,69 @@ def flatten_parameters(model: nn.Module) -> torch.Tensor:
     return flat
 
 
+class TokensToLogits(nn.Module):
+    """A user's model (tokens to logits) with the loss the workers train on, as ``GPT``'s
+    forward gives it: ``(logits, cross-entropy or None)``."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.inner(idx)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _construct(mcfg) -> nn.Module:
+    shape = shape_from_config(mcfg)
+    if not is_plugin(mcfg):
+        return GPT(shape)
+    if not plugins.is_path(mcfg.preset) and mcfg.preset not in plugins.registered(MODEL_GROUP):
+        known = ", ".join([*PRESETS, *sorted(plugins.registered(MODEL_GROUP))])
+        raise plugins.PluginError(f"model.preset = {mcfg.preset!r} is not known; expected one "
+                                  f"of {known}, or package.module:factory")
+    factory = plugins.load(mcfg.preset, MODEL_GROUP, "model.preset")
+    made = factory(shape.vocab_size, shape.block_size)
+    if not isinstance(made, nn.Module) or not any(True for _ in made.parameters()):
+        raise plugins.PluginError(f"model.preset = {mcfg.preset!r} returned {type(made).__name__}"
+                                  ", not a torch.nn.Module with parameters")
+    return TokensToLogits(made)
+
+
+def check_model(mcfg) -> None:
+    """The configured model can be built: its shape splits, and a plugin's factory loads and
+    maps a batch of tokens to logits of the vocabulary's width (on the meta device)."""
+    shape = shape_from_config(mcfg)
+    if not is_plugin(mcfg):
+        return
+    with torch.device("meta"):
+        net = _construct(mcfg)
+        logits, _ = net(torch.zeros(2, shape.block_size, dtype=torch.long))
+    if tuple(logits.shape) != (2, shape.block_size, shape.vocab_size):
+        raise plugins.PluginError(f"model.preset = {mcfg.preset!r} maps tokens (2, "
+                                  f"{shape.block_size}) to {tuple(logits.shape)}; expected "
+                                  f"(2, {shape.block_size}, {shape.vocab_size})")
+
+
 def count_parameters(mcfg) -> int:
     """Parameters of the configured model, counted on the meta device (nothing allocated)."""
     with torch.device("meta"):
-        gpt = GPT(shape_from_config(mcfg))
-    return gpt.num_params()
+        net = _construct(mcfg)
+    return sum(p.numel() for p in net.parameters())   # tied weights once, as in the buffer
 
 
-def build_model(mcfg, seed: int, device: str | torch.device = "cpu") -> tuple[GPT, torch.Tensor]:
+def build_model(mcfg, seed: int,
+                device: str | torch.device = "cpu") -> tuple[nn.Module, torch.Tensor]:
     """The model initialised from ``seed`` (identical on every worker) and its flat buffer."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        model = GPT(shape_from_config(mcfg))
+        model = _construct(mcfg)
     finally:
         torch.random.set_rng_state(gen_state)
     model.to(device)

@@ -53,7 +53,7 @@ from .launcher import (
     spawn_worker,
 )
 from .netplan import HostNetwork, multi_host_decision
-from .preflight import Preflight
+from .plan import RunPlan
 from .rendezvous import NodeInfo, Rendezvous, config_hash, open_store, shared_config
 from .transport import auth
 
@@ -95,12 +95,13 @@ def _gpu_count(want: str) -> int:
 class Node:
     """What one node knows about the run once it has a role, keys, network and devices."""
 
-    def __init__(self, cfg: Config, role: NodeRole, secret: bytes):
-        self.cfg, self.role = cfg, role
+    def __init__(self, plan: RunPlan, role: NodeRole, secret: bytes):
+        cfg = plan.cfg
+        self.plan, self.cfg, self.role = plan, cfg, role
         self.security = security_for(cfg, secret)
         self.addr = route_address(role.master_addr, role.master_port)
         self.devices = worker_devices(cfg.run.device, local_worker_count(cfg, role))
-        self.network = HostNetwork(cfg, self.addr, len(self.devices))
+        self.network = HostNetwork(cfg, plan.link_plan, self.addr, len(self.devices))
         self.rdv: Rendezvous | None = None
         self.infos: list[NodeInfo] = []
 
@@ -166,9 +167,9 @@ class ClusterSupervisor(Supervisor):
     """Node 0's supervisor: local workers are processes, the others are seen through the
     control plane (heartbeats, messages) and through their node's beats in the store."""
 
-    def __init__(self, cfg: Config, run_dir: Path, rec: records.RunRecord, node: Node):
+    def __init__(self, run_dir: Path, rec: records.RunRecord, node: Node):
         any_port = f"tcp://{node.addr}:0"
-        super().__init__(cfg, run_dir, rec, node.network, node.devices,
+        super().__init__(node.plan, run_dir, rec, node.network, node.devices,
                          security=node.security, endpoints=(any_port, any_port))
         self.node = node
         self.next_beat_s = 0.0
@@ -228,11 +229,11 @@ class ClusterSupervisor(Supervisor):
             raise self._node_silent(info, silent)
 
 
-def _run_master(node: Node, pre: Preflight, path: Path, progress_factory, log: Log) -> LaunchResult:
+def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:
     """Host the run: rendezvous, shape this host's links, supervise every worker, keep the
     record, and tell the other nodes how it ended, whatever ended it."""
     with records.RunRecord(path, node.cfg) as rec:
-        sup = ClusterSupervisor(node.cfg, path, rec, node)
+        sup = ClusterSupervisor(path, rec, node)
         try:
             node.join(node.info(sup.ctl_addr, sup.hb_addr))
             with node.network:
@@ -241,7 +242,7 @@ def _run_master(node: Node, pre: Preflight, path: Path, progress_factory, log: L
                     f"shaper {node.network.shaper}; record: {path}")
                 with _progress(progress_factory, node.labels(), node.network.shaper) as prog:
                     sup.progress = prog
-                    code, summary = _supervise(sup, pre)
+                    code, summary = _supervise(sup)
         except BaseException as exc:  # noqa: BLE001 - the record and every node learn why
             sup.close()
             code, summary = _ending(exc)
@@ -348,31 +349,33 @@ def _watch(node: Node, procs: dict, master: NodeInfo) -> dict:
         time.sleep(BEAT_S)
 
 
-def agent_dir(cfg: Config, out: str | None, node: int) -> Path:
+def agent_dir(cfg: Config, out: str | None, node: int, label: str = "run") -> Path:
     """Where a node other than 0 keeps its workers' logs: next to where node 0's record would
     go, named for the node (``<out>.node<k>``, or a fresh ``<name>-<time>.node<k>``)."""
-    base = Path(out) if out else records.fresh_path(cfg)
+    base = Path(out) if out else records.fresh_path(cfg, label)
     return base.with_name(f"{base.name}.node{node}")
 
 
-def launch_cluster(cfg: Config, pre: Preflight, path: Path | None, role: NodeRole, *,
+def launch_cluster(plan: RunPlan, path: Path | None, role: NodeRole, *,
                    secret_file: str | None, out: str | None = None, progress_factory=None,
                    log: Log, env=os.environ) -> LaunchResult:
     """``gasloc-emu run`` on one node of a multi-node run; node 0 gets the record's ``path``."""
-    node = Node(cfg, role, load_secret(secret_file, env))
+    cfg = plan.cfg
+    node = Node(plan, role, load_secret(secret_file, env))
     if role.is_master:
-        return _run_master(node, pre, path, progress_factory, log)
+        return _run_master(node, path, progress_factory, log)
     try:
-        return _run_agent(node, agent_dir(cfg, out, role.node_rank), log)
+        return _run_agent(node, agent_dir(cfg, out, role.node_rank, plan.run_label()), log)
     except BaseException as exc:  # noqa: BLE001 - every ending is one line and an exit code
         code, summary = _ending(exc)
         log(f"error: node {role.node_rank}: {summary['error']}")
         return LaunchResult(code, summary, None)
 
 
-def describe_role(cfg: Config, role: NodeRole) -> str:
+def describe_role(plan: RunPlan, role: NodeRole) -> str:
     """What ``run --dry-run`` prints on one node of a multi-node run (nothing is started)."""
-    decision = multi_host_decision(cfg)
+    cfg = plan.cfg
+    decision = multi_host_decision(cfg, plan.link_plan)
     store = "torchrun's agent store" if role.use_agent_store else (
         "hosted here" if role.is_master else "hosted by node 0")
     return (f"# node {role.node_rank} of {role.nnodes} (from {role.source}); store "

@@ -164,9 +164,9 @@ class HostNetwork:
       well under a link's latency (NTP does a few ms); skew moves latency, never rates.
     """
 
-    def __init__(self, cfg: Config, addr: str, local_workers: int):
-        self.cfg, self.addr = cfg, addr
-        self.plan = build_plan(cfg) if shaped(cfg) else None
+    def __init__(self, cfg: Config, link_plan, addr: str, local_workers: int):
+        self.cfg, self.addr, self.link_plan = cfg, addr, link_plan
+        self.plan = link_plan if shaped(cfg) else None
         self.tc_missing = _host_tc_missing() if self.plan is not None and \
             cfg.net.shaper in ("auto", "tc") else "not asked for"
         # one port per sender for each local worker, found free now; used only with tc, which
@@ -190,7 +190,7 @@ class HostNetwork:
                local: list[int]) -> None:
         """The run's shaper from what every node can do (the same answer on every node), then
         this node's part of it. ``nodes``: (address, port base, workers) per node, in order."""
-        self.decision = multi_host_decision(self.cfg, missing_by_node)
+        self.decision = multi_host_decision(self.cfg, self.link_plan, missing_by_node)
         rank = 0
         for addr, base, count in nodes:
             for i in range(count):
@@ -249,11 +249,6 @@ class HostNetwork:
         return out
 
 
-def build_plan(cfg: Config):
-    from netem.profiles import build_link_plan
-    return build_link_plan(cfg.net, cfg.workers, cfg.seed)
-
-
 def _host_tc_missing() -> str:
     """Why tc cannot shape this host's interfaces ("" when it can)."""
     from netem.capabilities import probe
@@ -283,7 +278,7 @@ def _free_port_block(addr: str, count: int, first: int = 30000, last: int = 6000
     raise CapabilityError(f"no {count} consecutive free ports on {addr} in [{first}, {last}]")
 
 
-def multi_host_decision(cfg: Config, missing_by_node: dict[int, str] | None = None):
+def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] | None = None):
     """The decision of a multi-node run from what each node lacks for tc ("" = nothing).
 
     ``auto`` takes tc when every node can, else the userspace shaper (naming the node that
@@ -295,26 +290,26 @@ def multi_host_decision(cfg: Config, missing_by_node: dict[int, str] | None = No
         return Decision("none", "none", why)
     lacking = {k: why for k, why in (missing_by_node or {}).items() if why}
     if cfg.net.shaper == "userspace":
-        return _userspace(cfg, "userspace shaper requested")
+        return _userspace(link_plan, "userspace shaper requested")
     if lacking:
         k, why = min(lacking.items())
         if cfg.net.shaper == "tc":
             raise CapabilityError(f"net.shaper = 'tc' is not possible on node {k}: {why}; use "
                                   "net.shaper = 'auto' or 'userspace'")
-        return _userspace(cfg, f"auto: tc is not possible on node {k} ({why})")
+        return _userspace(link_plan, f"auto: tc is not possible on node {k} ({why})")
     from netem.hosttc import check_host_plan
-    check_host_plan(build_plan(cfg))
+    check_host_plan(link_plan)
     return Decision("tc", "release-queue", f"{'auto: ' if cfg.net.shaper == 'auto' else ''}"
                     "tc on every host's interfaces (HTB per directed link, matched on "
                     "destination address and port); latency by the receiver's release queue")
 
 
-def _userspace(cfg: Config, why: str):
+def _userspace(link_plan, why: str):
     from netem.capabilities import Decision
     from netem.commands import check_supported
     decision = Decision("userspace", "release-queue",
                         why + ": sender pacing + receiver release queue")
-    check_supported(build_plan(cfg), decision)  # jitter and loss need netem: refused up front
+    check_supported(link_plan, decision)  # jitter and loss need netem: refused up front
     return decision
 
 
@@ -328,28 +323,27 @@ def used_pairs(cfg: Config, topo) -> list[tuple[int, int]]:
 
 
 def shaping_decision(cfg: Config):
-    """(link plan, shaper decision) for a shaped run; raises before anything is created."""
+    """The shaper decision for a shaped run; raises before anything is created."""
     from netem.capabilities import choose_shaper, probe
-    from netem.profiles import build_link_plan
-    plan = build_link_plan(cfg.net, cfg.workers, cfg.seed)
-    return plan, choose_shaper(cfg.net.shaper, probe())
+    return choose_shaper(cfg.net.shaper, probe())
 
 
 def shaped(cfg: Config) -> bool:
     return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
 
 
-def check_network(cfg: Config) -> None:
-    """Refuse network settings that would be recorded but not applied.
+def check_network(cfg: Config):
+    """The bandwidth profile's link plan (the run plan builds it here, once), refusing network
+    settings that would be recorded but not applied.
 
     The profile is built (so a broken profile file fails) whether or not a shaper will run;
     a profile, latency, jitter or loss with ``net.shaper = none`` is an error, since the run
     record would state a network the workers never saw.
     """
     from netem.profiles import ProfileError, build_link_plan  # netem's own checks, no machinery
-    build_link_plan(cfg.net, cfg.workers, cfg.seed)
+    link_plan = build_link_plan(cfg.net, cfg.workers, cfg.seed)
     if cfg.net.shaper != "none":
-        return
+        return link_plan
     given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in ("bw_profile", "latency_ms",
                                                               "jitter_ms", "loss_pct")
              if getattr(cfg.net, k)]
@@ -358,30 +352,27 @@ def check_network(cfg: Config) -> None:
                            "drop it, or choose a shaper (auto, tc or userspace)")
 
 
-def sim_link_model(cfg: Config, world=None):
+def sim_link_model(cfg: Config, link_plan, world=None):
     """The simulator's link model from the bandwidth profile, or None when unshaped.
 
     Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``; the virtual
     clock then predicts nothing, as the emulator then shapes nothing. A scenario whose link
     events change rates or latencies gets a ``RoundLinkModel`` even without a profile (``run``
     then shapes with the userspace shaper, see ``open_network``). ``world``: the run's, when
-    the caller has it (default: read from the config).
+    it has one).
     """
-    world = _world_of(cfg, world)
     if world is not None and world.changes_links:
-        return RoundLinkModel(world.links, link_caps(cfg))
+        return RoundLinkModel(world.links, link_caps(cfg, link_plan))
     if not shaped(cfg):
         return None
-    from netem.profiles import build_link_plan  # netem loads only for shaped runs
-    return build_link_plan(cfg.net, cfg.workers, cfg.seed).link_model()
+    return link_plan.link_model()
 
 
-def link_caps(cfg: Config):
+def link_caps(cfg: Config, link_plan):
     """(src, dst) -> (src's uplink cap, dst's downlink cap) in Mbit/s, None for none."""
     if not shaped(cfg):
         return lambda src, dst: (None, None)
-    plan = build_plan(cfg)
-    return lambda src, dst: (plan.cap(src).up_mbit, plan.cap(dst).down_mbit)
+    return lambda src, dst: (link_plan.cap(src).up_mbit, link_plan.cap(dst).down_mbit)
 
 
 class LinkCut(RuntimeError):
@@ -412,16 +403,6 @@ class RoundLinkModel:
         return wire_s, latency_ms / 1e3
 
 
-def _world_of(cfg: Config, world=None):
-    """The run's world: ``world`` when the caller has it (the preflight's), else read from the
-    config (None without a scenario or a link trace)."""
-    if world is not None or not (cfg.run.scenario or cfg.net.link_trace):
-        return world
-    from .topology import build_topology
-    from .world import from_config
-    return from_config(cfg, build_topology(cfg))
-
-
 def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     """Re-exec the launcher in its own user + network + mount namespace when tc will shape.
 
@@ -431,17 +412,14 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     """
     if dry_run or not shaped(cfg):
         return
-    _, decision = shaping_decision(cfg)
-    if decision.shaper == "tc":
+    if shaping_decision(cfg).shaper == "tc":
         from netem.namespaces import reexec_in_userns
         reexec_in_userns(argv)  # returns only when already inside, or when userns is unavailable
 
 
 @contextmanager
-def open_network(cfg: Config, dry_run: bool = False, world=None):
-    """The network of a run, undone on exit. ``world``: the run's, when the caller has it
-    (default: read from the config)."""
-    world = _world_of(cfg, world)
+def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
+    """The network of a run (``link_plan``, ``world``: the run plan's), undone on exit."""
     links = world.links if world is not None else None
     if not shaped(cfg):
         if cfg.net.shaper != "none" and world is not None and world.changes_links:
@@ -451,7 +429,7 @@ def open_network(cfg: Config, dry_run: bool = False, world=None):
         yield LoopbackNetwork(cfg, reason)
         return
     from netem.namespaces import NetworkSession
-    plan, decision = shaping_decision(cfg)
+    plan, decision = link_plan, shaping_decision(cfg)
     # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
     floor = links.slowest_mbit() if links is not None else {}
     with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor) as session:

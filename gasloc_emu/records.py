@@ -19,11 +19,9 @@ from pathlib import Path
 from .config import Config, to_toml
 
 
-def default_name(cfg: Config) -> str:
-    if cfg.run.name:
-        return cfg.run.name
-    name = cfg.algo.name if cfg.algo.name == "diloco" else f"{cfg.algo.name}-{cfg.topology.name}"
-    return f"{name}-n{cfg.workers}"
+def default_name(cfg: Config, label: str) -> str:
+    """``run.name``, else ``label`` (the algorithm's ``run_label``) and the worker count."""
+    return cfg.run.name or f"{label}-n{cfg.workers}"
 
 
 RECORD_FILES = ("config.toml", "metrics.jsonl", "summary.json", "links.json", "workers.json",
@@ -35,13 +33,13 @@ class RecordError(Exception):
 
 
 def new_run_dir(cfg: Config, out: str | os.PathLike | None = None,
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, label: str = "run") -> Path:
     """``out`` when given, else ``<run.out_dir>/<name>-<timestamp>`` (never reusing a folder).
 
     An ``out`` that already holds a record is refused unless ``overwrite``, which clears it
     first: two runs' metrics in one file would read as one run.
     """
-    path = Path(out) if out is not None else fresh_path(cfg)
+    path = Path(out) if out is not None else fresh_path(cfg, label)
     if out is not None and holds_record(path):
         if not overwrite:
             raise RecordError(f"{path} already holds a run record; choose another --out or "
@@ -54,9 +52,9 @@ def new_run_dir(cfg: Config, out: str | os.PathLike | None = None,
     return path
 
 
-def fresh_path(cfg: Config) -> Path:
+def fresh_path(cfg: Config, label: str = "run") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", default_name(cfg))
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", default_name(cfg, label))
     path = Path(cfg.run.out_dir) / f"{safe}-{stamp}"
     k = 1
     while path.exists():

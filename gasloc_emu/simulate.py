@@ -16,54 +16,46 @@ from pathlib import Path
 
 import torch
 
-from . import compute, data
 from .async_sim import simulate_async
 from .config import Config
 from .devices import simulator_device, threads_per_worker
-from .netplan import sim_link_model
+from .plan import RunPlan
 from .records import RunRecord
 from .summary import final_summary
-from .topology import build_topology
 from .transport.faults import InjectedFault, plan_from_config, with_fault
 from .transport.memory import Hub, LinkModel
 from .virtual_clock import slots_for
 from .worker import Diverged, Worker
 from .world import RoundPlan, event_feed, membership_summary
-from .world import from_config as world_from_config
 
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
 
 
-def simulate(cfg: Config, out: str | Path, progress: Progress | None = None,
-             link_model: LinkModel | None = None, corpus: data.Corpus | None = None,
+def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
              device: str | None = None) -> dict:
-    """Run ``cfg`` in one process, write the run record under ``out``, return the summary.
+    """Run ``plan`` in one process, write the run record under ``out``, return the summary.
 
     Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
-    the CPU); they take turns, so one device is shared without contention.
+    the CPU); they take turns, so one device is shared without contention. The links are the
+    plan's model of them (none when unshaped: then the clock predicts nothing).
     """
+    cfg = plan.cfg
     threads = torch.get_num_threads()
     torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
-    run = simulate_async if cfg.algo.name == "a2cid2" else _simulate  # no rounds: events
+    run = _simulate if plan.algo.has_rounds else simulate_async  # no rounds: events
     try:
-        return run(cfg, Path(out), progress, link_model, corpus,
-                         device or simulator_device(cfg.run.device))
+        return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
     finally:
         torch.set_num_threads(threads)
 
 
-def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str) -> dict:
-    t_start = time.perf_counter()
-    compute.check(cfg)  # a bad compute profile fails before the record exists
-    corpus = corpus or data.build_corpus(cfg)
-    topo = build_topology(cfg)
+def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
+    cfg, t_start = plan.cfg, time.perf_counter()
+    link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
     with RunRecord(Path(out), cfg) as rec:
-        world = world_from_config(cfg, topo)
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
-        if world is not None and world.changes_links and link_model is None:
-            link_model = sim_link_model(cfg, world)  # link events apply without a profile too
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
             if feed is not None:
@@ -74,12 +66,11 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
 
         timed = _TimedWorld(world) if world is not None and world.fixer is not None else None
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
-                  background=bool(cfg.algo.overlap) and cfg.algo.name == "diloco",
-                  timed_self=timed_self(cfg, world), timed_world=timed)
+                  background=plan.algo.reduces_in_background(cfg.algo),
+                  timed_self=timed_self(plan), timed_world=timed)
         if timed is not None:
             timed.hub = hub
-        lives = [_Life(cfg, r, _transport(cfg, hub, r), corpus, device, topo, world)
-                 for r in range(cfg.workers)]
+        lives = [_Life(plan, r, _transport(cfg, hub, r), device) for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
                                     args=(life, hub, cfg.run.rounds), daemon=True)
                    for life in lives]
@@ -99,7 +90,7 @@ def _simulate(cfg: Config, out: Path, progress, link_model, corpus, device: str)
             rec.summary(_failure(hub.error))
             raise hub.error
         workers = [life.worker for life in lives if life.worker is not None]
-        summary = finish(cfg, workers, time.perf_counter() - t_start,
+        summary = finish(plan, workers, time.perf_counter() - t_start,
                          sent=sum(_sent(life.transport) for life in lives))
         if world is not None:
             summary["membership"] = membership_summary(world)
@@ -136,13 +127,13 @@ class _TimedWorld:
         self.hub.cond.notify_all()
 
 
-def timed_self(cfg: Config, world) -> dict:
+def timed_self(plan: RunPlan) -> dict:
     """{rank: (its SelfTimeline, the speed its thread computes at)} for the virtual clock."""
-    if world is None:
+    if plan.world is None:
         return {}
-    models = compute.models(cfg)
-    return {r: (tl, models[r].speed) for r in range(cfg.workers)
-            if (tl := world.timed_self(r)) is not None}
+    models = plan.compute.models
+    return {r: (tl, models[r].speed) for r in range(plan.cfg.workers)
+            if (tl := plan.world.timed_self(r)) is not None}
 
 
 def predicts_wall(cfg: Config, link_model: LinkModel | None) -> bool:
@@ -190,15 +181,14 @@ class _Life:
     """One worker id over the run: its transport, and the Worker while it is alive (a departed
     worker's state is gone; one that joins again starts afresh, as a new process would)."""
 
-    def __init__(self, cfg: Config, rank: int, transport, corpus, device, topo, world):
-        self.cfg, self.rank, self.transport = cfg, rank, transport
-        self.corpus, self.device, self.topo, self.world = corpus, device, topo, world
+    def __init__(self, plan: RunPlan, rank: int, transport, device):
+        self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
+        self.device, self.world = device, plan.world
         self.released = False   # parked until the end: its join at a time never came
         self.worker: Worker | None = self.new_worker()
 
     def new_worker(self) -> Worker:
-        return Worker(self.cfg, self.rank, self.transport, self.corpus, self.device, self.topo,
-                      pace=False, world=self.world)
+        return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False)
 
     def plan(self, t: int) -> RoundPlan | None:
         """Round t's plan, after the leave or join it starts with; None: absent this round."""
@@ -268,12 +258,12 @@ def _sent(tp) -> int:
     return int(sum(tp.counters()["bytes_sent"].values()))
 
 
-def finish(cfg: Config, workers: list[Worker], wall_s: float, sent: int | None = None) -> dict:
+def finish(plan: RunPlan, workers: list[Worker], wall_s: float, sent: int | None = None) -> dict:
     """Evaluate each worker and the average model; the numbers every run record ends with.
     ``workers``: those alive at the end; ``sent``: every worker's bytes (default: theirs)."""
     if sent is None:
         sent = sum(_sent(w.transport) for w in workers)
-    last = cfg.run.rounds - 1
-    return final_summary(cfg, [w.theta for w in workers], [w.evaluate(last) for w in workers],
-                         workers[0].eval_set, wall_s, sent, workers[0].topology,
+    last = plan.cfg.run.rounds - 1
+    return final_summary(plan, [w.theta for w in workers], [w.evaluate(last) for w in workers],
+                         workers[0].eval_set, wall_s, sent,
                          overruns=[w.overruns for w in workers])

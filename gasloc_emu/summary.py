@@ -9,8 +9,7 @@ import math
 
 import torch
 
-from . import algorithms, compute, data, model, topology
-from .config import Config
+from . import data, model
 
 
 def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
@@ -23,29 +22,31 @@ def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, flo
     return mean.to(thetas[0].dtype), math.sqrt(sum(sq) / len(sq))
 
 
-def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
-                  wall_s: float, bytes_sent: int, topo: topology.Topology | None,
-                  overruns: list[int] | None = None) -> dict:
-    """The summary every run record ends with; the average model is evaluated on the CPU.
+def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
+                  wall_s: float, bytes_sent: int, overruns: list[int] | None = None) -> dict:
+    """The summary every run record ends with (``plan``: the run's ``RunPlan``); the average
+    model is evaluated on the CPU.
 
     ``overruns``: per worker, the inner steps slower than their nominal time (None where the
     caller did not collect them)."""
-    steps = compute.step_counts(cfg)
+    cfg, topo = plan.cfg, plan.topology
+    steps = plan.steps
     avg, consensus = average_and_consensus(thetas)
     gpt, flat = model.build_model(cfg.model, cfg.seed, "cpu")
     with torch.no_grad():
         flat.copy_(avg)
+    constants = plan.constants()   # only what the algorithm shows (plain gossip: nothing)
     return {
         "status": "ok", "algorithm": cfg.algo.name,
-        "topology": "ring-allreduce" if topo is None else cfg.topology.name,
+        # where the algorithm's class comes from (a plugin's package and version) and its
+        # settings as validated
+        "algorithm_source": plan.algorithm.record(),
+        "topology": plan.topology_label(),
         "workers": cfg.workers, "rounds": cfg.run.rounds,
         # H_i per round; None when a budget is filled with measured steps (see metrics.jsonl)
         "local_steps": None if steps is None else list(steps),
         "lambda2": None if topo is None else topo.lambda2,
-        "gamma": algorithms.momentum_value(cfg.algo, topo)
-        if cfg.algo.name in ("gasloc", "diloco") else None,  # plain gossip has no momentum
-        "eta": algorithms.outer_lr_value(cfg.algo, topo)
-        if cfg.algo.name in ("gasloc", "diloco") else None,
+        "gamma": constants.get("gamma"), "eta": constants.get("eta"),
         "final_eval_loss": data.evaluate(gpt, eval_set), "worker_eval_loss": worker_eval,
         "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
         # the simulator's virtual clock fills these in: its prediction, and the CPU slots
@@ -54,7 +55,7 @@ def final_summary(cfg: Config, thetas: list[torch.Tensor], worker_eval: list[flo
         # the launcher replaces these with what its workers and its control plane dropped; the
         # simulator has no wire, so nothing can be dropped there
         "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
-        "compute": compute.record(cfg, overruns),
+        "compute": plan.compute.record(overruns),
     }
 
 

@@ -43,7 +43,6 @@ import numpy as np
 from . import config as C
 from . import exitcodes
 from .compare import load_run, matplotlib_figure, time_to_target
-from .netplan import sim_link_model
 from .records import new_run_dir
 
 
@@ -199,17 +198,16 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     if out.exists():
         shutil.rmtree(out)  # a run cut short: start it again from nothing
     # these load torch, which reading and reporting results does not need
-    from .preflight import preflight
+    from .plan import build_plan
     from .worker import Diverged
-    pre = preflight(cfg)
     if mode == "simulate":
         from .simulate import simulate
         # a tuning value can diverge: its record says so, and it counts as failed
         with contextlib.suppress(Diverged):
-            simulate(cfg, out, link_model=sim_link_model(cfg), corpus=pre.corpus)
+            simulate(build_plan(cfg), out)
     else:
         from .launcher import launch
-        result = launch(C.replace(cfg, **{"run.dashboard": "off"}), pre,
+        result = launch(build_plan(C.replace(cfg, **{"run.dashboard": "off"})),
                         new_run_dir(cfg, out, overwrite=True))
         if result.code not in (exitcodes.OK, exitcodes.DIVERGED):
             raise RuntimeError(f"run failed ({result.error}): see {out}/summary.json")

@@ -536,18 +536,7 @@ def critical_momentum(lambda2: float) -> float:
 
 
 def from_config(cfg) -> Topology:
-    """The topology of a resolved ``Config`` (DiLoCo uses ``complete``: its peers are the ring)."""
+    """The gossip graph of a resolved ``Config``; the run plan builds it once, for the
+    algorithms that need one (``OuterAlgorithm.needs_graph``), and hands it down."""
     t = cfg.topology
     return Topology(t.name, cfg.workers, t.degree, cfg.seed, t.base, cfg.algo.alpha)
-
-
-@lru_cache(maxsize=16)
-def build_topology(cfg) -> Topology | None:
-    """The gossip graph of a resolved ``Config``, or None for DiLoCo (its peers are the ring).
-
-    Memoised per (frozen, hashable) config: validation, the momentum check, the link probe, the
-    dashboard header and the summary all share one graph and its cached lambda_2.
-    """
-    if cfg.algo.name == "diloco":
-        return None
-    return from_config(cfg)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 
 from . import algorithms, compute, data, model, topology
-from .config import Config
 from .world import RoundPlan, World
 
 
@@ -73,29 +72,29 @@ def link_row(use, t0_s: float) -> dict:
 
 
 class Worker:
-    """``pace``: sleep so that each inner phase keeps the compute model's schedule (an emulator
-    process); False in the simulator, whose virtual clock is told the emulated time instead."""
+    """One worker of a ``RunPlan``. ``pace``: sleep so that each inner phase keeps the compute
+    model's schedule (an emulator process); False in the simulator, whose virtual clock is told
+    the emulated time instead."""
 
-    def __init__(self, cfg: Config, rank: int, transport, corpus: data.Corpus,
-                 device: str | torch.device = "cpu", topo: topology.Topology | None = None,
-                 *, pace: bool = True, world: World | None = None):
-        self.cfg, self.rank, self.transport, self.device = cfg, rank, transport, device
-        self.compute = compute.models(cfg)[rank]
+    def __init__(self, plan, rank: int, transport, device: str | torch.device = "cpu",
+                 *, pace: bool = True):
+        cfg = plan.cfg
+        self.plan, self.cfg, self.rank, self.transport, self.device = \
+            plan, cfg, rank, transport, device
+        self.compute = plan.compute.models[rank]
         self.sleep = time.sleep if pace else None
         self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
         self.opt = make_optimizer(self.gpt, cfg.algo.inner)
-        self.shard = corpus.shard(rank)
-        self.eval_set = corpus.eval_batches()
-        self.topology = topo if topo is not None else topology.build_topology(cfg)
-        self.world = world
-        graph = living_graph(self.topology, world)
-        self.algo = algorithms.make(cfg.algo, rank, transport, graph,
-                                    weight=compute.pseudo_grad_weight(cfg, rank),
-                                    members=ring_members(world, rank),
-                                    heals=world.heals if world is not None and world.partitions
-                                    else None)
+        self.shard = plan.corpus.shard(rank)
+        self.eval_set = plan.corpus.eval_batches()
+        self.topology = plan.topology
+        self.world = world = plan.world
+        self.algo = plan.algo.create(algorithms.Context(
+            rank, transport, living_graph(self.topology, world), cfg.algo, plan.algorithm.params,
+            weight=plan.compute.pseudo_grad_weight(rank), members=ring_members(world, rank),
+            heals=world.heals if world is not None and world.partitions else None))
         self.algo.begin(self.theta)
-        self.steps_per_round = cfg.algo.steps_for(rank)  # H, unless a time budget decides
+        self.steps_per_round = plan.compute.fixed_steps[rank]  # H, unless a budget decides
         self.step = 0
         self.mean_step_s = 0.0  # measured steps' mean (A2CiD2's time unit without a nominal one)
         self.overruns = 0  # over the whole run, for the record's compute block

@@ -193,28 +193,26 @@ class WorkerProcess:
     def connect(self) -> dict | None:
         """Bind the data plane, say ready, and wait for start; None when told to stop instead."""
         # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
-        from .data import build_corpus
         from .model import count_parameters
-        from .topology import build_topology
+        from .plan import build_plan
         from .transport.faults import plan_from_config, with_fault
         from .transport.schema import WireSchema
         from .transport.zmq_transport import ZmqTransport
-        from .worker import Worker
-        from .world import from_config as world_from_config
-        corpus = build_corpus(self.cfg)
-        topo = build_topology(self.cfg)
-        self.world = world = world_from_config(self.cfg, topo)
+        from .worker import Worker, ring_members
+        # the run plan, built in this process from the launcher's resolved config (the
+        # launcher checked the same plan before spawning anything)
+        self.plan = plan = build_plan(self.cfg)
+        self.world = world = plan.world
         self.timeline = world.timed_self(self.rank) if world is not None else None
         numel = count_parameters(self.cfg.model)
-        from .algorithms import wire_kinds
-        from .worker import ring_members
         schema = WireSchema(self.rank, self.cfg.workers, numel,
-                            extra=wire_kinds(self.cfg.algo, numel),
+                            extra=plan.algo.wire_kinds(numel, plan.algorithm.params),
                             members=ring_members(world, self.rank))
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
-        self.links = LinkApplier.of(self.cfg, world, self.rank, _shaping(self.spec, self.rank))
+        self.links = LinkApplier.of(self.cfg, plan.link_plan, world, self.rank,
+                                    _shaping(self.spec, self.rank))
         limits = {}
-        if self.cfg.algo.name == "a2cid2":   # exchange labels, one message per peer at a time
+        if not plan.algo.has_rounds:   # exchange labels, one message per peer at a time
             from .async_worker import transport_limits
             limits = transport_limits(numel * 4)
         self.transport = tp = ZmqTransport(
@@ -231,7 +229,7 @@ class WorkerProcess:
             return None
         tp.connect({int(k): v for k, v in start["peers"].items()})
         faulty = with_fault(tp, plan_from_config(self.cfg), self.rank, os._exit, self._hang)
-        self.worker = Worker(self.cfg, self.rank, faulty, corpus, device, topo, world=self.world)
+        self.worker = Worker(plan, self.rank, faulty, device)
         return start
 
     def _hang(self) -> None:
@@ -246,7 +244,7 @@ class WorkerProcess:
         state.speed = worker.compute.speed
         if self.links is not None:
             self.links.start(t0)
-        if self.cfg.algo.name == "a2cid2":
+        if not self.plan.algo.has_rounds:
             return self._train_async(t0)
         first = self._first_round()
         for t in range(first if first is not None else self.cfg.run.rounds,
@@ -440,7 +438,7 @@ class LinkApplier:
             self._bound_timed()
 
     @classmethod
-    def of(cls, cfg, world, rank: int, shaper) -> LinkApplier | None:
+    def of(cls, cfg, link_plan, world, rank: int, shaper) -> LinkApplier | None:
         """The applier of a run whose scenario (or link trace) changes links, under a userspace
         shaper (tc runs without latency changes need none: the launcher changes the classes)."""
         if shaper is None or world is None or world.links is None:
@@ -448,7 +446,7 @@ class LinkApplier:
         if not world.links.changes and world.links.timed is None:
             return None
         from .netplan import link_caps
-        return cls(world.links, rank, shaper, link_caps(cfg))
+        return cls(world.links, rank, shaper, link_caps(cfg, link_plan))
 
     def start(self, t0: float) -> None:
         """The run's start on the time.time() clock: times of timed changes count from it."""

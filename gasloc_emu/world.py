@@ -634,17 +634,19 @@ def _check_one_clock_per_link(scenario: Scenario, trace: LinkTrace | None) -> No
                                 f"by round and by time ({what}); use one clock per link")
 
 
-def from_config(cfg, topo=None) -> World | None:
-    """The world of a resolved config: None without ``run.scenario``. ``topo``: the full gossip
-    graph (None for DiLoCo, whose exchange partners are its ring's neighbours)."""
+def from_config(cfg, topo, algo, link_plan) -> World | None:
+    """The world of a resolved config (the run plan builds it once): None without a scenario
+    or a link trace. ``topo``: the full gossip graph (None for an algorithm without one, whose
+    exchange partners are its ring's neighbours); ``algo``: the algorithm's class, whose traits
+    decide what a scenario may do with it; ``link_plan``: the bandwidth profile's."""
     if not (cfg.run.scenario or cfg.net.link_trace):
         return None
     scenario = (load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
                 if cfg.run.scenario else Scenario((), cfg.workers, cfg.run.rounds, "no scenario"))
     trace = (load_link_trace(cfg.net.link_trace, scenario.total_workers)
              if cfg.net.link_trace else None)
-    check_with_config(scenario, cfg, trace)
-    base = base_link(cfg)
+    check_with_config(scenario, cfg, algo, trace)
+    base = base_link(cfg, link_plan)
     if topo is None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                      ring_peers, base_link=base, trace=trace)
@@ -700,17 +702,16 @@ def _check_timed_donors(scenario: Scenario) -> None:
                     "donor in the joiner's group")
 
 
-def check_with_config(scenario: Scenario, cfg, trace: LinkTrace | None = None) -> None:
+def check_with_config(scenario: Scenario, cfg, algo, trace: LinkTrace | None = None) -> None:
     """What a scenario (and a link trace) cannot be combined with (one line, exit 2)."""
     if trace is not None and cfg.net.shaper == "none":
         raise ScenarioError(f"{trace.source} with net.shaper = 'none' would not be applied; "
                             "choose net.shaper = 'auto' or 'userspace'")
     churn = churns(scenario)
-    if churn and cfg.algo.name == "diloco" and cfg.algo.pseudo_grad_mean == "steps":
-        raise ScenarioError(f"{scenario.source}: workers leave or join, and "
-                            "algo.pseudo_grad_mean = 'steps' weights every worker by a share of "
-                            "all of them; use 'plain' with a scenario that changes membership")
-    _check_partitions_for(scenario, cfg)
+    why = algo.scenario_refusal(cfg, churn)
+    if why:
+        raise ScenarioError(f"{scenario.source}: {why}")
+    _check_partitions_for(scenario, cfg, algo)
     timed_speed = [ev for ev in scenario.time_events if isinstance(ev, SpeedEvent)]
     if timed_speed and cfg.compute.inner_budget_s > 0:
         raise ScenarioError(f"{scenario.source}: speed event at {timed_speed[0].when()} with "
@@ -722,15 +723,16 @@ def check_with_config(scenario: Scenario, cfg, trace: LinkTrace | None = None) -
                             f"{cfg.fault.worker} injects a failure too; use one or the other")
 
 
-def _check_partitions_for(scenario: Scenario, cfg) -> None:
-    """DiLoCo all-reduces within each group: a living worker in neither group would have no
-    ring (it reaches both sides, which cannot reach each other). Link events need a shaper."""
+def _check_partitions_for(scenario: Scenario, cfg, algo) -> None:
+    """An algorithm that all-reduces within each group (DiLoCo): a living worker in neither
+    group would have no ring (it reaches both sides, which cannot reach each other). Link
+    events need a shaper."""
     for ev in scenario.events:
         if isinstance(ev, LinkEvent) and cfg.net.shaper == "none":
             raise ScenarioError(f"{scenario.source}: link event at {ev.when()} with "
                                 "net.shaper = 'none' would not be applied; choose net.shaper = "
                                 "'auto' or 'userspace'")
-        if not isinstance(ev, PartitionEvent) or cfg.algo.name != "diloco":
+        if not isinstance(ev, PartitionEvent) or not algo.groups_all_reduce():
             continue
         named = set(ev.groups[0] + ev.groups[1])
         for when, alive in _alive_during(scenario, ev, cfg.run.rounds):
@@ -738,7 +740,8 @@ def _check_partitions_for(scenario: Scenario, cfg) -> None:
             if stray:
                 raise ScenarioError(f"{scenario.source}: partition at {ev.when()}: worker "
                                     f"{stray[0]} is alive {when} and in neither group; "
-                                    "with DiLoCo every living worker must be in one group")
+                                    f"with {algo.name} every living worker must be in one "
+                                    "group")
 
 
 def _alive_during(scenario: Scenario, p: PartitionEvent, rounds: int):
@@ -942,14 +945,13 @@ def event_feed(world: World | None, rec, progress=None,
     return EventFeed(world, sink, shaper)
 
 
-def base_link(cfg) -> Callable[[int, int], LinkState]:
+def base_link(cfg, link_plan) -> Callable[[int, int], LinkState]:
     """(src, dst) -> (rate_mbit or None, latency_ms) of each link before any scenario event:
-    the profile's link rate (its caps apart, see ``netplan.link_caps``), or unshaped. Read from
-    netem.profiles (pure rules) here, so that netplan may build worlds without a cycle."""
+    the profile's link rate in ``link_plan`` (its caps apart, see ``netplan.link_caps``), or
+    unshaped."""
     if not cfg.net.bw_profile or cfg.net.shaper == "none":
         return unshaped_link
-    from netem.profiles import build_link_plan
-    plan = build_link_plan(cfg.net, cfg.workers, cfg.seed)
+    plan = link_plan
 
     def base(src: int, dst: int) -> LinkState:
         link = plan.links.get((src, dst))

@@ -38,7 +38,7 @@ import torch
 
 from ..topology import Topology
 from ..transport.base import Transport
-from .base import OuterAlgorithm
+from .base import Context, OuterAlgorithm, Supports
 
 KIND = "pair"  # the wire kind of an exchange's parameters
 
@@ -99,6 +99,29 @@ class A2CiD2(OuterAlgorithm):
     ``exchange`` with the peer the pairing gave (or nothing when it gave none)."""
 
     name = "a2cid2"
+    has_rounds = False
+    supports = Supports(scenarios=False, time_budget=False)
+
+    @classmethod
+    def create(cls, ctx: Context) -> A2CiD2:
+        return cls(ctx.rank, ctx.transport, ctx.topology, momentum=ctx.acfg.continuous_momentum)
+
+    @classmethod
+    def refusal(cls, cfg, topo: Topology | None, scenario: bool) -> str | None:
+        """No rounds for a scenario's events to happen at, one step per exchange, and a graph
+        to pick partners in."""
+        if topo is None or not topo.possible_edges:
+            return "algo.name = a2cid2 needs a graph with at least one edge"
+        return super().refusal(cfg, topo, scenario)
+
+    @classmethod
+    def wire_kinds(cls, numel: int, params) -> dict[str, tuple[int, ...]]:
+        return {KIND: (numel,)}
+
+    @classmethod
+    def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        eta, alpha_tilde = momentum_constants(topo, acfg.continuous_momentum)
+        return {"eta": eta, "alpha_tilde": alpha_tilde}
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None,
                  momentum: bool = True):

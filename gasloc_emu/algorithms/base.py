@@ -1,10 +1,57 @@
-"""What every outer algorithm shares: the interface the worker calls, and gossip mixing."""
+"""What every outer algorithm shares: the interface the worker calls, the traits the rest of
+the system reads, and gossip mixing.
+
+An algorithm is one class: its instance is one worker's side of the protocol (``begin``,
+``outer_step``, ``finish``, ``handover``), and its class attributes and class methods are
+everything the runners, the record and the dashboard ask of it (docs/EXTENDING.md). Nothing
+outside ``algorithms/`` looks at an algorithm's name to decide anything.
+"""
 from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from ..topology import Topology
 from ..transport.base import Transport
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What an algorithm runs with besides plain rounds; the runners refuse the rest (exit 2)
+    with the algorithm's ``refusal`` text."""
+
+    overlap: bool = False       # algo.overlap = 1: communication lags compute by a round
+    scenarios: bool = True      # a scenario file or a link trace (events at rounds or times)
+    time_budget: bool = True    # compute.inner_budget_s: H_i from a time budget
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    """The settings of an algorithm that has none of its own: ``algo.params`` stays empty."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one worker's algorithm is built from (``OuterAlgorithm.create``).
+
+    ``topology``: the gossip graph it mixes over (a scenario's living view of it), None when
+    the algorithm needs none; ``acfg``: the shared ``algo.*`` settings; ``params``: its own
+    settings (an instance of its ``Settings``, validated); ``weight``: what it multiplies its
+    pseudo-gradient by before a mean (``compute.pseudo_grad_weight``); ``members(t)``: the
+    living workers of round t (None: all); ``heals(t)``: whether a partition ends in round t.
+    """
+
+    rank: int
+    transport: Transport
+    topology: Topology | None
+    acfg: Any
+    params: Any = NoSettings()
+    weight: float = 1.0
+    members: Callable[[int], Collection[int]] | None = None
+    heals: Callable[[int], bool] | None = None
 
 
 class OuterAlgorithm:
@@ -15,11 +62,94 @@ class OuterAlgorithm:
     round's starting point on exit (modified in place).
     """
 
-    name = "base"
+    # -- traits: what the rest of the system asks of the algorithm (class level, no instance)
+    name: ClassVar[str] = "base"
+    Settings: ClassVar[type] = NoSettings   # its own settings, ``algo.params.KEY`` (a dataclass)
+    has_rounds: ClassVar[bool] = True       # False: asynchronous pairwise exchanges, no rounds
+    needs_graph: ClassVar[bool] = True      # False: its peers are not a gossip graph's
+    shows: ClassVar[tuple[str, ...]] = ()   # outer constants the header and summary show
+    default_local_steps: ClassVar[int] = 10  # H when algo.local_steps is 0
+    supports: ClassVar[Supports] = Supports()
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         self.rank, self.transport, self.topology = rank, transport, topology
         self.anchor: torch.Tensor | None = None  # theta at the start of the inner phase
+
+    @classmethod
+    def create(cls, ctx: Context) -> OuterAlgorithm:
+        """One worker's instance; algorithms with constants override it."""
+        return cls(ctx.rank, ctx.transport, ctx.topology)
+
+    @classmethod
+    def check_settings(cls, acfg, params) -> str | None:
+        """Why the shared ``algo.*`` settings do not fit this algorithm, or None."""
+        if acfg.overlap and not cls.supports.overlap:
+            return (f"algo.overlap = {acfg.overlap} is not supported: {cls.name} has no outer "
+                    "step to overlap")
+        return None
+
+    @classmethod
+    def refusal(cls, cfg, topo: Topology | None, scenario: bool) -> str | None:
+        """Why this run cannot go as configured (one line, exit 2), or None. ``scenario``:
+        a scenario file or a link trace is given."""
+        if scenario and not cls.supports.scenarios:
+            return (f"algo.name = {cls.name} does not take a scenario or a link trace (their "
+                    "events happen at rounds)")
+        if cfg.compute.inner_budget_s > 0 and not cls.supports.time_budget:
+            return (f"compute.inner_budget_s = {cfg.compute.inner_budget_s:g} does not apply "
+                    f"to {cls.name}; set it to 0")
+        return None
+
+    @classmethod
+    def scenario_refusal(cls, cfg, churns: bool) -> str | None:
+        """What a scenario that changes membership (``churns``) cannot do with this algorithm's
+        settings, or None."""
+        return None
+
+    @classmethod
+    def constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        """The outer constants named by ``shows``, as numbers, for the header and summary."""
+        return {}
+
+    @classmethod
+    def warnings(cls, cfg, topo: Topology | None) -> tuple[str, ...]:
+        """Settings that run but are probably not meant (printed before the run)."""
+        return ()
+
+    @classmethod
+    def wire_kinds(cls, numel: int, params) -> dict[str, tuple[int, ...]]:
+        """The message kinds it sends besides gossip's ``z``, the ring's and the join's, with
+        their one shape each, for a model of ``numel`` parameters and its settings ``params``:
+        the receivers' schema allows exactly these."""
+        return {}
+
+    @classmethod
+    def reduces_in_background(cls, acfg) -> bool:
+        """Whether its All-Reduce runs during the next round's compute (the simulator's clock
+        gives it a lane of its own)."""
+        return False
+
+    @classmethod
+    def weights_by_steps(cls, acfg) -> bool:
+        """Whether it weights each worker's pseudo-gradient by its share of the inner steps
+        (needs every worker's H_i before the run)."""
+        return False
+
+    @classmethod
+    def groups_all_reduce(cls) -> bool:
+        """Whether a partition splits it into groups that each reduce over all their living
+        members (so every living worker must be in one group)."""
+        return False
+
+    @classmethod
+    def run_label(cls, topology_name: str) -> str:
+        """The default run name's algorithm part."""
+        return f"{cls.name}-{topology_name}" if cls.needs_graph else cls.name
+
+    @classmethod
+    def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        """An asynchronous algorithm's constants for the record's ``asynchronous`` block."""
+        return {}
 
     def begin(self, theta: torch.Tensor) -> None:
         self.anchor = theta.detach().clone()

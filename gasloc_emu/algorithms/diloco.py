@@ -40,8 +40,10 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from ..topology import Topology
 from ..transport.base import Transport
-from .base import OuterAlgorithm, lagged_outer_step
+from .base import Context, OuterAlgorithm, Supports, lagged_outer_step
+from .outer import momentum_value, outer_constants
 
 OUTER, HEAL = "outer", "heal"   # message kinds: a joiner's buffer; a member's state at a heal
 
@@ -53,6 +55,53 @@ def wire_kinds(numel: int) -> dict[str, tuple[int]]:
 
 class DiLoCo(OuterAlgorithm):
     name = "diloco"
+    needs_graph = False          # its peers are the ring All-Reduce's
+    shows = ("gamma", "eta")
+    supports = Supports(overlap=True)
+
+    @classmethod
+    def create(cls, ctx: Context) -> DiLoCo:
+        acfg = ctx.acfg
+        return cls(ctx.rank, ctx.transport, acfg.outer_lr, momentum_value(acfg, None),
+                   ctx.weight, ctx.members, ctx.heals, acfg.overlap)
+
+    @classmethod
+    def check_settings(cls, acfg, params) -> str | None:
+        if isinstance(acfg.momentum, str):
+            return (f"algo.momentum = {acfg.momentum!r} needs a gossip graph; diloco takes a "
+                    "number in [0, 0.999]")
+        if isinstance(acfg.outer_lr, str):
+            return (f"algo.outer_lr = {acfg.outer_lr!r} is not allowed for diloco; expected a "
+                    "number in [0, 10]")
+        return super().check_settings(acfg, params)
+
+    @classmethod
+    def constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        return outer_constants(acfg, None)
+
+    @classmethod
+    def wire_kinds(cls, numel: int, params) -> dict[str, tuple[int, ...]]:
+        return wire_kinds(numel)
+
+    @classmethod
+    def reduces_in_background(cls, acfg) -> bool:
+        return bool(acfg.overlap)
+
+    @classmethod
+    def weights_by_steps(cls, acfg) -> bool:
+        return acfg.pseudo_grad_mean == "steps"
+
+    @classmethod
+    def groups_all_reduce(cls) -> bool:
+        return True
+
+    @classmethod
+    def scenario_refusal(cls, cfg, churns: bool) -> str | None:
+        if churns and cls.weights_by_steps(cfg.algo):
+            return ("workers leave or join, and algo.pseudo_grad_mean = 'steps' weights every "
+                    "worker by a share of all of them; use 'plain' with a scenario that changes "
+                    "membership")
+        return None
 
     def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
                  weight: float = 1.0, members: Callable[[int], Collection[int]] | None = None,

@@ -22,15 +22,74 @@ refuses others): docs/ALGORITHM.md derives why.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..config import ONE_MINUS_MOMENTUM
 from ..topology import Topology
 from ..transport.base import Transport
-from .base import OuterAlgorithm, gossip, gossip_mix, gossip_send, lagged_outer_step
+from .base import (
+    Context,
+    OuterAlgorithm,
+    Supports,
+    gossip,
+    gossip_mix,
+    gossip_send,
+    lagged_outer_step,
+)
+from .outer import momentum_value, outer_constants, outer_lr_value
 
 
 class GASLoC(OuterAlgorithm):
     name = "gasloc"
+    shows = ("gamma", "eta")
+    supports = Supports(overlap=True)
+
+    @classmethod
+    def create(cls, ctx: Context) -> GASLoC:
+        topo, acfg = ctx.topology, ctx.acfg
+        return cls(ctx.rank, ctx.transport, topo, outer_lr_value(acfg, topo),
+                   momentum_value(acfg, topo), acfg.overlap)
+
+    @classmethod
+    def check_settings(cls, acfg, params) -> str | None:
+        if isinstance(acfg.outer_lr, str):   # '1-momentum' (the config allows no other word)
+            return None if acfg.outer_lr == ONE_MINUS_MOMENTUM else \
+                f"algo.outer_lr = {acfg.outer_lr!r} is not allowed"
+        return super().check_settings(acfg, params)
+
+    @classmethod
+    def constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        return outer_constants(acfg, topo)
+
+    @classmethod
+    def warnings(cls, cfg, topo: Topology | None) -> tuple[str, ...]:
+        """The outer momentum accelerates gossip only below the stability edge of its two-term
+        recursion on W's spectrum (docs/ALGORITHM.md, "gamma*"); past it a mode grows every
+        round."""
+        gamma = momentum_value(cfg.algo, topo)
+        growth = topo.momentum_growth(gamma)
+        if growth < 1.0 - 1e-9:
+            return ()
+        return (f"algo.momentum = {gamma:g} makes gossip on this {topo.name} graph unstable "
+                f"(a mode grows {growth:.3f}x per round); gamma* = {topo.gamma_star:.3f} is "
+                "stable",)
+
+    @classmethod
+    def refusal(cls, cfg, topo: Topology | None, scenario: bool) -> str | None:
+        """Overlapped GASLoC takes the inner phase's drift at the unmixed z; on a W with a
+        negative eigenvalue mu that drift adds to mu's sign flip and, with outer momentum, a
+        disagreement grows every round (docs/ALGORITHM.md, "Overlapped GASLoC": stable when W
+        has no negative eigenvalue)."""
+        if not cfg.algo.overlap or topo is None:
+            return super().refusal(cfg, topo, scenario)
+        low = topo.min_eigenvalue()
+        if low >= -1e-12:
+            return super().refusal(cfg, topo, scenario)
+        return (f"algo.overlap = 1 needs gossip weights with no negative eigenvalue (W >= 0); "
+                f"this {topo.name} graph's W has {low:.3f} at algo.alpha = {topo.alpha:g}; set "
+                f"algo.alpha <= {math.floor(topo.lazy_alpha() * 1000) / 1000:g}")
 
     def __init__(self, rank: int, transport: Transport, topology: Topology,
                  outer_lr: float, momentum: float, overlap: int = 0):

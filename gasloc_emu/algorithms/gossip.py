@@ -24,3 +24,14 @@ class PlainGossip(OuterAlgorithm):
 
 class DSGD(PlainGossip):
     name = "dsgd"
+    default_local_steps = 1
+
+    @classmethod
+    def check_settings(cls, acfg, params) -> str | None:
+        h = acfg.local_steps
+        ones = isinstance(h, tuple) and set(h) == {1}
+        if h not in (0, 1) and not ones:
+            return (f"algo.local_steps = {list(h) if isinstance(h, tuple) else h!r} is not "
+                    "allowed for dsgd, which takes one step per communication; use "
+                    "local-gossip for H > 1")
+        return super().check_settings(acfg, params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from gasloc_emu import config as C
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 from gasloc_emu.topology import Topology
 
@@ -42,22 +43,21 @@ def _check_record(summary: dict, run_dir) -> None:
 
 
 def test_simulate_a2cid2_trains_records_and_repeats(tmp_path):
-    a = simulate(_cfg(), tmp_path / "a")
+    a = simulate(build_plan(_cfg()), tmp_path / "a")
     _check_record(a, tmp_path / "a")
     assert a["asynchronous"]["eta"] > 0 and a["asynchronous"]["alpha_tilde"] > 0
-    b = simulate(_cfg(), tmp_path / "b")
+    b = simulate(build_plan(_cfg()), tmp_path / "b")
     assert b["final_eval_loss"] == a["final_eval_loss"]   # nominal steps: deterministic
     assert b["asynchronous"] == a["asynchronous"]
-    off = simulate(_cfg(momentum=False), tmp_path / "off")
+    off = simulate(build_plan(_cfg(momentum=False)), tmp_path / "off")
     assert off["asynchronous"]["eta"] == 0.0 and off["final_eval_loss"] != a["final_eval_loss"]
 
 
 def test_run_a2cid2_trains_and_records_steps_and_pairings(tmp_path):
     from gasloc_emu.launcher import launch
-    from gasloc_emu.preflight import preflight
     from gasloc_emu.records import new_run_dir
     cfg = _cfg()
-    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "r"))
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "r"))
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert result.code == 0 and summary["status"] == "ok", summary.get("error")
     _check_record(summary, tmp_path / "r")

@@ -8,6 +8,7 @@ from rich.console import Console
 
 from gasloc_emu.compare import compare_table, load_run, plot, show_run
 from gasloc_emu.config import resolve
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ def run_dirs(tmp_path_factory):
                                  "run.rounds": 3, "run.eval_every": 1, "run.dashboard": "off",
                                  "data.eval_batches": 2, "data.max_corpus_mb": 1.0})
         path = base / f"{algo}-{topo}"
-        simulate(cfg, path)
+        simulate(build_plan(cfg), path)
         out.append(path)
     return out
 

@@ -16,7 +16,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes, launcher, records
-from gasloc_emu.preflight import preflight
+from gasloc_emu.plan import build_plan
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +136,7 @@ def test_an_unexpected_launcher_error_is_recorded_as_internal(tmp_path, tiny_cfg
                 raise ZeroDivisionError("a bug in the progress display")
 
     path = records.new_run_dir(tiny_cfg, tmp_path / "r")
-    result = launcher.launch(tiny_cfg, preflight(tiny_cfg), path,
+    result = launcher.launch(build_plan(tiny_cfg), path,
                              progress_factory=lambda devices, shaper: Boom(), log=lambda s: None)
     assert result.code == exitcodes.INTERNAL
     s = summary(path)
@@ -155,7 +155,7 @@ def test_a_full_disk_mid_run_fails_with_whole_lines(tmp_path, tiny_cfg, monkeypa
 
     monkeypatch.setattr(records.RunRecord, "_append", fill_up)
     path = records.new_run_dir(tiny_cfg, tmp_path / "r")
-    result = launcher.launch(tiny_cfg, preflight(tiny_cfg), path, log=lambda s: None)
+    result = launcher.launch(build_plan(tiny_cfg), path, log=lambda s: None)
     assert result.code == exitcodes.RUN_FAILED
     s = summary(path)
     assert s["status"] == "failed" and "No space left on device" in s["error"]

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gasloc_emu import config as C
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 SCENARIO = """
@@ -49,18 +50,17 @@ def _check(summary: dict, run_dir) -> None:
 @pytest.mark.parametrize(("algo", "topology"), [("gasloc", "ring"), ("diloco", "ring")])
 def test_a_new_worker_joins_in_simulate(tmp_path, algo, topology):
     cfg = _cfg(tmp_path, algo, topology)
-    summary = simulate(cfg, tmp_path / "sim")
+    summary = simulate(build_plan(cfg), tmp_path / "sim")
     _check(summary, tmp_path / "sim")
 
 
 @pytest.mark.slow  # the CI suite's budget: the simulate tests above run in it
 def test_a_new_worker_joins_in_run_as_in_simulate(tmp_path):
     from gasloc_emu.launcher import launch
-    from gasloc_emu.preflight import preflight
     from gasloc_emu.records import new_run_dir
     cfg = _cfg(tmp_path, "gasloc", "ring")
-    sim = simulate(cfg, tmp_path / "sim")
-    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "run"))
+    sim = simulate(build_plan(cfg), tmp_path / "sim")
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
     run = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert result.code == 0
     _check(run, tmp_path / "run")

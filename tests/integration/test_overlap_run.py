@@ -82,12 +82,13 @@ def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:
     """GASLoC on one-peer matchings (runs/overlap.toml, gamma 0.9, eta 0.35), 4 workers, 20
     rounds, in the simulator (its losses are run's, as above)."""
     from gasloc_emu import config
+    from gasloc_emu.plan import build_plan
     from gasloc_emu.simulate import simulate
     cfg = config.resolve(Path(__file__).parents[2] / "runs" / "overlap.toml",
                          {"workers": 4, "run.rounds": 20, "run.eval_every": 0,
                           "net.bw_profile": "", "algo.overlap": overlap, "algo.alpha": alpha,
                           "algo.outer_lr": 0.35})
-    return simulate(cfg, tmp_path / name)["final_eval_loss"]
+    return simulate(build_plan(cfg), tmp_path / name)["final_eval_loss"]
 
 
 def test_overlapped_gasloc_ends_within_3_percent_of_sequential_at_equal_rounds(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.data import build_corpus
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 pytestmark = pytest.mark.integration
@@ -43,6 +44,7 @@ def corpus():
 @pytest.mark.parametrize("arm", sorted(PINNED))
 def test_final_loss_is_the_pinned_one(arm, corpus, tmp_path):
     overrides, expected = PINNED[arm]
-    summary = simulate(C.resolve(overrides=BASE | overrides), tmp_path / arm, corpus=corpus)
+    plan = build_plan(C.resolve(overrides=BASE | overrides), corpus=corpus)
+    summary = simulate(plan, tmp_path / arm)
     # 1e-6: the same arithmetic gives the same bits here; the slack is for other CPUs' kernels
     assert summary["final_eval_loss"] == pytest.approx(expected, abs=1e-6)

@@ -14,6 +14,7 @@ import torch
 import gasloc_emu.simulate as sim
 from gasloc_emu import config as C
 from gasloc_emu.data import build_corpus
+from gasloc_emu.plan import build_plan
 from gasloc_emu.topology import Topology
 from gasloc_emu.worker import Worker
 
@@ -48,7 +49,7 @@ def run(tmp_path, corpus, monkeypatch):
 
         monkeypatch.setattr(sim, "Worker", Recorded)
         out = tmp_path / f"run{next(counter)}"
-        summary = sim.simulate(cfg, out, corpus=corpus)
+        summary = sim.simulate(build_plan(cfg, corpus=corpus), out)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert json.loads((out / "summary.json").read_text())["status"] == "ok"
         assert C.resolve(out / "config.toml") == cfg
@@ -169,12 +170,11 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
     neighbours' models (queued on their links) are in; its compute is stretched at most by the
     CPU sharing."""
     from gasloc_emu.devices import threads_per_worker
-    from gasloc_emu.netplan import sim_link_model
     from gasloc_emu.virtual_clock import slots_for
     cfg = make_cfg(**{"topology.name": "ring", "run.rounds": 3, "algo.local_steps": 1,
                       "net.bw_profile": "uniform", "net.rate_mbit": 8.0, "net.latency_ms": 10.0})
     out = tmp_path / "shaped"
-    summary = sim.simulate(cfg, out, link_model=sim_link_model(cfg), corpus=corpus)
+    summary = sim.simulate(build_plan(cfg, corpus=corpus), out)
     rows = {(r["worker"], r["round"]): r for r in
             map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     wire_s, latency_s = 120_576 * 4 * 8 / 8e6, 0.010
@@ -193,5 +193,5 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
             assert c * (1 - 1e-9) <= own_s <= c * max(1.0, N / slots) * (1 + 1e-9)
     assert summary["predicted_wall_s"] == pytest.approx(max(r["time_s"] for r in rows.values()))
     assert summary["cpu_slots"] == slots
-    # and without shaping, as in `run --shaper none`, there is nothing to predict
-    assert sim_link_model(make_cfg(**{"net.bw_profile": "uniform", "net.shaper": "none"})) is None
+    # and without shaping, as in `run` without a profile, there is nothing to predict
+    assert build_plan(make_cfg(), data=False).link_model is None

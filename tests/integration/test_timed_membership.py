@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from gasloc_emu import config as C
 from gasloc_emu.cli import main
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def _events(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("algo", ["gasloc", "diloco"])
 def test_events_at_a_time_are_fixed_at_one_round_for_everyone(tmp_path, algo):
-    summary = simulate(_cfg(tmp_path, algo), tmp_path / "a")
+    summary = simulate(build_plan(_cfg(tmp_path, algo)), tmp_path / "a")
     assert summary["status"] == "ok"
     rows = _rows(tmp_path / "a")
     rounds = {w: sorted(r["round"] for r in rows if r["worker"] == w) for w in range(5)}
@@ -77,7 +78,7 @@ def test_events_at_a_time_are_fixed_at_one_round_for_everyone(tmp_path, algo):
         assert {r["round"]: r["peers"] for r in rows if r["worker"] == 4} == {
             4: [0, 3], 5: [0, 3], 6: [0, 3], 7: [0, 3], 8: [0], 9: [0], 10: [0, 3], 11: [0, 3]}
         # the same run twice, to the bit
-        again = simulate(_cfg(tmp_path, algo), tmp_path / "b")
+        again = simulate(build_plan(_cfg(tmp_path, algo)), tmp_path / "b")
         assert again["final_eval_loss"] == summary["final_eval_loss"]
 
 
@@ -123,14 +124,13 @@ def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
     """The launcher fixes them on the run's clock; where they land depends on the machine's
     speed, so this checks that every worker played each at the same round."""
     from gasloc_emu.launcher import launch
-    from gasloc_emu.preflight import preflight
     from gasloc_emu.records import new_run_dir
     (tmp_path / "s.toml").write_text(RUN_SCENARIO)
     cfg = C.resolve(overrides={
         "workers": 6, "algo.name": "gasloc", "topology.name": "ring", "algo.local_steps": 3,
         "run.rounds": 24, "run.eval_every": 8, "run.scenario": str(tmp_path / "s.toml"),
         "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05})
-    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "run"))
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
     assert result.code == 0, result.error
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     leave, join = summary["membership"]["changes"]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gasloc_emu import config as C
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 SCENARIO = """
@@ -62,7 +63,7 @@ def _events(run_dir) -> list[str]:
 
 
 def test_timed_speed_and_pause_in_simulate(tmp_path):
-    simulate(_cfg(tmp_path), tmp_path / "sim")
+    simulate(build_plan(_cfg(tmp_path)), tmp_path / "sim")
     _check_speed(_rows(tmp_path / "sim", 1), 0.9, 0.0)
     _check_pause(_rows(tmp_path / "sim", 2), 1.4, 0.0)
     assert sorted(_events(tmp_path / "sim")) == ["pause", "speed"]
@@ -71,11 +72,10 @@ def test_timed_speed_and_pause_in_simulate(tmp_path):
 @pytest.mark.slow  # the CI suite's budget: simulate's test above runs in it
 def test_timed_speed_and_pause_in_run_as_in_simulate(tmp_path):
     cfg = _cfg(tmp_path)
-    sim = simulate(cfg, tmp_path / "sim")
+    sim = simulate(build_plan(cfg), tmp_path / "sim")
     from gasloc_emu.launcher import launch
-    from gasloc_emu.preflight import preflight
     from gasloc_emu.records import new_run_dir
-    result = launch(cfg, preflight(cfg), new_run_dir(cfg, tmp_path / "run"))
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
     assert result.code == 0
     _check_speed(_rows(tmp_path / "run", 1), 0.9, 0.05)
     _check_pause(_rows(tmp_path / "run", 2), 1.4, 0.05)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gasloc_emu import config
+from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 
 HOSTS = Path(__file__).with_name("hosts.py")
@@ -61,7 +62,7 @@ def _ok(result: dict) -> None:
 
 def _simulated_loss(tmp_path: Path, rounds: int, *sets: str) -> float:
     cfg = config.resolve(overrides={"workers": 4, "seed": 3, "run.rounds": rounds}, sets=sets)
-    return simulate(cfg, tmp_path / "sim")["final_eval_loss"]
+    return simulate(build_plan(cfg), tmp_path / "sim")["final_eval_loss"]
 
 
 def _losses(record: Path) -> dict:

@@ -8,6 +8,7 @@ import pytest
 from gasloc_emu import compute
 from gasloc_emu import config as C
 from gasloc_emu.compute import ComputeError, ComputeModel
+from gasloc_emu.plan import build_plan
 
 
 def cfg(**dotted) -> C.Config:
@@ -127,54 +128,63 @@ def test_a_model_is_validated_at_construction(kw, needle):
     assert needle in str(info.value)
 
 
+def cplan(c: C.Config) -> compute.ComputePlan:
+    """The compute the run plan derives from ``c``."""
+    return build_plan(c, data=False).compute
+
+
+def profile_lines(c: C.Config) -> list[str]:
+    return compute.profile_lines(c, cplan(c))
+
+
 def test_step_counts_are_known_for_fixed_h_and_for_nominal_budgets():
-    assert compute.step_counts(cfg(**{"algo.local_steps": [3, 4, 5, 6]})) == (3, 4, 5, 6)
+    assert cplan(cfg(**{"algo.local_steps": [3, 4, 5, 6]})).step_counts() == (3, 4, 5, 6)
     budget = cfg(**{"compute.profile": "straggler", "compute.step_time_s": 0.05,
                     "compute.inner_budget_s": 0.5})
-    assert compute.step_counts(budget) == (10, 10, 10, 2)
-    assert compute.step_counts(cfg(**{"compute.inner_budget_s": 0.5})) is None
+    assert cplan(budget).step_counts() == (10, 10, 10, 2)
+    assert cplan(cfg(**{"compute.inner_budget_s": 0.5})).step_counts() is None
 
 
 def test_diloco_weights_are_steps_over_their_mean():
     c = cfg(**{"algo.name": "diloco", "algo.pseudo_grad_mean": "steps",
                "compute.profile": "straggler", "compute.step_time_s": 0.05,
                "compute.inner_budget_s": 0.5})
-    weights = [compute.pseudo_grad_weight(c, r) for r in range(4)]
+    weights = [cplan(c).pseudo_grad_weight(r) for r in range(4)]
     assert weights == pytest.approx([4 * 10 / 32] * 3 + [4 * 2 / 32])
     assert sum(weights) == pytest.approx(4.0)
     plain = C.replace(c, **{"algo.pseudo_grad_mean": "plain"})
-    assert [compute.pseudo_grad_weight(plain, r) for r in range(4)] == [1.0] * 4
+    assert [cplan(plain).pseudo_grad_weight(r) for r in range(4)] == [1.0] * 4
 
 
 def test_weighting_by_measured_step_counts_is_refused_before_the_run():
     c = cfg(**{"algo.name": "diloco", "algo.pseudo_grad_mean": "steps",
                "compute.inner_budget_s": 0.5})
     with pytest.raises(ComputeError, match="needs compute.step_time_s > 0"):
-        compute.check(c)
+        cplan(c)
     with pytest.raises(ComputeError, match="needs compute.step_time_s > 0"):
-        compute.pseudo_grad_weight(c, 0)
-    compute.check(C.replace(c, **{"algo.name": "gasloc"}))  # gossip ignores the setting
+        cplan(c).pseudo_grad_weight(0)
+    cplan(C.replace(c, **{"algo.name": "gasloc"}))  # gossip ignores the setting
 
 
 def test_the_record_block():
     c = cfg(**{"compute.profile": "straggler", "compute.step_time_s": 0.05,
                "compute.inner_budget_s": 0.5})
-    assert compute.record(c, [0, 0, 1, 0]) == {
+    assert cplan(c).record([0, 0, 1, 0]) == {
         "profile": "straggler", "step_time_s": 0.05, "inner_budget_s": 0.5,
         "speeds": [1.0, 1.0, 1.0, 0.25], "steps_per_round": [10, 10, 10, 2],
         "overruns": [0, 0, 1, 0]}
-    assert compute.record(cfg())["profile"] == "uniform"
+    assert cplan(cfg()).record()["profile"] == "uniform"
 
 
 def test_profile_lines_show_speed_step_time_and_steps():
-    lines = compute.profile_lines(cfg(**{"compute.profile": "straggler",
+    lines = profile_lines(cfg(**{"compute.profile": "straggler",
                                          "compute.step_time_s": 0.05,
                                          "compute.inner_budget_s": 0.5}))
     assert lines[0] == ("compute profile 'straggler', 4 workers, step time 0.05 s at speed 1, "
                         "budget 0.5 s per round")
     assert lines[1] == "worker   0: speed 1.000  step 0.05 s  10 steps per round"
     assert lines[4] == "worker   3: speed 0.250  step 0.2 s  2 steps per round"
-    measured = compute.profile_lines(cfg(**{"algo.local_steps": 7}))
+    measured = profile_lines(cfg(**{"algo.local_steps": 7}))
     assert measured[0] == "compute profile 'uniform', 4 workers, step time as measured"
     assert measured[1] == "worker   0: speed 1.000  7 steps per round (H)"
 
@@ -321,7 +331,7 @@ def test_diloco_refuses_a_weight_that_is_not_positive():
 
 
 def test_profile_lines_for_a_measured_budget_and_a_single_step():
-    measured = compute.profile_lines(cfg(**{"compute.inner_budget_s": 0.5}))
+    measured = profile_lines(cfg(**{"compute.inner_budget_s": 0.5}))
     assert measured[1] == "worker   0: speed 1.000  as many measured steps as fit per round"
-    one = compute.profile_lines(cfg(**{"compute.step_time_s": 0.5, "compute.inner_budget_s": 0.5}))
+    one = profile_lines(cfg(**{"compute.step_time_s": 0.5, "compute.inner_budget_s": 0.5}))
     assert one[1] == "worker   0: speed 1.000  step 0.5 s  1 step per round"

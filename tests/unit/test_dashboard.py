@@ -215,11 +215,12 @@ def test_sparkline_scales_between_min_and_max():
     assert sparkline([]) == "" and len(sparkline(range(100), width=40)) == 40
 
 
-def test_header_from_config_reads_the_graph_and_tokens_per_step():
+def test_header_from_plan_reads_the_graph_and_tokens_per_step():
     from gasloc_emu.config import resolve
     from gasloc_emu.model import shape_from_config
+    from gasloc_emu.plan import build_plan
     cfg = resolve(overrides={"workers": 4, "topology.name": "ring"})
-    h = D.header_from_config(cfg, devices=["cpu"] * 4)
+    h = D.header_from_plan(build_plan(cfg, data=False), devices=["cpu"] * 4)
     assert (h.algorithm, h.topology, h.workers) == ("gasloc", "ring", 4)
     assert h.lambda2 == pytest.approx(1 / 3)
     assert h.tokens_per_step == cfg.data.batch_size * shape_from_config(cfg.model).block_size

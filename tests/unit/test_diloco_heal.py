@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_algorithms import DIM, consensus_error, on_hub, quadratic_inner, random_starts
 
-from gasloc_emu.algorithms import DiLoCo, wire_kinds
-from gasloc_emu.config import resolve
+from gasloc_emu import algorithms
+from gasloc_emu.algorithms import DiLoCo, load
 from gasloc_emu.transport.memory import Hub
 
 ROUNDS, CUT = 6, range(1, 3)    # a partition {0, 1} | {2, 3} in rounds 1 and 2
@@ -115,6 +115,6 @@ def test_a_joiner_takes_over_the_donors_buffer_and_stays_in_step(take_over):
 
 def test_diloco_declares_its_extra_messages_for_the_receivers_schema():
     numel = DIM
-    assert wire_kinds(resolve(overrides={"algo.name": "diloco"}).algo, numel) == \
-        {"outer": (numel,), "heal": (2 * numel,)}
-    assert wire_kinds(resolve(overrides={"algo.name": "gasloc"}).algo, numel) == {}
+    none = algorithms.NoSettings()
+    assert load("diloco").wire_kinds(numel, none) == {"outer": (numel,), "heal": (2 * numel,)}
+    assert load("gasloc").wire_kinds(numel, none) == {}

@@ -207,12 +207,13 @@ def test_parked_workers_are_released_once_the_others_are_done():
 
 def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
     from gasloc_emu import config as C
+    from gasloc_emu.algorithms import DiLoCo
     from gasloc_emu.world import check_with_config
     cfg = C.resolve(overrides={"workers": 4, "algo.name": "diloco", "run.rounds": ROUNDS})
     joins_late = (LeaveEvent(at_s=0.5, worker=3), JoinEvent(at_s=2.0, worker=3))
     part = PartitionEvent(at_s=1.0, end_s=3.0, groups=((0, 1), (2,)))
     with pytest.raises(ScenarioError, match=r"partition at 1 s: worker 3 is alive at 2 s and in "
                                             r"neither group"):
-        check_with_config(_scenario(*joins_late, part), cfg)
+        check_with_config(_scenario(*joins_late, part), cfg, DiLoCo)
     ends_first = PartitionEvent(at_s=1.0, end_s=2.0, groups=((0, 1), (2,)))
-    check_with_config(_scenario(*joins_late, ends_first), cfg)
+    check_with_config(_scenario(*joins_late, ends_first), cfg, DiLoCo)

@@ -189,13 +189,13 @@ def test_eval_batches_identical_for_every_worker():
 
 
 def test_workers_share_the_eval_set_and_evaluate_the_same_model_alike():
-    from gasloc_emu.data import build_corpus
+    from gasloc_emu.plan import build_plan
     from gasloc_emu.transport.memory import Hub
     from gasloc_emu.worker import Worker
     cfg = C.resolve(overrides={"workers": 2, "data.max_corpus_mb": 0.5, "data.eval_batches": 2})
-    corpus = build_corpus(cfg)
+    plan = build_plan(cfg)
     hub = Hub(2)
-    w = [Worker(cfg, r, hub.transport(r), corpus) for r in range(2)]
+    w = [Worker(plan, r, hub.transport(r)) for r in range(2)]
     for (x0, y0), (x1, y1) in zip(w[0].eval_set, w[1].eval_set, strict=True):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
     assert torch.equal(w[0].theta, w[1].theta)  # same init on every worker

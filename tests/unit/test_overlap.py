@@ -13,7 +13,7 @@ from test_algorithms import DIM, consensus_error, on_hub, quadratic_inner, rando
 from gasloc_emu import config
 from gasloc_emu.algorithms import DiLoCo, GASLoC
 from gasloc_emu.config import ConfigError
-from gasloc_emu.preflight import preflight
+from gasloc_emu.plan import build_plan
 from gasloc_emu.topology import Topology
 from gasloc_emu.transport.memory import Hub
 from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
@@ -163,12 +163,12 @@ def _cfg(**over):
 def test_the_config_refuses_overlap_where_it_diverges_and_says_which_alpha_works():
     with pytest.raises(ConfigError, match=r"W has -0.333 at algo.alpha = 1; set algo.alpha "
                                           r"<= 0.75"):
-        preflight(_cfg(**{"algo.overlap": 1}))
-    preflight(_cfg(**{"algo.overlap": 1, "algo.alpha": 0.75}))
-    preflight(_cfg(**{"algo.overlap": 1, "topology.name": "matching"}))
-    preflight(_cfg(**{"algo.overlap": 1, "algo.name": "diloco"}))
+        build_plan(_cfg(**{"algo.overlap": 1}), data=False)
+    build_plan(_cfg(**{"algo.overlap": 1, "algo.alpha": 0.75}), data=False)
+    build_plan(_cfg(**{"algo.overlap": 1, "topology.name": "matching"}), data=False)
+    build_plan(_cfg(**{"algo.overlap": 1, "algo.name": "diloco"}), data=False)
     with pytest.raises(ConfigError, match="dsgd has no outer step to overlap"):
-        _cfg(**{"algo.overlap": 1, "algo.name": "dsgd"})
+        build_plan(_cfg(**{"algo.overlap": 1, "algo.name": "dsgd"}), data=False)
     with pytest.raises(ConfigError, match="algo.overlap"):
         _cfg(**{"algo.overlap": 2})
 

@@ -15,6 +15,7 @@ from gasloc_emu import config as C
 from gasloc_emu import simulate as sim
 from gasloc_emu.data import build_corpus
 from gasloc_emu.model import count_parameters
+from gasloc_emu.plan import build_plan
 from gasloc_emu.transport.memory import InMemoryTransport
 from gasloc_emu.transport.schema import WireSchema, chunk_sizes, ring_chunk
 
@@ -123,7 +124,7 @@ def test_every_message_the_algorithms_send_fits_the_receivers_schema(tmp_path, m
         real_send(self, peer, round_idx, kind, tensor)
 
     monkeypatch.setattr(InMemoryTransport, "_send", recording_send)
-    sim.simulate(cfg, tmp_path / "run", corpus=corpora(workers), device="cpu")
+    sim.simulate(build_plan(cfg, corpus=corpora(workers)), tmp_path / "run", device="cpu")
     numel = count_parameters(cfg.model)
     schemas = [WireSchema(r, workers, numel) for r in range(workers)]
     assert sent, "the algorithm sent nothing"

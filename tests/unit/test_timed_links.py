@@ -12,6 +12,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.netplan import RoundLinkModel
+from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import (
     LinkEvent,
     LinkTrace,
@@ -29,10 +30,15 @@ from gasloc_emu.world import (
     TimedLinks,
     World,
     check_supported,
-    from_config,
     ring_peers,
 )
 from netem.userspace import LinkShaper
+
+
+def world_of(cfg):
+    """The world the run plan derives from ``cfg`` (None without a scenario or a trace)."""
+    return build_plan(cfg, data=False).world
+
 
 MB = 1_000_000          # bytes: 1 s on the wire at 8 Mbit/s, 8 s at 1 Mbit/s
 T0 = 1000.0             # a run's start on the time.time() clock (stamps pass their own now)
@@ -226,7 +232,7 @@ def test_a_link_changed_by_round_and_by_a_trace_is_refused():
 
 def test_from_config_builds_a_world_from_a_trace_alone(tmp_path):
     path = write_trace(tmp_path, "0,0,1,8", "10,0,1,1")
-    world = from_config(cfg_of(**{"net.link_trace": str(path), "net.shaper": "userspace"}))
+    world = world_of(cfg_of(**{"net.link_trace": str(path), "net.shaper": "userspace"}))
     assert world is not None and world.changes_links
     assert world.links.at(0, 1, 0, 12.0)[0] == 1.0
     assert world.alive(5) == frozenset(range(4))
@@ -236,14 +242,14 @@ def test_from_config_refuses_a_trace_without_a_shaper(tmp_path):
     path = write_trace(tmp_path, "0,0,1,8", "10,0,1,1")
     with pytest.raises(ScenarioError, match=r"trace.csv with net.shaper = 'none' would not be "
                                             "applied"):
-        from_config(cfg_of(**{"net.link_trace": str(path), "net.shaper": "none"}))
+        world_of(cfg_of(**{"net.link_trace": str(path), "net.shaper": "none"}))
 
 
 def test_from_config_refuses_a_scenario_and_trace_on_one_link(tmp_path):
     sc = write_scenario(tmp_path, "type = 'link'\nround = 1\nlink = [0, 1]\nrate_mbit = 2")
     path = write_trace(tmp_path, "0,0,1,8")
     with pytest.raises(ScenarioError, match="one clock per link"):
-        from_config(cfg_of(sc, **{"net.link_trace": str(path), "net.shaper": "userspace"}))
+        world_of(cfg_of(sc, **{"net.link_trace": str(path), "net.shaper": "userspace"}))
 
 
 # ---------------------------------------------------------------- RoundLinkModel

@@ -7,6 +7,7 @@ import pytest
 from gasloc_emu import config as C
 from gasloc_emu.scenario import PauseEvent, Scenario, ScenarioError, SpeedEvent
 from gasloc_emu.virtual_clock import Compute, Done, Mark, VirtualClock
+from gasloc_emu.algorithms import GASLoC
 from gasloc_emu.world import SelfTimeline, World, check_supported, check_with_config, ring_peers
 
 
@@ -46,8 +47,9 @@ def test_a_speed_at_a_time_with_a_time_budget_is_refused():
     cfg = C.resolve(overrides={"workers": 4, "compute.step_time_s": 0.1,
                                "compute.inner_budget_s": 1.0})
     with pytest.raises(ScenarioError, match="compute.inner_budget_s = 1: the steps"):
-        check_with_config(sc, cfg)
-    check_with_config(Scenario((PauseEvent(at_s=3.0, worker=1, seconds=1.0),), 4, 6), cfg)
+        check_with_config(sc, cfg, GASLoC)
+    check_with_config(Scenario((PauseEvent(at_s=3.0, worker=1, seconds=1.0),), 4, 6), cfg,
+                      GASLoC)
 
 
 def _replay(events, rounds: int = 4, compute_s: float = 1.0, base_speed: float = 1.0):

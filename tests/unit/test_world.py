@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
+from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import (
     JoinEvent,
     LeaveEvent,
@@ -25,10 +26,15 @@ from gasloc_emu.topology import from_config as topology_from_config
 from gasloc_emu.world import (
     RoundPlan,
     World,
-    from_config,
     membership_summary,
     ring_peers,
 )
+
+
+def world_of(cfg):
+    """The world the run plan derives from ``cfg`` (None without a scenario or a trace)."""
+    return build_plan(cfg, data=False).world
+
 
 FD = 2.5          # failure_detect_s of the hand-built worlds
 ROUNDS = 10
@@ -104,7 +110,7 @@ def test_a_gossip_ring_from_config_plans_the_same(tmp_path, from_worker):
     extra = f"\nfrom_worker = {from_worker}" if from_worker is not None else ""
     cfg = cfg_of(write_scenario(tmp_path, LEAVE_2_AT_3, JOIN_2_AT_6 + extra),
                  **{"run.failure_detect_s": FD})
-    got = from_config(cfg, Topology("ring", 4))
+    got = world_of(cfg)
     want = World(rejoin_scenario(from_worker), 4, ROUNDS, FD, ring_peers, ring_neighbours(4))
     for t in range(ROUNDS):
         for rank in range(4):
@@ -115,7 +121,7 @@ def test_diloco_from_config_takes_the_lowest_ranked_living_worker_as_donor(tmp_p
     """No graph for DiLoCo (every worker holds the same outer parameters): the default donor is
     the lowest-ranked worker alive in the round before."""
     cfg = cfg_of(write_scenario(tmp_path, LEAVE_2_AT_3, JOIN_2_AT_6), **{"algo.name": "diloco"})
-    world = from_config(cfg)
+    world = world_of(cfg)
     assert world.plan(2, 6).join_from == 0 and world.plan(0, 6).donate_to == (2,)
     assert [r for r in range(4) if world.plan(r, 3).detect_s] == [1, 3]
     assert world.plan(1, 3).detect_s == cfg.run.failure_detect_s
@@ -143,7 +149,7 @@ def test_on_random_matchings_only_the_partner_of_the_last_round_notices(tmp_path
     topo = topology_from_config(cfg)
     partner, would_be = topo.peers(5, 1), topo.peers(5, 2)
     assert len(partner) == 1 and partner != would_be   # the case tells the two rounds apart
-    world = from_config(cfg, topo)
+    world = world_of(cfg)
     for t in range(ROUNDS):
         noticing = [r for r in range(8) if world.plan(r, t).detect_s]
         assert noticing == (partner if t == 2 else []), t
@@ -202,15 +208,15 @@ def test_speed_and_pause_of_a_rejoined_worker_come_with_its_join():
 # ---------------------------------------------------------------- from_config and its refusals
 
 def test_from_config_without_a_scenario_is_none():
-    assert from_config(cfg_of()) is None
-    assert from_config(cfg_of(), Topology("ring", 4)) is None
+    assert world_of(cfg_of()) is None
+    assert world_of(cfg_of()) is None
 
 
 def test_from_config_with_a_scenario_is_a_world(tmp_path):
     path = write_scenario(tmp_path, LEAVE_2_AT_3, JOIN_2_AT_6,
                           "type = 'speed'\nround = 4\nworker = 1\nspeed = 0.5")
     cfg = cfg_of(path, **{"run.failure_detect_s": 7.0})
-    world = from_config(cfg, Topology("ring", 4))
+    world = world_of(cfg)
     assert isinstance(world, World)
     assert (world.workers, world.rounds, world.failure_detect_s) == (4, ROUNDS, 7.0)
     assert world.scenario.source == "scenario scenario.toml"
@@ -232,10 +238,9 @@ def test_from_config_with_a_scenario_is_a_world(tmp_path):
 ])
 def test_from_config_refuses_what_cannot_run_yet(tmp_path, tables, overrides, match):
     cfg = cfg_of(write_scenario(tmp_path, *tables), **overrides)
-    for topo in (None, Topology("ring", 4)):
-        with pytest.raises(ScenarioError, match=match) as info:
-            from_config(cfg, topo)
-        assert "\n" not in str(info.value)
+    with pytest.raises(ScenarioError, match=match) as info:
+        world_of(cfg)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(("tables", "overrides"), [
@@ -247,7 +252,7 @@ def test_from_config_refuses_what_cannot_run_yet(tmp_path, tables, overrides, ma
 def test_from_config_allows_the_combinations_that_work(tmp_path, tables, overrides):
     """The refusals above are for churn only: without a leave or join they do not apply."""
     cfg = cfg_of(write_scenario(tmp_path, *tables), **overrides)
-    assert isinstance(from_config(cfg), World)
+    assert isinstance(world_of(cfg), World)
 
 
 @pytest.mark.parametrize("fd", [-0.001, 3600.001, math.inf, -math.inf, math.nan])

@@ -7,6 +7,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.netplan import LinkCut, RoundLinkModel
+from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import (
     JoinEvent,
     LeaveEvent,
@@ -17,7 +18,13 @@ from gasloc_emu.scenario import (
 )
 from gasloc_emu.topology import LivingGraph, Topology
 from gasloc_emu.virtual_clock import Done, Recv, Send, VirtualClock
-from gasloc_emu.world import LinkSchedule, World, from_config, graph_peers, ring_peers
+from gasloc_emu.world import LinkSchedule, World, graph_peers, ring_peers
+
+
+def world_of(cfg):
+    """The world the run plan derives from ``cfg`` (None without a scenario or a trace)."""
+    return build_plan(cfg, data=False).world
+
 
 ALL4 = frozenset(range(4))
 
@@ -132,17 +139,17 @@ PART_2 = "[[event]]\ntype='partition'\nround=2\ngroups=[[0,1],[2]]\n"
 
 def test_diloco_refuses_a_living_worker_in_neither_group(tmp_path):
     with pytest.raises(ScenarioError, match="worker 3 is alive in round 2 and in neither group"):
-        from_config(cfg(tmp_path, PART_2, **{"algo.name": "diloco"}))
-    assert from_config(cfg(tmp_path, PART_2)).partitions   # gossip: 3 keeps both sides
+        world_of(cfg(tmp_path, PART_2, **{"algo.name": "diloco"}))
+    assert world_of(cfg(tmp_path, PART_2)).partitions   # gossip: 3 keeps both sides
 
 
 def test_loss_and_an_explicit_no_shaper_are_refused(tmp_path):
     loss = "[[event]]\ntype='link'\nround=2\nlink=[0,1]\nloss_pct=1.0\n"
     with pytest.raises(ScenarioError, match="loss_pct = 1 is not applied"):
-        from_config(cfg(tmp_path, loss))
+        world_of(cfg(tmp_path, loss))
     rate = "[[event]]\ntype='link'\nround=2\nlink=[0,1]\nrate_mbit=1.0\n"
     with pytest.raises(ScenarioError, match="net.shaper = 'none' would not be applied"):
-        from_config(cfg(tmp_path, rate, **{"net.shaper": "none"}))
+        world_of(cfg(tmp_path, rate, **{"net.shaper": "none"}))
 
 
 def test_the_round_link_model_times_each_message_by_its_round():

@@ -1,0 +1,101 @@
+"""The run plan: everything a run is, derived once from its config before anything runs.
+
+``build_plan(cfg)`` resolves the algorithm (its class and settings), builds the gossip graph
+(when the algorithm needs one), the compute models, the bandwidth profile's link plan and the
+simulator's model of it, the scenario's world and the corpus, and checks them against each
+other. Bad input (an unknown algorithm or setting, an impossible graph, a broken profile,
+network settings that would not be applied, a model whose width does not split into its
+heads, a corpus too small for the workers) fails here, before a run folder, a namespace or a
+process exists. ``simulate``, ``run`` (the launcher, node agents and every worker process),
+``sweep``, the dashboard header and the summary take the plan; nothing below it derives these
+from the config again. Checks only worth a warning come back as text for the command layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import algorithms, compute, topology
+from .algorithms import OuterAlgorithm, Resolved
+from .compute import ComputePlan
+from .config import Config, ConfigError
+from .data import Corpus, build_corpus
+from .devices import simulator_device
+from .model import check_model
+from .netplan import check_network, sim_link_model
+from .topology import Topology
+from .world import World
+from .world import from_config as world_from_config
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run, resolved. ``topology``: the full gossip graph (None when the algorithm needs
+    none, DiLoCo's ring); ``world``: what a scenario does in each round (None without one);
+    ``link_plan``: netem's per-link rates of the bandwidth profile (empty when unshaped);
+    ``link_model``: the simulator's model of the shaped links (None when unshaped);
+    ``corpus``: None for a plan made only to describe a run (``data=False``)."""
+
+    cfg: Config
+    algorithm: Resolved
+    topology: Topology | None
+    compute: ComputePlan
+    link_plan: Any
+    link_model: Any
+    world: World | None
+    corpus: Corpus | None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def algo(self) -> type[OuterAlgorithm]:
+        """The algorithm's class: its traits (``OuterAlgorithm``)."""
+        return self.algorithm.cls
+
+    @property
+    def steps(self) -> tuple[int, ...] | None:
+        """H_i per round when known before the run."""
+        return self.compute.step_counts()
+
+    def constants(self) -> dict[str, float]:
+        """The outer constants the algorithm shows (gamma, eta), as numbers."""
+        return self.algo.constants(self.cfg.algo, self.topology)
+
+    def run_label(self) -> str:
+        """The default run name's algorithm part (``OuterAlgorithm.run_label``)."""
+        return self.algo.run_label(self.cfg.topology.name)
+
+    def topology_label(self) -> str:
+        """The graph's name as records and the header show it."""
+        return self.cfg.topology.name if self.topology is not None else "ring-allreduce"
+
+
+def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> RunPlan:
+    """Check ``cfg`` against everything a run needs and derive the run; raises the first
+    bad-input error. ``corpus``: one already built for this config (tests share one);
+    ``data=False``: no corpus (a plan to describe, not to train)."""
+    resolved = algorithms.resolve(cfg.algo)
+    algo = resolved.cls
+    topo = topology.from_config(cfg) if algo.needs_graph else None
+    link_plan = check_network(cfg)
+    cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
+    check_model(cfg.model)
+    simulator_device(cfg.run.device)  # run.device = cuda without a GPU
+    world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
+    _refuse(cfg, algo, topo, world is not None)
+    if corpus is None and data:
+        corpus = build_corpus(cfg)
+    return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
+                   world, corpus, algo.warnings(cfg, topo) if topo is not None else ())
+
+
+def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
+            scenario: bool) -> None:
+    """What the runners cannot do with this algorithm and these settings (exit 2)."""
+    if cfg.algo.overlap and scenario:
+        # the runners' rule, whatever the algorithm: a round's exchange must end in its round
+        raise ConfigError("algo.overlap = 1 does not take a scenario or a link trace yet "
+                          "(leaves, joins and partitions assume a round's exchange ends in "
+                          "that round)")
+    refusal = algo.refusal(cfg, topo, scenario)
+    if refusal:
+        raise ConfigError(refusal)
