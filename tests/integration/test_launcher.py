@@ -79,6 +79,10 @@ def start_long_run(out: Path, *args: str) -> tuple[subprocess.Popen, list[int]]:
                  marks=pytest.mark.slow),
 ], ids=["gasloc-ring", "gasloc-matching", "gasloc-complete", "diloco", "dsgd"])
 def test_run_matches_simulate(tmp_path, arm):
+    """Only gasloc-matching is in the default suite; the slow arms are covered there by it,
+    tests/integration/test_churn.py (gasloc-ring, diloco), test_simulate.py's identities
+    (gasloc-complete is DiLoCo, dsgd is gasloc with eta 1 and gamma 0) and
+    tests/integration/test_timed_self_run.py's DSGD run."""
     args = BASE + ["--rounds", "3"] + arm
     ran = cli("run", *args, "--out", str(tmp_path / "run"))
     assert ran.returncode == 0, ran.stderr
@@ -170,6 +174,8 @@ def _garbage(addr: str) -> list[list[bytes]]:
 # test_forger's keyless forger (which runs in CI); this one also counts drops when it does
 @pytest.mark.slow
 def test_garbage_from_outside_the_run_changes_nothing(tmp_path):
+    """Covered in the default suite by tests/integration/test_forger.py's
+    test_a_forger_without_the_keys_changes_nothing[userspace]."""
     out = tmp_path / "run"
     proc = start("run", *BASE, "--rounds", "10", "--algo", "gasloc", "--topology", "ring",
                  "--out", str(out))
