@@ -64,6 +64,9 @@ def test_simulate_reports_the_injected_fault(tmp_path, gasloc, mode):
 @pytest.mark.parametrize("mode", ["raise", pytest.param("exit", marks=pytest.mark.slow),
                                   pytest.param("hang", marks=pytest.mark.slow)])
 def test_run_reports_the_injected_fault(tmp_path, gasloc, alive, mode):
+    """The exit and hang arms are slow; covered in the default suite by the raise arm,
+    test_simulate_reports_the_injected_fault and tests/integration/test_launcher.py's killed and
+    stopped workers."""
     done = with_fault_mode(gasloc, "run", mode, tmp_path / "run",
                            "--set", "run.heartbeat_timeout_s=3")
     assert_failed_as_a_user_sees_it(done, tmp_path / "run", EXPECT[mode][1])

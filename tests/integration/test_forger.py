@@ -156,6 +156,8 @@ def clean_loss(tmp_path_factory) -> float:
 # unshaped: the same authentication as under the userspace shaper, which also holds messages
 @pytest.mark.parametrize("shaper", [pytest.param("unshaped", marks=pytest.mark.slow), "userspace"])
 def test_a_forger_without_the_keys_changes_nothing(tmp_path, clean_loss, shaper):
+    """The unshaped arm is slow; covered in the default suite by the userspace arm (the same
+    authentication)."""
     out = tmp_path / "run"
     proc = _cli("run", *BASE, *SHAPERS[shaper], "--out", str(out))
     try:

@@ -56,6 +56,8 @@ def test_a_new_worker_joins_in_simulate(tmp_path, algo, topology):
 
 @pytest.mark.slow  # the CI suite's budget: the simulate tests above run in it
 def test_a_new_worker_joins_in_run_as_in_simulate(tmp_path):
+    """Covered in the default suite by test_a_new_worker_joins_in_simulate (the same join) and
+    tests/integration/test_churn.py (workers leaving and joining in run as in simulate)."""
     from gasloc_emu.launcher import launch
     from gasloc_emu.records import new_run_dir
     cfg = _cfg(tmp_path, "gasloc", "ring")

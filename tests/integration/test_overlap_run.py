@@ -59,11 +59,11 @@ def assert_same_losses(ran: tuple, simulated: tuple) -> None:
     assert ran[0]["final_eval_loss"] == pytest.approx(simulated[0]["final_eval_loss"], abs=1e-5)
 
 
-# DiLoCo's half is a slow test (the CI suite's budget): its overlapped iterates equal overlapped
-# GASLoC's on the complete graph (tests/unit/test_overlap.py), and its background All-Reduce
-# progresses during compute over real sockets (tests/integration/test_zmq_transport.py)
 @pytest.mark.parametrize("algo", ["gasloc", pytest.param("diloco", marks=pytest.mark.slow)])
 def test_overlap_hides_the_transfer_in_run_and_simulate_alike(tmp_path, algo):
+    """DiLoCo's arm is slow (the CI suite's budget). Covered in the default suite by
+    test_overlapped_diloco_in_worker_processes_is_simulate_to_the_bit (its losses in run) and
+    test_overlap_hides_the_transfer_in_run_and_simulate_alike[gasloc] (the hiding)."""
     seq_run, seq_sim = both(tmp_path, "seq", *ARMS[algo])
     ovl_run, ovl_sim = both(tmp_path, "ovl", *ARMS[algo], "--overlap", "1")
     assert_same_losses(ovl_run, ovl_sim)
@@ -76,6 +76,27 @@ def test_overlap_hides_the_transfer_in_run_and_simulate_alike(tmp_path, algo):
         assert sum(ran[0]["compute"]["overruns"]) <= 0.02 * 4 * 10 * ROUNDS, ran[0]["compute"]
     # the staleness is paid in loss, not hidden: overlap changes the iterates
     assert ovl_run[0]["final_eval_loss"] != seq_run[0]["final_eval_loss"]
+
+
+def test_overlapped_diloco_in_worker_processes_is_simulate_to_the_bit(tmp_path):
+    """Overlapped DiLoCo in worker processes, short: 3 workers, 3 rounds of 2 nominal steps,
+    unshaped. Every loss equals the simulator's, and differs from sequential DiLoCo's (the
+    background All-Reduce's outer step lands a round late)."""
+    args = ["--workers", "3", "--model", "tiny", "--seed", "3", "--no-dashboard", "--rounds",
+            "3", "--local-steps", "2", "--step-time-s", "0.05", "--algo", "diloco",
+            "--set", "data.max_corpus_mb=1", "--set", "data.eval_batches=1"]
+    out = {}
+    for name, cmd, extra in (("ovl-run", "run", ["--overlap", "1"]),
+                             ("ovl-sim", "simulate", ["--overlap", "1"]),
+                             ("seq-sim", "simulate", [])):
+        res = cli(cmd, *args, *extra, "--out", str(tmp_path / name))
+        assert res.returncode == 0, res.stderr
+        out[name] = record(tmp_path / name)
+    key = lambda r: (r["round"], r["worker"])  # noqa: E731
+    losses = {n: {key(r): r["train_loss"] for r in rows} for n, (_, rows) in out.items()}
+    assert len(losses["ovl-run"]) == 3 * 3 and losses["ovl-run"] == losses["ovl-sim"]
+    assert out["ovl-run"][0]["final_eval_loss"] == out["ovl-sim"][0]["final_eval_loss"]
+    assert out["ovl-run"][0]["final_eval_loss"] != out["seq-sim"][0]["final_eval_loss"]
 
 
 def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:

@@ -76,6 +76,9 @@ def test_a_partition_of_two_groups_run_equals_simulate(tmp_path):
 # the change's rate is also observed in test_link_observed_in_run.py (the same shaper path)
 @pytest.mark.slow
 def test_a_link_slowed_under_the_userspace_shaper_slows_its_rounds(tmp_path):
+    """Covered in the default suite by test_a_link_trace_replays_in_both_runners_on_their_clocks
+    (a link slowed under the userspace shaper, in run and simulate) and
+    tests/integration/test_link_observed_in_run.py."""
     runs = both(tmp_path, SLOW, 5)
     for mode, path in runs.items():
         r = rows(path)

@@ -195,3 +195,36 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
     assert summary["cpu_slots"] == slots
     # and without shaping, as in `run` without a profile, there is nothing to predict
     assert build_plan(make_cfg(), data=False).link_model is None
+
+
+def _round_times(out) -> list[float]:
+    """Each round's length on the run's clock: when its last worker finished minus the round
+    before."""
+    ends: dict[int, float] = {}
+    for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()):
+        ends[row["round"]] = max(ends.get(row["round"], 0.0), row["time_s"])
+    ordered = [0.0] + [ends[r] for r in sorted(ends)]
+    return [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
+
+
+def test_diloco_pays_for_the_slow_links_every_round_and_gasloc_rarely(tmp_path):
+    """The headline effect on the simulator's clock: 8 workers on the skewed profile (seed 0
+    slows pairs (1,7), (4,7), (6,7) to 5 Mbit/s, the rest run at 50). DiLoCo's ring crosses
+    6 -> 7 every round, so each round takes its All-Reduce over 5 Mbit/s; GASLoC on one-peer
+    matchings mostly pairs fast links. Nominal steps of 0.05 s keep the clock exact."""
+    step_s, model_bits = 0.05, 120_576 * 4 * 8
+    rounds = {}
+    for name, algo in {"diloco": {"algo.name": "diloco"},
+                       "gasloc": {"algo.name": "gasloc", "topology.name": "matching"}}.items():
+        cfg = make_cfg(**{"workers": 8, "net.bw_profile": "skewed", "run.rounds": 4,
+                          "algo.local_steps": 1, "compute.step_time_s": step_s,
+                          "run.eval_every": 0, "data.eval_batches": 1} | algo)
+        sim.simulate(build_plan(cfg), tmp_path / name)
+        rounds[name] = sorted(_round_times(tmp_path / name))
+    # every DiLoCo round: the ring All-Reduce moves 2 * 7/8 of the model over the 5 Mbit/s link
+    ring_s = 2 * 7 / 8 * model_bits / 5e6
+    assert all(ring_s <= t <= ring_s + step_s + 0.01 for t in rounds["diloco"]), rounds
+    # a typical GASLoC round: one step and one model over a 50 Mbit/s link
+    fast_s = step_s + model_bits / 50e6
+    assert rounds["gasloc"][1] == pytest.approx(fast_s, abs=0.01), rounds
+    assert sum(rounds["gasloc"]) < 0.5 * sum(rounds["diloco"]), rounds

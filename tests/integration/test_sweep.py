@@ -3,6 +3,8 @@ results section."""
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -59,17 +61,32 @@ def test_every_preset_and_arm_resolves(preset):
                 assert sweep.arm_config(preset, arm, seed, spec.settings(point, arm)).seed == seed
 
 
+def _final_loss(run) -> float:
+    return json.loads((Path(run) / "summary.json").read_text())["final_eval_loss"]
+
+
 def test_mini_sweep_writes_table_plot_and_section(tmp_path):
     preset = tmp_path / "mini.toml"
     preset.write_text(MINI)
     report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
     rows = {r["arm"]: r for r in report["rows"]}
     assert set(rows) == {"g", "lg"}
-    for r in rows.values():
+    for arm, r in rows.items():
         assert set(r["tuned"]) == {"0.001", "0.003"}
         assert r["best"] == min((0.001, 0.003), key=lambda v: r["tuned"][f"{v:g}"])
-        mean, std, n = r["final_eval_loss"]
-        assert n == 2 and 2.0 < mean < 5.6 and std >= 0
+        # the row's figures are those of the runs it names: the best value on both seeds, and
+        # every tuned value's seed-0 run
+        names = [f"{arm}-s{seed}-{r['best']:g}" for seed in (0, 1)]
+        assert [Path(run).name for run in r["runs"]] == names
+        losses = [_final_loss(run) for run in r["runs"]]
+        assert r["final_eval_loss"] == pytest.approx((statistics.fmean(losses),
+                                                      statistics.pstdev(losses), 2), rel=1e-12)
+        assert r["final_eval_loss"][1] > 0  # two seeds, two different runs
+        for value, loss in r["tuned"].items():
+            assert loss == _final_loss(tmp_path / "out" / f"{arm}-s0-{value}")
+        # an untrained byte model scores ln 256 = 5.55; six steps at the best rate take every
+        # run at least 1 nat below that (about 3.5 for g, 3.9 for lg), a tiny model no lower than 2
+        assert all(2.0 < loss < math.log(256) - 1.0 for loss in losses), (arm, losses)
     assert report["runs"] == 2 * (2 + 1)  # per arm: two tuned values on seed 0, plus seed 1
     g, lg = rows["g"]["final_eval_loss"][0], rows["lg"]["final_eval_loss"][0]
     assert report["verdict"]["x"][0]["holds"] == (g < lg)

@@ -517,3 +517,63 @@ def test_security_and_schema_must_fit_the_transport():
         ZmqTransport(0, 2, EPHEMERAL, max_numel=10, schema=WireSchema(1, 2, 10))
     with pytest.raises(ValueError, match="messages up to 11 elements"):
         ZmqTransport(0, 2, EPHEMERAL, max_numel=10, schema=WireSchema(0, 2, 11))
+
+
+# -- the real userspace shaper, measured on the receiver's clock
+
+SHAPED_MBIT, SHAPED_LATENCY_S = 8.0, 0.02
+BULK_NUMEL, BULK_MESSAGES = 25_000, 8      # 100 kB each: 0.1 s of wire at 8 Mbit/s
+
+
+def _userspace_pair():
+    """Workers 0 and 1 on loopback, each with the product's userspace shaper for a symmetric
+    8 Mbit/s, 20 ms link, room for every bulk message at once."""
+    from netem.userspace import MAX_QUEUE_S, shaping_from_spec
+    spec = {"mode": "userspace", "workers": 2, "up_mbit": {}, "max_queue_s": MAX_QUEUE_S,
+            "links": [[s, d, SHAPED_MBIT, SHAPED_LATENCY_S * 1e3] for s, d in ((0, 1), (1, 0))]}
+    extra = {"ping": (1,)} | {f"b{i}": (BULK_NUMEL,) for i in range(BULK_MESSAGES)}
+    kw = dict(max_numel=BULK_NUMEL, recv_timeout_s=RECV_TIMEOUT_S,
+              max_msgs_per_peer=BULK_MESSAGES + 2,
+              max_bytes_per_peer=(BULK_MESSAGES + 2) * BULK_NUMEL * 4)
+    return [ZmqTransport(r, 2, EPHEMERAL, schema=WireSchema(r, 2, 10, extra),
+                         shaping=shaping_from_spec(spec, r), **kw) for r in (0, 1)]
+
+
+def test_the_userspace_shaper_delivers_its_rate_and_latency_on_the_receivers_clock():
+    """What the algorithm sees, timed independently of the shaper's own arithmetic: the sender's
+    send times against the receiver's clock when ``recv`` hands each message out. Nothing may
+    be handed out before the configured link could have carried it (after the latency plus
+    every byte sent so far at the rate), and the bytes arrive at the rate. A shaper that
+    released messages early would still carry the right stamps (``deliver_at``) and so the
+    right observed rates (``take_timed`` reports the stamp); it fails here."""
+    a, b = _userspace_pair()
+    with a, b:
+        table = {0: a.address, 1: b.address}
+        a.connect(table)
+        b.connect(table)
+        sent = time.time()
+        a.send(1, 0, "ping", torch.ones(1))
+        b.recv(0, 0, "ping")
+        ping_s = time.time() - sent
+        sends: list[float] = []
+
+        def bulk():
+            for i in range(BULK_MESSAGES):
+                sends.append(time.time())
+                a.send(1, 0, f"b{i}", torch.full((BULK_NUMEL,), float(i)))
+
+        sender = threading.Thread(target=bulk)
+        sender.start()
+        got = []
+        for i in range(BULK_MESSAGES):
+            tensor = b.recv(0, 0, f"b{i}")
+            got.append(time.time())
+            assert torch.equal(tensor, torch.full((BULK_NUMEL,), float(i)))
+        sender.join()
+    assert SHAPED_LATENCY_S - 0.0005 <= ping_s <= SHAPED_LATENCY_S + 0.01, ping_s
+    wire_s = BULK_NUMEL * 4 * 8 / (SHAPED_MBIT * 1e6)
+    for i, at in enumerate(got):  # never early: the link carried i + 1 messages by then
+        earliest = sends[0] + (i + 1) * wire_s + SHAPED_LATENCY_S
+        assert at >= earliest - 0.001, (i, at - earliest)
+    mbit = (BULK_MESSAGES - 1) * BULK_NUMEL * 4 * 8 / (got[-1] - got[0]) / 1e6
+    assert mbit == pytest.approx(SHAPED_MBIT, rel=0.05), mbit

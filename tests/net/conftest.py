@@ -1,4 +1,5 @@
-"""Net tests build real namespaces and qdiscs; they skip, with the reason, where that is impossible.
+"""Net tests build real namespaces and qdiscs; they skip, with the reason, where that is impossible,
+and fail instead where GASLOC_REQUIRE_NET=1 (CI: see ``needs.py``).
 
 Every test here is marked ``net``. Tests that need tc take the ``tc_caps`` fixture, which skips
 with "needs network namespaces and tc: <what is missing>". Scenarios run as separate processes
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import tc_or_unavailable
 
 from netem.capabilities import probe
 
@@ -28,14 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tc_caps():
-    caps = probe()
-    missing = caps.tc_missing()
-    if missing:
-        pytest.skip(f"needs network namespaces and tc: {missing}")
-    if not caps.userns:
-        pytest.skip("needs network namespaces and tc: user namespaces are disabled "
-                    "(`unshare -Urnm true` fails)")
-    return caps
+    return tc_or_unavailable(probe())
 
 
 class Scenarios:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
+from needs import root_or_unavailable
 
 from netem.namespaces import clean_leftovers
 
@@ -95,8 +95,7 @@ def test_kill9_of_userns_launcher_leaves_nothing(tc_caps, scenario, alive):
 
 
 def test_kill9_of_root_launcher_is_cleaned_by_clean_leftovers(tc_caps, scenario, alive):
-    if os.geteuid() != 0:
-        pytest.skip("root mode needs root")
+    root_or_unavailable()
     run_id = secrets.token_hex(4)
     info = _hold_and_kill(scenario, alive, {"reexec": False, "run_id": run_id})
     assert info["mode"] == "root"

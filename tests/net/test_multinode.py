@@ -7,13 +7,13 @@ a user would: torchrun's flag names by hand, torchrun itself, or Slurm's environ
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from needs import unavailable
 
 from gasloc_emu import config
 from gasloc_emu.plan import build_plan
@@ -25,9 +25,10 @@ MASTER = "198.18.0.1"
 SECRET = {"GASLOC_SECRET": "multi-node test secret, not a real one"}
 BASE = ["--workers", "4", "--no-dashboard", "--seed", "3"]
 # The launch forms beyond the by-hand one, the config refusal and node 0's death take ~2 min
-# together; CI's 15-minute budget keeps them out unless asked for (all pass here).
-slow = pytest.mark.skipif(not os.environ.get("GASLOC_SLOW_TESTS"),
-                          reason="set GASLOC_SLOW_TESTS=1 to run the slower multi-node tests")
+# together; CI's 15-minute budget keeps them out unless asked for (GASLOC_SLOW_TESTS=1).
+slow = pytest.mark.slow
+# the shaped run's wall-clock over its busiest link's wire time, at most: startup and compute
+WALL_OVER_FLOOR = 3.0
 
 
 @pytest.fixture
@@ -82,10 +83,13 @@ def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
                     for k in range(2)])
     _ok(result)
     summary = _summary(out)
-    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3), abs=1e-5)
+    # not the same bits as simulate: node 0's one worker gets more CPU threads than node 1's
+    # three (and than simulate's), and CPU kernels sum in an order that depends on that count.
+    # Round 2's losses differ by up to 5e-7 (1.4e-7 relative); 1e-6 relative is the bound.
+    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3), rel=1e-6)
     ran, simulated = _losses(out), _losses(tmp_path / "sim")
     assert len(ran) == 4 * 3 and ran.keys() == simulated.keys()
-    assert all(ran[k] == pytest.approx(simulated[k], abs=1e-5) for k in ran), (ran, simulated)
+    assert all(ran[k] == pytest.approx(simulated[k], rel=1e-6) for k in ran), (ran, simulated)
     workers = json.loads((out / "workers.json").read_text())
     assert [(w["rank"], w["node"]) for w in workers] == [(0, 0), (1, 1), (2, 1), (3, 1)]
     assert [n["addr"] for n in summary["nodes"]] == result["addrs"]
@@ -96,8 +100,11 @@ def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
 
 
 @slow
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (torch's launcher)")
 def test_torchrun_launch(hosts, tmp_path):
+    """Covered in the default suite by test_two_hosts_by_hand_equal_simulate (the same run,
+    launched with torchrun's flag names by hand)."""
+    if shutil.which("torchrun") is None:
+        unavailable("needs torchrun (torch's launcher)")
     out = tmp_path / "rec"
     # is_host and --local-addr: torchrun finds its host and the address it tells the others
     # from the machine's host name, which names the real machine here, not the emulated hosts
@@ -110,11 +117,14 @@ def test_torchrun_launch(hosts, tmp_path):
     _ok(hosts(nodes))
     summary = _summary(out)
     assert summary["launch"] == "torchrun" and len(summary["nodes"]) == 2
-    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 2), abs=1e-5)
+    # one worker per node: thread counts differ from simulate's, as in the by-hand test
+    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 2), rel=1e-6)
 
 
 @slow
 def test_slurm_launch(hosts, tmp_path):
+    """Covered in the default suite by test_two_hosts_by_hand_equal_simulate (the same run;
+    Slurm's environment only names the nodes, tests/unit/test_cluster.py reads it)."""
     out = tmp_path / "rec"
     nodes = [{"host": k, "argv": [*_cli(), "run", *BASE, "--rounds", "2", "--out", str(out)],
               "env": SECRET | {"SLURM_NODEID": str(k), "SLURM_NNODES": "2", "SLURM_JOB_ID": "7",
@@ -126,6 +136,8 @@ def test_slurm_launch(hosts, tmp_path):
 
 @slow
 def test_a_host_with_another_config_is_refused_on_every_host(hosts, tmp_path):
+    """Covered in the default suite by tests/unit/test_rendezvous.py (the comparison of the
+    nodes' configs) and test_two_hosts_by_hand_equal_simulate (the rendezvous across hosts)."""
     out = tmp_path / "rec"
     result = hosts([_by_hand(0, out, "--rounds", "3"), _by_hand(1, out, "--rounds", "4")],
                    timeout_s=90)
@@ -152,6 +164,9 @@ def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_p
 
 @slow
 def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
+    """Covered in the default suite by tests/unit/test_node_loss.py's
+    test_a_lost_node_0_ends_this_nodes_run_and_its_workers (node 0's store gone or silent) and
+    test_a_killed_host_ends_the_run_on_the_other_within_the_timeout (the other direction)."""
     out = tmp_path / "rec"
     timeout = ["--set", "run.heartbeat_timeout_s=4"]
     result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
@@ -165,8 +180,10 @@ def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
 
 @pytest.mark.parametrize("shaper", ["tc", pytest.param("userspace", marks=slow)])
 def test_shaped_cross_host_run(hosts, tmp_path, shaper):
-    """8 Mbit/s links, 2 hosts: the run takes at least what its busiest link needs, and its
-    losses are simulate's."""
+    """8 Mbit/s links, 2 hosts: the run takes what its busiest link needs, within a factor of
+    the startup and compute around it, and its losses are simulate's. The userspace arm is
+    slow; covered in the default suite by the tc arm (the same run) and
+    tests/integration/test_zmq_transport.py's userspace shaper on the receiver's clock."""
     out, profile = tmp_path / "rec", tmp_path / "8mbit.toml"
     profile.write_text("[default]\nrate_mbit = 8\n")
     net = ["--bw-profile", str(profile), "--shaper", shaper]
@@ -176,9 +193,12 @@ def test_shaped_cross_host_run(hosts, tmp_path, shaper):
     assert summary["shaper"] == shaper and summary["nodes"][1]["shaper"] == shaper
     links = json.loads((out / "links.json").read_text())["links"]
     busiest_s = max(r["bytes"] * 8 / (r["configured_mbit"] * 1e6) for r in links)
-    assert summary["wall_s"] >= busiest_s * 0.98, (summary["wall_s"], busiest_s)
+    # the floor is the busiest link's wire time; above it, the two rounds' compute and the
+    # workers' start (at most 3x the floor here: a tiny model's rounds are mostly transfer)
+    assert busiest_s * 0.98 <= summary["wall_s"] <= busiest_s * WALL_OVER_FLOOR, \
+        (summary["wall_s"], busiest_s)
     sim = _simulated_loss(tmp_path, 2, f"net.bw_profile={profile}")
-    assert summary["final_eval_loss"] == pytest.approx(sim, abs=1e-5)
+    assert summary["final_eval_loss"] == sim
 
 
 LINKCHECK = Path(__file__).with_name("linkcheck.py")
@@ -189,7 +209,10 @@ LINKCHECK = Path(__file__).with_name("linkcheck.py")
 @pytest.mark.parametrize("shaper", ["tc", pytest.param("userspace", marks=pytest.mark.slow)])
 def test_a_shaped_cross_host_link_measures_its_rate(hosts, shaper):
     """Host A sends to host B over one 8 Mbit/s link, shaped by the product's tc (one HTB class
-    matched on B's address and the link's port) or its userspace shaper; B measures."""
+    matched on B's address and the link's port) or its userspace shaper; B measures. The
+    userspace arm is slow; covered in the default suite by the tc arm and
+    tests/integration/test_zmq_transport.py's
+    test_the_userspace_shaper_delivers_its_rate_and_latency_on_the_receivers_clock."""
     args = {"a": MASTER, "b": "198.18.0.2", "port": 31000, "rate_mbit": 8.0, "seconds": 5.0,
             "numel": 250_000, "messages": 6}
     recv, send = ("tc-sink", "tc-send") if shaper == "tc" else ("zmq-recv", "zmq-send")

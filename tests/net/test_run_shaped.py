@@ -74,6 +74,9 @@ def test_a_link_slowed_in_place_under_tc_delivers_its_new_rate(tc_caps, tmp_path
 
 @pytest.mark.slow  # docs/RESULTS.md measures this (and more) on the simulator and the emulator
 def test_diloco_pays_for_slow_links_and_gasloc_much_less(tc_caps, tmp_path):
+    """Covered in the default suite by tests/integration/test_simulate.py's
+    test_diloco_pays_for_the_slow_links_every_round_and_gasloc_rarely (the same effect on the
+    simulator's clock)."""
     # seed 0: the skewed profile slows pairs (1,7), (4,7), (6,7); DiLoCo's ring crosses 6 -> 7
     common = ["--bw-profile", "skewed", "--workers", "8", "--seed", "0", "--rounds", "4",
               "--local-steps", "1", "--no-probe", *TINY]

@@ -3,11 +3,11 @@ bad input fails before anything exists, and a failure half-way undoes what was m
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 
 import pytest
+from needs import root_or_unavailable
 
 from gasloc_emu.config import NetConfig
 from netem.capabilities import CapabilityError, choose_shaper
@@ -18,8 +18,7 @@ from netem.profiles import ProfileError, build_link_plan
 
 @pytest.fixture
 def root(tc_caps):
-    if os.geteuid() != 0:
-        pytest.skip("root mode needs root")
+    root_or_unavailable()
     return tc_caps
 
 

@@ -1,5 +1,10 @@
 """The userspace shaper (no namespaces needed): loopback links paced to their rate and delayed
-by their latency, measured by the same probe agents the tc shaper uses."""
+by their latency, measured by the same probe agents the tc shaper uses.
+
+The probe's goodput cannot tell a shaper that releases early from one that does not: the
+sender's backpressure alone paces the bulk data at the rate. That the receiver gets nothing
+before the link could have carried it is test_zmq_transport.py's
+test_the_userspace_shaper_delivers_its_rate_and_latency_on_the_receivers_clock."""
 from __future__ import annotations
 
 

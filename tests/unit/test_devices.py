@@ -1,6 +1,9 @@
 """Device pinning: the (environment, device) pair of every worker, with no GPU needed."""
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 from gasloc_emu import devices
@@ -84,3 +87,31 @@ def test_visible_gpus_reads_uuids_and_trims_to_what_cuda_counts():
 def test_unknown_device_choice_names_the_allowed_ones():
     with pytest.raises(ValueError, match="auto"):
         assign_devices("tpu", 1, [])
+
+
+def test_the_launcher_spawns_each_worker_on_one_gpu_as_cuda0(gpus, monkeypatch, tmp_path):
+    """The spawn itself, with two mocked GPUs: each worker process's environment names one GPU,
+    round robin, and the launch spec tells the worker to use cuda:0. The stand-in workers exit
+    at once (this machine may have no GPU), which ends the run as failed."""
+    from gasloc_emu import config, launcher
+    from gasloc_emu.plan import build_plan
+    from gasloc_emu.records import new_run_dir
+    gpus(2)
+    spawned: dict[int, dict] = {}
+    real_popen = launcher.subprocess.Popen
+
+    def record(argv, env=None, **kw):
+        rank = int(argv[argv.index("gasloc_emu.worker_process") + 2])
+        spawned[rank] = env
+        return real_popen([sys.executable, "-c", "raise SystemExit(3)"], env=env, **kw)
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", record)
+    cfg = config.resolve(overrides={"workers": 3, "model.preset": "tiny", "run.device": "cuda",
+                                    "run.rounds": 1, "run.dashboard": "off"})
+    out = new_run_dir(cfg, tmp_path / "run")
+    result = launcher.launch(build_plan(cfg), out, log=lambda *_: None)
+    assert result.code != 0     # the stand-ins exited; what matters is how they were started
+    assert {r: env["CUDA_VISIBLE_DEVICES"] for r, env in spawned.items()} == \
+        {0: "0", 1: "1", 2: "0"}
+    spec = json.loads((out / "launch.json").read_text())
+    assert spec["devices"] == ["cuda:0"] * 3

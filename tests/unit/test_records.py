@@ -4,6 +4,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -54,14 +56,28 @@ def test_a_file_where_the_folder_should_be_is_one_record_error(tmp_path, cfg):
         new_run_dir(cfg, tmp_path / "f" / "run")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_folder_is_one_record_error(tmp_path, cfg):
+def test_a_read_only_folder_is_one_record_error(tmp_path, cfg, monkeypatch):
+    """Root writes into read-only folders, and CI runs as root: the kernel's refusal is injected
+    (every mkdir and open under the folder raises EACCES) so that the test holds for any user."""
     tmp_path.chmod(0o500)
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def refused(real):
+        def call(path, *args, **kw):
+            if tmp_path in Path(os.fsdecode(path)).parents:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+            return real(path, *args, **kw)
+        return call
+
+    monkeypatch.setattr(os, "mkdir", refused(real_mkdir))
+    monkeypatch.setattr(os, "open", refused(real_open))
     try:
-        with pytest.raises(RecordError):
+        where = re.escape(str(tmp_path / "run"))
+        with pytest.raises(RecordError, match=f"cannot write {where}.*Permission denied"):
             RunRecord(tmp_path / "run", cfg)
     finally:
         tmp_path.chmod(0o700)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_disk_takes_back_the_cut_line(tmp_path, cfg, monkeypatch):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gasloc_emu import config as C
+from gasloc_emu.algorithms import GASLoC
 from gasloc_emu.scenario import PauseEvent, Scenario, ScenarioError, SpeedEvent
 from gasloc_emu.virtual_clock import Compute, Done, Mark, VirtualClock
-from gasloc_emu.algorithms import GASLoC
 from gasloc_emu.world import SelfTimeline, World, check_supported, check_with_config, ring_peers
 
 
