@@ -430,7 +430,7 @@ def _build(cls: type, data: dict, prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in known:
-            allowed = ", ".join(sorted(known))
+            allowed = ", ".join(sorted(known)) or "none (it has no settings)"
             raise ConfigError(f"unknown setting {prefix}{key!s}; known in this section: {allowed}")
         kwargs[key] = _coerce(prefix + key, value, hints[key])
     return cls(**kwargs)

@@ -14,6 +14,9 @@ from .base import OuterAlgorithm, gossip
 class PlainGossip(OuterAlgorithm):
     name = "local-gossip"
 
+    def begin(self, theta: torch.Tensor) -> None:
+        """Nothing to keep: plain gossip mixes the inner result, never its start."""
+
     @torch.no_grad()
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
         gossip(self.transport, self.topology, self.rank, round_idx, theta.clone(), theta)

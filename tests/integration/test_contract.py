@@ -7,7 +7,8 @@ emulator's run-equals-simulate check runs here for the plugin only. For the buil
 marked slow, since other tests compare run with simulate for them already: gasloc on a matching
 (test_launcher.py), gasloc and diloco with churn (test_churn.py), and a2cid2 trains in both
 (test_a2cid2_run.py); dsgd and local-gossip are gasloc's gossip with eta = 1, gamma = 0
-(test_simulate.py checks the identity).
+(test_simulate.py checks the identity). Two small broken algorithms show that the kit fails
+what it should.
 """
 from __future__ import annotations
 
@@ -16,17 +17,21 @@ import math
 import os
 
 import pytest
+import torch
 
 from gasloc_emu import config as C
 from gasloc_emu import plugins
-from gasloc_emu.algorithms import registry
+from gasloc_emu.algorithms import OuterAlgorithm, registry
 from gasloc_emu.config import ConfigError
 from gasloc_emu.model import count_parameters
 from gasloc_emu.plan import build_plan
 from gasloc_emu.simulate import simulate
 from gasloc_emu.testing import (
+    ContractError,
     check_all,
     check_run_equals_simulate,
+    check_state_bytes,
+    check_wire_kinds,
     contract_config,
     shared_corpus,
 )
@@ -66,9 +71,14 @@ def test_a_built_in_algorithm_keeps_the_contract(tmp_path, algo):
         assert report.churn == "took over: outer"
 
 
-@pytest.mark.slow   # see the module docstring for where run equals simulate for these
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(BUILT_IN))
 def test_a_built_in_algorithm_runs_as_it_simulates(tmp_path, algo):
+    """Slow: the default suite compares run with simulate for these already, in
+    test_launcher.py's test_run_matches_simulate (gasloc on a matching), test_churn.py's
+    test_leave_and_rejoin_run_equals_simulate (gasloc, diloco), test_a2cid2_run.py (a2cid2
+    trains in run as in simulate) and test_simulate.py (dsgd and local-gossip are gasloc's
+    gossip with eta = 1, gamma = 0, bit for bit)."""
     check_run_equals_simulate(algo, tmp_path, **BUILT_IN[algo])
 
 
@@ -136,3 +146,43 @@ def test_a_wrong_plugin_name_or_setting_is_one_line_and_exit_2(tmp_path, gasloc,
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], res.stderr
     assert not out.exists()   # refused before a record exists
+
+
+class UndeclaredKind(OuterAlgorithm):
+    """Gossip that also sends its anchor as "anchor", a kind it does not declare: simulate
+    goes through, run's receivers would drop it."""
+
+    name = "undeclared-kind"
+
+    @torch.no_grad()
+    def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
+        for j in self.peers(round_idx):
+            self.transport.send(j, round_idx, "anchor", self.anchor.clone())
+        for j in self.peers(round_idx):
+            self.transport.recv(j, round_idx, "anchor")
+        self.anchor.copy_(theta)
+
+
+class UnreportedState(UndeclaredKind):
+    """Declares its kind, but keeps a second model-sized buffer that state_bytes leaves out."""
+
+    name = "unreported-state"
+
+    @classmethod
+    def wire_kinds(cls, numel: int, params) -> dict[str, tuple[int, ...]]:
+        return {"anchor": (numel,)}
+
+    def begin(self, theta: torch.Tensor) -> None:
+        super().begin(theta)
+        self.spare = theta.detach().clone()
+
+
+@pytest.mark.parametrize("cls, check, says", [
+    (UndeclaredKind, check_wire_kinds, "'anchor' of round 0"),
+    (UnreportedState, check_state_bytes, "spare"),
+], ids=["undeclared-kind", "unreported-state"])
+def test_the_kit_catches_a_broken_contract(tmp_path, cls, check, says):
+    with pytest.raises(ContractError, match=says):
+        check(f"{__name__}:{cls.__name__}", tmp_path, **{"topology.name": "ring"})
+    if cls is UnreportedState:   # and the same algorithm passes what it does keep
+        check_wire_kinds(f"{__name__}:{cls.__name__}", tmp_path / "ok", **{"topology.name": "ring"})
