@@ -150,8 +150,8 @@ class Params(Mapping):
     def __hash__(self) -> int:
         return hash(repr(self._items))
 
-    def __repr__(self) -> str:
-        return f"Params({self._items!r})"
+    def __repr__(self) -> str:   # as the table reads in TOML and in ``config --fields``
+        return repr(self._items)
 
 # algo.outer_lr = "1-momentum": eta = 1 - gamma, so the heavy ball's step on the mean,
 # eta / (1 - gamma), stays 1 and only the gossip is accelerated (docs/ALGORITHM.md, "gamma")

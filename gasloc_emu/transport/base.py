@@ -12,6 +12,7 @@ allocated tensors (or views of them that are final for the rest of the round).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -81,6 +82,9 @@ class TransportBase:
         self.dropped = 0
         self.wait_s = 0.0
         self.waiting_for: int | None = None
+        # a background All-Reduce's thread: its receives are not the worker's waits (the
+        # worker's wait is the time ``PendingReduce.wait`` blocks), so they are not counted
+        self.uncounted_thread: int | None = None
 
     # -- implemented by subclasses
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
@@ -101,7 +105,8 @@ class TransportBase:
         try:
             out = self._recv(peer, round_idx, kind)
         finally:
-            self.wait_s += time.perf_counter() - t0
+            if threading.get_ident() != self.uncounted_thread:
+                self.wait_s += time.perf_counter() - t0
             self.waiting_for = None
         self.bytes_recv[peer] += out.numel() * out.element_size()
         return out

@@ -420,13 +420,14 @@ class _BackgroundReduce(PendingReduce):
         self._thread.start()
 
     def _run(self, round_idx: int, tensor: torch.Tensor, members) -> None:
-        waited = self._tp.wait_s  # the worker's waits are what ``wait`` blocks, not these
+        # the worker's waits are what ``wait`` blocks, not this thread's receives; saving and
+        # restoring wait_s here instead raced with the worker's reads of it (a round's wait
+        # came out negative and its metrics row was refused)
+        self._tp.uncounted_thread = threading.get_ident()
         try:
             self._value = self._tp.all_reduce_mean(round_idx, tensor, members)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             self._error = exc
-        finally:
-            self._tp.wait_s = waited
 
     def join(self, timeout_s: float | None = None) -> None:
         self._thread.join(timeout_s)
