@@ -1,6 +1,6 @@
 """Overlapped GASLoC and DiLoCo in ``run`` against ``simulate``, on shaped links.
 
-Issue 14's must-holds, at a size CI can afford: compute and one message transfer of about the
+What overlap must deliver, at a size CI can afford: compute and one message transfer of about the
 same length (10 nominal steps of 0.12 s; a tiny model's 0.48 MB at 3.2 Mbit/s is 1.2 s), under
 the userspace shaper (no privileges needed). The emulator must really overlap (its measured
 round is at most 0.7x the sequential one), agree with the simulator's losses, and the
