@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
+from .params import Params
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -130,28 +132,6 @@ class InnerConfig(_Validated):
 # group gasloc_emu.algorithms, or package.module:Class, is taken (algorithms.registry)
 ALGORITHMS = ("gasloc", "diloco", "dsgd", "local-gossip", "a2cid2")
 
-
-class Params(Mapping):
-    """A section of free-form settings (``algo.params``): a read-only, hashable mapping of
-    TOML values, so the frozen config stays hashable. Whoever owns the keys validates them."""
-
-    def __init__(self, items: Mapping[str, Any] | None = None):
-        self._items = dict(sorted((items or {}).items()))
-
-    def __getitem__(self, key: str) -> Any:
-        return self._items[key]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return hash(repr(self._items))
-
-    def __repr__(self) -> str:   # as the table reads in TOML and in ``config --fields``
-        return repr(self._items)
 
 # algo.outer_lr = "1-momentum": eta = 1 - gamma, so the heavy ball's step on the mean,
 # eta / (1 - gamma), stays 1 and only the gossip is accelerated (docs/ALGORITHM.md, "gamma")
