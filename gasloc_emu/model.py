@@ -169,11 +169,7 @@ def _construct(mcfg) -> nn.Module:
     shape = shape_from_config(mcfg)
     if not is_plugin(mcfg):
         return GPT(shape)
-    if not plugins.is_path(mcfg.preset) and mcfg.preset not in plugins.registered(MODEL_GROUP):
-        known = ", ".join([*PRESETS, *sorted(plugins.registered(MODEL_GROUP))])
-        raise plugins.PluginError(f"model.preset = {mcfg.preset!r} is not known; expected one "
-                                  f"of {known}, or package.module:factory")
-    factory = plugins.load(mcfg.preset, MODEL_GROUP, "model.preset")
+    factory = plugins.load(mcfg.preset, MODEL_GROUP, "model.preset", also=tuple(PRESETS))
     made = factory(shape.vocab_size, shape.block_size)
     if not isinstance(made, nn.Module) or not any(True for _ in made.parameters()):
         raise plugins.PluginError(f"model.preset = {mcfg.preset!r} returned {type(made).__name__}"
@@ -200,7 +196,7 @@ def count_parameters(mcfg) -> int:
     """Parameters of the configured model, counted on the meta device (nothing allocated)."""
     with torch.device("meta"):
         net = _construct(mcfg)
-    return sum(p.numel() for p in net.parameters())   # tied weights once, as in the buffer
+    return net.num_params()
 
 
 def build_model(mcfg, seed: int,

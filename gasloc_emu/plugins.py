@@ -34,14 +34,16 @@ def registered(group: str) -> dict[str, metadata.EntryPoint]:
     return out
 
 
-def load(ref: str, group: str, key: str) -> Any:
+def load(ref: str, group: str, key: str, also: tuple[str, ...] = ()) -> Any:
     """The object ``ref`` names: ``package.module:Name`` or a name registered under ``group``.
-    ``key``: the setting it came from, for the error."""
+    ``key``: the setting it came from; ``also``: the names the setting takes besides these
+    (a model's presets), listed first when ``ref`` is none of them."""
     if is_path(ref):
         return _import(ref, key)
     ep = registered(group).get(ref)
     if ep is None:
-        known = ", ".join(sorted(registered(group))) or "none (is gasloc-emu installed?)"
+        known = ", ".join([*also, *sorted(registered(group))]) or \
+            "none (is gasloc-emu installed?)"
         raise PluginError(f"{key} = {ref!r} is not known; expected one of {known}, or "
                           "package.module:Name")
     return _import(ep.value, key)

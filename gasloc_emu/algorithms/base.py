@@ -82,7 +82,16 @@ class OuterAlgorithm:
 
     @classmethod
     def check_settings(cls, acfg, params) -> str | None:
-        """Why the shared ``algo.*`` settings do not fit this algorithm, or None."""
+        """Why the shared ``algo.*`` settings do not fit this algorithm, or None: an outer lr
+        given as '1-momentum' (GASLoC's alone), or overlap where it has no outer step."""
+        if isinstance(acfg.outer_lr, str):
+            return (f"algo.outer_lr = {acfg.outer_lr!r} is not allowed for {cls.name}; "
+                    "expected a number in [0, 10]")
+        return cls.overlap_refusal(acfg)
+
+    @classmethod
+    def overlap_refusal(cls, acfg) -> str | None:
+        """Why ``algo.overlap`` does not fit this algorithm, or None."""
         if acfg.overlap and not cls.supports.overlap:
             return (f"algo.overlap = {acfg.overlap} is not supported: {cls.name} has no outer "
                     "step to overlap")

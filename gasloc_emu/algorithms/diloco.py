@@ -70,9 +70,6 @@ class DiLoCo(OuterAlgorithm):
         if isinstance(acfg.momentum, str):
             return (f"algo.momentum = {acfg.momentum!r} needs a gossip graph; diloco takes a "
                     "number in [0, 0.999]")
-        if isinstance(acfg.outer_lr, str):
-            return (f"algo.outer_lr = {acfg.outer_lr!r} is not allowed for diloco; expected a "
-                    "number in [0, 10]")
         return super().check_settings(acfg, params)
 
     @classmethod

@@ -26,7 +26,6 @@ import math
 
 import torch
 
-from ..config import ONE_MINUS_MOMENTUM
 from ..topology import Topology
 from ..transport.base import Transport
 from .base import (
@@ -54,10 +53,8 @@ class GASLoC(OuterAlgorithm):
 
     @classmethod
     def check_settings(cls, acfg, params) -> str | None:
-        if isinstance(acfg.outer_lr, str):   # '1-momentum' (the config allows no other word)
-            return None if acfg.outer_lr == ONE_MINUS_MOMENTUM else \
-                f"algo.outer_lr = {acfg.outer_lr!r} is not allowed"
-        return super().check_settings(acfg, params)
+        """Any outer lr the config takes, '1-momentum' (eta = 1 - gamma) included."""
+        return cls.overlap_refusal(acfg)
 
     @classmethod
     def constants(cls, acfg, topo: Topology | None) -> dict[str, float]:

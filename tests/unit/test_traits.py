@@ -158,6 +158,8 @@ def test_a_plugin_by_path_carries_its_settings_and_traits():
      "algo.params.share = 2.0 is out of range"),
     ({"algo.name": "gasloc", "algo.params": {"x": 1}}, "unknown setting algo.params.x"),
     ({"model.preset": "huge"}, "model.preset = 'huge' is not known; expected one of tiny"),
+    ({"algo.name": "dsgd", "algo.outer_lr": "1-momentum"},
+     "algo.outer_lr = '1-momentum' is not allowed for dsgd"),
 ])
 def test_what_does_not_resolve_is_one_line(overrides, needle):
     with pytest.raises(C.ConfigError) as info:
