@@ -428,6 +428,8 @@ class _BackgroundReduce(PendingReduce):
             self._value = self._tp.all_reduce_mean(round_idx, tensor, members)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             self._error = exc
+        finally:
+            self._tp.uncounted_thread = None
 
     def join(self, timeout_s: float | None = None) -> None:
         self._thread.join(timeout_s)
