@@ -9,10 +9,10 @@ import textwrap
 import time
 
 import pytest
+from test_world import world_of
 
 from gasloc_emu import config as C
 from gasloc_emu.netplan import RoundLinkModel
-from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import (
     LinkEvent,
     LinkTrace,
@@ -33,12 +33,6 @@ from gasloc_emu.world import (
     ring_peers,
 )
 from netem.userspace import LinkShaper
-
-
-def world_of(cfg):
-    """The world the run plan derives from ``cfg`` (None without a scenario or a trace)."""
-    return build_plan(cfg, data=False).world
-
 
 MB = 1_000_000          # bytes: 1 s on the wire at 8 Mbit/s, 8 s at 1 Mbit/s
 T0 = 1000.0             # a run's start on the time.time() clock (stamps pass their own now)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_world import world_of
 
 from gasloc_emu import config as C
 from gasloc_emu.netplan import LinkCut, RoundLinkModel
-from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import (
     JoinEvent,
     LeaveEvent,
@@ -19,12 +19,6 @@ from gasloc_emu.scenario import (
 from gasloc_emu.topology import LivingGraph, Topology
 from gasloc_emu.virtual_clock import Done, Recv, Send, VirtualClock
 from gasloc_emu.world import LinkSchedule, World, graph_peers, ring_peers
-
-
-def world_of(cfg):
-    """The world the run plan derives from ``cfg`` (None without a scenario or a trace)."""
-    return build_plan(cfg, data=False).world
-
 
 ALL4 = frozenset(range(4))
 
