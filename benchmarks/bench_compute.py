@@ -26,7 +26,7 @@ ALGOS = {"gasloc-matching": ["--algo", "gasloc", "--topology", "matching"],
 
 
 def cli(*args: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args, "--no-dashboard"],
+    res = subprocess.run([sys.executable, "-m", "gasloc_emu", *args, "--no-dashboard"],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise SystemExit(f"gasloc-emu {' '.join(args)} failed:\n{res.stderr}")

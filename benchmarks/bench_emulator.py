@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def cli(*args: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args, "--no-dashboard"],
+    res = subprocess.run([sys.executable, "-m", "gasloc_emu", *args, "--no-dashboard"],
                          capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:
         raise SystemExit(f"gasloc-emu {' '.join(args)} failed:\n{res.stderr}")

@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gasloc_emu.config import NetConfig  # noqa: E402
-from netem.capabilities import CapabilityError, choose_shaper, probe  # noqa: E402
-from netem.namespaces import NetworkSession, reexec_in_userns  # noqa: E402
-from netem.probe import probe_links  # noqa: E402
-from netem.profiles import build_link_plan  # noqa: E402
+from gasloc_emu.config import NetConfig
+from netem.capabilities import CapabilityError, choose_shaper, probe
+from netem.namespaces import NetworkSession, reexec_in_userns
+from netem.probe import probe_links
+from netem.profiles import build_link_plan
 
 
 def _measure(shaper: str, net: NetConfig, workers: int, seconds: float, pairs) -> list[dict]:

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from gasloc_emu import config as C
-from gasloc_emu import data, model
-from gasloc_emu.data import build_corpus
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
-from gasloc_emu.worker import make_optimizer
+from gasloc_emu.simulator.simulate import simulate
+from gasloc_emu.training import data, model
+from gasloc_emu.training.data import build_corpus
+from gasloc_emu.training.worker import make_optimizer
 
 
 def _now() -> tuple[float, float]:

@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gasloc_emu.topology import Topology  # numpy only
-from netem.profiles import build_link_plan  # standard library only
+from gasloc_emu.topology import Topology
+from netem.profiles import build_link_plan
 
 PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster")
 WARMUP = 200  # rounds discarded before measuring the slope

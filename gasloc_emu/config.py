@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
-from .params import Params
+from gasloc_emu.params import Params
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -295,7 +295,7 @@ class ExecConfig(_Validated):
                                            "without it.", lo=0.0, hi=3600.0)
 
 
-# The named compute profiles; gasloc_emu.compute.NAMED is the list it builds (a unit test keeps
+# The named compute profiles; training.compute.NAMED is the list it builds (a unit test keeps
 # the two equal).
 COMPUTE_PROFILES = ("uniform", "straggler", "two-speed", "lognormal")
 

@@ -15,17 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import algorithms, compute, topology
-from .algorithms import OuterAlgorithm, Resolved
-from .compute import ComputePlan
-from .config import Config, ConfigError
-from .data import Corpus, build_corpus
-from .devices import simulator_device
-from .model import check_model
-from .netplan import check_network, sim_link_model
-from .topology import Topology
-from .world import World
-from .world import from_config as world_from_config
+from gasloc_emu import algorithms, topology
+from gasloc_emu.algorithms import OuterAlgorithm, Resolved
+from gasloc_emu.config import Config, ConfigError
+from gasloc_emu.netplan import check_network, sim_link_model
+from gasloc_emu.scenario.world import World
+from gasloc_emu.scenario.world import from_config as world_from_config
+from gasloc_emu.topology import Topology
+from gasloc_emu.training import compute
+from gasloc_emu.training.compute import ComputePlan
+from gasloc_emu.training.data import Corpus, build_corpus
+from gasloc_emu.training.devices import simulator_device
+from gasloc_emu.training.model import check_model
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import importlib
 from importlib import metadata
 from typing import Any
 
-from .config import ConfigError
+from gasloc_emu.config import ConfigError
 
 
 class PluginError(ConfigError):

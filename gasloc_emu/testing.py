@@ -49,20 +49,20 @@ from unittest import mock
 
 import torch
 
-from . import config as C
-from . import worker as worker_mod
-from .algorithms import OuterAlgorithm, registry
-from .config import ConfigError
-from .data import Corpus, build_corpus
-from .launcher import launch
-from .model import count_parameters, shape_from_config
-from .plan import RunPlan, build_plan
-from .records import new_run_dir
-from .simulate import simulate
-from .topology import LivingGraph, Topology
-from .transport.base import TransportBase
-from .transport.schema import WireSchema
-from .worker import ring_members
+from gasloc_emu import config as C
+from gasloc_emu.algorithms import OuterAlgorithm, registry
+from gasloc_emu.config import ConfigError
+from gasloc_emu.emulator.launcher import launch
+from gasloc_emu.plan import RunPlan, build_plan
+from gasloc_emu.report.records import new_run_dir
+from gasloc_emu.simulator.simulate import simulate
+from gasloc_emu.topology import LivingGraph, Topology
+from gasloc_emu.training import worker as worker_mod
+from gasloc_emu.training.data import Corpus, build_corpus
+from gasloc_emu.training.model import count_parameters, shape_from_config
+from gasloc_emu.training.worker import ring_members
+from gasloc_emu.transport.base import TransportBase
+from gasloc_emu.transport.schema import WireSchema
 
 __all__ = ["BASE", "ContractError", "ContractReport", "check_all", "check_churn",
            "check_deterministic", "check_run_equals_simulate", "check_state_bytes",

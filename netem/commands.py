@@ -14,6 +14,7 @@ Egress of worker i (``eth0``), one HTB tree::
     1:L_j+1   prio 0 child for small packets (IP total length < 128: the TCP ACKs)
     1:L_j+2   prio 1 child for bulk data; each child has a ``pfifo limit 1000`` leaf
 
+
 The ACK class is not optional: without it ACKs of the reverse direction queue behind bulk data
 and flows on links used both ways fell to 63 % of their rate (docs/NETWORK.md). Short leaf queues
 (a 50 ms bfifo) stalled TCP entirely, hence pfifo limit 1000.
@@ -51,22 +52,33 @@ import math
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from .capabilities import CapabilityError, Decision
-from .profiles import LATENCY_RANGE_MS, RATE_RANGE_MBIT, LinkPlan
+from netem.capabilities import CapabilityError, Decision
+from netem.profiles import RATE_RANGE_MBIT, LinkPlan
 
 WORKER_DEV = "eth0"
+
 IFB_DEV = "ifb0"
+
 BRIDGE_DEV = "br0"
+
 PREFIX_LEN = 15                 # 198.18.0.0/15
+
 LEAF_LIMIT_PKTS = 1000          # pfifo limit; see the module docstring
+
 ACK_MAX_IP_BYTES = 128          # "small packet" = IP total length below this
+
 BURST_S = 0.001                 # HTB burst: 1 ms of data (what tc's HZ=1000 default used to give)
+
 GSO_MAX_SEGS = 65_535          # the kernel's default and upper bound
+
 GSO_BURST_S = 0.01            # one GSO packet holds at most ~10 ms of the slowest link
+
 MAX_QUANTUM_B = 200_000         # the kernel's upper bound before it complains
+
 PASS_RATE_BPS = 100 * 10**9    # a class that must never limit (the delay tree)
+
 # A cut link (rate 0, a partition): both pfifo leaves of the sender's link class get this limit
 # (``tc qdisc change``), so every packet to that peer is dropped on arrival, ACKs and small
 # control messages included, while the class, its filters and what is already queued stay (the
@@ -78,7 +90,9 @@ PASS_RATE_BPS = 100 * 10**9    # a class that must never limit (the delay tree)
 # HTB's 60 s cap with 64 KiB GSO packets): a link restored to 5 Mbit/s carried 0.08 Mbit/s for
 # the next 4 s. gact and police, which could drop instead, are not in every kernel.
 CUT_LEAF_LIMIT_PKTS = 0
+
 RUN_ID_RE = re.compile(r"^[0-9a-f]{1,12}$")
+
 NETNS_RE = re.compile(r"^gl([0-9a-f]{1,12})-(sw|w\d+)$")   # the names we create, and only those
 
 
@@ -107,11 +121,9 @@ class Command:
         return shlex.join(self.full_argv())
 
 
-def _cmd(netns: str | None, desc: str, *argv: object) -> Command:
+def cmd(netns: str | None, desc: str, *argv: object) -> Command:
     return Command(tuple(str(a) for a in argv), netns, desc)
 
-
-# ---------------------------------------------------------------- topology
 
 @dataclass(frozen=True)
 class NetTopology:
@@ -159,10 +171,10 @@ class NetTopology:
 def topology_commands(topo: NetTopology) -> list[Command]:
     """Namespaces, the bridge, and one veth per worker into it, all links up."""
     sw, mtu = topo.switch_ns, topo.mtu
-    out = [_cmd(None, f"namespace {ns}", "ip", "netns", "add", ns) for ns in topo.namespaces()]
-    out += [_cmd(sw, "switch loopback up", "ip", "link", "set", "lo", "up"),
-            _cmd(sw, "the switch", "ip", "link", "add", BRIDGE_DEV, "mtu", mtu, "type", "bridge"),
-            _cmd(sw, "switch up", "ip", "link", "set", BRIDGE_DEV, "up")]
+    out = [cmd(None, f"namespace {ns}", "ip", "netns", "add", ns) for ns in topo.namespaces()]
+    out += [cmd(sw, "switch loopback up", "ip", "link", "set", "lo", "up"),
+            cmd(sw, "the switch", "ip", "link", "add", BRIDGE_DEV, "mtu", mtu, "type", "bridge"),
+            cmd(sw, "switch up", "ip", "link", "set", BRIDGE_DEV, "up")]
     for k in range(topo.workers):
         out += _worker_link_commands(topo, k)
     return out
@@ -171,24 +183,22 @@ def topology_commands(topo: NetTopology) -> list[Command]:
 def _worker_link_commands(topo: NetTopology, k: int) -> list[Command]:
     ns, sw, port = topo.worker_ns(k), topo.switch_ns, topo.port_dev(k)
     return [
-        _cmd(ns, f"worker {k} loopback up", "ip", "link", "set", "lo", "up"),
-        _cmd(ns, f"worker {k} veth into the switch", "ip", "link", "add", WORKER_DEV, "mtu",
+        cmd(ns, f"worker {k} loopback up", "ip", "link", "set", "lo", "up"),
+        cmd(ns, f"worker {k} veth into the switch", "ip", "link", "add", WORKER_DEV, "mtu",
              topo.mtu, "type", "veth", "peer", "name", port, "mtu", topo.mtu, "netns", sw),
-        _cmd(sw, f"plug worker {k} into the bridge", "ip", "link", "set", port, "master",
+        cmd(sw, f"plug worker {k} into the bridge", "ip", "link", "set", port, "master",
              BRIDGE_DEV, "up"),
-        _cmd(ns, f"worker {k} address", "ip", "addr", "add",
+        cmd(ns, f"worker {k} address", "ip", "addr", "add",
              f"{topo.address(k)}/{PREFIX_LEN}", "dev", WORKER_DEV),
-        _cmd(ns, f"worker {k} link up", "ip", "link", "set", WORKER_DEV, "up"),
+        cmd(ns, f"worker {k} link up", "ip", "link", "set", WORKER_DEV, "up"),
     ]
 
 
 def teardown_commands(topo: NetTopology) -> list[Command]:
     """Deleting a namespace deletes its veth (and the peer), ifb and qdiscs with it."""
-    return [_cmd(None, f"remove namespace {ns}", "ip", "netns", "del", ns)
+    return [cmd(None, f"remove namespace {ns}", "ip", "netns", "del", ns)
             for ns in reversed(topo.namespaces())]
 
-
-# ---------------------------------------------------------------- rates
 
 def overhead_factor(mtu: int) -> float:
     """Link-layer bytes per goodput byte of a full TCP segment: (mtu + 14) / (mtu - 52)."""
@@ -204,15 +214,13 @@ def _bit(bps: int) -> str:
     return f"{bps}bit"
 
 
-def _burst_args(bps: int, mtu: int) -> list[str]:
+def burst_args(bps: int, mtu: int) -> list[str]:
     """burst/cburst of 1 ms at this rate but at least two frames; quantum rate/10 within bounds."""
     frame = mtu + 14
     burst = max(2 * frame, math.ceil(bps / 8 * BURST_S))
     quantum = min(MAX_QUANTUM_B, max(frame, bps // 80))
     return ["burst", f"{burst}b", "cburst", f"{burst}b", "quantum", str(quantum)]
 
-
-# ---------------------------------------------------------------- HTB trees
 
 @dataclass(frozen=True)
 class Flow:
@@ -224,7 +232,7 @@ class Flow:
 
 
 @dataclass(frozen=True)
-class _Tree:
+class Tree:
     netns: str
     dev: str
     match: str                      # 'dst' on egress, 'src' on the ifb (ingress)
@@ -238,24 +246,24 @@ def link_classid(index: int) -> int:
     return 0x10 + 3 * index
 
 
-def _htb_class(t: _Tree, parent: str, minor: int, rate: int, ceil: int, desc: str,
+def _htb_class(t: Tree, parent: str, minor: int, rate: int, ceil: int, desc: str,
                prio: int | None = None, verb: str = "add") -> Command:
     """``tc class add`` (or ``change``, which takes the same arguments: options left out are
     reset, prio to 0, so a change restates them all)."""
     extra = [] if prio is None else ["prio", prio]
-    return _cmd(t.netns, desc, "tc", "class", verb, "dev", t.dev, "parent", parent, "classid",
+    return cmd(t.netns, desc, "tc", "class", verb, "dev", t.dev, "parent", parent, "classid",
                 f"1:{minor:x}", "htb", "rate", _bit(rate), "ceil", _bit(ceil), *extra,
-                *_burst_args(ceil, t.mtu))
+                *burst_args(ceil, t.mtu))
 
 
-def _cap_bps(t: _Tree) -> int | None:
+def tree_cap_bps(t: Tree) -> int | None:
     return None if t.cap_mbit is None else htb_rate_bps(t.cap_mbit, t.mtu)
 
 
-def _tree_commands(t: _Tree) -> list[Command]:
-    out = [_cmd(t.netns, f"HTB root on {t.dev}", "tc", "qdisc", "add", "dev", t.dev, "root",
+def _tree_commands(t: Tree) -> list[Command]:
+    out = [cmd(t.netns, f"HTB root on {t.dev}", "tc", "qdisc", "add", "dev", t.dev, "root",
                 "handle", "1:", "htb")]
-    parent, cap_bps = "1:", _cap_bps(t)
+    parent, cap_bps = "1:", tree_cap_bps(t)
     if cap_bps is not None:
         kind = "uplink" if t.match == "dst" else "downlink"
         out.append(_htb_class(t, "1:", 1, cap_bps, cap_bps, f"{kind} cap {t.cap_mbit:g} Mbit/s"))
@@ -279,7 +287,7 @@ def class_rates(link_rate_bps: int, cap_bps: int | None, flows: int) -> tuple[in
     return rate, ceil, ack_rate, max(8, rate - ack_rate)
 
 
-def _link_classes(t: _Tree, parent: str, index: int, flow: Flow, cap_bps: int | None,
+def link_classes(t: Tree, parent: str, index: int, flow: Flow, cap_bps: int | None,
                   verb: str = "add") -> list[Command]:
     """The link class of one peer and its ACK (prio 0) and bulk (prio 1) children."""
     rate, ceil, ack_rate, bulk_rate = class_rates(htb_rate_bps(flow.rate_mbit, t.mtu), cap_bps,
@@ -295,34 +303,32 @@ def _link_classes(t: _Tree, parent: str, index: int, flow: Flow, cap_bps: int | 
     ]
 
 
-def _flow_commands(t: _Tree, parent: str, index: int, flow: Flow,
+def _flow_commands(t: Tree, parent: str, index: int, flow: Flow,
                    cap_bps: int | None) -> list[Command]:
     """The link class of one peer, its ACK and bulk children, their leaves and filters."""
     minor = link_classid(index)
-    return _link_classes(t, parent, index, flow, cap_bps) + [
-        _leaf(t, minor + 1), _leaf(t, minor + 2),
+    return link_classes(t, parent, index, flow, cap_bps) + [
+        leaf_command(t, minor + 1), leaf_command(t, minor + 2),
         _filter(t, 1, flow.address, minor + 1, small=True),
         _filter(t, 2, flow.address, minor + 2, small=False),
     ]
 
 
-def _leaf(t: _Tree, minor: int, verb: str = "add", limit_pkts: int = LEAF_LIMIT_PKTS,
+def leaf_command(t: Tree, minor: int, verb: str = "add", limit_pkts: int = LEAF_LIMIT_PKTS,
           desc: str = "leaf queue") -> Command:
-    return _cmd(t.netns, desc, "tc", "qdisc", verb, "dev", t.dev, "parent", f"1:{minor:x}",
+    return cmd(t.netns, desc, "tc", "qdisc", verb, "dev", t.dev, "parent", f"1:{minor:x}",
                 "handle", f"{minor:x}:", "pfifo", "limit", limit_pkts)
 
 
-def _filter(t: _Tree, prio: int, address: str, minor: int, small: bool) -> Command:
+def _filter(t: Tree, prio: int, address: str, minor: int, small: bool) -> Command:
     # IP total length (bytes 2-3 of the header) < 128 <=> its top nine bits are zero
     size = (["match", "u16", "0x0000", f"0x{0xffff & ~(ACK_MAX_IP_BYTES - 1):04x}", "at", "2"]
             if small else [])
     what = "small packets" if small else "bulk"
-    return _cmd(t.netns, f"classify {what} {t.match} {address}", "tc", "filter", "add", "dev",
+    return cmd(t.netns, f"classify {what} {t.match} {address}", "tc", "filter", "add", "dev",
                 t.dev, "parent", "1:", "protocol", "ip", "prio", prio, "u32", "match", "ip",
                 t.match, f"{address}/32", *size, "flowid", f"1:{minor:x}")
 
-
-# ---------------------------------------------------------------- per worker
 
 def gso_segments(rate_mbit: float, mtu: int) -> int:
     """Segments per GSO packet so that one packet is at most ~GSO_BURST_S of the link's time.
@@ -334,29 +340,29 @@ def gso_segments(rate_mbit: float, mtu: int) -> int:
     return max(1, min(GSO_MAX_SEGS, int(htb_rate_bps(rate_mbit, mtu) * GSO_BURST_S // frame_bits)))
 
 
-def _peers(plan: LinkPlan, rank: int) -> list[int]:
+def peers_of(plan: LinkPlan, rank: int) -> list[int]:
     return [j for j in range(plan.workers) if j != rank]
 
 
-def _egress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
-                 rates: dict[tuple[int, int], float] | None = None) -> _Tree:
+def egress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
+                 rates: dict[tuple[int, int], float] | None = None) -> Tree:
     """Worker ``rank``'s egress tree; ``rates`` (goodput Mbit/s, 0 = cut) replace the plan's."""
     rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
-    flows = tuple(Flow(j, topo.address(j), rate((rank, j))) for j in _peers(plan, rank))
-    return _Tree(topo.worker_ns(rank), WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
+    flows = tuple(Flow(j, topo.address(j), rate((rank, j))) for j in peers_of(plan, rank))
+    return Tree(topo.worker_ns(rank), WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
 
 
-def _ingress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
-                  rates: dict[tuple[int, int], float] | None = None) -> _Tree:
+def ingress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
+                  rates: dict[tuple[int, int], float] | None = None) -> Tree:
     """Worker ``rank``'s download tree on the ifb (only built when it has a download cap)."""
     rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
-    flows = tuple(Flow(j, topo.address(j), rate((j, rank))) for j in _peers(plan, rank))
-    return _Tree(topo.worker_ns(rank), IFB_DEV, "src", topo.mtu, plan.cap(rank).down_mbit, flows)
+    flows = tuple(Flow(j, topo.address(j), rate((j, rank))) for j in peers_of(plan, rank))
+    return Tree(topo.worker_ns(rank), IFB_DEV, "src", topo.mtu, plan.cap(rank).down_mbit, flows)
 
 
-def _gso_command(topo: NetTopology, rank: int, slowest_mbit: float) -> Command:
+def gso_command(topo: NetTopology, rank: int, slowest_mbit: float) -> Command:
     segs = gso_segments(slowest_mbit, topo.mtu)
-    return _cmd(topo.worker_ns(rank), f"worker {rank}: GSO packets of at most {segs} segments "
+    return cmd(topo.worker_ns(rank), f"worker {rank}: GSO packets of at most {segs} segments "
                 f"(~{GSO_BURST_S * 1e3:g} ms at {slowest_mbit:g} Mbit/s)",
                 "ip", "link", "set", "dev", WORKER_DEV, "gso_max_segs", segs)
 
@@ -367,31 +373,31 @@ def egress_commands(plan: LinkPlan, topo: NetTopology, rank: int,
     scenario's link changes). A TCP connection keeps the GSO size of its set-up, so a link
     slowed in place would otherwise carry packets sized for its old rate, and HTB releases
     each one whole (a 482 kB message read 9 % fast at 5 Mbit/s after 50)."""
-    if not _peers(plan, rank):
+    if not peers_of(plan, rank):
         return []
-    slowest = min([plan.effective_rate_mbit(rank, j) for j in _peers(plan, rank)]
+    slowest = min([plan.effective_rate_mbit(rank, j) for j in peers_of(plan, rank)]
                   + [gso_floor_mbit])
-    return [_gso_command(topo, rank, slowest)] + _tree_commands(_egress_tree(plan, topo, rank))
+    return [gso_command(topo, rank, slowest)] + _tree_commands(egress_tree(plan, topo, rank))
 
 
 def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Command]:
     """Download cap: eth0's ingress -> ifb0 (mirred), where an HTB tree matches ``ip src``."""
     down = plan.cap(rank).down_mbit
-    if down is None or not _peers(plan, rank):
+    if down is None or not peers_of(plan, rank):
         return []
     ns = topo.worker_ns(rank)
-    out = [_cmd(ns, f"worker {rank} download device", "ip", "link", "add", IFB_DEV, "mtu", topo.mtu,
+    out = [cmd(ns, f"worker {rank} download device", "ip", "link", "add", IFB_DEV, "mtu", topo.mtu,
                 "type", "ifb"),
-           _cmd(ns, f"worker {rank} download device up", "ip", "link", "set", IFB_DEV, "up"),
-           _cmd(ns, "ingress hook", "tc", "qdisc", "add", "dev", WORKER_DEV, "handle", "ffff:",
+           cmd(ns, f"worker {rank} download device up", "ip", "link", "set", IFB_DEV, "up"),
+           cmd(ns, "ingress hook", "tc", "qdisc", "add", "dev", WORKER_DEV, "handle", "ffff:",
                 "ingress"),
-           _cmd(ns, "redirect arriving IP packets to the download device", "tc", "filter", "add",
+           cmd(ns, "redirect arriving IP packets to the download device", "tc", "filter", "add",
                 "dev", WORKER_DEV, "parent", "ffff:", "protocol", "ip", "prio", 1, "u32", "match",
                 "u32", 0, 0, "action", "mirred", "egress", "redirect", "dev", IFB_DEV)]
-    return out + _tree_commands(_ingress_tree(plan, topo, rank))
+    return out + _tree_commands(ingress_tree(plan, topo, rank))
 
 
-def _netem_args(link, rate_bps: int, mtu: int) -> list[str]:
+def netem_args(link, rate_bps: int, mtu: int) -> list[str]:
     """netem's arguments; its queue holds every packet in flight over the delay (ACK-sized worst
     case)."""
     delay_s = (link.latency_ms + link.jitter_ms) / 1e3
@@ -412,7 +418,7 @@ def delay_layout(plan: LinkPlan, rank: int, per_sender: bool = False) -> str:
     the tree regardless (delay 0 included), which is what lets a run change one sender's latency
     later: a shared qdisc cannot be changed for one of its senders alone.
     """
-    links = [plan.links[(j, rank)] for j in _peers(plan, rank)]
+    links = [plan.links[(j, rank)] for j in peers_of(plan, rank)]
     if per_sender and links:
         return "tree"
     if not any(link.latency_ms or link.jitter_ms or link.loss_pct for link in links):
@@ -428,13 +434,13 @@ def delay_commands(plan: LinkPlan, topo: NetTopology, rank: int,
     layout = delay_layout(plan, rank, per_sender)
     if layout == "none":
         return []
-    links = [plan.links[(j, rank)] for j in _peers(plan, rank)]
+    links = [plan.links[(j, rank)] for j in peers_of(plan, rank)]
     sw, dev = topo.switch_ns, topo.port_dev(rank)
     if layout == "root":
         fastest = max(htb_rate_bps(link.rate_mbit, topo.mtu) for link in links)
-        return [_cmd(sw, f"delay towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
-                     "netem", *_netem_args(links[0], fastest, topo.mtu))]
-    out = [_cmd(sw, f"delay tree towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
+        return [cmd(sw, f"delay towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
+                     "netem", *netem_args(links[0], fastest, topo.mtu))]
+    out = [cmd(sw, f"delay tree towards worker {rank}", "tc", "qdisc", "add", "dev", dev, "root",
                 "handle", "1:", "htb")]
     for index, link in enumerate(links):
         out += _delay_class(topo, rank, index, link)
@@ -445,19 +451,17 @@ def _delay_class(topo: NetTopology, rank: int, index: int, link) -> list[Command
     sw, dev, minor = topo.switch_ns, topo.port_dev(rank), link_classid(index)
     desc = f"delay {link.src}->{rank}"
     return [
-        _cmd(sw, desc, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", f"1:{minor:x}",
+        cmd(sw, desc, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", f"1:{minor:x}",
              "htb", "rate", _bit(PASS_RATE_BPS), "ceil", _bit(PASS_RATE_BPS),
-             *_burst_args(PASS_RATE_BPS, topo.mtu)),   # tc's default burst at this rate is 0
-        _cmd(sw, desc, "tc", "qdisc", "add", "dev", dev, "parent", f"1:{minor:x}", "handle",
+             *burst_args(PASS_RATE_BPS, topo.mtu)),   # tc's default burst at this rate is 0
+        cmd(sw, desc, "tc", "qdisc", "add", "dev", dev, "parent", f"1:{minor:x}", "handle",
              f"{minor:x}:", "netem",
-             *_netem_args(link, htb_rate_bps(link.rate_mbit, topo.mtu), topo.mtu)),
-        _cmd(sw, desc, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
+             *netem_args(link, htb_rate_bps(link.rate_mbit, topo.mtu), topo.mtu)),
+        cmd(sw, desc, "tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
              1, "u32", "match", "ip", "src", f"{topo.address(link.src)}/32", "flowid",
              f"1:{minor:x}"),
     ]
 
-
-# ---------------------------------------------------------------- the whole plan
 
 def check_supported(plan: LinkPlan, decision: Decision) -> None:
     """Refuse, before anything exists, what the chosen shaper cannot do."""
@@ -502,9 +506,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     return out
 
 
-# ---------------------------------------------------------------- changing links in a run
-
-def _check_number(what: str, value: object, lo: float, hi: float, note: str = "") -> float:
+def check_number(what: str, value: object, lo: float, hi: float, note: str = "") -> float:
     """``value`` as a finite float in [lo, hi], else a ValueError naming it and the range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} = {value!r} is not a number")
@@ -517,193 +519,4 @@ def _check_number(what: str, value: object, lo: float, hi: float, note: str = ""
 
 def check_rate_mbit(what: str, value: object) -> float:
     """A link's new goodput rate in Mbit/s: 0 (a cut) up to the profiles' largest rate."""
-    return _check_number(what, value, 0.0, RATE_RANGE_MBIT[1], " (0 cuts the link)")
-
-
-class LiveLinks:
-    """The directed links of a running tc network as they are now, and the commands that change
-    them in place.
-
-    Built from the LinkPlan the network was set up with, which fixes what exists (classes and
-    their ids, caps, ifb trees, the netem layout; ``per_sender_delay`` as given to
-    ``plan_commands``). ``change`` returns the commands for one directed link and remembers the
-    new values, because later changes depend on them: a worker's ``gso_max_segs`` follows its
-    slowest link in force, and a netem ``change`` restates the link's whole delay. Run what it
-    returns, in order (``netem.namespaces.run_commands``); a failure leaves the network in an
-    unknown state, which should end the run.
-
-    A cut (rate 0) closes the link's leaf queues (``CUT_LEAF_LIMIT_PKTS``) and keeps its classes
-    at the rate they had; every later rate change restates the leaves' limit, which reopens it.
-    """
-
-    def __init__(self, plan: LinkPlan, topo: NetTopology, decision: Decision, *,
-                 per_sender_delay: bool = False,
-                 gso_floor_mbit: Mapping[int, float] | None = None):
-        self.gso_floor_mbit = dict(gso_floor_mbit or {})
-        if topo.workers != plan.workers:
-            raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
-        if decision.shaper != "tc":
-            raise CapabilityError(f"links are changed with tc only under the tc shaper; this run "
-                                  f"has shaper {decision.shaper!r} (the userspace shaper changes "
-                                  "them with LinkShaper.set_link and set_rx_link)")
-        if not plan.shaped:
-            raise ValueError("this run was set up unshaped (no bandwidth profile): there are no "
-                             "link classes to change")
-        self.plan, self.topo, self.decision = plan, topo, decision
-        self.per_sender_delay = per_sender_delay
-        # the rate of each link's classes (a cut keeps it), and which links are cut
-        self._rate_mbit = {key: link.rate_mbit for key, link in plan.links.items()}
-        self._latency_ms = {key: link.latency_ms for key, link in plan.links.items()}
-        self._cut: set[tuple[int, int]] = set()
-
-    def rate_mbit(self, src: int, dst: int) -> float:
-        """The goodput rate of src -> dst in force (0: cut)."""
-        key = self._check_link(src, dst)
-        return 0.0 if key in self._cut else self._rate_mbit[key]
-
-    def latency_ms(self, src: int, dst: int) -> float:
-        return self._latency_ms[self._check_link(src, dst)]
-
-    def effective_rate_mbit(self, src: int, dst: int) -> float:
-        """What one flow src -> dst can get now: min(link, src's uplink, dst's downlink); 0 when
-        cut."""
-        rate = self.rate_mbit(src, dst)
-        caps = [self.plan.cap(src).up_mbit, self.plan.cap(dst).down_mbit]
-        return 0.0 if rate == 0 else min([rate] + [c for c in caps if c is not None])
-
-    def change(self, src: int, dst: int, *, rate_mbit: float | None = None,
-               latency_ms: float | None = None) -> list[Command]:
-        """The commands that give src -> dst this rate (goodput Mbit/s, 0 = cut) and/or latency
-        (ms) from now on. Everything is checked before anything is remembered."""
-        key = self._check_link(src, dst)
-        if rate_mbit is None and latency_ms is None:
-            raise ValueError(f"link {src}->{dst}: nothing to change; give rate_mbit or latency_ms")
-        rate = None if rate_mbit is None else check_rate_mbit(f"link {src}->{dst} rate_mbit",
-                                                              rate_mbit)
-        latency = None if latency_ms is None else self._check_latency(src, dst, latency_ms)
-        gso_before, netem_before = self._gso(src), self._netem(src, dst)
-        if latency is not None:
-            self._latency_ms[key] = latency
-        out = [] if rate is None else self._set_rate(src, dst, rate)
-        netem = self._netem(src, dst)
-        if netem is not None and netem.argv != netem_before.argv:
-            out.append(netem)
-        return self._with_gso(out, gso_before, self._gso(src))
-
-    # -- checks
-
-    def _check_link(self, src: int, dst: int) -> tuple[int, int]:
-        n = self.plan.workers
-        for v in (src, dst):
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
-                raise ValueError(f"worker {v!r} is out of range; this run has workers 0..{n - 1}")
-        if src == dst:
-            raise ValueError(f"link {src}->{dst}: src and dst are the same worker")
-        return src, dst
-
-    def _check_latency(self, src: int, dst: int, value: object) -> float:
-        """The new latency, or a CapabilityError where no netem qdisc can take it in place."""
-        v = _check_number(f"link {src}->{dst} latency_ms", value, *LATENCY_RANGE_MS)
-        if v == self._latency_ms[(src, dst)]:
-            return v                                # nothing to change (e.g. a restore)
-        where = f"latency_ms = {v:g} on link {src}->{dst}"
-        if self.decision.delay != "netem":
-            why = self.decision.caps.errors.get("netem", "") if self.decision.caps else ""
-            raise CapabilityError(
-                f"{where} needs the netem qdisc, which this run's tc shaper does not have (delay "
-                f"{self.decision.delay!r}{': ' + why if why else ''}); latency is then the "
-                f"receiver's release queue: change it on worker {dst} with "
-                f"LinkShaper.set_rx_link({src}, ...)")
-        layout = delay_layout(self.plan, dst, self.per_sender_delay)
-        if layout == "none" or (layout == "root" and len(_peers(self.plan, dst)) > 1):
-            what = ("the run was set up without delay towards worker" if layout == "none" else
-                    "its netem qdisc is shared by every sender to worker")
-            raise CapabilityError(f"{where} cannot be changed in place: {what} {dst}; set the "
-                                  "network up with per_sender_delay=True (one netem per sender)")
-        return v
-
-    # -- commands
-
-    def _set_rate(self, src: int, dst: int, rate: float) -> list[Command]:
-        """Remember the rate; a cut closes the leaves, any other rate changes the classes and
-        restates the leaves' limit (reopening them after a cut)."""
-        if rate == 0:
-            self._cut.add((src, dst))
-            return self._leaf_changes(src, dst, CUT_LEAF_LIMIT_PKTS)
-        self._cut.discard((src, dst))
-        self._rate_mbit[(src, dst)] = rate
-        return self._class_changes(src, dst) + self._leaf_changes(src, dst, LEAF_LIMIT_PKTS)
-
-    def _leaf_changes(self, src: int, dst: int, limit_pkts: int) -> list[Command]:
-        """``tc qdisc change`` of the ACK and bulk leaves of src's egress class for dst."""
-        tree = _egress_tree(self.plan, self.topo, src, self._rate_mbit)
-        minor = link_classid(next(i for i, f in enumerate(tree.flows) if f.peer == dst))
-        desc = f"link ->{dst} {'cut' if limit_pkts == CUT_LEAF_LIMIT_PKTS else 'open'}"
-        return [_leaf(tree, m, "change", limit_pkts, desc) for m in (minor + 1, minor + 2)]
-
-    def _class_changes(self, src: int, dst: int) -> list[Command]:
-        """``tc class change`` of every class that enforces src -> dst: src's egress class for
-        dst and, where dst has a download cap, dst's ifb class for src."""
-        out = _changed_flow(_egress_tree(self.plan, self.topo, src, self._rate_mbit), dst)
-        if self.plan.cap(dst).down_mbit is not None:
-            out += _changed_flow(_ingress_tree(self.plan, self.topo, dst, self._rate_mbit), src)
-        return out
-
-    def _gso(self, rank: int) -> Command | None:
-        """Set-up's GSO rule over the links in force; cut links do not count (nothing that
-        matters crosses them), and with every link cut there is nothing to size it by."""
-        live = [r for j in _peers(self.plan, rank) if (r := self.effective_rate_mbit(rank, j)) > 0]
-        floor = self.gso_floor_mbit.get(rank, math.inf)
-        return _gso_command(self.topo, rank, min(live + [floor])) if live else None
-
-    @staticmethod
-    def _with_gso(out: list[Command], before: Command | None,
-                  after: Command | None) -> list[Command]:
-        """GSO shrinks before the classes slow down and grows after they sped up, so that no
-        packet sized for one rate meets the other."""
-        if after is None or (before is not None and after.argv == before.argv):
-            return out
-        shrinks = before is not None and int(after.argv[-1]) < int(before.argv[-1])
-        return [after] + out if shrinks else out + [after]
-
-    def _netem(self, src: int, dst: int) -> Command | None:
-        """netem's ``change`` for src -> dst as the links are now (None: no netem to change).
-
-        netem's limit follows the rate, so a rate change alone may change it too."""
-        layout = delay_layout(self.plan, dst, self.per_sender_delay)
-        if self.decision.delay != "netem" or layout == "none":
-            return None
-        sw, dev, mtu = self.topo.switch_ns, self.topo.port_dev(dst), self.topo.mtu
-        link = replace(self.plan.links[(src, dst)], latency_ms=self._latency_ms[(src, dst)])
-        senders = _peers(self.plan, dst)
-        if layout == "root":
-            fastest = max(htb_rate_bps(self._rate_mbit[(j, dst)], mtu) for j in senders)
-            return _cmd(sw, f"delay towards worker {dst}", "tc", "qdisc", "change", "dev", dev,
-                        "root", "netem", *_netem_args(link, fastest, mtu))
-        minor = link_classid(senders.index(src))
-        return _cmd(sw, f"delay {src}->{dst}", "tc", "qdisc", "change", "dev", dev, "parent",
-                    f"1:{minor:x}", "handle", f"{minor:x}:", "netem",
-                    *_netem_args(link, htb_rate_bps(self._rate_mbit[(src, dst)], mtu), mtu))
-
-
-def _changed_flow(t: _Tree, peer: int) -> list[Command]:
-    """``tc class change`` of the link class of ``peer`` in tree ``t`` and of its children."""
-    index = next(i for i, flow in enumerate(t.flows) if flow.peer == peer)
-    cap_bps = _cap_bps(t)
-    parent = "1:" if cap_bps is None else "1:1"
-    return _link_classes(t, parent, index, t.flows[index], cap_bps, verb="change")
-
-
-def link_change_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, rank: int,
-                         peer: int, *, rate_mbit: float | None = None,
-                         latency_ms: float | None = None,
-                         per_sender_delay: bool = False) -> list[Command]:
-    """The commands that change rank -> peer (``LiveLinks.change``) on a network set up from
-    ``plan`` and not changed since.
-
-    A run that changes links more than once keeps one ``LiveLinks`` instead: with the set-up
-    plan, this function would size GSO from the set-up rates of rank's other links and restate
-    the set-up latency in a netem change, undoing earlier changes.
-    """
-    live = LiveLinks(plan, topo, decision, per_sender_delay=per_sender_delay)
-    return live.change(rank, peer, rate_mbit=rate_mbit, latency_ms=latency_ms)
+    return check_number(what, value, 0.0, RATE_RANGE_MBIT[1], " (0 cuts the link)")

@@ -32,19 +32,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .capabilities import CapabilityError
-from .commands import (
+from netem.capabilities import CapabilityError
+from netem.commands import (
     ACK_MAX_IP_BYTES,
     CUT_LEAF_LIMIT_PKTS,
     LEAF_LIMIT_PKTS,
     Command,
-    _burst_args,
+    burst_args,
     check_rate_mbit,
     class_rates,
     htb_rate_bps,
     link_classid,
 )
-from .profiles import LinkPlan
+from netem.profiles import LinkPlan
 
 DEFAULT_ROOTS = ("noqueue", "pfifo_fast", "fq_codel", "mq", "fq")  # the kernel's, handle 0:
 COMMAND_TIMEOUT_S = 30.0
@@ -95,7 +95,7 @@ def host_links(plan: LinkPlan, local: list[int], bases: dict[int, tuple[str, int
     return out
 
 
-def _cmd(desc: str, *argv: object) -> Command:
+def cmd(desc: str, *argv: object) -> Command:
     return Command(tuple(str(a) for a in argv), None, desc)
 
 
@@ -105,7 +105,7 @@ def setup_commands(links: list[HostLink], mtu: int, handle: int) -> list[Command
     out = []
     for dev in sorted({link.dev for link in links}):
         on_dev = [link for link in links if link.dev == dev]
-        out.append(_cmd(f"HTB root of this run on {dev}", "tc", "qdisc", "replace", "dev", dev,
+        out.append(cmd(f"HTB root of this run on {dev}", "tc", "qdisc", "replace", "dev", dev,
                         "root", "handle", f"{handle:x}:", "htb"))
         for index, link in enumerate(on_dev):
             out += _link_commands(link, index, mtu, handle)
@@ -114,13 +114,13 @@ def setup_commands(links: list[HostLink], mtu: int, handle: int) -> list[Command
 
 def _link_commands(link: HostLink, index: int, mtu: int, handle: int) -> list[Command]:
     minor, h = link_classid(index), f"{handle:x}"
-    return [*_link_classes(link, index, mtu, handle, link.rate_mbit),
+    return [*link_classes(link, index, mtu, handle, link.rate_mbit),
             *_leaves(link, index, handle),
             _filter(link, 1, minor + 1, h, small=True),
             _filter(link, 2, minor + 2, h, small=False)]
 
 
-def _link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: float,
+def link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: float,
                   verb: str = "add") -> list[Command]:
     """The link class at ``rate_mbit`` and its ACK (prio 0) and bulk (prio 1) children;
     ``change`` restates every option, as ``add`` gives them."""
@@ -129,9 +129,9 @@ def _link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: 
     desc = f"link {link.src}->{link.dst} {rate_mbit:g} Mbit/s"
 
     def cls(parent: str, m: int, rate: int, what: str, prio=()) -> Command:
-        return _cmd(f"{desc}{what}", "tc", "class", verb, "dev", link.dev, "parent", parent,
+        return cmd(f"{desc}{what}", "tc", "class", verb, "dev", link.dev, "parent", parent,
                     "classid", f"{h}:{m:x}", "htb", "rate", f"{rate}bit", "ceil", f"{ceil}bit",
-                    *prio, *_burst_args(ceil, mtu))
+                    *prio, *burst_args(ceil, mtu))
 
     return [cls(f"{h}:", minor, rate, ""),
             cls(f"{h}:{minor:x}", minor + 1, ack, " small packets", ("prio", 0)),
@@ -141,7 +141,7 @@ def _link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: 
 def _leaves(link: HostLink, index: int, handle: int, verb: str = "add",
             limit_pkts: int = LEAF_LIMIT_PKTS, desc: str = "leaf queue") -> list[Command]:
     minor, h = link_classid(index), f"{handle:x}"
-    return [_cmd(desc, "tc", "qdisc", verb, "dev", link.dev, "parent", f"{h}:{m:x}", "handle",
+    return [cmd(desc, "tc", "qdisc", verb, "dev", link.dev, "parent", f"{h}:{m:x}", "handle",
                  f"{m:x}:", "pfifo", "limit", limit_pkts) for m in (minor + 1, minor + 2)]
 
 
@@ -163,7 +163,7 @@ def change_commands(links: list[HostLink], mtu: int, handle: int, src: int, dst:
     index = [lk for lk in links if lk.dev == link.dev].index(link)
     if rate == 0:
         return _leaves(link, index, handle, "change", CUT_LEAF_LIMIT_PKTS, f"cut {src}->{dst}")
-    return (_link_classes(link, index, mtu, handle, rate, verb="change")
+    return (link_classes(link, index, mtu, handle, rate, verb="change")
             + _leaves(link, index, handle, "change", LEAF_LIMIT_PKTS, f"open {src}->{dst}"))
 
 
@@ -171,14 +171,14 @@ def _filter(link: HostLink, prio: int, minor: int, h: str, small: bool) -> Comma
     # IP total length (bytes 2-3 of the header) < 128 <=> its top nine bits are zero
     size = (["match", "u16", "0x0000", f"0x{0xffff & ~(ACK_MAX_IP_BYTES - 1):04x}", "at", "2"]
             if small else [])
-    return _cmd(f"classify {'small packets' if small else 'bulk'} to {link.addr}:{link.port}",
+    return cmd(f"classify {'small packets' if small else 'bulk'} to {link.addr}:{link.port}",
                 "tc", "filter", "add", "dev", link.dev, "parent", f"{h}:", "protocol", "ip",
                 "prio", prio, "u32", "match", "ip", "dst", f"{link.addr}/32", "match", "ip",
                 "dport", link.port, "0xffff", *size, "flowid", f"{h}:{minor:x}")
 
 
 def teardown_commands(devs: list[str]) -> list[Command]:
-    return [_cmd(f"remove this run's root on {dev}", "tc", "qdisc", "del", "dev", dev, "root")
+    return [cmd(f"remove this run's root on {dev}", "tc", "qdisc", "del", "dev", dev, "root")
             for dev in devs]
 
 
@@ -248,7 +248,7 @@ class HostShaping:
         self.added: list[str] = []
 
     def start(self) -> None:
-        from .namespaces import run_commands  # the runner (batches per namespace)
+        from netem.namespaces import run_commands
         for dev in self.devs:
             check_replaceable(dev)
         self.state.parent.mkdir(mode=0o700, exist_ok=True)

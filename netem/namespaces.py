@@ -3,7 +3,7 @@
 How the launcher uses this (tc shaper):
 
 1. Early in ``main``, before any thread exists: ``reexec_in_userns(sys.argv[1:])``. It execs
-   ``unshare -Urnm -- <python> -m gasloc_emu.cli ARGS`` with ``GASLOC_EMU_IN_USERNS=1`` when not
+   ``unshare -Urnm -- <python> -m gasloc_emu ARGS`` with ``GASLOC_EMU_IN_USERNS=1`` when not
    yet inside; the process keeps its pid and is "root" in a new user, network and mount
    namespace. Every namespace, veth, bridge and qdisc it creates belongs to it and disappears
    when it exits, even on kill -9 (once its workers, which die with it by PR_SET_PDEATHSIG, are
@@ -29,8 +29,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from .capabilities import CapabilityError, Decision, in_user_namespace, userns_works
-from .commands import (
+from netem.capabilities import CapabilityError, Decision, in_user_namespace, userns_works
+from netem.commands import (
     NETNS_RE,
     Command,
     NetTopology,
@@ -38,8 +38,8 @@ from .commands import (
     plan_commands,
     teardown_commands,
 )
-from .profiles import LinkPlan
-from .userspace import shaping_from_spec, spec_for
+from netem.profiles import LinkPlan
+from netem.userspace import shaping_from_spec, spec_for
 
 ENV_FLAG = "GASLOC_EMU_IN_USERNS"
 BASE_PORT = 29500           # data-plane port of worker k inside the namespaces: BASE_PORT + k
@@ -113,7 +113,7 @@ def run_commands(cmds: list[Command], done: Callable[[Command], None] | None = N
 
 def reexec_argv(argv: list[str], entry: list[str] | None = None) -> list[str]:
     """The command that re-runs this program inside a new user + network + mount namespace."""
-    return ["unshare", "-Urnm", "--", *(entry or [sys.executable, "-m", "gasloc_emu.cli"]), *argv]
+    return ["unshare", "-Urnm", "--", *(entry or [sys.executable, "-m", "gasloc_emu"]), *argv]
 
 
 def inside_userns(env_flag: str = ENV_FLAG) -> bool:
@@ -128,7 +128,7 @@ def reexec_in_userns(argv: list[str], env_flag: str = ENV_FLAG,
 
     Returns True when already inside, False when user namespaces do not work here (the caller
     falls back to root mode or the userspace shaper); otherwise it does not return. Call it
-    before starting any thread. ``entry`` replaces ``[python, -m, gasloc_emu.cli]``.
+    before starting any thread. ``entry`` replaces ``[python, -m, gasloc_emu.commands.cli]``.
     """
     if inside_userns(env_flag):
         return True

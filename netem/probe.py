@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from .userspace import ReleaseQueue, shaping_from_spec
+from netem.userspace import ReleaseQueue, shaping_from_spec
 
 # kind, src, job, send time, deliver_at (NaN: none), payload bytes
 HDR = struct.Struct("!BHIddI")
@@ -248,7 +248,7 @@ class _AgentProc:
     """A running agent: its process, and its stdout lines arriving on a queue."""
 
     def __init__(self, session, rank: int):
-        from .namespaces import die_with_parent
+        from netem.namespaces import die_with_parent
         argv = session.wrap(rank, [sys.executable, "-m", "netem.probe", "agent"])
         self.rank = rank
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

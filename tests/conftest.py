@@ -45,7 +45,7 @@ def free_tcp_ports(n: int) -> list[int]:
 
 def run_gasloc(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     """``gasloc-emu ARGS`` in a fresh interpreter, output captured as text."""
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 

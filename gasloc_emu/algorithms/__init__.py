@@ -2,13 +2,13 @@
 turns ``algo.name`` (a registered name or ``package.module:Class``) into one of them."""
 from __future__ import annotations
 
-from .a2cid2 import A2CiD2
-from .base import Context, NoSettings, OuterAlgorithm, Supports
-from .diloco import DiLoCo
-from .gasloc import GASLoC
-from .gossip import DSGD, PlainGossip
-from .outer import momentum_value, outer_lr_value
-from .registry import Resolved, known, load, resolve
+from gasloc_emu.algorithms.a2cid2 import A2CiD2
+from gasloc_emu.algorithms.base import Context, NoSettings, OuterAlgorithm, Supports
+from gasloc_emu.algorithms.diloco import DiLoCo
+from gasloc_emu.algorithms.gasloc import GASLoC
+from gasloc_emu.algorithms.gossip import DSGD, PlainGossip
+from gasloc_emu.algorithms.outer import momentum_value, outer_lr_value
+from gasloc_emu.algorithms.registry import Resolved, known, load, resolve
 
 __all__ = ["A2CiD2", "DSGD", "Context", "DiLoCo", "GASLoC", "NoSettings", "OuterAlgorithm",
            "PlainGossip", "Resolved", "Supports", "known", "load", "momentum_value",

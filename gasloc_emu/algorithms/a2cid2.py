@@ -36,9 +36,9 @@ import math
 import numpy as np
 import torch
 
-from ..topology import Topology
-from ..transport.base import Transport
-from .base import Context, OuterAlgorithm, Supports
+from gasloc_emu.algorithms.base import Context, OuterAlgorithm, Supports
+from gasloc_emu.topology import Topology
+from gasloc_emu.transport.base import Transport
 
 KIND = "pair"  # the wire kind of an exchange's parameters
 

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..topology import Topology
-from ..transport.base import Transport
+from gasloc_emu.topology import Topology
+from gasloc_emu.transport.base import Transport
 
 
 @dataclass(frozen=True)

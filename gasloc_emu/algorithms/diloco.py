@@ -40,10 +40,10 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from ..topology import Topology
-from ..transport.base import Transport
-from .base import Context, OuterAlgorithm, Supports, lagged_outer_step
-from .outer import momentum_value, outer_constants
+from gasloc_emu.algorithms.base import Context, OuterAlgorithm, Supports, lagged_outer_step
+from gasloc_emu.algorithms.outer import momentum_value, outer_constants
+from gasloc_emu.topology import Topology
+from gasloc_emu.transport.base import Transport
 
 OUTER, HEAL = "outer", "heal"   # message kinds: a joiner's buffer; a member's state at a heal
 

@@ -26,9 +26,7 @@ import math
 
 import torch
 
-from ..topology import Topology
-from ..transport.base import Transport
-from .base import (
+from gasloc_emu.algorithms.base import (
     Context,
     OuterAlgorithm,
     Supports,
@@ -37,7 +35,9 @@ from .base import (
     gossip_send,
     lagged_outer_step,
 )
-from .outer import momentum_value, outer_constants, outer_lr_value
+from gasloc_emu.algorithms.outer import momentum_value, outer_constants, outer_lr_value
+from gasloc_emu.topology import Topology
+from gasloc_emu.transport.base import Transport
 
 
 class GASLoC(OuterAlgorithm):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import OuterAlgorithm, gossip
+from gasloc_emu.algorithms.base import OuterAlgorithm, gossip
 
 
 class PlainGossip(OuterAlgorithm):

@@ -3,8 +3,8 @@ algorithms with an outer momentum (GASLoC and DiLoCo) and by plugins that want t
 ('auto', 'auto*F', '1-momentum')."""
 from __future__ import annotations
 
-from ..config import ONE_MINUS_MOMENTUM, auto_factor
-from ..topology import Topology
+from gasloc_emu.config import ONE_MINUS_MOMENTUM, auto_factor
+from gasloc_emu.topology import Topology
 
 
 def momentum_value(acfg, topology: Topology | None) -> float:

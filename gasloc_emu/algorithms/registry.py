@@ -12,9 +12,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from .. import plugins
-from ..config import ConfigError, build_section
-from .base import OuterAlgorithm
+from gasloc_emu import plugins
+from gasloc_emu.algorithms.base import OuterAlgorithm
+from gasloc_emu.config import ConfigError, build_section
 
 GROUP = "gasloc_emu.algorithms"
 

@@ -34,8 +34,8 @@ import msgpack
 import torch
 import zmq
 
-from . import auth
-from .zmq_transport import check_tcp_addr
+from gasloc_emu.transport import auth
+from gasloc_emu.transport.zmq_sockets import check_tcp_addr
 
 
 def ctl_paths(run_dir: str | os.PathLike) -> tuple[str, str]:

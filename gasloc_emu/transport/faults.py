@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import FAULT_MODES
+from gasloc_emu.config import FAULT_MODES
 
 
 class InjectedFault(RuntimeError):

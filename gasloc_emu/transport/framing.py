@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
-from .auth import user_id
-from .schema import Shape, WireSchema
+from gasloc_emu.transport.auth import user_id
+from gasloc_emu.transport.schema import Shape, WireSchema
 
 VERSION = 1
 MAX_KIND_CHARS = 64

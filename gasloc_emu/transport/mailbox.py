@@ -52,8 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .base import check_rank
-from .framing import Message
+from gasloc_emu.transport.base import check_rank
+from gasloc_emu.transport.framing import Message
 
 Key = tuple[int, int, str]  # (src, round, kind)
 # Ring rounds a peer's chunk messages are allowed to span: the current round and two ahead.

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping
 
-from .base import check_rank
+from gasloc_emu.transport.base import check_rank
 
 Shape = tuple[int, ...]
 RING_PHASES = ("rs", "ag")  # reduce-scatter, all-gather (the kinds base.ring_all_reduce_sum sends)

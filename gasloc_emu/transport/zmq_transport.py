@@ -49,7 +49,6 @@ One worker thread calls send/recv; nothing here is thread-safe for callers.
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -58,27 +57,18 @@ from typing import TYPE_CHECKING
 import torch
 import zmq
 
-from . import auth, framing
-from .base import PendingReduce, TransportBase, TransportError
-from .framing import FrameError
-from .mailbox import (  # Shaping: still importable from here
-    Key,
-    LinkUse,
-    Mailbox,
-    PeerBounds,
-    RecvLinks,
-    Shaping,
-)
-from .schema import WireSchema
+from gasloc_emu.transport import auth, framing
+from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportError
+from gasloc_emu.transport.framing import FrameError
+from gasloc_emu.transport.mailbox import Key, LinkUse, Mailbox, PeerBounds, RecvLinks, Shaping
+from gasloc_emu.transport.schema import WireSchema
+from gasloc_emu.transport.zmq_sockets import DataSockets, check_tcp_addr
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
 
 POLL_SLICE_S = 0.05        # longest wait between two should_stop checks
 MAX_DRAIN_MSGS = 64        # messages read per wake-up before checking stop and deadlines again
-# Messages queued per peer and direction. Zero-copy sends queue views, not copies, so this
-# bounds how many of the algorithm's tensors libzmq may hold, not extra memory.
-HWM_MSGS = 256
 DEFAULT_LINGER_S = 2.0
 # CURVE wraps each frame in a MESSAGE command (8 bytes), nonce (8), flags (1) and MAC (16);
 # libzmq checks MAXMSGSIZE against that, so a model-sized frame needs this much more room.
@@ -87,30 +77,7 @@ DEFAULT_RECV_TIMEOUT_S = 600.0
 # A neighbour can run ahead of this worker by about log2(world size) rounds under
 # time-varying matchings; a message dropped for being "too early" would stall its round.
 DEFAULT_MAX_ROUNDS_AHEAD = 16
-_TCP_ADDR = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]*]+):(?P<port>\d{1,5})")
-_WILDCARD_HOSTS = {"*", "0.0.0.0", "[::]", "[::0]"}
 
-
-def check_tcp_addr(addr: str, what: str, *, any_port: bool = False) -> str:
-    """``addr`` if it is tcp://HOST:PORT with a concrete host (and port, unless ``any_port``
-    allows 0 for "pick a free one"), else ValueError."""
-    m = _TCP_ADDR.fullmatch(addr) if isinstance(addr, str) else None
-    lowest_port = 0 if any_port else 1
-    if m is None or m["host"] in _WILDCARD_HOSTS or not lowest_port <= int(m["port"]) < 65536:
-        raise ValueError(f"{what} must be tcp://HOST:PORT with a concrete host and port "
-                         f"(no wildcard), got {addr!r}")
-    return addr
-
-
-def link_address(base_addr: str, src: int) -> str:
-    """With link ports, where worker ``src`` sends to the worker whose base address this is:
-    one port per directed link (base + src), so that tc on a real interface can tell links
-    apart by destination address and port alone (``netem.hosttc``)."""
-    m = _TCP_ADDR.fullmatch(base_addr)
-    port = int(m["port"]) + src
-    if port > 65535:
-        raise ValueError(f"link port {port} of worker {src} is above 65535 (base {base_addr})")
-    return f"tcp://{m['host']}:{port}"
 
 
 class ZmqTransport(TransportBase):
@@ -146,19 +113,18 @@ class ZmqTransport(TransportBase):
         self._closed = False
         self._background: _BackgroundReduce | None = None  # an overlapped All-Reduce
         self.connect(peer_addrs or {})
-        self._own_context = ctx is None
-        self._ctx = zmq.Context() if ctx is None else ctx
-        self._push: dict[int, zmq.Socket] = {}
-        # before the bind: a handshake that finds no handler fails
-        self._zap = None if security is None else auth.ZapHandler(self._ctx, security.creds)
-        self._pull = self._bind_pull()
-        # the real port; with link ports the base that every link's port is counted from
-        self.address: str = self.bind_addr if link_ports else \
-            self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
+        frame_limit = max(max_numel * dtype.itemsize, framing.MAX_HEADER_BYTES)
+        if security is not None and security.mode == "curve":
+            frame_limit += CURVE_FRAME_OVERHEAD  # the limit applies to the encrypted frame
+        self._sockets = DataSockets(rank, world_size, self.bind_addr, link_ports=link_ports,
+                                    security=security, frame_limit=frame_limit, ctx=ctx)
+        self.address = self._sockets.address
+        self._pull = self._sockets.pull
         self._rx: _ArrivalStamper | None = None
         if shaping is not None:
-            self._rx = _ArrivalStamper(self._ctx, self._pull, f"inproc://arrivals-{id(self)}",
-                                       self._peer_user)
+            self._rx = _ArrivalStamper(self._sockets.ctx, self._pull,
+                                       f"inproc://arrivals-{id(self)}", self._peer_user)
             self._pull = self._rx.inbox
 
     @property
@@ -176,34 +142,8 @@ class ZmqTransport(TransportBase):
 
     def drop_reasons(self) -> dict[str, int]:
         """Drops by reason: the mailbox's and framing's, and "zap.<reason>" for handshakes."""
-        zap = getattr(self, "_zap", None)  # TransportBase.__init__ asks before it exists
-        return self.mailbox.drop_reasons | ({} if zap is None else zap.refusals())
-
-    def _socket(self, kind: int, addr: str) -> zmq.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.IPV6, addr.startswith("tcp://["))  # libzmq needs it for [::1]
-        return sock
-
-    def _bind_pull(self) -> zmq.Socket:
-        sock = self._socket(zmq.PULL, self.bind_addr)
-        sock.setsockopt(zmq.RCVHWM, HWM_MSGS)
-        # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
-        frame_limit = max(self.max_numel * self.dtype.itemsize, framing.MAX_HEADER_BYTES)
-        if self.security is not None and self.security.mode == "curve":
-            frame_limit += CURVE_FRAME_OVERHEAD  # the limit applies to the encrypted frame
-        sock.setsockopt(zmq.MAXMSGSIZE, frame_limit)
-        if self.security is not None:
-            auth.make_server(sock, self.security, auth.user_id(self.rank))
-        addrs = [link_address(self.bind_addr, src) for src in range(self.world_size)
-                 if src != self.rank] if self.link_ports else [self.bind_addr]
-        try:
-            for addr in addrs:
-                sock.bind(addr)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            self._close_context()
-            raise TransportError(f"worker {self.rank} cannot bind {addr}: {exc}") from exc
-        return sock
+        sockets = getattr(self, "_sockets", None)  # TransportBase.__init__ asks before it exists
+        return self.mailbox.drop_reasons | ({} if sockets is None else sockets.refusals())
 
     def connect(self, peer_addrs: dict[int, str]) -> None:
         """Learn peers' data-plane addresses; sockets connect on the first send to each.
@@ -228,7 +168,7 @@ class ZmqTransport(TransportBase):
         self._check_open()
         self.mailbox.note_round(round_idx)
         tensor = self._wire_tensor(tensor)
-        sock = self._socket_to(peer)
+        sock = self._sockets.to(peer, self.peer_addrs.get(peer))
         nbytes = tensor.numel() * tensor.element_size()
         sent_at = time.time()  # one instant for the stamp and the receiver's link measurement
         deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, sent_at)
@@ -290,13 +230,12 @@ class ZmqTransport(TransportBase):
         if self._background is not None:  # it sees _closed at its next poll slice and ends
             self._background.join(timeout_s=2 * POLL_SLICE_S + 1)
         linger_ms = int(1000 * (self.linger_s if linger_s is None else linger_s))
-        for sock in self._push.values():
-            sock.close(linger=linger_ms)
+        self._sockets.close_pushes(linger_ms)
         if self._rx is not None:
             self._rx.stop()
         self._pull.close(linger=0)
         self.mailbox.clear()
-        self._close_context()
+        self._sockets.close_context()
 
     def __enter__(self) -> Self:
         return self
@@ -315,21 +254,6 @@ class ZmqTransport(TransportBase):
             raise ValueError(f"worker {self.rank}: tensor of {tensor.numel()} elements exceeds "
                              f"max_numel {self.max_numel}")
         return tensor.detach().cpu().contiguous()
-
-    def _socket_to(self, peer: int) -> zmq.Socket:
-        sock = self._push.get(peer)
-        if sock is None:
-            if peer not in self.peer_addrs:
-                raise TransportError(f"worker {self.rank}: no address for peer {peer}")
-            sock = self._socket(zmq.PUSH, self.peer_addrs[peer])
-            sock.setsockopt(zmq.SNDHWM, HWM_MSGS)
-            if self.security is not None:
-                auth.make_client(sock, self.security, auth.user_id(self.rank),
-                                 auth.user_id(peer))
-            addr = self.peer_addrs[peer]
-            sock.connect(link_address(addr, self.rank) if self.link_ports else addr)
-            self._push[peer] = sock
-        return sock
 
     # -- waiting
 
@@ -401,11 +325,6 @@ class ZmqTransport(TransportBase):
         if self._closed:
             raise TransportError(f"worker {self.rank}: transport is closed")
 
-    def _close_context(self) -> None:
-        if self._zap is not None:
-            self._zap.stop()  # before term(), which waits for its socket
-        if self._own_context:
-            self._ctx.term()  # returns once every socket is closed and its linger is over
 
 
 class _BackgroundReduce(PendingReduce):

@@ -6,7 +6,7 @@ import json
 
 from gasloc_emu import config as C
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 from gasloc_emu.topology import Topology
 
 STEPS = 40
@@ -54,8 +54,8 @@ def test_simulate_a2cid2_trains_records_and_repeats(tmp_path):
 
 
 def test_run_a2cid2_trains_and_records_steps_and_pairings(tmp_path):
-    from gasloc_emu.launcher import launch
-    from gasloc_emu.records import new_run_dir
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
     cfg = _cfg()
     result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "r"))
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from gasloc_emu.cli import main
+from gasloc_emu.commands.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +137,7 @@ def test_topo_and_config_good_input():
 ])
 def test_real_process_prints_one_line(files, tmp_path, extra, needle):
     """The installed entry point in a fresh interpreter: exit 2, one line, no traceback."""
-    cmd = [sys.executable, "-m", "gasloc_emu.cli", "simulate", *QUICK, "-H", "1",
+    cmd = [sys.executable, "-m", "gasloc_emu", "simulate", *QUICK, "-H", "1",
            "--out", str(tmp_path / "run"), *[a.replace("{d}", str(files)) for a in extra]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

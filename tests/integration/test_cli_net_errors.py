@@ -10,7 +10,7 @@ pytestmark = pytest.mark.integration
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=120)
 
 

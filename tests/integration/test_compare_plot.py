@@ -6,10 +6,10 @@ import io
 import pytest
 from rich.console import Console
 
-from gasloc_emu.compare import compare_table, load_run, plot, show_run
 from gasloc_emu.config import resolve
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.report.compare import compare_table, load_run, plot, show_run
+from gasloc_emu.simulator.simulate import simulate
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("matplotlib")

@@ -19,7 +19,7 @@ STRAGGLER = ["--workers", "4", "--model", "tiny", "--seed", "1", "--local-steps"
 
 
 def cli(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -12,6 +12,7 @@ what it should.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -23,9 +24,8 @@ from gasloc_emu import config as C
 from gasloc_emu import plugins
 from gasloc_emu.algorithms import OuterAlgorithm, registry
 from gasloc_emu.config import ConfigError
-from gasloc_emu.model import count_parameters
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 from gasloc_emu.testing import (
     ContractError,
     check_all,
@@ -35,6 +35,7 @@ from gasloc_emu.testing import (
     contract_config,
     shared_corpus,
 )
+from gasloc_emu.training.model import count_parameters
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +52,10 @@ EXAMPLE = "pip install -e examples/sparta"
 
 
 def example_installed() -> bool:
+    """Registered and importable: an install whose entry points outlived its files is not one."""
     return ("sparta" in plugins.registered(registry.GROUP)
-            and "mlp-lm" in plugins.registered("gasloc_emu.models"))
+            and "mlp-lm" in plugins.registered("gasloc_emu.models")
+            and importlib.util.find_spec("gasloc_sparta") is not None)
 
 
 needs_example = pytest.mark.skipif(not example_installed(),

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu import exitcodes, launcher, records
+from gasloc_emu import exitcodes
+from gasloc_emu.emulator import launcher
 from gasloc_emu.plan import build_plan
+from gasloc_emu.report import records
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +89,7 @@ def test_network_settings_that_would_not_apply_are_refused(tmp_path, gasloc, ext
 
 def _interrupt_when(args: list[str], ready, tmp_path: Path) -> subprocess.CompletedProcess:
     # a shell's background job starts with SIGINT ignored, which a child would inherit
-    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120

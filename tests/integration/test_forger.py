@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu.model import count_parameters
+from gasloc_emu.training.model import count_parameters
 from gasloc_emu.transport import auth
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ ctx.destroy(linger=0)
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", *args], text=True,
+    return subprocess.Popen([sys.executable, "-m", "gasloc_emu", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 

@@ -20,12 +20,12 @@ BASE = ["--workers", "4", "--model", "tiny", "--local-steps", "3", "--seed", "3"
 
 
 def cli(*args, timeout=240, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=timeout, **kw)
 
 
 def start(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "gasloc_emu", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -276,22 +276,26 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     returns it with the metric rows it records and the progress events it emits."""
     from types import SimpleNamespace
 
-    from gasloc_emu import launcher
     from gasloc_emu.config import resolve
-    from gasloc_emu.devices import DeviceAssignment
-    from gasloc_emu.model import count_parameters
+    from gasloc_emu.emulator import supervisor
+    from gasloc_emu.emulator.conductor import Conductor
+    from gasloc_emu.emulator.desk import ControlDesk
+    from gasloc_emu.emulator.processes import WorkerSlot
+    from gasloc_emu.training.devices import DeviceAssignment
+    from gasloc_emu.training.model import count_parameters
     from gasloc_emu.transport import control
-    sup = object.__new__(launcher.Supervisor)
+    sup = object.__new__(supervisor.Supervisor)
     recorded, events = [], []
     sup.cfg = resolve(overrides={"workers": workers, "model.preset": "tiny",
                                  "run.rounds": rounds})
     sup.rec, sup.progress = SimpleNamespace(metric=recorded.append), events.append
-    sup.slots = [launcher.WorkerSlot(r, None, DeviceAssignment("cpu"), 0.0)
+    sup.slots = [WorkerSlot(r, None, DeviceAssignment("cpu"), 0.0)
                  for r in range(workers)]
-    sup.link_meter, sup.t0 = launcher.LinkMeter(), 1.0
+    sup.link_meter, sup.t0 = supervisor.LinkMeter(), 1.0
     sup.expect = control.Expect(workers, rounds, count_parameters(sup.cfg.model))
-    sup.control_drops = {}
-    sup.world, sup.feed, sup.links_round, sup.timed_upto_s = None, None, 0, -1.0  # no scenario
+    sup.desk, sup.feed, sup.pairer = ControlDesk(sup), None, None
+    sup.scenario = Conductor(None, None, rounds, sup._clock,
+                             lambda rank, msg: sup._tell(rank, msg))  # no scenario
     return sup, recorded, events
 
 
@@ -309,20 +313,20 @@ def test_the_launcher_drops_and_counts_what_it_cannot_trust():
     sup, recorded, events = _bare_supervisor()
     metric = {"type": "metric", "worker": 1, "row": ROW}
     hb = FORGED_HB | {"worker": 1, "drop_reasons": {"stale": 5}}
-    sup._on_control(_frames(b"w2", metric))                      # w2 speaking for worker 1
-    sup._on_control(_frames(b"\x00\x80\x00\x00\x29", metric))   # a socket that is no worker's
-    sup._on_control(_frames(b"w1", hb))                          # heartbeats go on the PULL
-    sup._on_control(_frames(b"w1", {"type": "start", "peers": {}}))
-    sup._on_heartbeat({"type": "hb", "worker": 0, "sent": {"x": "y"}})  # the probe
-    sup._on_heartbeat({"type": "invalid"})                        # what unpack makes of garbage
-    sup._on_heartbeat({"type": "ready", "worker": 1, "addr": "tcp://h:1", "device": "cpu"})
-    sup._on_heartbeat(hb, sender="w0")                            # an authenticated liar
-    assert sup.control_drops == {"spoofed": 2, "sender": 1, "channel": 2, "type": 1,
+    sup.desk.on_control(_frames(b"w2", metric))                      # w2 speaking for worker 1
+    sup.desk.on_control(_frames(b"\x00\x80\x00\x00\x29", metric))   # a socket that is no worker's
+    sup.desk.on_control(_frames(b"w1", hb))                          # heartbeats go on the PULL
+    sup.desk.on_control(_frames(b"w1", {"type": "start", "peers": {}}))
+    sup.desk.on_heartbeat({"type": "hb", "worker": 0, "sent": {"x": "y"}})  # the probe
+    sup.desk.on_heartbeat({"type": "invalid"})                        # what unpack makes of garbage
+    sup.desk.on_heartbeat({"type": "ready", "worker": 1, "addr": "tcp://h:1", "device": "cpu"})
+    sup.desk.on_heartbeat(hb, sender="w0")                            # an authenticated liar
+    assert sup.desk.control_drops == {"spoofed": 2, "sender": 1, "channel": 2, "type": 1,
                                  "hb.fields": 1, "undecodable": 1}
     assert recorded == [] and all(s.last_seen == 0.0 for s in sup.slots)
-    assert events[-1] == {"kind": "control_drops", "drops": sup.control_drops}
-    sup._on_control(_frames(b"w1", metric))
-    sup._on_heartbeat(hb)
+    assert events[-1] == {"kind": "control_drops", "drops": sup.desk.control_drops}
+    sup.desk.on_control(_frames(b"w1", metric))
+    sup.desk.on_heartbeat(hb)
     assert recorded == [ROW] and sup.slots[1].round == 0 and sup.slots[1].last_seen > 0
     status = events[-1]
     assert status["kind"] == "status" and status["drop_reasons"] == {"stale": 5}
@@ -331,15 +335,15 @@ def test_the_launcher_drops_and_counts_what_it_cannot_trust():
 def test_the_launcher_acts_on_errors_and_checked_finals():
     import torch
 
-    from gasloc_emu import launcher
+    from gasloc_emu.emulator import errors
     from gasloc_emu.transport import control
     sup, _, _ = _bare_supervisor()
     err = {"type": "error", "worker": 2, "error": "Diverged: worker 2 diverged in round 1"}
-    with pytest.raises(launcher.RunFailed) as info:
-        sup._on_control(_frames(b"w2", err))
-    assert not isinstance(info.value, launcher.RunDiverged)
-    with pytest.raises(launcher.RunDiverged) as info:
-        sup._on_control(_frames(b"w2", err | {"diverged_at": {"worker": 2, "round": 1}}))
+    with pytest.raises(errors.RunFailed) as info:
+        sup.desk.on_control(_frames(b"w2", err))
+    assert not isinstance(info.value, errors.RunDiverged)
+    with pytest.raises(errors.RunDiverged) as info:
+        sup.desk.on_control(_frames(b"w2", err | {"diverged_at": {"worker": 2, "round": 1}}))
     assert info.value.where == {"worker": 2, "round": 1}
     numel = sup.expect.numel
     counters = {"bytes_sent": {1: 8}, "bytes_recv": {}, "dropped": 1, "wait_s": 0.5,
@@ -347,32 +351,35 @@ def test_the_launcher_acts_on_errors_and_checked_finals():
     final = {"type": "final", "worker": 0, "eval_loss": 4.0, "dtype": "float32", "numel": numel,
              "counters": counters}
     theta = bytes(control.tensor_frame(torch.ones(numel)))
-    with pytest.raises(launcher.RunFailed, match="final parameters"):  # fail, never hang
-        sup._on_control(_frames(b"w0", final, theta[:-4]))
-    assert sup.control_drops == {"final.frame": 1} and sup.slots[0].final is None
-    sup._on_control(_frames(b"w0", final, theta))
+    with pytest.raises(errors.RunFailed, match="final parameters"):  # fail, never hang
+        sup.desk.on_control(_frames(b"w0", final, theta[:-4]))
+    assert sup.desk.control_drops == {"final.frame": 1} and sup.slots[0].final is None
+    sup.desk.on_control(_frames(b"w0", final, theta))
     assert sup.slots[0].final["counters"] == counters and torch.equal(sup.slots[0].theta,
                                                                       torch.ones(numel))
-    assert sup.link_bytes() == [{"src": 0, "dst": 1, "bytes": 8}]
+    from gasloc_emu.emulator.tally import link_bytes
+    assert link_bytes(sup.slots) == [{"src": 0, "dst": 1, "bytes": 8}]
 
 
 def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():
     """Leaves and joins at a time (``fixing.RoundFixer`` on the launcher's clock): a round start
     is answered with every fixing due by then; a worker absent until a join waits for its
     answer until the join is fixed, or is let go once the others are done."""
-    from gasloc_emu.scenario import JoinEvent, LeaveEvent, Scenario
-    from gasloc_emu.world import World, ring_peers
+    from gasloc_emu.scenario.events import JoinEvent, LeaveEvent
+    from gasloc_emu.scenario.script import Scenario
+    from gasloc_emu.scenario.world import World, ring_peers
     sup, _, _ = _bare_supervisor(workers=3, rounds=8)
     told = []
     sup._tell = lambda rank, msg: told.append((rank, msg))
-    sup._on_control(_frames(b"w1", {"type": "round", "worker": 1, "round": 0, "waiting": False}))
-    assert sup.control_drops == {"round.scenario": 1} and told == []   # no events at a time
+    ask = {"type": "round", "worker": 1, "round": 0, "waiting": False}
+    sup.desk.on_control(_frames(b"w1", ask))
+    assert sup.desk.control_drops == {"round.scenario": 1} and told == []   # no events at a time
     scenario = Scenario((JoinEvent(at_s=5.0, worker=2), LeaveEvent(at_s=10.0, worker=1)), 3, 8)
-    sup.world, sup.join_waiters = World(scenario, 3, 8, 0.5, ring_peers), {}
+    sup.scenario.world = World(scenario, 3, 8, 0.5, ring_peers)
 
     def at(now_s: float, rank: int, round_idx: int, waiting: bool = False) -> None:
         sup.t0 = time.time() - now_s
-        sup._on_control(_frames(f"w{rank}".encode(), {"type": "round", "worker": rank,
+        sup.desk.on_control(_frames(f"w{rank}".encode(), {"type": "round", "worker": rank,
                                                       "round": round_idx, "waiting": waiting}))
 
     at(0.5, 2, 0, waiting=True)    # the new worker asks before its join's time: no answer yet
@@ -382,25 +389,27 @@ def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():
     join = {"index": 0, "part": "start", "at_s": 5.0, "round": 3}
     assert told[1:] == [(2, {"type": "fixings", "released": False, "fixings": [join]}),
                         (1, {"type": "fixings", "released": False, "fixings": [join]})]
-    assert sup.world.alive(3) == {0, 1, 2} and sup.join_waiters == {}
+    assert sup.scenario.world.alive(3) == {0, 1, 2} and sup.scenario.join_waiters == {}
     at(10.5, 0, 4)                 # worker 1 had started round 3: the leave lands on round 4
     assert told[-1][1]["fixings"][-1] == {"index": 1, "part": "start", "at_s": 10.0, "round": 4}
-    assert sup.world.alive(4) == {0, 2}
+    assert sup.scenario.world.alive(4) == {0, 2}
 
 
 def test_the_launcher_lets_a_waiting_worker_go_once_the_others_are_done():
-    from gasloc_emu.scenario import JoinEvent, Scenario
-    from gasloc_emu.world import World, ring_peers
+    from gasloc_emu.scenario.events import JoinEvent
+    from gasloc_emu.scenario.script import Scenario
+    from gasloc_emu.scenario.world import World, ring_peers
     sup, _, _ = _bare_supervisor(workers=3, rounds=8)
     told = []
     sup._tell = lambda rank, msg: told.append((rank, msg))
-    sup.world = World(Scenario((JoinEvent(at_s=600.0, worker=2),), 3, 8), 3, 8, 0.5, ring_peers)
-    sup.join_waiters, sup.t0 = {}, time.time() - 1.0
-    sup._on_control(_frames(b"w2", {"type": "round", "worker": 2, "round": 0, "waiting": True}))
+    sup.scenario.world = World(Scenario((JoinEvent(at_s=600.0, worker=2),), 3, 8), 3, 8, 0.5,
+                               ring_peers)
+    sup.t0 = time.time() - 1.0
+    sup.desk.on_control(_frames(b"w2", {"type": "round", "worker": 2, "round": 0, "waiting": True}))
     sup.slots[0].final = {"eval_loss": 3.0}
-    sup._fix_due()
+    sup.scenario.fix_due(sup.slots)
     assert told == [] and not sup.slots[2].gone    # worker 1 still trains
     sup.slots[1].final = {"eval_loss": 3.0}
-    sup._fix_due()
+    sup.scenario.fix_due(sup.slots)
     assert told == [(2, {"type": "fixings", "released": True, "fixings": []})]
-    assert sup.slots[2].gone and sup.join_waiters == {}
+    assert sup.slots[2].gone and sup.scenario.join_waiters == {}

@@ -8,7 +8,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 
 SCENARIO = """
 [[event]]
@@ -58,8 +58,8 @@ def test_a_new_worker_joins_in_simulate(tmp_path, algo, topology):
 def test_a_new_worker_joins_in_run_as_in_simulate(tmp_path):
     """Covered in the default suite by test_a_new_worker_joins_in_simulate (the same join) and
     tests/integration/test_churn.py (workers leaving and joining in run as in simulate)."""
-    from gasloc_emu.launcher import launch
-    from gasloc_emu.records import new_run_dir
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
     cfg = _cfg(tmp_path, "gasloc", "ring")
     sim = simulate(build_plan(cfg), tmp_path / "sim")
     result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))

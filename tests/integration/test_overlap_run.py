@@ -17,16 +17,17 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 6
+ROUNDS = 4
 BASE = ["--workers", "4", "--model", "tiny", "--seed", "3", "--no-dashboard", "--rounds",
         str(ROUNDS), "--bw-profile", "uniform", "--rate-mbit", "3.2", "--shaper", "userspace",
-        "--step-time-s", "0.12"]   # a real step takes up to ~0.085 s of a shared core here
+        "--step-time-s", "0.12",   # a real step takes up to ~0.085 s of a shared core here
+        "--set", "data.max_corpus_mb=1", "--set", "data.eval_batches=1"]
 ARMS = {"gasloc": ["--algo", "gasloc", "--topology", "ring", "--set", "algo.alpha=0.75"],
         "diloco": ["--algo", "diloco"]}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=300)
 
 
@@ -104,7 +105,7 @@ def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:
     rounds, in the simulator (its losses are run's, as above)."""
     from gasloc_emu import config
     from gasloc_emu.plan import build_plan
-    from gasloc_emu.simulate import simulate
+    from gasloc_emu.simulator.simulate import simulate
     cfg = config.resolve(Path(__file__).parents[2] / "runs" / "overlap.toml",
                          {"workers": 4, "run.rounds": 20, "run.eval_every": 0,
                           "net.bw_profile": "", "algo.overlap": overlap, "algo.alpha": alpha,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu.data import build_corpus
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
+from gasloc_emu.training.data import build_corpus
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ import os
 import pytest
 import torch
 
-import gasloc_emu.simulate as sim
+import gasloc_emu.simulator.simulate as sim
 from gasloc_emu import config as C
-from gasloc_emu.data import build_corpus
 from gasloc_emu.plan import build_plan
 from gasloc_emu.topology import Topology
-from gasloc_emu.worker import Worker
+from gasloc_emu.training.data import build_corpus
+from gasloc_emu.training.worker import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -169,8 +169,8 @@ def test_predicted_clock_on_a_shaped_network(tmp_path, corpus):
     """Ring gossip at 8 Mbit/s + 10 ms: a round ends when the worker's own compute and both
     neighbours' models (queued on their links) are in; its compute is stretched at most by the
     CPU sharing."""
-    from gasloc_emu.devices import threads_per_worker
-    from gasloc_emu.virtual_clock import slots_for
+    from gasloc_emu.simulator.virtual_clock import slots_for
+    from gasloc_emu.training.devices import threads_per_worker
     cfg = make_cfg(**{"topology.name": "ring", "run.rounds": 3, "algo.local_steps": 1,
                       "net.bw_profile": "uniform", "net.rate_mbit": 8.0, "net.latency_ms": 10.0})
     out = tmp_path / "shaped"

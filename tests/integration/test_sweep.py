@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu import sweep
+from gasloc_emu.experiments import page, plots, sweep
+from gasloc_emu.experiments import spec as sweep_spec
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +53,14 @@ set = { "algo.name" = "local-gossip", "topology.name" = "ring" }
 
 @pytest.mark.parametrize("preset", sorted((REPO / "runs").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_preset_and_arm_resolves(preset):
-    spec = sweep.load_spec(preset)
+    spec = sweep_spec.load_spec(preset)
     assert len(spec.seeds) == 3 and spec.arms
     C.resolve(preset)  # the base config runs with `gasloc-emu run --config`
     for arm in spec.arms:
         for seed in spec.seeds:
             for point in spec.grid(arm):
-                assert sweep.arm_config(preset, arm, seed, spec.settings(point, arm)).seed == seed
+                cfg = sweep_spec.arm_config(preset, arm, seed, spec.settings(point, arm))
+                assert cfg.seed == seed
 
 
 def _final_loss(run) -> float:
@@ -96,12 +98,12 @@ def test_mini_sweep_writes_table_plot_and_section(tmp_path):
     first_row = saved["rows"][0]
     assert first_row["final_eval_loss"] == list(rows[first_row["arm"]]["final_eval_loss"])
 
-    page = tmp_path / "RESULTS.md"
-    page.write_text("# Results\n\nintro stays\n")
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nintro stays\n")
     for _ in range(2):  # writing twice replaces the section instead of appending it again
-        sweep.update_results_page(page, "mini",
-                                  sweep.markdown_section("mini", report, "cmd", "x.png"))
-    text = page.read_text()
+        page.update_results_page(results, "mini",
+                                 page.markdown_section("mini", report, "cmd", "x.png"))
+    text = results.read_text()
     assert text.count("<!-- begin mini -->") == 1 and "intro stays" in text
     assert f"{g:.4f}" in text and "| g |" in text and "| lg |" in text
 
@@ -131,7 +133,7 @@ GRID = GRID.replace("seeds = [0, 1]", "seeds = [0]").replace("rounds = 3", "roun
 def test_a_joint_search_runs_every_combination_and_draws_the_grid(tmp_path):
     preset = tmp_path / "grid.toml"
     preset.write_text(GRID)
-    spec = sweep.load_spec(preset)
+    spec = sweep_spec.load_spec(preset)
     assert spec.tune_keys == ("algo.outer_lr", "algo.momentum", "algo.inner.lr")
     assert len(spec.grid()) == 4
     report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
@@ -140,14 +142,14 @@ def test_a_joint_search_runs_every_combination_and_draws_the_grid(tmp_path):
         assert set(row["tuned"]) == {"0.5, 0, 0.003", "0.5, auto*0.5, 0.003",
                                      "1, 0, 0.003", "1, auto*0.5, 0.003"}
         best = min(row["tuned"], key=row["tuned"].get)
-        assert ", ".join(sweep._fmt_val(v) for v in row["best"]) == best
+        assert ", ".join(sweep_spec.fmt_value(v) for v in row["best"]) == best
     run = tmp_path / "out" / "g-s0-1-auto*0.5-0.003"
     gamma = json.loads((run / "summary.json").read_text())["gamma"]
     from gasloc_emu.topology import Topology
     assert gamma == pytest.approx(0.5 * Topology("ring", 4).gamma_star)
     png = Path(report["tuning_plot"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = sweep.markdown_section("grid", report, "cmd", "results/grid.png")
+    text = page.markdown_section("grid", report, "cmd", "results/grid.png")
     assert "the grid algo.outer_lr [0.5, 1.0] x algo.momentum [0.0, 'auto*0.5']" in text
     assert "![grid search](results/grid-tuning.png)" in text
     assert "| best algo.outer_lr, algo.momentum, algo.inner.lr |" in text
@@ -157,7 +159,7 @@ def test_a_grid_and_a_single_key_cannot_both_be_given(tmp_path):
     preset = tmp_path / "both.toml"
     preset.write_text(MINI + '[sweep.tune]\n"algo.outer_lr" = [0.5]\n')
     with pytest.raises(C.ConfigError, match="either"):
-        sweep.load_spec(preset)
+        sweep_spec.load_spec(preset)
 
 
 # ------------------------------------------------------------------ per-arm searches
@@ -201,26 +203,26 @@ def test_per_arm_searches_run_each_arms_own_grid_and_report_it(tmp_path):
     assert set(rows["d"]["tuned"]) == {"0.001", "0.003", "0.01"}
     for r in rows.values():  # each arm's best is the best of its own search
         best = min(r["tuned"], key=r["tuned"].get)
-        assert sweep._best_words(r["best"]) == best
+        assert page._best_words(r["best"]) == best
     assert Path(report["tuning_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    text = sweep.markdown_section("per-arm", report, "cmd", "results/per-arm.png")
+    text = page.markdown_section("per-arm", report, "cmd", "results/per-arm.png")
     assert "seeds [0]; each arm's own search (below) on seed 0, from 2 to 3 runs per arm, " \
            "best value kept for all seeds." in text
     assert "- g: the grid algo.outer_lr [0.5, 1.0] x algo.inner.lr [0.003] (every " \
            "combination), 2 runs\n- lg: algo.inner.lr [0.001, 0.003], 2 runs\n" in text
     assert "| arm | best | final eval loss |" in text  # the cells say which keys
     g_best, lg_best = rows["g"]["best"], rows["lg"]["best"]
-    assert f"| g | outer_lr {sweep._fmt_val(g_best[0])}, lr 0.003 | " in text
-    assert f"| lg | lr {sweep._fmt_val(lg_best)} | " in text
+    assert f"| g | outer_lr {sweep_spec.fmt_value(g_best[0])}, lr 0.003 | " in text
+    assert f"| lg | lr {sweep_spec.fmt_value(lg_best)} | " in text
     assert "![per-arm search](results/per-arm-tuning.png)" in text
 
 
 def test_a_heat_map_has_one_row_for_an_arm_that_searched_one_key():
-    arm = sweep.Arm("d", {}, tune=(("algo.inner.lr", (0.001, 0.003, 0.01)),))
-    spec = sweep.SweepSpec("t", "c", "simulate", (0,), (arm,))
-    res = sweep.ArmResult(arm, tuned={(0.001,): 3.0, (0.003,): 2.5, (0.01,): float("inf")})
-    cells = sweep.tuning_grid(spec, res)
+    arm = sweep_spec.Arm("d", {}, tune=(("algo.inner.lr", (0.001, 0.003, 0.01)),))
+    spec = sweep_spec.SweepSpec("t", "c", "simulate", (0,), (arm,))
+    res = sweep_spec.ArmResult(arm, tuned={(0.001,): 3.0, (0.003,): 2.5, (0.01,): float("inf")})
+    cells = plots.tuning_grid(spec, res)
     assert cells.shape == (1, 3) and list(cells[0, :2]) == [3.0, 2.5] and np.isnan(cells[0, 2])
 
 
@@ -228,13 +230,14 @@ def test_equal_budget_refuses_arms_whose_searches_differ_in_size(tmp_path):
     preset = tmp_path / "unequal.toml"
     preset.write_text(EQUAL_BUDGET)
     with pytest.raises(C.ConfigError, match=r"equal_budget.*g 2, lg 2, d 3"):
-        sweep.load_spec(preset)
+        sweep_spec.load_spec(preset)
 
 
 def test_equal_budget_is_said_in_the_mode_sentence(tmp_path):
     preset = tmp_path / "equal.toml"
     preset.write_text(EQUAL_BUDGET.replace("[0.001, 0.003, 0.01]", "[0.001, 0.003]"))
-    text = sweep.markdown_section("equal", _fake_report(sweep.load_spec(preset)), "cmd", "e.png")
+    report = _fake_report(sweep_spec.load_spec(preset))
+    text = page.markdown_section("equal", report, "cmd", "e.png")
     assert "each arm's own search (below) on seed 0; every arm had the same budget of 2 seed-0 " \
            "runs, best value kept for all seeds." in text
 
@@ -247,17 +250,17 @@ def test_an_arms_search_is_checked(tmp_path, arm_extra, match):
     preset = tmp_path / "bad.toml"
     preset.write_text(MINI.replace('name = "lg"\n', 'name = "lg"\n' + arm_extra))
     with pytest.raises(C.ConfigError, match=match):
-        sweep.load_spec(preset)
+        sweep_spec.load_spec(preset)
 
 
-def _fake_report(spec: sweep.SweepSpec) -> dict:
+def _fake_report(spec: sweep_spec.SweepSpec) -> dict:
     """A report as run_sweep gives it, with made-up numbers: the markdown without any runs."""
     rows = []
     for i, arm in enumerate(spec.arms):
         grid = spec.grid(arm)
         rows.append({"arm": arm.name, "group": arm.group, "role": arm.role,
                      "tune_keys": list(spec.arm_keys(arm)),
-                     "best": sweep._point_value(grid[i % len(grid)]),
+                     "best": sweep_spec.point_value(grid[i % len(grid)]),
                      "final_eval_loss": (2.5 - i / 100, 0.0123, 2),
                      "consensus_distance": (0.25, 0.0051, 2), "wall_s": (30.0 + i, 0.5, 2),
                      "time_to_target_s": (10.0 + i, 1.25, 2),
@@ -311,13 +314,13 @@ of wall-clock.
 def test_a_preset_without_per_arm_searches_gives_the_same_section_as_before(tmp_path):
     preset = tmp_path / "grid.toml"
     preset.write_text(GRID)
-    report = _fake_report(sweep.load_spec(preset))
-    assert sweep.markdown_section("grid", report, "cmd", "results/grid.png") == GRID_SECTION
+    report = _fake_report(sweep_spec.load_spec(preset))
+    assert page.markdown_section("grid", report, "cmd", "results/grid.png") == GRID_SECTION
     # results.json's lists (not tuples) give the same section
     again = json.loads(json.dumps(report))
-    assert sweep.markdown_section("grid", again, "cmd", "results/grid.png") == GRID_SECTION
-    h1_spec = sweep.load_spec(REPO / "runs" / "local-steps.toml")
-    h1 = sweep.markdown_section("h1", _fake_report(h1_spec), "cmd", "h1.png")
+    assert page.markdown_section("grid", again, "cmd", "results/grid.png") == GRID_SECTION
+    h1_spec = sweep_spec.load_spec(REPO / "runs" / "local-steps.toml")
+    h1 = page.markdown_section("h1", _fake_report(h1_spec), "cmd", "h1.png")
     assert "seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.003] on " \
            "seed 0 for every arm, best value kept for all seeds." in h1
     assert "| arm | best algo.inner.lr | final eval loss |" in h1
@@ -328,9 +331,9 @@ def test_a_preset_without_any_search_says_so_and_has_no_best_column(tmp_path):
     preset = tmp_path / "fixed.toml"
     preset.write_text(MINI.replace('tune_key = "algo.inner.lr"\ntune_values = [0.001, 0.003]\n',
                                    ""))
-    spec = sweep.load_spec(preset)
+    spec = sweep_spec.load_spec(preset)
     assert spec.grid(spec.arms[0]) == [()]
-    text = sweep.markdown_section("fixed", _fake_report(spec), "cmd", "results/fixed.png")
+    text = page.markdown_section("fixed", _fake_report(spec), "cmd", "results/fixed.png")
     assert "no search: each arm runs the settings the preset gives it. Mean" in text
     assert "best value kept" not in text
     assert "| arm | final eval loss | consensus distance |" in text

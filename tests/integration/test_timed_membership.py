@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from gasloc_emu import config as C
-from gasloc_emu.cli import main
+from gasloc_emu.commands.cli import main
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 
 pytestmark = pytest.mark.integration
 
@@ -123,8 +123,8 @@ at_s = 600.0
 def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
     """The launcher fixes them on the run's clock; where they land depends on the machine's
     speed, so this checks that every worker played each at the same round."""
-    from gasloc_emu.launcher import launch
-    from gasloc_emu.records import new_run_dir
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
     (tmp_path / "s.toml").write_text(RUN_SCENARIO)
     cfg = C.resolve(overrides={
         "workers": 6, "algo.name": "gasloc", "topology.name": "ring", "algo.local_steps": 3,

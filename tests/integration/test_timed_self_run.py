@@ -9,7 +9,7 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 
 SCENARIO = """
 [[event]]
@@ -35,8 +35,8 @@ def _cfg(tmp_path, **dotted) -> C.Config:
 
 def _run_and_simulate(tmp_path, cfg: C.Config) -> tuple[dict, dict]:
     """(run's summary, simulate's summary) of ``cfg``; run is launched in this process."""
-    from gasloc_emu.launcher import launch
-    from gasloc_emu.records import new_run_dir
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
     sim = simulate(build_plan(cfg), tmp_path / "sim")
     result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
     assert result.code == 0

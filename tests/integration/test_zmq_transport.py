@@ -18,9 +18,9 @@ import pytest
 import torch
 import zmq
 
+from gasloc_emu.simulator.memory import Hub
 from gasloc_emu.transport import auth, framing
 from gasloc_emu.transport.base import TransportError
-from gasloc_emu.transport.memory import Hub
 from gasloc_emu.transport.schema import WireSchema
 from gasloc_emu.transport.zmq_transport import ZmqTransport
 

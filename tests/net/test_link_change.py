@@ -1,5 +1,5 @@
 """A link changed while the network stands: 0 -> 1 measured at 20 Mbit/s, changed in place to
-5 Mbit/s with ``netem.commands.link_change_commands`` (``tc class change``: the filters and leaf
+5 Mbit/s with ``netem.live.link_change_commands`` (``tc class change``: the filters and leaf
 queues set up with the network stay), measured again; then cut (its leaf queues closed) and
 restored to 20 Mbit/s, measured a third time. Every rate within 5 %.
 
@@ -63,7 +63,7 @@ def _leaf_limits(session) -> list[int | None]:
 def _scenario(args: dict) -> dict:
     from gasloc_emu.config import NetConfig
     from netem.capabilities import choose_shaper, probe
-    from netem.commands import LiveLinks, link_change_commands
+    from netem.live import LiveLinks, link_change_commands
     from netem.namespaces import NetworkSession, run_commands
     from netem.profiles import build_link_plan
     plan = build_link_plan(NetConfig(bw_profile=args["profile"]), 2, 0)

@@ -17,7 +17,7 @@ from needs import unavailable
 
 from gasloc_emu import config
 from gasloc_emu.plan import build_plan
-from gasloc_emu.simulate import simulate
+from gasloc_emu.simulator.simulate import simulate
 
 HOSTS = Path(__file__).with_name("hosts.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def hosts(tc_caps, tmp_path):
 
 
 def _cli() -> list[str]:
-    return [sys.executable, "-m", "gasloc_emu.cli"]
+    return [sys.executable, "-m", "gasloc_emu"]
 
 
 def _by_hand(rank: int, out: Path, *extra: str) -> dict:
@@ -112,7 +112,7 @@ def test_torchrun_launch(hosts, tmp_path):
         "torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{MASTER}:29410", "--rdzv-id", "gasloc-test",
         "--rdzv-conf", f"is_host={int(k == 0)}", "--local-addr", f"198.18.0.{k + 1}",
-        "-m", "gasloc_emu.cli",
+        "-m", "gasloc_emu",
         "run", *BASE, "--rounds", "2", "--out", str(out)]} for k in range(2)]
     _ok(hosts(nodes))
     summary = _summary(out)

@@ -17,7 +17,7 @@ TINY = ["--model", "tiny", "--no-dashboard", "--set", "data.max_corpus_mb=1"]
 
 
 def cli(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gasloc_emu.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -102,7 +102,7 @@ def _host_state() -> tuple[str, str, str]:
 def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path, alive):
     before = _host_state()
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.cli", "run", "--topology", "ring",
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", "run", "--topology", "ring",
                              "--bw-profile", "uniform", "--workers", "4", "--rounds", "500",
                              "--no-probe", *TINY, "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gasloc_emu.algorithms.a2cid2 import A2CiD2, acid_constants, laplacian, ode_mix
-from gasloc_emu.pairing import Pairer
 from gasloc_emu.topology import Topology
+from gasloc_emu.training.pairing import Pairer
 
 
 def test_ode_mix_is_the_matrix_exponential_of_the_paper_s_system():

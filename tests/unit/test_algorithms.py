@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from gasloc_emu.algorithms import DSGD, DiLoCo, GASLoC, PlainGossip
+from gasloc_emu.simulator.memory import Hub
 from gasloc_emu.topology import Topology
-from gasloc_emu.transport.memory import Hub
 
 DIM = 24
 

@@ -11,9 +11,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gasloc_emu import cli
 from gasloc_emu import config as C
-from gasloc_emu.cli import main
+from gasloc_emu.commands import cli
+from gasloc_emu.commands.cli import main
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasloc_emu import cluster
-from gasloc_emu.cluster import (
+from gasloc_emu.cluster import roles as cluster
+from gasloc_emu.cluster.roles import (
     DEFAULT_PORT,
     MIN_SECRET_BYTES,
     SECRET_ENV,

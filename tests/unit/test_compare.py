@@ -8,7 +8,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from gasloc_emu.compare import (
+from gasloc_emu.report.compare import (
     CompareError,
     PlotUnavailable,
     compare_table,

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from gasloc_emu import compute
 from gasloc_emu import config as C
-from gasloc_emu.compute import ComputeError, ComputeModel
 from gasloc_emu.plan import build_plan
+from gasloc_emu.training import compute
+from gasloc_emu.training.compute import ComputeError, ComputeModel
 
 
 def cfg(**dotted) -> C.Config:
@@ -282,7 +282,7 @@ def diloco_round(drifts, weights):
     import torch
 
     from gasloc_emu.algorithms import DiLoCo
-    from gasloc_emu.transport.memory import Hub
+    from gasloc_emu.simulator.memory import Hub
     n = len(drifts)
     hub, out = Hub(n, timeout_s=60.0), {}
 

@@ -8,8 +8,9 @@ import json
 import pytest
 from rich.console import Console
 
-from gasloc_emu import compare as K
-from gasloc_emu.dashboard import DashboardState, Header, render
+from gasloc_emu.report import compare as K
+from gasloc_emu.report.dashboard import render
+from gasloc_emu.report.dashboard_state import DashboardState, Header
 from gasloc_emu.transport import control
 from gasloc_emu.transport.control import ControlError, Expect
 
@@ -142,8 +143,8 @@ def test_bad_compute_fields_are_refused_with_their_reason(field, value):
 
 def test_what_a_worker_reports_is_accepted():
     """The producers: a RoundStats row and WorkerState.status() after a round."""
-    from gasloc_emu.worker import RoundStats
-    from gasloc_emu.worker_process import WorkerState
+    from gasloc_emu.emulator.worker_process import WorkerState
+    from gasloc_emu.training.worker import RoundStats
     stats = RoundStats(1, 2, 12, 3.0, 2.0, 0.5, 0.25, 10, 10, [0, 2], steps=2, speed=0.25,
                        overruns=1, overrun_ratio=1.25)
     row_ = stats.as_dict() | {"time_s": 9.0, "dropped": 0}
@@ -161,7 +162,7 @@ def test_what_a_worker_reports_is_accepted():
 # ---------------------------------------------------------------- the closing lines
 
 def test_summary_lines_warn_about_overruns_only_when_there_are_some():
-    from gasloc_emu.fmt import summary_lines
+    from gasloc_emu.report.fmt import summary_lines
     base = {"final_eval_loss": 2.5, "consensus_distance": 0.0, "wall_s": 8.2}
     calm = summary_lines(base | {"compute": {"overruns": [0, 0]}}, "runs/x")
     assert calm == summary_lines(base, "runs/x") == summary_lines(

@@ -82,8 +82,8 @@ def test_each_valid_message_round_trips_through_msgpack(kind):
 
 def test_what_the_workers_really_send_is_accepted():
     """The schema follows its producers: WorkerState.status() and a RoundStats row."""
-    from gasloc_emu.worker import RoundStats
-    from gasloc_emu.worker_process import WorkerState
+    from gasloc_emu.emulator.worker_process import WorkerState
+    from gasloc_emu.training.worker import RoundStats
 
     class Transport:
         waiting_for, bytes_sent = 3, {0: 5, 3: 7}

@@ -7,17 +7,10 @@ import io
 import pytest
 from rich.console import Console
 
-from gasloc_emu import dashboard as D
-from gasloc_emu.dashboard import (
-    DashboardState,
-    Header,
-    LinkView,
-    LiveView,
-    Snapshot,
-    WorkerView,
-    render,
-    sparkline,
-)
+from gasloc_emu.report import dashboard as D
+from gasloc_emu.report import dashboard_state
+from gasloc_emu.report.dashboard import LiveView, render, sparkline
+from gasloc_emu.report.dashboard_state import DashboardState, Header, LinkView, Snapshot, WorkerView
 
 HEADER = Header(algorithm="gasloc", topology="ring", lambda2=1 / 3, gamma=0.9, profile="skewed",
                 shaper="tc", workers=3, rounds=20, devices=("cuda:0", "cuda:1", "cpu"),
@@ -217,10 +210,10 @@ def test_sparkline_scales_between_min_and_max():
 
 def test_header_from_plan_reads_the_graph_and_tokens_per_step():
     from gasloc_emu.config import resolve
-    from gasloc_emu.model import shape_from_config
     from gasloc_emu.plan import build_plan
+    from gasloc_emu.training.model import shape_from_config
     cfg = resolve(overrides={"workers": 4, "topology.name": "ring"})
-    h = D.header_from_plan(build_plan(cfg, data=False), devices=["cpu"] * 4)
+    h = dashboard_state.header_from_plan(build_plan(cfg, data=False), devices=["cpu"] * 4)
     assert (h.algorithm, h.topology, h.workers) == ("gasloc", "ring", 4)
     assert h.lambda2 == pytest.approx(1 / 3)
     assert h.tokens_per_step == cfg.data.batch_size * shape_from_config(cfg.model).block_size

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
 
-from gasloc_emu import devices
-from gasloc_emu.devices import DeviceAssignment, DeviceError, assign_devices, visible_gpus
+from gasloc_emu.training import devices
+from gasloc_emu.training.devices import DeviceAssignment, DeviceError, assign_devices, visible_gpus
 
 
 def _pairs(assignments: list[DeviceAssignment]) -> list[tuple[str, str]]:
@@ -93,19 +94,20 @@ def test_the_launcher_spawns_each_worker_on_one_gpu_as_cuda0(gpus, monkeypatch, 
     """The spawn itself, with two mocked GPUs: each worker process's environment names one GPU,
     round robin, and the launch spec tells the worker to use cuda:0. The stand-in workers exit
     at once (this machine may have no GPU), which ends the run as failed."""
-    from gasloc_emu import config, launcher
+    from gasloc_emu import config
+    from gasloc_emu.emulator import launcher
     from gasloc_emu.plan import build_plan
-    from gasloc_emu.records import new_run_dir
+    from gasloc_emu.report.records import new_run_dir
     gpus(2)
     spawned: dict[int, dict] = {}
-    real_popen = launcher.subprocess.Popen
+    real_popen = subprocess.Popen
 
     def record(argv, env=None, **kw):
-        rank = int(argv[argv.index("gasloc_emu.worker_process") + 2])
+        rank = int(argv[argv.index("gasloc_emu.emulator.worker_process") + 2])
         spawned[rank] = env
         return real_popen([sys.executable, "-c", "raise SystemExit(3)"], env=env, **kw)
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", record)
+    monkeypatch.setattr(subprocess, "Popen", record)
     cfg = config.resolve(overrides={"workers": 3, "model.preset": "tiny", "run.device": "cuda",
                                     "run.rounds": 1, "run.dashboard": "off"})
     out = new_run_dir(cfg, tmp_path / "run")

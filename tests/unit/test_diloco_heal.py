@@ -9,7 +9,7 @@ from test_algorithms import DIM, consensus_error, on_hub, quadratic_inner, rando
 
 from gasloc_emu import algorithms
 from gasloc_emu.algorithms import DiLoCo, load
-from gasloc_emu.transport.memory import Hub
+from gasloc_emu.simulator.memory import Hub
 
 ROUNDS, CUT = 6, range(1, 3)    # a partition {0, 1} | {2, 3} in rounds 1 and 2
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from gasloc_emu.fixing import Fixing, RoundFixer, timed_items
-from gasloc_emu.scenario import (
+from gasloc_emu.scenario.checks import check_supported
+from gasloc_emu.scenario.events import (
     JoinEvent,
     LeaveEvent,
     LinkEvent,
     PartitionEvent,
-    Scenario,
     ScenarioError,
 )
-from gasloc_emu.virtual_clock import Compute, Done, Park, Start, VirtualClock
-from gasloc_emu.world import World, check_supported, event_text, ring_peers
+from gasloc_emu.scenario.fixing import Fixing, RoundFixer, timed_items
+from gasloc_emu.scenario.observed import event_text, round_records
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.world import World, ring_peers
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Park, Start, VirtualClock
 
 ROUNDS = 10
 
@@ -83,9 +85,9 @@ def test_a_world_plays_what_is_fixed_and_nothing_before():
     assert world.plan(2, 4).leaving and world.plan(1, 4).detect_s == 0.5
     assert world.awaits_join(2, 5)   # its join is not fixed yet
     assert world.left_and_joined() == [{"type": "leave", "worker": 2, "round": 4, "at_s": 1.0}]
-    assert world.records(4)[0] | {"detected_by": None} == {
+    assert round_records(world, 4)[0] | {"detected_by": None} == {
         "type": "leave", "round": 4, "at_s": 1.0, "worker": 2, "detected_by": None}
-    assert event_text(world.records(4)[0]) == "round 4 (at_s 1): worker 2 leaves"
+    assert event_text(round_records(world, 4)[0]) == "round 4 (at_s 1): worker 2 leaves"
     assert world.not_fired() == [{"type": "join", "part": "start", "at_s": 3.0, "worker": 2}]
     world.fix([Fixing(0, "start", 1.0, 4), Fixing(1, "start", 3.0, 7)])   # repeats ignored
     assert len(world.fixings) == 2 and world.alive(7) == {0, 1, 2, 3}
@@ -110,7 +112,7 @@ def test_a_partition_at_a_time_cuts_from_its_start_until_its_end_is_fixed():
     world.fix([Fixing(0, "end", 2.0, 5)])
     assert (1, 2) in world.cut_edges(4) and world.cut_edges(5) == frozenset()
     assert world.heals(5)
-    part = [r for r in world.records(3) if r["type"] == "partition"][0]
+    part = [r for r in round_records(world, 3) if r["type"] == "partition"][0]
     assert (part["at_s"], part["end_s"], part["end_round"]) == (1.0, 2.0, 5)
 
 
@@ -208,7 +210,7 @@ def test_parked_workers_are_released_once_the_others_are_done():
 def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
     from gasloc_emu import config as C
     from gasloc_emu.algorithms import DiLoCo
-    from gasloc_emu.world import check_with_config
+    from gasloc_emu.scenario.checks import check_with_config
     cfg = C.resolve(overrides={"workers": 4, "algo.name": "diloco", "run.rounds": ROUNDS})
     joins_late = (LeaveEvent(at_s=0.5, worker=3), JoinEvent(at_s=2.0, worker=3))
     part = PartitionEvent(at_s=1.0, end_s=3.0, groups=((0, 1), (2,)))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gasloc_emu.launch_spec import LaunchSpec, SpecError
+from gasloc_emu.emulator.launch_spec import LaunchSpec, SpecError
 
 
 def _spec(**over) -> LaunchSpec:

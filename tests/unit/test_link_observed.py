@@ -11,13 +11,14 @@ import msgpack
 import pytest
 import torch
 
-from gasloc_emu.scenario import LinkEvent
+from gasloc_emu.scenario.events import LinkEvent
+from gasloc_emu.scenario.links import TimedLinks
+from gasloc_emu.scenario.observed import link_changes, observed_link_changes
+from gasloc_emu.training.worker import RoundStats, Worker, link_row
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.framing import FrameError, Message, decode, encode
 from gasloc_emu.transport.mailbox import MAX_TRANSFER_S, Mailbox, PeerBounds, RecvLinks
 from gasloc_emu.transport.zmq_transport import ZmqTransport
-from gasloc_emu.worker import RoundStats, Worker, link_row
-from gasloc_emu.world import TimedLinks, link_changes, observed_link_changes
 
 WORLD, SELF = 4, 0
 ROOMY = PeerBounds(max_msgs=1000, max_bytes=1 << 20)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gasloc_emu import config as C
-from gasloc_emu import data as D
-from gasloc_emu import model as M
+from gasloc_emu.training import data as D
+from gasloc_emu.training import model as M
 
 # ---------------------------------------------------------------- model
 
@@ -190,8 +190,8 @@ def test_eval_batches_identical_for_every_worker():
 
 def test_workers_share_the_eval_set_and_evaluate_the_same_model_alike():
     from gasloc_emu.plan import build_plan
-    from gasloc_emu.transport.memory import Hub
-    from gasloc_emu.worker import Worker
+    from gasloc_emu.simulator.memory import Hub
+    from gasloc_emu.training.worker import Worker
     cfg = C.resolve(overrides={"workers": 2, "data.max_corpus_mb": 0.5, "data.eval_batches": 2})
     plan = build_plan(cfg)
     hub = Hub(2)

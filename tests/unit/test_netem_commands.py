@@ -270,7 +270,7 @@ def _change(cmds):
 
 
 def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
     cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=5.0)
     burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
@@ -300,7 +300,7 @@ def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
 def test_a_change_restates_what_set_up_gives_the_same_rate_caps_and_ifb_included(tmp_path):
     """Changing 0->1 to 7 Mbit/s gives the classes set-up would have built for 7 Mbit/s, on
     worker 0's egress (under its uplink cap) and on worker 1's ifb (under its download cap)."""
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     data = {"default": {"rate_mbit": 20},
             "worker": [{"id": 0, "up_mbit": 30}, {"id": 1, "down_mbit": 25}]}
     before, topo = file_plan(tmp_path, data), NetTopology("ab", 3)
@@ -317,7 +317,8 @@ def test_a_change_restates_what_set_up_gives_the_same_rate_caps_and_ifb_included
 
 
 def test_a_cut_closes_the_leaves_and_keeps_the_classes_and_gso_of_the_links_still_up():
-    from netem.commands import CUT_LEAF_LIMIT_PKTS, link_change_commands
+    from netem.commands import CUT_LEAF_LIMIT_PKTS
+    from netem.live import link_change_commands
     plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
     cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=0)
     assert CUT_LEAF_LIMIT_PKTS == 0
@@ -329,7 +330,7 @@ def test_a_cut_closes_the_leaves_and_keeps_the_classes_and_gso_of_the_links_stil
 
 
 def test_live_links_remember_what_is_in_force():
-    from netem.commands import LiveLinks
+    from netem.live import LiveLinks
     plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
     live = LiveLinks(plan, topo, TC_QUEUE)
     gso = [c.argv[-1] for c in live.change(0, 1, rate_mbit=5.0) if c.tool == "ip"]
@@ -349,7 +350,7 @@ def test_live_links_remember_what_is_in_force():
 
 
 def test_latency_without_netem_is_refused_naming_the_qdisc_and_the_release_queue():
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     plan, topo = plan_of(workers=3, latency_ms=10.0), NetTopology("ab", 3)
     decision = Decision("tc", "release-queue", "t", caps(netem=False))
     with pytest.raises(CapabilityError, match=r"latency_ms = 30 on link 0->1 needs the netem "
@@ -361,7 +362,7 @@ def test_latency_without_netem_is_refused_naming_the_qdisc_and_the_release_queue
 
 
 def test_latency_change_is_a_netem_change_of_the_senders_qdisc(tmp_path):
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     # 1->0 differs from 2->0, so set-up built one netem per sender towards worker 0
     plan = file_plan(tmp_path, {"default": {"rate_mbit": 20, "latency_ms": 10},
                                 "link": [{"src": 2, "dst": 0, "latency_ms": 5}]})
@@ -375,7 +376,7 @@ def test_latency_change_is_a_netem_change_of_the_senders_qdisc(tmp_path):
 
 
 def test_a_shared_netem_changes_only_where_it_has_one_sender():
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     two = plan_of(workers=2, latency_ms=10.0, rate_mbit=20.0)
     cmds = link_change_commands(two, NetTopology("ab", 2), TC_NETEM, 0, 1, latency_ms=30.0)
     assert [c.argv for c in cmds] == [("tc", "qdisc", "change", "dev", "p1", "root", "netem",
@@ -390,7 +391,7 @@ def test_a_shared_netem_changes_only_where_it_has_one_sender():
 
 
 def test_per_sender_delay_builds_a_netem_per_sender_that_a_change_can_reach():
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     plan, topo = plan_of(workers=3), NetTopology("ab", 3)
     setup = plan_commands(plan, topo, TC_NETEM, per_sender_delay=True)
     netem = [c for c in setup if "netem" in c.argv]
@@ -418,13 +419,13 @@ def test_per_sender_delay_builds_a_netem_per_sender_that_a_change_can_reach():
     ({}, "link 0->1: nothing to change"),
 ])
 def test_bad_change_values_are_refused_naming_the_value(kwargs, message):
-    from netem.commands import link_change_commands
+    from netem.live import link_change_commands
     with pytest.raises(ValueError, match=message):
         link_change_commands(plan_of(workers=3), NetTopology("ab", 3), TC_NETEM, 0, 1, **kwargs)
 
 
 def test_bad_links_and_shapers_are_refused():
-    from netem.commands import LiveLinks
+    from netem.live import LiveLinks
     plan, topo = plan_of(workers=3), NetTopology("ab", 3)
     live = LiveLinks(plan, topo, TC_QUEUE)
     with pytest.raises(ValueError, match=r"worker 3 is out of range; this run has workers 0..2"):

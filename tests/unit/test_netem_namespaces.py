@@ -23,7 +23,7 @@ def plan_of(profile="uniform", workers=3, **net):
 
 def test_reexec_argv():
     assert N.reexec_argv(["run", "--workers", "4"]) == \
-        ["unshare", "-Urnm", "--", sys.executable, "-m", "gasloc_emu.cli", "run", "--workers", "4"]
+        ["unshare", "-Urnm", "--", sys.executable, "-m", "gasloc_emu", "run", "--workers", "4"]
     assert N.reexec_argv(["x"], entry=["py", "s.py"]) == \
         ["unshare", "-Urnm", "--", "py", "s.py", "x"]
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gasloc_emu import multinode
-from gasloc_emu.launcher import RunFailed
+from gasloc_emu.cluster import multinode
+from gasloc_emu.emulator.errors import RunFailed
 
 
 class Store:

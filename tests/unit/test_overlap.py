@@ -14,9 +14,9 @@ from gasloc_emu import config
 from gasloc_emu.algorithms import DiLoCo, GASLoC
 from gasloc_emu.config import ConfigError
 from gasloc_emu.plan import build_plan
+from gasloc_emu.simulator.memory import Hub
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
 from gasloc_emu.topology import Topology
-from gasloc_emu.transport.memory import Hub
-from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
 
 
 def run_overlapped(n: int, make_algo, rounds: int, steps: int = 5, theta0=None,

@@ -4,8 +4,8 @@ import dataclasses
 import pytest
 
 from gasloc_emu import config
-from gasloc_emu.launcher import peer_timeout_s
-from gasloc_emu.model import count_parameters
+from gasloc_emu.emulator.supervisor import peer_timeout_s
+from gasloc_emu.training.model import count_parameters
 
 
 class FakeNet:

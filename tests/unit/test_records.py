@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu import records
-from gasloc_emu.records import RecordError, RunRecord, new_run_dir
+from gasloc_emu.report import records
+from gasloc_emu.report.records import RecordError, RunRecord, new_run_dir
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
-from gasloc_emu.cluster import ClusterError, NodeRole
-from gasloc_emu.rendezvous import (
+from gasloc_emu.cluster.rendezvous import (
     NODE_LOCAL,
     NodeInfo,
     NodeStatus,
@@ -28,6 +27,7 @@ from gasloc_emu.rendezvous import (
     open_store,
     shared_config,
 )
+from gasloc_emu.cluster.roles import ClusterError, NodeRole
 
 CFG = C.Config()
 

@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
+from gasloc_emu.simulator.memory import Hub
 from gasloc_emu.transport.base import ring_all_reduce_sum
-from gasloc_emu.transport.memory import Hub
 
 DIM = 29  # not a multiple of the ring sizes below: chunks of unequal length
 

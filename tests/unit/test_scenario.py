@@ -10,24 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasloc_emu import scenario as S
 from gasloc_emu.config import ConfigError
-from gasloc_emu.scenario import (
+from gasloc_emu.scenario import load as scenario_file
+from gasloc_emu.scenario.events import (
     JoinEvent,
     LeaveEvent,
     LinkEvent,
-    LinkTrace,
     PartitionEvent,
     PauseEvent,
-    Scenario,
     ScenarioError,
     SpeedEvent,
-    Timeline,
-    TracePoint,
     as_record,
-    load_link_trace,
-    load_scenario,
 )
+from gasloc_emu.scenario.load import load_scenario
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.timeline import Timeline
+from gasloc_emu.scenario.trace import LinkTrace, TracePoint, load_link_trace
 
 BASE = (50.0, 0.0, 0.0)
 
@@ -75,7 +73,7 @@ def test_scenario_errors_are_config_errors():
 
 
 def test_the_docstring_example_loads(tmp_path):
-    example = S.__doc__.split("::\n\n", 1)[1].split("\nA link trace", 1)[0]
+    example = scenario_file.__doc__.split("::\n\n", 1)[1].split("\nA link trace", 1)[0]
     sc = load(tmp_path, example, workers=6, rounds=20)
     assert [e.kind for e in sc.round_events] == ["speed", "leave", "link", "join"]
     assert [e.kind for e in sc.time_events] == ["pause", "partition"]

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
-from gasloc_emu import simulate as sim
-from gasloc_emu.data import build_corpus
-from gasloc_emu.model import count_parameters
 from gasloc_emu.plan import build_plan
-from gasloc_emu.transport.memory import InMemoryTransport
+from gasloc_emu.simulator import simulate as sim
+from gasloc_emu.simulator.memory import InMemoryTransport
+from gasloc_emu.training.data import build_corpus
+from gasloc_emu.training.model import count_parameters
 from gasloc_emu.transport.schema import WireSchema, chunk_sizes, ring_chunk
 
 
@@ -228,7 +228,7 @@ def test_the_ring_over_members_sends_exactly_what_the_schema_allows(monkeypatch,
     every message fits its receiver's schema, and every ring message a schema allows is sent."""
     import threading
 
-    from gasloc_emu.transport.memory import Hub
+    from gasloc_emu.simulator.memory import Hub
 
     sent: list[tuple] = []
     real_send = InMemoryTransport._send

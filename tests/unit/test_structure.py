@@ -69,9 +69,9 @@ def test_no_import_cycle():
     assert not cycles, "import cycle: " + " -> ".join(cycles[0])
 
 
-@pytest.mark.parametrize("top, above", [("gasloc_emu.app", {"gasloc_emu.cli"}),
-                                        ("gasloc_emu.cli", {"gasloc_emu.entry"}),
-                                        ("gasloc_emu.entry", set())])
+@pytest.mark.parametrize("top, above", [("gasloc_emu.commands.app", {"gasloc_emu.commands.cli"}),
+                                        ("gasloc_emu.commands.cli", {"gasloc_emu.commands.entry"}),
+                                        ("gasloc_emu.commands.entry", {"gasloc_emu.__main__"})])
 def test_only_the_layer_above_imports_the_command_layer(top, above):
     importers = {m for m, targets in import_graph().items() if top in targets}
     assert importers <= above, importers
@@ -79,7 +79,56 @@ def test_only_the_layer_above_imports_the_command_layer(top, above):
 
 def test_the_graph_sees_function_local_imports():
     # app imports launcher only inside run_command: the edge must still be there
-    assert "gasloc_emu.launcher" in import_graph()["gasloc_emu.app"]
+    assert "gasloc_emu.emulator.launcher" in import_graph()["gasloc_emu.commands.app"]
+
+
+# The layers of docs/ARCHITECTURE.md, top first: a subpackage (or top-level module) may import
+# only those below it, so data flows one way between concerns, not just between modules.
+LAYERS = ("__main__", "commands", "experiments", "testing", "cluster", "emulator", "simulator",
+          "report", "plan", "netplan", "training", "algorithms", "scenario", "transport",
+          "topology", "netem", "plugins", "config", "params", "exitcodes")
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return "netem" if parts[0] == "netem" else parts[1]
+
+
+def test_every_module_has_a_layer():
+    assert {_layer(m) for m in import_graph() if m != "gasloc_emu"} <= set(LAYERS)
+
+
+def test_concerns_import_only_the_layers_below():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = [(m, t) for m, targets in import_graph().items() for t in targets
+              if m != "gasloc_emu" and rank[_layer(m)] > rank[_layer(t)]]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import(monkeypatch):
+    graph = import_graph()
+    graph["gasloc_emu.training.worker"].add("gasloc_emu.simulator.simulate")
+    monkeypatch.setitem(globals(), "import_graph", lambda: graph)
+    with pytest.raises(AssertionError):
+        test_concerns_import_only_the_layers_below()
+
+
+def _sizes():
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            text = f.read_text()
+            yield f, len(text.splitlines()), ast.parse(text)
+
+
+def test_no_module_over_600_lines():
+    assert [(f.name, n) for f, n, _ in _sizes() if n > 600] == []
+
+
+def test_no_class_over_250_lines():
+    big = [(f.name, c.name, c.end_lineno - c.lineno + 1) for f, _, tree in _sizes()
+           for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+           and c.end_lineno - c.lineno + 1 > 250]
+    assert big == []
 
 
 def test_test_files_have_unique_basenames():

@@ -1,7 +1,7 @@
 """The sweep's "faster" verdict: an arm that misses the target on some seeds is not faster."""
 from __future__ import annotations
 
-from gasloc_emu import sweep
+from gasloc_emu.experiments import page, sweep
 
 
 def row(arm, role, time_stat, seeds=3):
@@ -19,7 +19,7 @@ def test_a_candidate_that_missed_the_target_on_some_seeds_is_not_faster():
     rows = [row("cand", "candidate", (9.0, 0.0, 1)), row("base", "baseline", (9.5, 1.0, 3))]
     (judged,) = sweep.verdict(spec(), rows)["g"]
     assert judged["holds"] is False and judged["missed"] == 2
-    line = sweep._verdict_line("g", judged, sweep._spec_dict(spec()))
+    line = page._verdict_line("g", judged, sweep._spec_dict(spec()))
     assert line == ("- g: cand (9.0 s) reaches the target sooner than base 9.5 s: **no** "
                     "(it missed the target on 2 of 3 seeds)")
 
@@ -28,4 +28,4 @@ def test_a_candidate_that_reached_it_on_every_seed_is_judged_on_its_mean():
     rows = [row("cand", "candidate", (9.0, 0.0, 3)), row("base", "baseline", (9.5, 1.0, 3))]
     (judged,) = sweep.verdict(spec(), rows)["g"]
     assert judged["holds"] is True
-    assert sweep._verdict_line("g", judged, sweep._spec_dict(spec())).endswith("**yes**")
+    assert page._verdict_line("g", judged, sweep._spec_dict(spec())).endswith("**yes**")

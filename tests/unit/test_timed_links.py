@@ -1,37 +1,26 @@
 """Time-triggered link changes: scenario ``link`` events at ``at_s`` and link traces
 (``world.TimedLinks``, ``LinkSchedule.at``, the refusals of ``check_supported``, the simulator's
 ``RoundLinkModel`` and ``VirtualClock``, the worker's ``LinkApplier`` on a userspace shaper, the
-runner's ``EventFeed`` and the launcher's ``_change_links_by_time``): pure and fast."""
+runner's ``EventFeed`` and the launcher's ``Conductor.change_links_by_time``): pure and fast."""
 from __future__ import annotations
 
 import math
 import textwrap
-import time
 
 import pytest
 from test_world import world_of
 
 from gasloc_emu import config as C
+from gasloc_emu.emulator.worker_process import LinkApplier
 from gasloc_emu.netplan import RoundLinkModel
-from gasloc_emu.scenario import (
-    LinkEvent,
-    LinkTrace,
-    PartitionEvent,
-    Scenario,
-    ScenarioError,
-    TracePoint,
-    load_link_trace,
-)
-from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
-from gasloc_emu.worker_process import LinkApplier
-from gasloc_emu.world import (
-    EventFeed,
-    LinkSchedule,
-    TimedLinks,
-    World,
-    check_supported,
-    ring_peers,
-)
+from gasloc_emu.scenario.checks import check_supported
+from gasloc_emu.scenario.events import LinkEvent, PartitionEvent, ScenarioError
+from gasloc_emu.scenario.links import LinkSchedule, TimedLinks
+from gasloc_emu.scenario.observed import EventFeed
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.trace import LinkTrace, TracePoint, load_link_trace
+from gasloc_emu.scenario.world import World, ring_peers
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
 from netem.userspace import LinkShaper
 
 MB = 1_000_000          # bytes: 1 s on the wire at 8 Mbit/s, 8 s at 1 Mbit/s
@@ -399,11 +388,11 @@ class FakeNetwork:
         self.calls.append(dict(changes))
 
 
-def bare_supervisor(world, links_round=0, ago_s=15.0):
-    from gasloc_emu import launcher
-    sup = object.__new__(launcher.Supervisor)
-    sup.world, sup.network, sup.cfg = world, FakeNetwork(), None
-    sup.t0, sup.links_round, sup.timed_upto_s = time.time() - ago_s, links_round, -1.0
+def conductor(world, links_round=0, ago_s=15.0):
+    """The launcher's scenario player with a fixed clock ``ago_s`` seconds into the run."""
+    from gasloc_emu.emulator.conductor import Conductor
+    sup = Conductor(world, FakeNetwork(), world.rounds, lambda: ago_s, lambda rank, msg: None)
+    sup.links_round = links_round
     return sup
 
 
@@ -411,20 +400,20 @@ def test_supervisor_passes_changes_whose_time_has_come_once():
     sc = Scenario((LinkEvent(at_s=5.0, links=((0, 1),), rate_mbit=2.0),
                    LinkEvent(at_s=10.0, links=((0, 1),), latency_ms=30.0),
                    LinkEvent(at_s=60.0, links=((1, 0),), rate_mbit=3.0)), 2, 4)
-    sup = bare_supervisor(World(sc, 2, 4, 0.5, ring_peers, base_link=shaped_base))
-    sup._change_links_by_time()
-    sup._change_links_by_time()
+    sup = conductor(World(sc, 2, 4, 0.5, ring_peers, base_link=shaped_base))
+    sup.change_links_by_time()
+    sup.change_links_by_time()
     assert sup.network.calls == [{(0, 1): (2.0, 30.0)}]
-    assert 14.0 < sup.timed_upto_s < 60.0
+    assert sup.timed_upto_s == 15.0
 
 
 def test_supervisor_skips_a_link_a_round_partition_holds_cut():
     sc = Scenario((PartitionEvent(round=1, end_round=3, groups=((0,), (1,))),
                    LinkEvent(at_s=10.0, links=((0, 1), (0, 2)), rate_mbit=2.0)), 3, 4)
     world = World(sc, 3, 4, 0.5, ring_peers, base_link=shaped_base)
-    sup = bare_supervisor(world, links_round=2)                 # round 1 is in progress: cut
-    sup._change_links_by_time()
+    sup = conductor(world, links_round=2)                 # round 1 is in progress: cut
+    sup.change_links_by_time()
     assert sup.network.calls == [{(0, 2): (2.0, 5.0)}]
-    sup = bare_supervisor(world, links_round=4)                 # restored after round 3
-    sup._change_links_by_time()
+    sup = conductor(world, links_round=4)                 # restored after round 3
+    sup.change_links_by_time()
     assert sup.network.calls == [{(0, 1): (2.0, 5.0), (0, 2): (2.0, 5.0)}]

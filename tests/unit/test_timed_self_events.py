@@ -6,9 +6,11 @@ import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.algorithms import GASLoC
-from gasloc_emu.scenario import PauseEvent, Scenario, ScenarioError, SpeedEvent
-from gasloc_emu.virtual_clock import Compute, Done, Mark, VirtualClock
-from gasloc_emu.world import SelfTimeline, World, check_supported, check_with_config, ring_peers
+from gasloc_emu.scenario.checks import check_supported, check_with_config
+from gasloc_emu.scenario.events import PauseEvent, ScenarioError, SpeedEvent
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.world import SelfTimeline, World, ring_peers
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, VirtualClock
 
 
 def test_self_timeline_hands_out_each_due_event_once_in_time_order():

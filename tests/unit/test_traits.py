@@ -65,10 +65,11 @@ BUILDERS = {
     "sim_link_model": {("gasloc_emu/plan.py", "build_plan")},
     "world_from_config": {("gasloc_emu/plan.py", "build_plan")},
     "from_config": {("gasloc_emu/plan.py", "build_plan")},
-    "World": {("gasloc_emu/world.py", "from_config")},
-    "Topology": {("gasloc_emu/topology.py", "from_config"), ("gasloc_emu/app.py", "topo_command")},
-    "ComputeModel": {("gasloc_emu/compute.py", "plan")},
-    "ComputePlan": {("gasloc_emu/compute.py", "plan")},
+    "World": {("gasloc_emu/scenario/world.py", "from_config")},
+    "Topology": {("gasloc_emu/topology.py", "from_config"),
+                 ("gasloc_emu/commands/app.py", "topo_command")},
+    "ComputeModel": {("gasloc_emu/training/compute.py", "plan")},
+    "ComputePlan": {("gasloc_emu/training/compute.py", "plan")},
 }
 
 

@@ -5,7 +5,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock, slots_for
+from gasloc_emu.simulator.virtual_clock import (
+    Compute,
+    Done,
+    Mark,
+    Recv,
+    Send,
+    VirtualClock,
+    slots_for,
+)
 
 
 def run(programs, slots, link_model=None, order=None):

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasloc_emu.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
 
 
 def run(programs, slots, link_model=None):

@@ -13,22 +13,12 @@ from hypothesis import strategies as st
 
 from gasloc_emu import config as C
 from gasloc_emu.plan import build_plan
-from gasloc_emu.scenario import (
-    JoinEvent,
-    LeaveEvent,
-    PauseEvent,
-    Scenario,
-    ScenarioError,
-    SpeedEvent,
-)
+from gasloc_emu.scenario.events import JoinEvent, LeaveEvent, PauseEvent, ScenarioError, SpeedEvent
+from gasloc_emu.scenario.observed import membership_summary
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.world import RoundPlan, World, ring_peers
 from gasloc_emu.topology import LivingGraph, Topology
 from gasloc_emu.topology import from_config as topology_from_config
-from gasloc_emu.world import (
-    RoundPlan,
-    World,
-    membership_summary,
-    ring_peers,
-)
 
 
 def world_of(cfg):

@@ -8,17 +8,18 @@ from test_world import world_of
 
 from gasloc_emu import config as C
 from gasloc_emu.netplan import LinkCut, RoundLinkModel
-from gasloc_emu.scenario import (
+from gasloc_emu.scenario.events import (
     JoinEvent,
     LeaveEvent,
     LinkEvent,
     PartitionEvent,
-    Scenario,
     ScenarioError,
 )
+from gasloc_emu.scenario.links import LinkSchedule
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.world import World, graph_peers, ring_peers
+from gasloc_emu.simulator.virtual_clock import Done, Recv, Send, VirtualClock
 from gasloc_emu.topology import LivingGraph, Topology
-from gasloc_emu.virtual_clock import Done, Recv, Send, VirtualClock
-from gasloc_emu.world import LinkSchedule, World, graph_peers, ring_peers
 
 ALL4 = frozenset(range(4))
 

@@ -1,0 +1,388 @@
+"""One run across hosts: a node agent per host, node 0 supervising and keeping the one record.
+
+The protocol, as every node sees it (``launch_cluster``):
+
+1. rendezvous: join the store (``rendezvous``), publish this node's ``NodeInfo`` (address,
+   devices, worker count, config hash; node 0 also its control-plane endpoints), gather every
+   node's, and refuse a config or version mismatch on every node with one line;
+2. start: each node starts its block of workers (``cluster.blocks``). Every worker, wherever it
+   runs, talks to node 0's control plane over tcp:// (authenticated with keys derived from the
+   shared secret; CURVE, i.e. encrypted too, unless ``run.security`` says plain), and to its
+   peers over the data plane. Node 0's supervisor therefore sees all workers as on one host;
+3. liveness: every node beats in the store every half second and reports its workers that
+   died. Node 0 fails the run when a node is silent for ``run.heartbeat_timeout_s`` or reports a
+   dead worker, naming the node, its host and its workers; a node whose node 0 is silent (or
+   whose store is gone) kills its workers and exits failed;
+4. end: node 0 writes how the run ended into the store and waits (briefly) until every node has
+   read it; the other nodes let their workers exit, kill what is left, and exit with the run's
+   code. Only node 0 writes a run record; the other nodes keep their workers' logs locally.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gasloc_emu import exitcodes
+from gasloc_emu.cluster.rendezvous import (
+    NodeInfo,
+    Rendezvous,
+    config_hash,
+    open_store,
+    shared_config,
+)
+from gasloc_emu.cluster.roles import (
+    ClusterError,
+    NodeRole,
+    blocks,
+    check_split,
+    default_share,
+    host_name,
+    load_secret,
+    route_address,
+)
+from gasloc_emu.config import Config, to_toml
+from gasloc_emu.emulator.errors import RunFailed
+from gasloc_emu.emulator.launch_spec import LaunchSpec
+from gasloc_emu.emulator.launcher import LaunchResult, SigTerm, outcome, supervise
+from gasloc_emu.emulator.network import HostNetwork
+from gasloc_emu.emulator.processes import WorkerSlot, reap, spawn_worker
+from gasloc_emu.emulator.supervisor import (
+    EXIT_GRACE_S,
+    READY_TIMEOUT_S,
+    Supervisor,
+    peer_timeout_s,
+)
+from gasloc_emu.netplan import multi_host_decision
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report import records
+from gasloc_emu.training.devices import DeviceAssignment, visible_gpus, worker_devices
+from gasloc_emu.transport import auth
+
+Log = Callable[[str], None]
+BEAT_S = 0.5          # how often a node beats in the store and looks at the others
+LEAVE_WAIT_S = 10.0   # how long node 0 keeps the store up for the others to read the end
+_EXIT_CODES = {"ok": exitcodes.OK, "failed": exitcodes.RUN_FAILED,
+               "diverged": exitcodes.DIVERGED, "stopped": exitcodes.INTERRUPTED}
+
+
+def security_for(cfg: Config, secret: bytes) -> auth.Security:
+    """Keys from the shared secret; ``auto`` is CURVE across hosts (the data crosses a LAN)."""
+    mode = auth.resolve_mode("curve" if cfg.run.security == "auto" else cfg.run.security)
+    return auth.Security(auth.RunCredentials(secret, cfg.workers), mode)
+
+
+def local_worker_count(cfg: Config, role: NodeRole) -> int:
+    if role.nproc_per_node:
+        return role.nproc_per_node
+    gpus = 0 if cfg.run.device == "cpu" else len(visible_gpus(
+        os.environ.get("CUDA_VISIBLE_DEVICES"), _gpu_count(cfg.run.device)))
+    return default_share(cfg.workers, role.nnodes, role.node_rank, gpus)
+
+
+def _version() -> str:
+    """The installed gasloc-emu's version: hosts running different code must not mix."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gasloc-emu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _gpu_count(want: str) -> int:
+    import torch  # the node agent trains nothing itself; torch only to count GPUs
+    return torch.cuda.device_count() if want != "cpu" else 0
+
+
+class Node:
+    """What one node knows about the run once it has a role, keys, network and devices."""
+
+    def __init__(self, plan: RunPlan, role: NodeRole, secret: bytes):
+        cfg = plan.cfg
+        self.plan, self.cfg, self.role = plan, cfg, role
+        self.security = security_for(cfg, secret)
+        self.addr = route_address(role.master_addr, role.master_port)
+        self.devices = worker_devices(cfg.run.device, local_worker_count(cfg, role))
+        self.network = HostNetwork(cfg, plan.link_plan, self.addr, len(self.devices))
+        self.rdv: Rendezvous | None = None
+        self.infos: list[NodeInfo] = []
+
+    def info(self, ctl_addr: str = "", hb_addr: str = "") -> NodeInfo:
+        return NodeInfo(
+            node=self.role.node_rank, host=host_name(), addr=self.addr,
+            workers=len(self.devices), devices=tuple(d.device for d in self.devices),
+            labels=tuple(d.label for d in self.devices), config_hash=config_hash(self.cfg),
+            config=shared_config(self.cfg), version=_version(),
+            tc_missing=self.network.tc_missing, port_base=self.network.port_base,
+            ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid())
+
+    def join(self, info: NodeInfo) -> list[NodeInfo]:
+        """Publish, gather, check: every node's info, or a RendezvousError on every node."""
+        self.rdv = Rendezvous(open_store(self.role), self.role)
+        self.rdv.publish(info)
+        self.infos = self.rdv.gather()
+        check_split([i.workers for i in self.infos], self.cfg.workers)
+        self.network.decide({i.node: i.tc_missing for i in self.infos},
+                            [(i.addr, i.port_base, i.workers) for i in self.infos],
+                            list(self.ranks))
+        return self.infos
+
+    @property
+    def ranks(self) -> range:
+        return blocks([i.workers for i in self.infos])[self.role.node_rank]
+
+    def node_of(self, rank: int) -> NodeInfo:
+        for info, block in zip(self.infos, blocks([i.workers for i in self.infos]), strict=True):
+            if rank in block:
+                return info
+        raise ClusterError(f"worker {rank} is on no node")
+
+    def launch_spec(self) -> LaunchSpec:
+        """The same contract as on one host; the control plane is node 0's, over tcp://."""
+        master = self.infos[0]
+        devices = [d for info in self.infos for d in info.devices]
+        binds = [self.network.bind_address(r) for r in range(self.cfg.workers)]
+        threads = self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
+                                                         // len(self.devices))
+        return LaunchSpec(
+            ctl_addr=master.ctl_addr, heartbeat_addr=master.hb_addr, devices=tuple(devices),
+            bind_addrs=tuple(binds), shaping=self.network.shaping_spec(), threads=threads,
+            heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
+            start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0,
+            link_ports=self.network.link_ports)
+
+    def labels(self) -> list[str]:
+        """Every worker's device as the dashboard shows it, with its node: "n1 gpu3"."""
+        return [f"n{i.node} {label}" for i in self.infos for label in i.labels]
+
+    def describe(self) -> list[dict]:
+        """The record's ``nodes``: host, address, workers, devices and shaper of each node."""
+        return [{"node": i.node, "host": i.host, "addr": i.addr,
+                 "workers": list(blocks([j.workers for j in self.infos])[i.node]),
+                 "devices": list(i.labels), "tc_missing": i.tc_missing,
+                 "shaper": self.network.shaper} for i in self.infos]
+
+
+# ---------------------------------------------------------------- node 0
+
+class ClusterSupervisor(Supervisor):
+    """Node 0's supervisor: local workers are processes, the others are seen through the
+    control plane (heartbeats, messages) and through their node's beats in the store."""
+
+    def __init__(self, run_dir: Path, rec: records.RunRecord, node: Node):
+        any_port = f"tcp://{node.addr}:0"
+        super().__init__(node.plan, run_dir, rec, node.network, node.devices,
+                         security=node.security, endpoints=(any_port, any_port))
+        self.node = node
+        self.next_beat_s = 0.0
+
+    def launch_spec(self) -> LaunchSpec:
+        return self.node.launch_spec()
+
+    def _spawn_all(self) -> list[WorkerSlot]:
+        local = dict(zip(self.node.ranks, self.devices, strict=True))
+        return [self._spawn(r, local[r]) if r in local else self._remote(r)
+                for r in range(self.cfg.workers)]
+
+    def _remote(self, rank: int) -> WorkerSlot:
+        info = self.node.node_of(rank)
+        i = rank - blocks([j.workers for j in self.node.infos])[info.node].start
+        gpu = None if info.labels[i] == "cpu" else info.labels[i].removeprefix("gpu")
+        return WorkerSlot(rank, None, DeviceAssignment(info.devices[i], gpu), time.monotonic())
+
+    def _label(self, slot: WorkerSlot) -> str:
+        return f"n{self.node.node_of(slot.rank).node} {slot.device.label}"
+
+    def _worker_row(self, s: WorkerSlot) -> dict:
+        info = self.node.node_of(s.rank)
+        return {"rank": s.rank, "node": info.node, "host": info.host,
+                "pid": s.proc.pid if s.proc is not None else None,
+                "device": s.device.device, "gpu": s.device.gpu, "addr": s.ready["addr"]}
+
+    def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
+        """A silent worker on a silent node: the node is what failed, so name it."""
+        info = self.node.node_of(s.rank)
+        if info.node and self.node.rdv.silent_s(info.node, time.monotonic()) > 2 * BEAT_S:
+            return self._node_silent(info, seconds)
+        return super()._silent(s, seconds)
+
+    def _node_silent(self, info: NodeInfo, seconds: float) -> RunFailed:
+        ranks = list(blocks([i.workers for i in self.node.infos])[info.node])
+        return RunFailed(f"node {info.node} ({info.host}, workers {ranks}) silent for "
+                         f"{seconds:.0f} s")
+
+    def _check_nodes(self, now: float) -> None:
+        if now < self.next_beat_s:
+            return
+        self.next_beat_s = now + BEAT_S
+        rdv = self.node.rdv
+        rdv.beat({})
+        for info in self.node.infos[1:]:
+            self._check_node(info, rdv, now)
+
+    def _check_node(self, info: NodeInfo, rdv: Rendezvous, now: float) -> None:
+        status = rdv.status(info.node)
+        if status is not None and status.dead:
+            rank, code = min(status.dead.items())
+            self._died(self.slots[rank], code, f"worker{rank}.log on node {info.node} "
+                                               f"({info.host})")
+        silent = rdv.silent_s(info.node, now)
+        if silent > self.cfg.run.heartbeat_timeout_s:
+            raise self._node_silent(info, silent)
+
+
+def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:
+    """Host the run: rendezvous, shape this host's links, supervise every worker, keep the
+    record, and tell the other nodes how it ended, whatever ended it."""
+    with records.RunRecord(path, node.cfg) as rec:
+        sup = ClusterSupervisor(path, rec, node)
+        try:
+            node.join(node.info(sup.ctl_addr, sup.hb_addr))
+            with node.network:
+                log(f"node 0 of {node.role.nnodes}: {node.cfg.workers} workers on "
+                    f"{len(node.infos)} hosts ({', '.join(i.host for i in node.infos)}); "
+                    f"shaper {node.network.shaper}; record: {path}")
+                with _progress(progress_factory, node.labels(), node.network.shaper) as prog:
+                    sup.progress = prog
+                    code, summary = supervise(sup)
+        except BaseException as exc:  # noqa: BLE001 - the record and every node learn why
+            sup.close()
+            code, summary = _ending(exc)
+            summary |= {"mode": "run"}
+        summary = _end(node, summary, rec)
+    return LaunchResult(code, summary, path)
+
+
+def _ending(exc: BaseException) -> tuple[int, dict]:
+    """Exit code and summary of a node's run that ``exc`` ended; bad settings are bad input."""
+    from netem.capabilities import CapabilityError
+    from netem.profiles import ProfileError
+    code, summary = outcome(exc)
+    if isinstance(exc, (ClusterError, CapabilityError, ProfileError)):
+        code, summary = exitcodes.BAD_INPUT, {"status": "failed", "error": str(exc)}
+    return code, summary
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _progress(factory, labels, shaper):
+    return factory(labels, shaper) if factory is not None else _NoProgress()
+
+
+def _end(node: Node, summary: dict, rec: records.RunRecord) -> dict:
+    """Record the nodes, tell every node how the run ended, and wait until they have read it."""
+    summary = summary | {"nodes": node.describe(), "launch": node.role.source,
+                         "security": node.security.mode}
+    if node.rdv is not None:
+        try:
+            node.rdv.end(summary.get("status", "ok"), summary.get("error"))
+            late = node.rdv.wait_left(LEAVE_WAIT_S)
+        except RuntimeError as exc:  # torchrun's store went first; the others time out alone
+            late = [f"store gone: {str(exc).splitlines()[0]}"]
+        if late:
+            summary["nodes_not_confirmed"] = late
+    try:
+        rec.summary(summary)
+    except records.RecordError as exc:
+        summary |= {"status": "failed", "error": str(exc)}
+    return summary
+
+
+# ---------------------------------------------------------------- the other nodes
+
+def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
+    """Start this node's workers, beat, and wait for node 0's end of the run."""
+    try:
+        node.join(node.info())
+    except BaseException:
+        if node.rdv is not None:
+            node.rdv.leave()  # node 0 need not wait for us to read its end
+        raise
+    local_dir.mkdir(parents=True, exist_ok=True)
+    (local_dir / "config.toml").write_text(to_toml(node.cfg))
+    node.launch_spec().write(local_dir)
+    master, ranks = node.infos[0], list(node.ranks)
+    with node.network:
+        log(f"node {node.role.node_rank} of {node.role.nnodes}: workers {ranks} for the run of "
+            f"node 0 ({master.host}), which keeps the record; shaper {node.network.shaper}; "
+            f"logs: {local_dir / 'workers'}")
+        end = _serve_workers(node, local_dir, master)
+    status = end.get("status", "error")
+    log(f"node {node.role.node_rank}: the run ended {status}"
+        + (f": {end['error']}" if end.get("error") else ""))
+    return LaunchResult(_EXIT_CODES.get(status, exitcodes.INTERNAL), dict(end), None)
+
+
+def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
+    """This node's workers from start to exit; how node 0 says the run ended."""
+    procs = {r: spawn_worker(local_dir, r, dev, node.network, node.security)
+             for r, dev in zip(node.ranks, node.devices, strict=True)}
+    try:
+        with SigTerm():
+            end = _watch(node, procs, master)
+        reap(list(procs.values()), EXIT_GRACE_S)
+        node.rdv.leave()
+        return end
+    finally:
+        reap([p for p in procs.values() if p.poll() is None], 0.0)
+
+
+def _watch(node: Node, procs: dict, master: NodeInfo) -> dict:
+    """Beat until node 0 says the run ended; RunFailed when node 0 is gone or silent."""
+    rdv, timeout_s = node.rdv, node.cfg.run.heartbeat_timeout_s
+    while True:
+        dead = {r: p.poll() for r, p in procs.items() if p.poll() not in (None, 0)}
+        try:
+            rdv.beat(dead)
+            end = rdv.ended()
+            silent = rdv.silent_s(0, time.monotonic())
+        except RuntimeError as exc:  # the store is gone with node 0 (DistNetworkError)
+            raise RunFailed(f"lost node 0 ({master.host}): {str(exc).splitlines()[0]}") from None
+        if end is not None:
+            return end
+        if silent > timeout_s:
+            raise RunFailed(f"node 0 ({master.host}) silent for {silent:.0f} s")
+        time.sleep(BEAT_S)
+
+
+def agent_dir(cfg: Config, out: str | None, node: int, label: str = "run") -> Path:
+    """Where a node other than 0 keeps its workers' logs: next to where node 0's record would
+    go, named for the node (``<out>.node<k>``, or a fresh ``<name>-<time>.node<k>``)."""
+    base = Path(out) if out else records.fresh_path(cfg, label)
+    return base.with_name(f"{base.name}.node{node}")
+
+
+def launch_cluster(plan: RunPlan, path: Path | None, role: NodeRole, *,
+                   secret_file: str | None, out: str | None = None, progress_factory=None,
+                   log: Log, env=os.environ) -> LaunchResult:
+    """``gasloc-emu run`` on one node of a multi-node run; node 0 gets the record's ``path``."""
+    cfg = plan.cfg
+    node = Node(plan, role, load_secret(secret_file, env))
+    if role.is_master:
+        return _run_master(node, path, progress_factory, log)
+    try:
+        return _run_agent(node, agent_dir(cfg, out, role.node_rank, plan.run_label()), log)
+    except BaseException as exc:  # noqa: BLE001 - every ending is one line and an exit code
+        code, summary = _ending(exc)
+        log(f"error: node {role.node_rank}: {summary['error']}")
+        return LaunchResult(code, summary, None)
+
+
+def describe_role(plan: RunPlan, role: NodeRole) -> str:
+    """What ``run --dry-run`` prints on one node of a multi-node run (nothing is started)."""
+    cfg = plan.cfg
+    decision = multi_host_decision(cfg, plan.link_plan)
+    store = "torchrun's agent store" if role.use_agent_store else (
+        "hosted here" if role.is_master else "hosted by node 0")
+    return (f"# node {role.node_rank} of {role.nnodes} (from {role.source}); store "
+            f"{role.master_addr}:{role.master_port} ({store})\n"
+            f"# shaper: {decision.shaper} ({decision.reason}); security: "
+            f"{'curve' if cfg.run.security == 'auto' else cfg.run.security}\n"
+            f"# workers here: {role.nproc_per_node or 'GPUs visible, else an even share'}")

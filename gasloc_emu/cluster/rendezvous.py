@@ -1,0 +1,264 @@
+"""Rendezvous and node liveness of a multi-node run, over torch.distributed's ``TCPStore``.
+
+The store is the one torchrun itself uses (we host it on node 0, or join torchrun's agent
+store), so there is no home-made rendezvous server. It is unauthenticated: nothing secret goes
+through it (the run's keys come from the shared secret, ``cluster.load_secret``), and every
+value read from it is parsed into a typed, checked ``NodeInfo`` or ``NodeStatus``. What a
+stranger with access to the store port could do is stop the run or delay its start; parameters
+and metrics travel only over the authenticated planes.
+
+Keys (under the role's prefix): ``node/<k>`` (NodeInfo, JSON), ``status/<k>`` (NodeStatus,
+JSON: a beat counter and the exit codes of dead local workers), ``end`` (how the run ended,
+written by node 0), ``left/<k>`` (node k saw the end and is leaving).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from datetime import timedelta
+
+from gasloc_emu import config as C
+from gasloc_emu.cluster.roles import ClusterError, NodeRole
+
+# Settings that may differ between hosts: where the record goes, how progress is shown, and
+# how the host's own cores and GPUs are used.
+NODE_LOCAL = ("run.out_dir", "run.dashboard", "run.threads_per_worker", "run.device")
+JOIN_TIMEOUT_S = 300.0
+
+
+class RendezvousError(ClusterError):
+    """The nodes could not agree on a run (a config mismatch, a node that never came)."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What one node agent publishes before any worker starts."""
+
+    node: int
+    host: str                       # host name, for the record and for messages
+    addr: str                       # the address its workers' data planes bind
+    workers: int                    # how many workers it runs
+    devices: tuple[str, ...]        # one per local worker, as the worker names it
+    labels: tuple[str, ...]         # one per local worker, for the dashboard ("cuda:0 (gpu 3)")
+    config_hash: str
+    config: dict                    # the resolved config (node-local settings dropped)
+    version: str                    # gasloc-emu's version on that host
+    tc_missing: str                 # why tc cannot shape its interfaces ("" = it can)
+    port_base: int                  # first of its workers' data-plane ports (tc: per link)
+    ctl_addr: str = ""              # node 0 only: the control plane's ROUTER (tcp://)
+    hb_addr: str = ""               # node 0 only: the control plane's heartbeat PULL (tcp://)
+    pid: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "labels", tuple(self.labels))
+        for name in ("devices", "labels"):
+            items = getattr(self, name)
+            if len(items) != self.workers or not all(isinstance(v, str) for v in items):
+                raise RendezvousError(f"node {self.node}: {self.workers} workers but {name} "
+                                      f"{list(items)!r}; expected one string per worker")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> NodeInfo:
+        return _typed(cls, text, "node info")
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A node's liveness: ``beat`` grows while it runs; ``dead`` = {rank: exit code}."""
+
+    node: int
+    beat: int
+    dead: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "beat": self.beat,
+                           "dead": {str(k): v for k, v in self.dead.items()}})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> NodeStatus:
+        st = _typed(cls, text, "node status")
+        ok = all(isinstance(k, str) and k.isdecimal() and type(v) is int
+                 for k, v in st.dead.items())
+        if not ok:
+            raise RendezvousError(f"node status has a bad 'dead' map: {st.dead!r}; expected "
+                                  "worker rank -> integer exit code")
+        return cls(st.node, st.beat, {int(k): v for k, v in st.dead.items()})
+
+
+_TYPES = {"int": int, "str": str, "dict": dict, "tuple[str, ...]": list}
+
+
+def _typed(cls, text: str | bytes, what: str):
+    """A dataclass from the store's JSON, every field present and of its type."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise RendezvousError(f"{what} in the store is not JSON") from None
+    names = {f.name: f for f in fields(cls)}
+    required = {f.name for f in fields(cls)
+                if f.default is MISSING and f.default_factory is MISSING}
+    if not isinstance(raw, dict) or not set(names) >= set(raw) or not set(raw) >= required:
+        raise RendezvousError(f"{what} in the store has the wrong fields")
+    for key, value in raw.items():
+        want = _TYPES[str(names[key].type)]
+        if isinstance(value, bool) or not isinstance(value, want):
+            raise RendezvousError(f"{what}: {key} = {value!r} is not a {names[key].type}")
+    return cls(**raw)
+
+
+# ---------------------------------------------------------------- config agreement
+
+def shared_config(cfg: C.Config) -> dict:
+    """The config every node must agree on: all of it but the node-local settings."""
+    tree = C.to_dict(cfg)
+    for key in NODE_LOCAL:
+        section, name = key.split(".")
+        tree[section].pop(name, None)
+    return tree
+
+
+def config_hash(cfg: C.Config) -> str:
+    return hashlib.sha256(json.dumps(shared_config(cfg), sort_keys=True).encode()).hexdigest()
+
+
+def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config trees."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def check_agreement(infos: list[NodeInfo]) -> None:
+    """Every node has node 0's config and version; else one line naming what differs."""
+    ref = infos[0]
+    for info in infos[1:]:
+        if info.version != ref.version:
+            raise RendezvousError(f"node {info.node} ({info.host}) runs gasloc-emu "
+                                  f"{info.version}, node 0 ({ref.host}) {ref.version}")
+        if info.config_hash != ref.config_hash:
+            keys = config_diff(ref.config, info.config)
+            shown = ", ".join(f"{k} = {_lookup(ref.config, k)!r} on node 0, "
+                              f"{_lookup(info.config, k)!r} on node {info.node}"
+                              for k in keys[:3])
+            more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
+            raise RendezvousError(f"node {info.node} ({info.host}) has a different config: "
+                                  f"{shown or 'hash differs'}{more}; start every node with the "
+                                  "same settings")
+
+
+def _lookup(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+# ---------------------------------------------------------------- the store
+
+def open_store(role: NodeRole, timeout_s: float = JOIN_TIMEOUT_S):
+    """Node 0 hosts a TCPStore at the master address (unless torchrun's agent hosts one);
+    every other node joins it. A PrefixStore keeps our keys apart."""
+    import torch.distributed as dist  # only multi-node runs load torch.distributed
+    host = role.is_master and not role.use_agent_store
+    try:
+        store = dist.TCPStore(role.master_addr, role.master_port, None, host,
+                              timedelta(seconds=timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:  # TCPStore raises DistNetworkError (RuntimeError)
+        what = "host the store on" if host else "reach the store at"
+        raise RendezvousError(f"node {role.node_rank} could not {what} "
+                              f"{role.master_addr}:{role.master_port}: "
+                              f"{str(exc).splitlines()[0]}") from None
+    return dist.PrefixStore(role.store_prefix, store)
+
+
+class Rendezvous:
+    """One node's use of the store: publish, gather, beat, watch, end."""
+
+    def __init__(self, store, role: NodeRole):
+        self.store, self.role = store, role
+        self.beats = 0
+        self.seen: dict[int, tuple[int, float]] = {}  # node -> (last beat, when it changed)
+
+    def publish(self, info: NodeInfo) -> None:
+        self.store.set(f"node/{info.node}", info.to_json())
+
+    def gather(self, timeout_s: float = JOIN_TIMEOUT_S) -> list[NodeInfo]:
+        """Every node's info, in node order, once all have published (at most ``timeout_s``)."""
+        keys = [f"node/{k}" for k in range(self.role.nnodes)]
+        deadline = time.monotonic() + timeout_s
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in range(self.role.nnodes)
+                           if not self.store.check([f"node/{k}"])]
+                raise RendezvousError(f"nodes {missing} did not join within {timeout_s:g} s")
+            time.sleep(0.1)
+        infos = [NodeInfo.from_json(self.store.get(k)) for k in keys]
+        for k, info in enumerate(infos):
+            if info.node != k:
+                raise RendezvousError(f"the store's node/{k} says it is node {info.node}")
+        check_agreement(infos)
+        return infos
+
+    def beat(self, dead: dict[int, int]) -> None:
+        """This node is alive; ``dead``: exit codes of its workers that ended early."""
+        self.beats += 1
+        self.store.set(f"status/{self.role.node_rank}",
+                       NodeStatus(self.role.node_rank, self.beats, dead).to_json())
+
+    def status(self, node: int) -> NodeStatus | None:
+        key = f"status/{node}"
+        if not self.store.check([key]):
+            return None
+        return NodeStatus.from_json(self.store.get(key))
+
+    def silent_s(self, node: int, now: float) -> float:
+        """Seconds since ``node``'s beat last changed (0 the first time it is looked at)."""
+        st = self.status(node)
+        beat = st.beat if st is not None else -1
+        last = self.seen.get(node)
+        if last is None or last[0] != beat:
+            self.seen[node] = (beat, now)
+            return 0.0
+        return now - last[1]
+
+    def end(self, status: str, error: str | None) -> None:
+        self.store.set("end", json.dumps({"status": status, "error": error}))
+
+    def ended(self) -> dict | None:
+        if not self.store.check(["end"]):
+            return None
+        try:
+            raw = json.loads(self.store.get("end"))
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict) or not isinstance(raw.get("status"), str):
+            raise RendezvousError("the store's end record is malformed")
+        return raw
+
+    def leave(self) -> None:
+        self.store.set(f"left/{self.role.node_rank}", "1")
+
+    def wait_left(self, timeout_s: float, silent_after_s: float = 2.0) -> list[int]:
+        """Node 0 keeps the store up until every node has seen the end; who never said so.
+
+        A node whose beats stopped more than ``silent_after_s`` ago (as far as ``silent_s``
+        has watched it) cannot read anything: it is not waited for."""
+        deadline = now = time.monotonic()
+        deadline += timeout_s
+        pending = [k for k in range(1, self.role.nnodes)
+                   if self.silent_s(k, now) <= silent_after_s]
+        while True:  # looks at least once, and once more after the deadline
+            pending = [k for k in pending if not self.store.check([f"left/{k}"])]
+            if not pending or time.monotonic() >= deadline:
+                return pending
+            time.sleep(0.05)

@@ -1,0 +1,2 @@
+"""The command layer: click commands (`cli`), their bodies (`app`), the console script (`entry`).
+"""

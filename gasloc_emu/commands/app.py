@@ -1,0 +1,298 @@
+"""The bodies of the CLI commands: build what a command needs, run it, print the outcome."""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from gasloc_emu import exitcodes
+from gasloc_emu.config import Config, ConfigError
+from gasloc_emu.emulator.network import open_network
+from gasloc_emu.experiments.page import markdown_section, update_results_page
+from gasloc_emu.experiments.sweep import run_sweep
+from gasloc_emu.netplan import shaped, shaping_decision, used_pairs
+from gasloc_emu.report.compare import (
+    CompareError,
+    compare_table,
+    links_table,
+    load_run,
+    plot,
+    show_run,
+)
+from gasloc_emu.report.dashboard import LiveView
+from gasloc_emu.report.dashboard_state import header_from_plan
+from gasloc_emu.report.fmt import summary_lines
+from gasloc_emu.report.records import new_run_dir
+from gasloc_emu.topology import Topology
+from gasloc_emu.training.devices import simulator_device
+from netem.probe import probe_links
+
+
+class RoundPrinter:
+    """Plain progress: one line per completed round (all workers reported), for logs and pipes."""
+
+    def __init__(self, workers: int, rounds: int, echo=click.echo,
+                 alive: Callable[[int], int] | None = None):
+        """``alive(t)``: how many workers report round t (a scenario's departures and joins
+        change it); default: all of them."""
+        self.workers, self.rounds, self.echo = workers, rounds, echo
+        self.alive = alive or (lambda t: workers)
+        self.rows: dict[int, list[dict]] = defaultdict(list)
+
+    def __call__(self, row: dict) -> None:
+        if row.get("kind"):  # status, links, warnings: only the dashboard shows them
+            if row["kind"] in ("warning", "event"):
+                self.echo(f"{row['kind']}: {row['text']}")
+            return
+        rows = self.rows[row["round"]]
+        rows.append(row)
+        if len(rows) == self.alive(row["round"]):
+            self.echo(format_round(self.rows.pop(row["round"]), self.rounds))
+
+    def __enter__(self) -> RoundPrinter:  # used like the live dashboard
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def format_round(rows: list[dict], rounds: int) -> str:
+    loss = np.array([r["train_loss"] for r in rows], dtype=float)
+    ev = [r["eval_loss"] for r in rows if r.get("eval_loss") is not None]
+    parts = [f"round {rows[0]['round'] + 1}/{rounds}",
+             f"step {max(r['step'] for r in rows)}",
+             f"train {np.nanmean(loss):.4f} ± {np.nanstd(loss):.4f}" if not np.isnan(loss).all()
+             else "train -",
+             f"eval {np.mean(ev):.4f}" if ev else None,
+             f"time {max(r.get('time_s', 0.0) for r in rows):.2f}s",
+             f"wait {max(r['wait_s'] for r in rows):.2f}s",
+             f"sent {sum(r['bytes_sent'] for r in rows) / 1e6:.2f}MB"]
+    return "  ".join(p for p in parts if p)
+
+
+def use_dashboard(cfg: Config) -> bool:
+    mode = cfg.run.dashboard
+    return mode == "on" or (mode == "auto" and sys.stdout.isatty())
+
+
+def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
+    from gasloc_emu.simulator.simulate import simulate
+    from gasloc_emu.training.worker import Diverged
+    plan = _plan(cfg)
+    path = new_run_dir(cfg, out, overwrite, plan.run_label())
+    device = simulator_device(cfg.run.device)
+    progress = make_progress(plan, devices=[device] * cfg.workers,
+                             shaper="virtual clock" if plan.link_model else "none")
+    try:
+        with progress:
+            summary = simulate(plan, path, progress=progress, device=device)
+    except Diverged as exc:
+        click.echo(f"error: {exc}; record: {path}", err=True)
+        return exitcodes.DIVERGED
+    except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
+        click.echo(f"error: simulation failed: {exc}; record: {path}", err=True)
+        return exitcodes.RUN_FAILED
+    _echo_lines(summary_lines(summary, path))
+    return exitcodes.OK
+
+
+def _plan(cfg: Config, data: bool = True):
+    """The run plan (every bad input refused here), its warnings printed."""
+    from gasloc_emu.plan import build_plan
+    plan = build_plan(cfg, data=data)
+    for text in plan.warnings:
+        click.echo(f"warning: {text}", err=True)
+    return plan
+
+
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def make_progress(plan, devices=(), shaper: str | None = None):
+    """The live dashboard on a TTY (unless switched off), else one plain line per round."""
+    cfg = plan.cfg
+    if use_dashboard(cfg):
+        return LiveView(header_from_plan(plan, devices=devices, shaper=shaper))
+    return RoundPrinter(cfg.workers, cfg.run.rounds, alive=_alive_counts(plan))
+
+
+def _alive_counts(plan) -> Callable[[int], int] | None:
+    """How many workers take part in each round, when a scenario changes it."""
+    world = plan.world
+    if world is None or not world.churns or world.fixer is not None:
+        return None   # by time: not known before the run
+    counts = [len(world.alive(t)) for t in range(plan.cfg.run.rounds)]
+    return counts.__getitem__
+
+
+def run_command(cfg: Config, out: str | None, dry_run: bool = False,
+                overwrite: bool = False, role=None, secret_file: str | None = None) -> int:
+    from gasloc_emu.emulator.launcher import launch
+    if role is not None and role.multi:
+        return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
+    plan = _plan(cfg, data=not dry_run)
+    # refused before anything runs
+    path = None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
+    result = launch(plan, path, dry_run=dry_run,
+                    progress_factory=lambda devices, shaper: make_progress(plan, devices, shaper),
+                    log=lambda line: click.echo(line, err=True))
+    return _report(result)
+
+
+def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role,
+              secret_file: str | None) -> int:
+    """One node of a multi-node run; node 0 keeps the record and shows the dashboard."""
+    from gasloc_emu.cluster.multinode import describe_role, launch_cluster
+    plan = _plan(cfg, data=not dry_run)
+    if dry_run:
+        click.echo(describe_role(plan, role))
+        return exitcodes.OK
+    if plan.world is not None and plan.world.churns:
+        raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
+                          "support yet; run it on one host, or drop the leave and join events")
+    if plan.world is not None and plan.world.fixer is not None:
+        raise ConfigError("run.scenario: a partition at a time (at_s), which multi-node runs "
+                          "do not support yet (only one host's launcher fixes it at a round); "
+                          "run it on one host, or give it a round (round = R)")
+    path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
+    factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
+        if role.is_master else None
+    result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
+                            progress_factory=factory, log=lambda line: click.echo(line, err=True))
+    if not role.is_master:  # node 0 has the record and prints the summary
+        return result.code
+    return _report(result)
+
+
+def _report(result) -> int:
+    # after the dashboard has stopped, so that these lines stay below it
+    if result.dry_run_text is not None:
+        click.echo(result.dry_run_text)
+    elif result.code == exitcodes.OK:
+        _echo_lines(summary_lines(result.summary, result.record))
+    else:
+        click.echo(f"error: {result.error}; record: {result.record}", err=True)
+    return result.code
+
+
+def topo_command(topology: str, workers: int, degree: int, seed: int, alpha: float, base: str,
+                 round_idx: int) -> None:
+    topo = Topology(topology, workers, degree, seed, base, alpha)
+    w = topo.mixing_matrix(round_idx)
+    click.echo(f"topology {topology}  N = {workers}"
+               + (f"  (round {round_idx} of a random {topology} over {base})"
+                  if topo.time_varying else ""))
+    for i, peers in enumerate(topo.neighbors(round_idx)):
+        click.echo(f"  worker {i:3d}: peers {peers}")
+    if workers <= 16:
+        click.echo("mixing matrix W:")
+        for row in w:
+            click.echo("  " + " ".join(f"{v:5.3f}" for v in row))
+    kind = "E[W] over rounds" if topo.time_varying else "W"
+    click.echo(f"lambda2 ({kind}) = {topo.lambda2:.6f}")
+    click.echo(f"spectral gap     = {topo.spectral_gap:.6f}")
+    click.echo(f"gamma*           = {topo.gamma_star:.6f}")
+    click.echo(f"symmetric: {np.allclose(w, w.T)}  doubly stochastic: "
+               f"{np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1)}")
+
+
+def compare_command(run_dirs, plot_file: str | None, target_loss: float | None) -> int:
+    try:
+        runs = [load_run(d) for d in run_dirs]
+        _warn_damage(runs)
+        _console(160).print(
+            compare_table(runs, target_loss=target_loss))
+        if plot_file:
+            plot(runs, plot_file)
+            click.echo(f"plot: {plot_file}")
+    except CompareError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    return 0
+
+
+def show_command(run_dir: str) -> int:
+    try:
+        run = load_run(run_dir)
+    except CompareError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    _warn_damage([run])
+    _console(120).print(show_run(run))
+    return 0
+
+
+def _console(pipe_width: int):
+    """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
+    return Console(width=None if sys.stdout.isatty() else pipe_width)
+
+
+def _warn_damage(runs) -> None:
+    for r in runs:
+        for w in r.warnings:
+            click.echo(f"warning: {r.name}: {w}", err=True)
+
+
+def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int:
+    name = Path(preset).stem
+    out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
+    result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms))
+    click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")
+    if report:
+        page = Path(report)
+        plot_copy = page.parent / "results" / f"{name}.png"
+        plot_copy.parent.mkdir(parents=True, exist_ok=True)
+        plot_copy.write_bytes((out_dir / "plot.png").read_bytes())
+        if result.get("tuning_plot"):
+            plot_copy.with_name(f"{name}-tuning.png").write_bytes(
+                Path(result["tuning_plot"]).read_bytes())
+        command = f"gasloc-emu sweep {preset}" + (f" --out {out}" if out else "") + \
+            "".join(f" --arm {a}" for a in arms) + f" --report {report}"
+        update_results_page(page, name, markdown_section(name, result, command,
+                                                         f"results/{name}.png"))
+        click.echo(f"report: {page}")
+    return 0
+
+
+def compute_show_command(cfg: Config) -> None:
+    from gasloc_emu.training.compute import profile_lines
+    _echo_lines(profile_lines(cfg, _plan(cfg, data=False).compute))
+
+
+def netem_show_command(cfg: Config) -> None:
+    plan, decision = _plan(cfg, data=False).link_plan, shaping_decision(cfg)
+    table = Table(title=f"profile {plan.profile!r}, {plan.workers} workers"
+                        + (f" ({plan.note})" if getattr(plan, "note", "") else ""))
+    for col in ("link", "rate Mbit/s", "effective Mbit/s", "latency ms"):
+        table.add_column(col, justify="right")
+    for row in plan.table():
+        table.add_row(f"{row['src']}→{row['dst']}", f"{row['rate_mbit']:g}",
+                      f"{row['effective_mbit']:g}", f"{row['latency_ms']:g}")
+    console = _console(120)
+    console.print(table)
+    for k, c in sorted(plan.caps.items()):
+        console.print(f"worker {k}: up {c.up_mbit or '-'} Mbit/s, down {c.down_mbit or '-'} Mbit/s")
+    console.print(f"shaper here: {decision.shaper} (delay: {decision.delay}) - {decision.reason}")
+
+
+def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int:
+    if not shaped(cfg):
+        click.echo("error: nothing to probe: give a --bw-profile (and a shaper other than none)",
+                   err=True)
+        return 2
+    plan = _plan(cfg, data=False)
+    with open_network(cfg, plan.link_plan, plan.world) as network:
+        pairs = used_pairs(cfg, plan.topology) if topology_only else None
+        rows = probe_links(network.session, pairs, seconds_per_link=seconds)
+    _console(120).print(links_table(rows))
+    missed = [r for r in rows if not r["ok"]]
+    click.echo(f"{len(rows) - len(missed)} of {len(rows)} links within 10% of their target")
+    return 1 if missed else 0

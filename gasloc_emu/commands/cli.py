@@ -1,0 +1,483 @@
+"""Command line: parse, resolve the config, call one function, map errors to exit codes.
+
+Exit codes (``exitcodes``): 0 success, 1 the run failed (a worker died, reported an error or
+went silent), 2 bad input (also a run record that cannot be created), 3 the run diverged,
+4 an internal error, 130 interrupted (Ctrl-C or SIGTERM).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from gasloc_emu import config as C
+from gasloc_emu import exitcodes
+from gasloc_emu.report.records import RecordError
+
+_BAD_INPUT = exitcodes.BAD_INPUT
+
+
+def _fail(msg: str, code: int = _BAD_INPUT) -> None:
+    click.echo(f"error: {msg}", err=True)
+    sys.exit(code)
+
+
+def friendly_errors(fn):
+    """Bad input becomes one line on stderr and exit 2, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from gasloc_emu.cluster.roles import ClusterError
+        from gasloc_emu.topology import TopologyError
+        from gasloc_emu.training.data import DataError
+        try:
+            return fn(*args, **kwargs)
+        except (C.ConfigError, TopologyError, DataError, RecordError, ClusterError,
+                *_netem_errors()) as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            _fail("interrupted", exitcodes.INTERRUPTED)
+    return wrapper
+
+
+def _netem_errors() -> tuple[type, ...]:
+    from netem.capabilities import CapabilityError
+    from netem.profiles import ProfileError
+    return ProfileError, CapabilityError
+
+
+def _local_steps(value: str | None):
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise C.ConfigError(f"--local-steps {value!r}: expected a number or a comma-separated "
+                            "list with one number per worker") from None
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _momentum(value: str | None):
+    if value is None or C.auto_factor(value) is not None:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise C.ConfigError(f"--momentum {value!r}: expected a number, 'auto' or 'auto*F' "
+                            "(F in (0, 1])") from None
+
+
+def _outer_lr(value: str | None):
+    if value is None or value == C.ONE_MINUS_MOMENTUM:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise C.ConfigError(f"--outer-lr {value!r}: expected a number or "
+                            f"'{C.ONE_MINUS_MOMENTUM}'") from None
+
+
+# ---------------------------------------------------------------- flags generated from the tree
+
+# One row per setting flag: (flag, dotted key[, short alias]). Help comes from the field's doc,
+# choices and ranges from its metadata, the click type from its type hint, so a new setting gets
+# a flag on run, simulate and config by adding one row here.
+FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--algo", "algo.name"),
+    ("--topology", "topology.name"),
+    ("--workers", "workers", "-n"),
+    ("--local-steps", "algo.local_steps", "-H"),
+    ("--rounds", "run.rounds", "-R"),
+    ("--model", "model.preset"),
+    ("--seed", "seed"),
+    ("--data", "data.path"),
+    ("--outer-lr", "algo.outer_lr"),
+    ("--momentum", "algo.momentum"),
+    ("--overlap", "algo.overlap"),
+    ("--lr", "algo.inner.lr"),
+    ("--degree", "topology.degree"),
+    ("--eval-every", "run.eval_every"),
+    ("--bw-profile", "net.bw_profile"),
+    ("--shaper", "net.shaper"),
+    ("--rate-mbit", "net.rate_mbit"),
+    ("--latency-ms", "net.latency_ms"),
+    ("--compute-profile", "compute.profile"),
+    ("--step-time-s", "compute.step_time_s"),
+    ("--inner-budget-s", "compute.inner_budget_s"),
+    ("--scenario", "run.scenario"),
+    ("--link-trace", "net.link_trace"),
+)
+# Rows only `run` has: probing needs real links, which simulate and config never build.
+RUN_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--probe", "net.probe"),
+)
+# The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
+NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper")
+# The flags `compute show` takes: speeds need no model or network.
+COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--workers", "--seed")
+
+# Settings whose flag has its own syntax: (parser, metavar). Parsing happens in
+# resolve_from_flags, inside friendly_errors, so a bad value is one line like any other.
+_PARSERS = {
+    "algo.local_steps": (_local_steps, "H|H1,H2,..."),
+    "algo.momentum": (_momentum, "GAMMA|auto|auto*F"),
+    "algo.outer_lr": (_outer_lr, "ETA|1-momentum"),
+}
+# Flags that set a setting without naming it as a value, for `config --fields`.
+_OTHER_FLAGS = {"run.dashboard": "--no-dashboard (off)"}
+
+
+class _BadFlag(click.ClickException):
+    """A flag value click rejected, shown like all bad input: one line on stderr, exit 2."""
+
+    exit_code = _BAD_INPUT
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class _SettingType:
+    """Mixin for the click type of a setting flag.
+
+    A rejected value gets the message ``--set`` would give (key, value, what is allowed) on one
+    line, instead of click's usage block, so every way of giving a setting fails alike.
+    """
+
+    def __init__(self, key: str, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.key = key
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            raise _BadFlag(_setting_message(self.key, value, exc)) from None
+
+
+def _setting_message(key: str, value, exc: click.BadParameter) -> str:
+    """The config's own message for ``value``; click's if the config would accept it."""
+    try:
+        C.check_setting(key, value)
+    except C.ConfigError as err:
+        return str(err)
+    return exc.format_message()
+
+
+class _Choice(_SettingType, click.Choice):
+    pass
+
+
+class _Int(_SettingType, click.types.IntParamType):
+    pass
+
+
+class _Float(_SettingType, click.types.FloatParamType):
+    pass
+
+
+_TYPES = {int: _Int, float: _Float}
+
+
+def _dest(flag: str) -> str:
+    """The keyword a flag's value arrives under: --rate-mbit -> rate_mbit."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _brackets(spec: C.SettingSpec, *, choices: bool) -> str:
+    """What a setting accepts, as ' [one of: ...]', ' [range: lo..hi]' and ' [names: ...]'."""
+    meta, out = spec.meta, ""
+    if choices and meta.get("choices"):
+        out += " [one of: " + ", ".join(map(str, meta["choices"])) + "]"
+    if meta.get("lo") is not None or meta.get("hi") is not None:
+        lo = meta["lo"] if meta["lo"] is not None else "-inf"
+        hi = meta["hi"] if meta["hi"] is not None else "inf"
+        out += f" [range: {lo}..{hi}]"
+    if meta.get("names"):
+        out += " [names: " + ", ".join(meta["names"]) + "]"
+    return out
+
+
+def _spelled(flag: str, spec: C.SettingSpec) -> str:
+    """A bool setting is a --x/--no-x pair; every other flag takes a value."""
+    if spec.hint is bool and spec.key not in _PARSERS:
+        return f"{flag}/--no-{flag[2:]}"
+    return flag
+
+
+def _setting_option(flag: str, key: str, short: str | None = None):
+    """The click option of one table row; a TypeError names a row the generator cannot type."""
+    spec = C.setting_spec(key)
+    decls = [d for d in (_spelled(flag, spec), short) if d]
+    kwargs = {"default": None, "help": spec.doc + _brackets(spec, choices=False)}
+    if key in _PARSERS:
+        kwargs["metavar"] = _PARSERS[key][1]
+    elif spec.meta.get("choices"):
+        kwargs["type"] = _Choice(key, spec.meta["choices"])
+    elif spec.hint in _TYPES:
+        kwargs["type"] = _TYPES[spec.hint](key)
+    elif spec.hint not in (str, bool):
+        raise TypeError(f"{flag}: {key} is {spec.hint}; give it a parser in _PARSERS")
+    return click.option(*decls, _dest(flag), **kwargs)
+
+
+def flag_names() -> dict[str, str]:
+    """Dotted key -> how to set it on the command line, for `config --fields`."""
+    names = dict(_OTHER_FLAGS)
+    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)")):
+        for flag, key, *short in rows:
+            names[key] = ", ".join([*short, _spelled(flag, C.setting_spec(key))]) + where
+    return names
+
+
+def _flag_value(key: str, value):
+    parse = _PARSERS.get(key, (None,))[0]
+    return parse(value) if parse else value
+
+
+def _apply(options):
+    """One decorator from a list of click options, first option first in --help."""
+    def decorate(fn):
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+    return decorate
+
+
+_ROWS = {row[0]: row for row in FLAGS}
+
+RUN_OPTIONS = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                 help="TOML file of settings (a preset in runs/)."),
+    *[_setting_option(*row) for row in FLAGS],
+    click.option("--out", type=click.Path(file_okay=False), help="Run record folder."),
+    click.option("--overwrite", is_flag=True,
+                 help="Replace the run record already in --out (else such an --out is refused)."),
+    click.option("--no-dashboard", is_flag=True, help="Plain lines instead of the live dashboard."),
+    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                 help="Any setting, e.g. --set algo.inner.lr=3e-4 (repeatable)."),
+]
+
+NET_OPTIONS = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings."),
+    *[_setting_option(*_ROWS[flag]) for flag in NET_FLAGS],
+    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting."),
+]
+
+run_options = _apply(RUN_OPTIONS)
+net_options = _apply(NET_OPTIONS)
+run_only_options = _apply([_setting_option(*row) for row in RUN_FLAGS])
+
+
+def resolve_from_flags(kw: dict) -> C.Config:
+    """Defaults < --config file < flags < --set; a flag not given (None) keeps the file's value."""
+    overrides = {key: _flag_value(key, kw.get(_dest(flag)))
+                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS)}
+    if kw.get("no_dashboard"):
+        overrides["run.dashboard"] = "off"
+    return C.resolve(kw.get("config_file"), overrides, kw.get("sets", ()))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gasloc-emu")
+def main() -> None:
+    """Emulate decentralized LLM pretraining (GASLoC, DiLoCo, gossip) over shaped networks."""
+
+
+@main.command()
+@run_options
+@friendly_errors
+def simulate(**kw) -> None:
+    """Run all N workers in one process (in-memory transport, virtual clock)."""
+    from gasloc_emu.commands.app import simulate_command
+    sys.exit(simulate_command(resolve_from_flags(kw), kw.get("out"), kw.get("overwrite", False)))
+
+
+# One node agent per host, named as torchrun names them; under torchrun or Slurm they come from
+# the environment instead (cluster.resolve_role). Node-local, so not settings of the config.
+NODE_OPTIONS = [
+    click.option("--nnodes", type=click.IntRange(1, 4096),
+                 help="Hosts in the run (one `gasloc-emu run` per host)."),
+    click.option("--node-rank", type=click.IntRange(0, 4095),
+                 help="This host's node rank; node 0 keeps the record."),
+    click.option("--master-addr", help="Node 0's address: the store and the control plane."),
+    click.option("--master-port", type=click.IntRange(1, 65535),
+                 help="The store's port on node 0 (default 29400)."),
+    click.option("--nproc-per-node", type=click.IntRange(1, 4096),
+                 help="Workers on this host (default: GPUs visible, else an even share)."),
+    click.option("--secret-file", type=click.Path(dir_okay=False),
+                 help="File with the run's shared secret, readable on every host (else "
+                      "GASLOC_SECRET); the keys of both planes derive from it."),
+]
+_NODE_KEYS = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_node")
+
+
+@main.command()
+@run_options
+@run_only_options
+@_apply(NODE_OPTIONS)
+@click.option("--dry-run", is_flag=True, help="Print the network commands and stop.")
+@friendly_errors
+def run(dry_run: bool, **kw) -> None:
+    """Start N worker processes that train over a real (shaped) network, on one host or many."""
+    import os
+
+    from gasloc_emu.cluster.roles import resolve_role
+    from gasloc_emu.commands.app import run_command
+    from gasloc_emu.emulator.network import enter_userns_if_needed
+    cfg = resolve_from_flags(kw)
+    role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
+    if not role.multi:
+        enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
+    sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run,
+                         overwrite=kw.get("overwrite", False), role=role,
+                         secret_file=kw.get("secret_file")))
+
+
+@main.command()
+@click.option("--topology", required=True, help="Graph name.")
+@click.option("--workers", "-n", required=True, type=int, help="Number of workers N.")
+@click.option("--degree", type=int, default=4, show_default=True, help="Expander degree d.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--alpha", type=float, default=1.0, show_default=True)
+@click.option("--base", default="complete", show_default=True, help="Base graph of matchings.")
+@click.option("--round", "round_idx", type=int, default=0, show_default=True,
+              help="Which round's matching to show.")
+@friendly_errors
+def topo(**kw) -> None:
+    """Print a graph's neighbours, mixing matrix, lambda_2, spectral gap and gamma*."""
+    from gasloc_emu.commands.app import topo_command
+    topo_command(**kw)
+
+
+@main.command("config")
+@run_options
+@click.option("--fields", "list_fields", is_flag=True, help="List every setting with its doc.")
+@friendly_errors
+def config_cmd(list_fields: bool, **kw) -> None:
+    """Print the resolved config as TOML (defaults < --config file < flags < --set)."""
+    if list_fields:
+        _list_fields()
+        return
+    click.echo(C.to_toml(resolve_from_flags(kw)), nl=False)
+
+
+def _list_fields() -> None:
+    """Every setting: key, flag (where one exists), default, doc and what it accepts."""
+    flags = flag_names()
+    click.echo(f"{'KEY (--set KEY=VALUE)':26} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
+    for spec in C.setting_specs():
+        click.echo(f"{spec.key:26} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
+                   f"{spec.doc}{_brackets(spec, choices=True)}")
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="Write loss against rounds and against seconds to this PNG.")
+@click.option("--target-loss", type=float, help="Report the time to reach this eval loss.")
+@friendly_errors
+def compare(run_dirs: tuple[str, ...], plot_file: str | None, target_loss: float | None) -> None:
+    """Compare run records side by side (table, and a plot with --plot)."""
+    from gasloc_emu.commands.app import compare_command
+    sys.exit(compare_command(run_dirs, plot_file, target_loss))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@friendly_errors
+def show(run_dir: str) -> None:
+    """The summary of one run and its links (configured vs measured)."""
+    from gasloc_emu.commands.app import show_command
+    sys.exit(show_command(run_dir))
+
+
+@main.command()
+@click.argument("preset", type=click.Path(dir_okay=False, exists=True))
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where the runs go (default runs/sweep-<preset>); finished runs are reused.")
+@click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Write this experiment's section into a results page, e.g. docs/RESULTS.md.")
+@friendly_errors
+def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | None) -> None:
+    """Run every arm of a preset over its seeds, with the same tuning for each arm."""
+    from gasloc_emu.commands.app import sweep_command
+    sys.exit(sweep_command(preset, out, arms, report))
+
+
+@main.group()
+def compute() -> None:
+    """Worker speed profiles of the compute model."""
+
+
+@compute.command("show")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings.")
+@_apply([_setting_option(*_ROWS[flag]) for flag in COMPUTE_FLAGS])
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Any setting.")
+@friendly_errors
+def compute_show(**kw) -> None:
+    """Print each worker's speed and nominal step time under a compute profile."""
+    from gasloc_emu.commands.app import compute_show_command
+    compute_show_command(resolve_from_flags(kw))
+
+
+@main.group()
+def netem() -> None:
+    """Bandwidth profiles, link probes and cleanup of the emulated network."""
+
+
+@netem.command("show")
+@net_options
+@friendly_errors
+def netem_show(**kw) -> None:
+    """Print a profile's links (rate, latency, caps) and the shaper this machine would use."""
+    from gasloc_emu.commands.app import netem_show_command
+    netem_show_command(resolve_from_flags(kw))
+
+
+@netem.command("probe")
+@net_options
+@click.option("--topology", help="Only the links this graph uses (default: every directed link).")
+@click.option("--seconds", type=float, default=2.0, show_default=True, help="Per link.")
+@friendly_errors
+def netem_probe(seconds: float, **kw) -> None:
+    """Build the shaped network and measure each link: configured vs measured."""
+    from gasloc_emu.commands.app import netem_probe_command
+    from gasloc_emu.emulator.network import enter_userns_if_needed
+    cfg = resolve_from_flags(kw)
+    enter_userns_if_needed(cfg, sys.argv[1:], False)
+    sys.exit(netem_probe_command(cfg, seconds, bool(kw.get("topology"))))
+
+
+@netem.command("clean")
+@click.option("--dry-run", is_flag=True, help="Only print what would be removed.")
+def netem_clean(dry_run: bool) -> None:
+    """Remove what killed runs left: root-mode namespaces, and the tc roots that multi-node runs
+    put on this host's interfaces (user-namespace runs leave nothing)."""
+    from netem.hosttc import clean_host_leftovers
+    from netem.namespaces import clean_leftovers
+    done = clean_leftovers(dry_run=dry_run, echo=click.echo)
+    done += clean_host_leftovers(dry_run=dry_run, echo=click.echo)
+    click.echo(f"{len(done)} commands {'would run' if dry_run else 'ran'}; "
+               + ("nothing left behind" if not done else "leftovers removed"))
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the command line and return its exit code; Ctrl-C anywhere in it is exit 130.
+
+    click's own handling would print "Aborted!" and exit 1 for a Ctrl-C outside a command
+    (while it parses, or imports what a command needs); interrupted is 130 everywhere.
+    """
+    try:
+        rv = main.main(args=argv, prog_name="gasloc-emu", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("error: interrupted", err=True)
+        return exitcodes.INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return rv if isinstance(rv, int) else exitcodes.OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_cli())

@@ -1,0 +1,151 @@
+"""A scenario played by the launcher: link changes by round and by time, and leaves, joins and
+partitions at a time fixed at rounds on the run's clock (``fixing.RoundFixer``).
+
+No sockets and no processes: the clock (seconds since the run's start, None before it) and the
+way to answer a worker (``tell``) are injected, so the rules are tested alone. The Supervisor
+owns one and calls it from its serve loop and its message handlers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
+from gasloc_emu.scenario.world import World
+
+Clock = Callable[[], "float | None"]
+Tell = Callable[[int, dict], None]
+
+
+class Conductor:
+    """The scenario's side of the launcher (a ``World``, or None for a run without one)."""
+
+    def __init__(self, world: World | None, network, rounds: int, clock: Clock, tell: Tell):
+        self.world, self.network, self.rounds = world, network, rounds
+        self.clock, self.tell = clock, tell
+        self.links_round = 0      # the link changes of rounds < this are applied
+        self.timed_upto_s = -1.0  # and the changes by time up to here (the run's clock)
+        # {worker, round, recv_links} of each row, when links change: what summary.json's
+        # link_changes observe (one per worker and round, so bounded by the run's length)
+        self.link_rows: list[dict] = []
+        # leaves, joins and partitions at a time: the workers absent until a join not fixed
+        # yet, and the round each asked at (answered once it is fixed, ``fix_due``)
+        self.join_waiters: dict[int, int] = {}
+
+    @property
+    def links(self):
+        return self.world.links if self.world is not None else None
+
+    @property
+    def fixer(self):
+        return self.world.fixer if self.world is not None else None
+
+    # -- links
+    def keep_link_row(self, row: dict) -> None:
+        """Keep what ``link_changes`` needs of a (checked) row, in a run whose links change."""
+        if self.links is not None and "recv_links" in row:
+            self.link_rows.append({k: row[k] for k in ("worker", "round", "recv_links")})
+
+    def change_links(self, upto: int) -> None:
+        """The network's link changes of rounds <= ``upto``, once each, when the first worker
+        reports round ``upto`` - 1 (tc: messages of that round still in flight may see them;
+        the userspace shaper's workers apply their own at their round starts)."""
+        if self.links is None:
+            return
+        now_s = self.clock() or 0.0
+        while self.links_round <= min(upto, self.rounds - 1):
+            t = self.links_round
+            self.network.change_links({link: self.links.at(*link, t, now_s)
+                                       for link in self.links.changes.get(t, {})})
+            self.links_round += 1
+
+    def change_links_by_time(self) -> None:
+        """The time-triggered link changes whose time has come on the run's clock (tc changes
+        the classes then; under the userspace shaper the workers apply their own). A link a
+        partition holds cut stays cut: its restore brings the value in force then."""
+        timed = self.links.timed if self.links is not None else None
+        now_s = self.clock()
+        if timed is None or now_s is None:
+            return
+        cut = self.links.cut(max(self.links_round - 1, 0))
+        changes = {link: timed.in_force(*link, now_s)
+                   for ev in timed.due(self.timed_upto_s, now_s) for link in ev.links
+                   if link not in cut}
+        self.timed_upto_s = now_s
+        if changes:
+            self.network.change_links(changes)
+
+    # -- leaves, joins and partitions at a time
+    def on_round(self, rank: int, round_idx: int, waiting: bool, slots: Sequence) -> str | None:
+        """A worker starts a round (or waits for its join): fix what is due first, so that no
+        round it starts misses a fixing, then answer with every fixing so far. Returns the drop
+        reason when the run has nothing to fix at a time."""
+        if self.fixer is None:
+            return "round.scenario"  # only events at a time need the question
+        self.fix_due(slots)
+        if waiting and self.world.awaits_join(rank, round_idx):
+            self.join_waiters[rank] = round_idx
+            return None
+        if not waiting:
+            self.fixer.started(round_idx)
+        self.tell_fixings(rank)
+        return None
+
+    def fix_due(self, slots: Sequence) -> None:
+        """Fix the events whose time has come; answer the workers whose join that fixes; the
+        network's link changes are played again from the first round fixed (a partition's)."""
+        now_s = self.clock()
+        if self.fixer is None or now_s is None:
+            return
+        new = self.fixer.due(now_s)
+        if new:
+            self.world.fix(new)
+            self.links_round = min(self.links_round, min(f.round for f in new))
+            for rank, t in list(self.join_waiters.items()):
+                if not self.world.awaits_join(rank, t):
+                    del self.join_waiters[rank]
+                    self.tell_fixings(rank)
+        self._release_waiters(slots)
+
+    def _release_waiters(self, slots: Sequence) -> None:
+        """Once every other worker is done, a join that has not come never will."""
+        rest = [s for s in slots if s.rank not in self.join_waiters]
+        if self.join_waiters and all(s.final is not None or s.gone for s in rest):
+            for rank in self.join_waiters:
+                self.tell_fixings(rank, released=True)
+                slots[rank].gone = True
+            self.join_waiters.clear()
+
+    def tell_fixings(self, rank: int, released: bool = False) -> None:
+        self.tell(rank, {"type": "fixings", "released": released,
+                         "fixings": [f.to_json() for f in self.world.fixings]})
+
+    # -- departures
+    def planned_leave(self, rank: int, last_round: int) -> int | None:
+        """The round at which the scenario makes this worker leave after ``last_round``, the
+        last it reported; None when it has no such departure."""
+        if self.world is None:
+            return None
+        leaves = [c["round"] for c in self.world.left_and_joined()
+                  if c["type"] == "leave" and c["worker"] == rank and c["round"] > last_round]
+        return min(leaves) if leaves else None
+
+    def rejoin_round(self, rank: int, leave: int) -> int | None:
+        """The round a departed worker's successor starts from: its next join, or (a join at a
+        time not fixed yet) the round it left at, where it waits for the join; None when it
+        never comes back."""
+        joins = [c["round"] for c in self.world.left_and_joined()
+                 if c["type"] == "join" and c["worker"] == rank and c["round"] > leave]
+        if joins:
+            return min(joins)
+        return leave if self.world.awaits_join(rank, leave) else None
+
+    # -- the record
+    def summary(self) -> dict:
+        """summary.json's scenario blocks: membership, and the link changes as observed."""
+        out = {}
+        if self.world is not None:
+            out["membership"] = membership_summary(self.world)
+        if self.links is not None:
+            out["link_changes"] = observed_link_changes(link_changes(self.links),
+                                                        self.link_rows)
+        return out

@@ -1,0 +1,170 @@
+"""Spawn one process per worker, pin devices, supervise, stop, collect the run record.
+
+The launcher owns the control plane (ipc:// sockets in the run directory). It never touches the
+data plane: workers bind the addresses it hands out and talk to each other directly.
+Failure handling: a worker that exits early, reports an error, or is silent for
+``run.heartbeat_timeout_s`` stops the run; every worker is stopped, then killed after a grace
+period; the metrics written so far stay, and summary.json records the failure.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gasloc_emu import exitcodes
+from gasloc_emu.config import Config
+from gasloc_emu.emulator.errors import Interrupted, RunDiverged, RunFailed
+from gasloc_emu.emulator.network import open_network
+from gasloc_emu.emulator.processes import remove_stale_socket_dirs
+from gasloc_emu.emulator.supervisor import Supervisor
+from gasloc_emu.emulator.tally import link_bytes
+from gasloc_emu.netplan import used_pairs
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report import records
+from gasloc_emu.training.devices import worker_devices
+
+Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
+
+
+class SigTerm:
+    """Turn SIGTERM into an exception in the main thread, so cleanup runs as for Ctrl-C."""
+
+    def __enter__(self):
+        self.prev = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Interrupted("SIGTERM")
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self.prev)
+
+
+@dataclass
+class LaunchResult:
+    """What ``launch`` hands back to the command layer, which prints it."""
+
+    code: int                       # one of gasloc_emu.exitcodes
+    summary: dict = field(default_factory=dict)
+    record: Path | None = None      # the run folder (None for a dry run)
+    dry_run_text: str | None = None  # the network commands a dry run would execute
+
+    @property
+    def error(self) -> str | None:
+        return self.summary.get("error")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
+           progress_factory=None, log: Log = _stderr) -> LaunchResult:
+    """``gasloc-emu run`` of a ``RunPlan``: build the network, run the workers, keep the
+    record in ``path`` (made by ``records.new_run_dir``; unused for a dry run).
+
+    Whatever goes wrong once the record exists (a worker, the launcher itself, Ctrl-C, a full
+    disk) ends with a summary.json that has a status and the error, where the disk allows.
+    """
+    with ExitStack() as stack:
+        cfg = plan.cfg
+        network = stack.enter_context(open_network(cfg, plan.link_plan, plan.world, dry_run))
+        if dry_run:
+            return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
+        remove_stale_socket_dirs()
+        rec = stack.enter_context(records.RunRecord(path, cfg))
+        try:
+            code, summary = _launch(plan, path, rec, network, stack, progress_factory, log)
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, the record says so
+            code, summary = outcome(exc)
+            _last_words(rec, summary | {"mode": "run"} | network.describe_summary())
+    return LaunchResult(code, summary, path)
+
+
+def _launch(plan, path, rec, network, stack, progress_factory, log) -> tuple[int, dict]:
+    cfg = plan.cfg
+    devices = worker_devices(cfg.run.device, cfg.workers)
+    warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
+    prog = None
+    if progress_factory is not None:
+        prog = stack.enter_context(progress_factory([d.label for d in devices], network.shaper))
+        for text in warnings:
+            prog({"kind": "warning", "text": text})
+    return supervise(Supervisor(plan, path, rec, network, devices, prog))
+
+
+def outcome(exc: BaseException) -> tuple[int, dict]:
+    """Exit code and summary fields for a run that ended by ``exc``."""
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        return exitcodes.INTERRUPTED, {"status": "stopped", "error": why}
+    if isinstance(exc, RunDiverged):
+        return exitcodes.DIVERGED, {"status": "diverged", "error": str(exc),
+                                    "diverged_at": exc.where}
+    if isinstance(exc, (RunFailed, records.RecordError)):
+        return exitcodes.RUN_FAILED, {"status": "failed", "error": str(exc)}
+    return exitcodes.INTERNAL, {"status": "error",
+                                "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+
+def _last_words(rec: records.RunRecord, summary: dict) -> str | None:
+    """Write the summary if the disk lets us; the reason it did not, else None."""
+    try:
+        rec.summary(summary)
+    except records.RecordError as exc:
+        return str(exc)
+    return None
+
+
+def _probes(cfg: Config, network) -> bool:
+    """Probe shaped links; not a network that starts unshaped (``ScenarioNetwork``: a link
+    event's rate applies later, and an unshaped link has no target to miss)."""
+    return cfg.net.probe and network.shaper != "none" and not getattr(network, "unshaped_start",
+                                                                      False)
+
+
+def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
+    """Measure the links training will use; a warning for each that misses its target by >10%."""
+    pairs = used_pairs(plan.cfg, plan.topology)
+    log(f"probing {len(pairs)} links ...")
+    rows = network.probe(pairs)
+    warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
+                f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
+                f"{r['configured_latency_ms']} ms" for r in rows if not r["ok"]]
+    for text in warnings:
+        log(f"warning: {text}")
+    return warnings
+
+
+def supervise(sup: Supervisor) -> tuple[int, dict]:
+    code, summary = exitcodes.OK, {}
+    try:
+        with SigTerm():
+            summary = sup.run()
+    except BaseException as exc:  # noqa: BLE001 - every ending is recorded, then stops the rest
+        code, summary = outcome(exc)
+        summary["last_rounds"] = [s.round for s in sup.slots]
+        summary |= sup.drops_so_far()
+        sup.stop_all()
+    finally:
+        sup.close()
+    summary |= {"mode": "run"} | sup.network.describe_summary()
+    problem = _last_words(sup.rec, summary)
+    if problem is None:
+        problem = _write_links(sup)
+    if problem is not None and code == exitcodes.OK:
+        code, summary = exitcodes.RUN_FAILED, summary | {"status": "failed", "error": problem}
+    return code, summary
+
+
+def _write_links(sup: Supervisor) -> str | None:
+    try:
+        sup.rec.write_json("links.json", sup.network.links_record(link_bytes(sup.slots)))
+    except records.RecordError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,306 @@
+"""Where the launcher meets the network: which address each worker binds, how it is started
+(loopback, namespaces with tc, a host's NIC), and the user namespace it may need. The shaping
+itself lives in the netem package.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from gasloc_emu.config import Config
+from gasloc_emu.netplan import multi_host_decision, shaped, shaping_decision
+
+
+class LoopbackNetwork:
+    """Unshaped: every worker binds an ephemeral port on 127.0.0.1 and starts as it is."""
+
+    shaper = "none"
+
+    def __init__(self, cfg: Config, reason: str = "no bandwidth profile"):
+        self.cfg, self.reason = cfg, reason
+
+    def change_links(self, changes: dict) -> None:
+        """Nothing shapes here: a partition's cuts (and their restores to unshaped) are the
+        algorithms' absent edges, and link events that change rates or latencies get
+        ``ScenarioNetwork`` instead (``open_network``); anything else is an error."""
+        shaping = {k: v for k, v in changes.items() if v[0] not in (None, 0.0) or v[1]}
+        if shaping:
+            raise RuntimeError(f"link changes {shaping} on an unshaped network")
+
+    def bind_address(self, rank: int) -> str:
+        return "tcp://127.0.0.1:0"  # the worker reports the port it got
+
+    def wrap(self, rank: int, argv: list[str]) -> list[str]:
+        return argv
+
+    def shaping_spec(self) -> dict | None:
+        return None
+
+    def configured_mbit(self, src: int, dst: int) -> float | None:
+        return None
+
+    def dry_run_text(self) -> str:
+        return f"# shaper: none ({self.reason}); nothing to create"
+
+    def describe_summary(self) -> dict:
+        return {"shaper": "none", "shaper_reason": self.reason,
+                "bw_profile": self.cfg.net.bw_profile}
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        return {"shaper": "none", "links": link_bytes}
+
+class ScenarioNetwork(LoopbackNetwork):
+    """No bandwidth profile, but a scenario whose link events change rates or latencies: the
+    userspace shaper with every link unshaped at the start, so that a link changed to 5 Mbit/s
+    runs at 5 Mbit/s from then on, as the simulator's link model has it. Each worker applies
+    its own links' changes (``worker_process``)."""
+
+    shaper = "userspace"
+    unshaped_start = True   # nothing to probe before the first link event (launcher._probes)
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg, "no bandwidth profile; the scenario's link events need a shaper: "
+                         "userspace (links unshaped until an event changes them)")
+
+    def shaping_spec(self) -> dict | None:
+        from netem.userspace import MAX_QUEUE_S
+        n = self.cfg.workers
+        links = [[s, d, None, 0.0] for s in range(n) for d in range(n) if s != d]
+        return {"mode": "userspace", "workers": n, "links": links, "up_mbit": {},
+                "max_queue_s": MAX_QUEUE_S}
+
+    def change_links(self, changes: dict) -> None:
+        """The workers apply them (the launcher has no tc here)."""
+
+    def dry_run_text(self) -> str:
+        return "# shaper: userspace (scenario link events); nothing to create"
+
+    def describe_summary(self) -> dict:
+        return super().describe_summary() | {"shaper": "userspace"}
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        return {"shaper": "userspace", "links": link_bytes}
+
+class ShapedNetwork:
+    """A run over the netem package's network: tc in namespaces, or the userspace shaper."""
+
+    def __init__(self, cfg: Config, session):
+        self.cfg, self.session = cfg, session
+        self.shaper = session.decision.shaper
+        self.probe_rows: list[dict] = []
+        self._live = None   # netem.live.LiveLinks, made at the first change under tc
+
+    def change_links(self, changes: dict) -> None:
+        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)} with tc, in
+        place (``netem.live.LiveLinks``); under the userspace shaper the workers apply
+        them. Latency changes under tc without netem are the receivers' (their release
+        queue), so only rates go to tc then."""
+        if self.shaper != "tc" or not changes:
+            return
+        from netem.live import LiveLinks
+        from netem.namespaces import run_commands
+        if self._live is None:
+            s = self.session
+            self._live = LiveLinks(s.plan, s.topo, s.decision, gso_floor_mbit=s.gso_floor_mbit)
+        netem = self.session.decision.delay == "netem"
+        cmds = []
+        for (src, dst), (rate, latency) in sorted(changes.items()):
+            rate = rate if rate is not None else self._live.rate_mbit(src, dst)
+            cmds += self._live.change(src, dst, rate_mbit=rate,
+                                      latency_ms=latency if netem else None)
+        run_commands(cmds)
+
+    def bind_address(self, rank: int) -> str:
+        return self.session.bind_address(rank)
+
+    def wrap(self, rank: int, argv: list[str]) -> list[str]:
+        return self.session.wrap(rank, argv)
+
+    def shaping_spec(self) -> dict | None:
+        return self.session.shaping_spec()
+
+    def configured_mbit(self, src: int, dst: int) -> float | None:
+        return self.session.plan.effective_rate_mbit(src, dst)
+
+    def dry_run_text(self) -> str:
+        return self.session.dry_run_text()
+
+    def probe(self, pairs: list[tuple[int, int]]) -> list[dict]:
+        """Measure the links training will use; rows of configured vs measured."""
+        from netem.probe import probe_links
+        self.probe_rows = probe_links(self.session, pairs)
+        return self.probe_rows
+
+    def describe_summary(self) -> dict:
+        d = self.session.decision
+        return {"shaper": d.shaper, "shaper_reason": d.reason, "delay": d.delay,
+                "netns_mode": self.session.mode, "bw_profile": self.cfg.net.bw_profile,
+                "profile": self.session.plan.profile}
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        """Configured vs measured per directed link, with the bytes training moved on it."""
+        plan, sent = self.session.plan, {(r["src"], r["dst"]): r["bytes"] for r in link_bytes}
+        probed = {(r["src"], r["dst"]): r for r in self.probe_rows}
+        rows = []
+        for (src, dst), link in sorted(plan.links.items()):
+            if (src, dst) not in sent and (src, dst) not in probed:
+                continue
+            row = {"src": src, "dst": dst, "configured_mbit": plan.effective_rate_mbit(src, dst),
+                   "configured_latency_ms": link.latency_ms, "bytes": sent.get((src, dst), 0)}
+            rows.append(row | {k: v for k, v in probed.get((src, dst), {}).items() if k not in row})
+        return {"shaper": self.shaper, "network": self.session.describe(include_commands=False),
+                "links": rows}
+
+class HostNetwork:
+    """One node's side of a multi-node run: its workers bind the host's address (the one on the
+    route to the master), and every directed link, within the host or across hosts, is shaped
+    the same way on every node, decided once all nodes have said what they can (``decide``):
+
+    - tc (``netem.hosttc``): where every node may change qdiscs (CAP_NET_ADMIN) and has htb and
+      u32; one HTB class per directed link on the interface that routes to its destination,
+      matched on destination address and port (each worker binds one port per sender);
+    - userspace (``netem.userspace``): sender pacing and receiver release, no privileges. Release
+      times are on each host's wall clock (``time.time``), so the hosts' clocks must agree to
+      well under a link's latency (NTP does a few ms); skew moves latency, never rates.
+    """
+
+    def __init__(self, cfg: Config, link_plan, addr: str, local_workers: int):
+        self.cfg, self.addr, self.link_plan = cfg, addr, link_plan
+        self.plan = link_plan if shaped(cfg) else None
+        self.tc_missing = _host_tc_missing() if self.plan is not None and \
+            cfg.net.shaper in ("auto", "tc") else "not asked for"
+        # one port per sender for each local worker, found free now; used only with tc, which
+        # needs every node able to do it
+        self.port_base = _free_port_block(addr, local_workers * cfg.workers) \
+            if not self.tc_missing else 0
+        self.decision = None
+        self.bases: dict[int, tuple[str, int]] = {}
+        self.tc = None
+        self.spec = None
+
+    @property
+    def shaper(self) -> str:
+        return self.decision.shaper if self.decision is not None else "undecided"
+
+    @property
+    def link_ports(self) -> bool:
+        return self.shaper == "tc"
+
+    def decide(self, missing_by_node: dict[int, str], nodes: list[tuple[str, int, int]],
+               local: list[int]) -> None:
+        """The run's shaper from what every node can do (the same answer on every node), then
+        this node's part of it. ``nodes``: (address, port base, workers) per node, in order."""
+        self.decision = multi_host_decision(self.cfg, self.link_plan, missing_by_node)
+        rank = 0
+        for addr, base, count in nodes:
+            for i in range(count):
+                self.bases[rank] = (addr, base + i * self.cfg.workers)
+                rank += 1
+        from netem.userspace import spec_for
+        self.spec = spec_for(self.plan, self.decision) if self.plan is not None else None
+        if self.shaper == "tc":
+            from netem.hosttc import HostShaping, host_links, route_dev
+            from netem.namespaces import new_run_id
+            links = host_links(self.plan, local, self.bases, route_dev)
+            self.tc = HostShaping(new_run_id(), links, self.cfg.net.mtu)
+
+    def __enter__(self) -> HostNetwork:
+        if self.tc is not None:
+            self.tc.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.tc is not None:
+            self.tc.close()
+
+    def change_links(self, changes: dict) -> None:
+        """Under the userspace shaper the workers apply a scenario's link changes; host tc
+        classes are not changed by scenarios yet, so that is refused, never skipped."""
+        if changes and self.shaper == "tc":
+            raise RuntimeError("a scenario's link changes on a multi-node tc network are not "
+                               "applied yet; use net.shaper = 'userspace'")
+
+    def bind_address(self, rank: int) -> str:
+        addr, base = self.bases[rank]
+        return f"tcp://{addr}:{base if self.link_ports else 0}"
+
+    def wrap(self, rank: int, argv: list[str]) -> list[str]:
+        return argv
+
+    def shaping_spec(self) -> dict | None:
+        return self.spec
+
+    def configured_mbit(self, src: int, dst: int) -> float | None:
+        return self.plan.effective_rate_mbit(src, dst) if self.plan is not None else None
+
+    def describe_summary(self) -> dict:
+        out = {"shaper": self.shaper, "shaper_reason": self.decision.reason,
+               "bw_profile": self.cfg.net.bw_profile}
+        if self.plan is not None:
+            out |= {"delay": self.decision.delay, "profile": self.plan.profile}
+        return out
+
+    def links_record(self, link_bytes: list[dict]) -> dict:
+        rows = [r | {"configured_mbit": self.configured_mbit(r["src"], r["dst"])}
+                for r in link_bytes]
+        out = {"shaper": self.shaper, "links": rows}
+        if self.tc is not None:
+            out["tc"] = self.tc.describe()
+        return out
+
+def _host_tc_missing() -> str:
+    """Why tc cannot shape this host's interfaces ("" when it can)."""
+    from netem.capabilities import probe
+    from netem.hosttc import has_net_admin
+    if not has_net_admin():
+        return "no CAP_NET_ADMIN here (not root)"
+    return probe().tc_missing() or ""
+
+def _free_port_block(addr: str, count: int, first: int = 30000, last: int = 60000) -> int:
+    """The first port of ``count`` consecutive ports free on ``addr`` right now."""
+    import socket
+    for base in range(first, last - count, max(count, 1)):
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((addr, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    from netem.capabilities import CapabilityError
+    raise CapabilityError(f"no {count} consecutive free ports on {addr} in [{first}, {last}]")
+
+def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
+    """Re-exec the launcher in its own user + network + mount namespace when tc will shape.
+
+    Everything the run builds then lives in that namespace and vanishes with the launcher, even
+    on kill -9. Where user namespaces do not work, root builds run-prefixed names instead
+    (``gasloc-emu netem clean`` removes leftovers); otherwise the userspace shaper is used.
+    """
+    if dry_run or not shaped(cfg):
+        return
+    if shaping_decision(cfg).shaper == "tc":
+        from netem.namespaces import reexec_in_userns
+        reexec_in_userns(argv)  # returns only when already inside, or when userns is unavailable
+
+@contextmanager
+def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
+    """The network of a run (``link_plan``, ``world``: the run plan's), undone on exit."""
+    links = world.links if world is not None else None
+    if not shaped(cfg):
+        if cfg.net.shaper != "none" and world is not None and world.changes_links:
+            yield ScenarioNetwork(cfg)
+            return
+        reason = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
+        yield LoopbackNetwork(cfg, reason)
+        return
+    from netem.namespaces import NetworkSession
+    plan, decision = link_plan, shaping_decision(cfg)
+    # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
+    floor = links.slowest_mbit() if links is not None else {}
+    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor) as session:
+        yield ShapedNetwork(cfg, session)

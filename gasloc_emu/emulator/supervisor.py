@@ -1,0 +1,310 @@
+"""The launcher's side of a running job: one `Supervisor` holds the control plane, watches every
+worker (heartbeats, deaths, silence), answers their requests, and ends with the run's summary.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gasloc_emu.config import Config
+from gasloc_emu.emulator.conductor import Conductor
+from gasloc_emu.emulator.control_plane import ControlPlane
+from gasloc_emu.emulator.desk import ControlDesk
+from gasloc_emu.emulator.errors import RunFailed
+from gasloc_emu.emulator.inbound import (
+    where_in_run,
+)
+from gasloc_emu.emulator.launch_spec import LaunchSpec
+from gasloc_emu.emulator.processes import (
+    WorkerSlot,
+    kill_group,
+    reap,
+    remove_socket_files,
+    spawn_worker,
+)
+from gasloc_emu.emulator.tally import drops_so_far, run_summary
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report import records
+from gasloc_emu.scenario.observed import event_feed
+from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
+from gasloc_emu.training.model import count_parameters
+from gasloc_emu.training.pairing import Pairer
+from gasloc_emu.transport import auth, control
+
+READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
+
+EXIT_GRACE_S = 10.0
+
+_PEER_TIMEOUT_FLOOR_S = 600.0
+
+
+def peer_timeout_s(cfg: Config, network) -> float:
+    """How long a worker waits for one peer message before it fails the run itself.
+
+    Liveness is the supervisor's job: a worker that dies or goes silent for
+    ``run.heartbeat_timeout_s`` stops the run, and that stop also ends every peer's wait. So
+    this is only the backstop for a peer that is alive but stuck, and it must outlast every
+    legitimate wait: the peer's local steps, and one whole parameter message over the slowest
+    configured link (gpt2 over 5 Mbit/s takes minutes).
+    """
+    rates = [network.configured_mbit(a, b) for a in range(cfg.workers)
+             for b in range(cfg.workers) if a != b]
+    rates = [r for r in rates if r]
+    bits = count_parameters(cfg.model) * 32  # float32 parameters, the whole model in one message
+    transfer_s = bits / (min(rates) * 1e6) if rates else 0.0
+    return max(_PEER_TIMEOUT_FLOOR_S, 4 * cfg.run.heartbeat_timeout_s, 4 * transfer_s)
+
+
+class Supervisor:
+    """Runs one emulator job from spawn to summary."""
+
+    def __init__(self, plan: RunPlan, run_dir: Path, rec: records.RunRecord, network,
+                 devices: list[DeviceAssignment], progress=None, *,
+                 security: auth.Security | None = None,
+                 endpoints: tuple[str, str] | None = None):
+        """``security``: the run's keys (default: fresh ones, one host); ``endpoints``: where
+        the control plane binds (default: ipc:// sockets in the run folder; tcp:// with port 0
+        for a multi-node run, read back after binding)."""
+        cfg = plan.cfg
+        self.plan, self.cfg, self.dir, self.rec, self.network = plan, cfg, run_dir, rec, network
+        self.devices, self.progress = devices, progress
+        # fresh keys per run; only the workers' Popen environments get them (_spawn)
+        self.security = security or auth.Security(auth.RunCredentials.new(cfg.workers),
+                                                  auth.resolve_mode(cfg.run.security))
+        self.plane = ControlPlane(self.security, *(endpoints or control.ctl_paths(run_dir)))
+        self.ctl_addr, self.hb_addr = self.plane.ctl_addr, self.plane.hb_addr
+        self.slots: list[WorkerSlot] = []
+        self.t0 = 0.0
+        self.link_meter = LinkMeter()
+        # what every worker's messages must agree with: ranks, rounds, the model's size
+        self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
+        self.desk = ControlDesk(self)  # what each control message does
+        self.world = plan.world  # the scenario's rounds (None without one)
+        self.feed = None  # its events, into events.jsonl and onto the display
+        # its link changes and its events at a time, played on the run's clock
+        self.scenario = Conductor(plan.world, network, cfg.run.rounds, self._clock,
+                                  lambda rank, msg: self._tell(rank, msg))
+        # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
+        self.pairer = async_pairer(plan)
+
+    def _clock(self) -> float | None:
+        """Seconds since the run's start; None before it."""
+        return time.time() - self.t0 if self.t0 else None
+
+    # -- lifecycle
+    def run(self) -> dict:
+        """The run's protocol, as the workers see it: spawn, start, finish, exit."""
+        self.feed = event_feed(self.world, self.rec, self.progress,
+                               shaper=_applied_by(self.network.shaper))
+        self.launch_spec().write(self.dir)
+        self.slots = self._spawn_all()
+        self._await(lambda s: s.ready is not None, READY_TIMEOUT_S, "start")
+        self._start()
+        self._await(lambda s: s.final is not None, None, "finish")
+        wall_s = time.time() - self.t0
+        for s in self.slots:
+            self._tell(s.rank, {"type": "exit"})
+        self._reap(EXIT_GRACE_S)
+        return self._summary(wall_s)
+
+    def launch_spec(self) -> LaunchSpec:
+        return LaunchSpec(
+            ctl_addr=self.ctl_addr, heartbeat_addr=self.hb_addr,
+            devices=tuple(d.device for d in self.devices),
+            bind_addrs=tuple(self.network.bind_address(r) for r in range(self.cfg.workers)),
+            shaping=self.network.shaping_spec(), threads=threads_per_worker(self.cfg),
+            heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
+            start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0, link_ports=False)
+
+    def _start(self) -> None:
+        """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
+        self.scenario.change_links(0)   # round 0's, before anything is sent
+        self.t0 = time.time()
+        peers = {str(s.rank): s.ready["addr"] for s in self.slots}
+        for s in self.slots:
+            self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
+        self.rec.write_json("workers.json", [self._worker_row(s) for s in self.slots])
+
+    def _worker_row(self, s: WorkerSlot) -> dict:
+        return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
+                "gpu": s.device.gpu, "addr": s.ready["addr"]}
+
+    def _spawn_all(self) -> list[WorkerSlot]:
+        return [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]
+
+    def _spawn(self, rank: int, device: DeviceAssignment) -> WorkerSlot:
+        proc = spawn_worker(self.dir, rank, device, self.network, self.security)
+        return WorkerSlot(rank, proc, device, time.monotonic())
+
+    def _await(self, done, timeout_s: float | None, what: str) -> None:
+        """Serve control traffic until ``done(slot)`` for every worker, failing fast on trouble."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not all(done(s) or s.gone for s in self.slots):
+            self._serve(0.1)
+            self._check_health(done)
+            if deadline is not None and time.monotonic() > deadline:
+                late = [s.rank for s in self.slots if not done(s)]
+                raise RunFailed(f"workers {late} did not get ready to {what} in {timeout_s:.0f} s")
+
+    def _serve(self, timeout_s: float) -> None:
+        beats, messages = self.plane.poll(timeout_s)
+        for frame in beats:
+            self.desk.on_heartbeat(control.unpack(frame.bytes), sender=auth.peer_user(frame))
+        for frames in messages:
+            self.desk.on_control(frames)
+        self.scenario.change_links_by_time()
+        self.scenario.fix_due(self.slots)
+        rows = self.link_meter.rows(self.network.configured_mbit)
+        if rows is not None and self.progress is not None:
+            self.progress({"kind": "links", "links": rows})
+
+    def _check_health(self, done) -> None:
+        now = time.monotonic()
+        self._check_nodes(now)
+        for s in self.slots:
+            if s.gone:
+                continue
+            code = s.proc.poll() if s.proc is not None else None  # None: on another node
+            if code is not None and not done(s) and s.final is None:
+                leave = self._planned_leave(s)
+                if leave is None:
+                    self._died(s, code)
+                self._departed(s, leave)
+                continue
+            # before it is ready a worker may be importing torch on a busy machine: the ready
+            # timeout covers that; once it trains, silence means trouble
+            silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
+            if silent and s.ready is not None and s.final is None:
+                raise self._silent(s, now - s.last_seen)
+
+    def _planned_leave(self, s: WorkerSlot) -> int | None:
+        """The round at which the scenario makes this worker leave, when its death is that
+        departure and the run carries on without it (``run.on_worker_loss``); else None."""
+        if self.cfg.run.on_worker_loss == "fail":
+            return None
+        return self.scenario.planned_leave(s.rank, s.round)
+
+    def _departed(self, s: WorkerSlot, leave: int) -> None:
+        """A planned departure: forget the process; when it joins again, start its successor
+        now, on the same address (it waits for its join round and its donor's parameters)."""
+        self._serve(0.2)  # its last metrics may still be in flight
+        # a join at a time not fixed yet: the successor waits for it (``Conductor.on_round``)
+        start = self.scenario.rejoin_round(s.rank, leave)
+        if start is None:
+            s.gone = True
+            return
+        s.proc = spawn_worker(self.dir, s.rank, s.device, self.network, self.security,
+                              rejoin=(s.ready["addr"], start))
+        s.ready, s.final, s.last_seen = None, None, time.monotonic()
+
+    def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
+        return RunFailed(f"worker {s.rank} silent for {seconds:.0f} s {self._when(s)}")
+
+    def _died(self, s: WorkerSlot, code: int, where: str = "") -> None:
+        self._serve(0.2)  # its last words (an error message) may still be in flight
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        log = where or str(self.dir / "workers" / f"worker{s.rank}.log")
+        raise RunFailed(f"worker {s.rank} died ({how}) {self._when(s)}; log: {log}")
+
+    def _label(self, slot: WorkerSlot) -> str:
+        return slot.device.label
+
+    def _check_nodes(self, now: float) -> None:
+        """The other nodes' liveness (multi-node runs); one host has none to check."""
+
+    def _when(self, slot: WorkerSlot) -> str:
+        return where_in_run(slot.ready is not None, bool(self.t0), slot.round,
+                            self.cfg.run.rounds)
+
+    def _tell(self, rank: int, msg: dict) -> None:
+        self.plane.tell(rank, msg)
+
+    def _slot(self, worker) -> WorkerSlot | None:
+        if isinstance(worker, int) and 0 <= worker < len(self.slots):
+            return self.slots[worker]
+        return None
+
+    # -- stopping
+    def stop_all(self) -> None:
+        """Ask every worker to stop, then kill whatever is left after a short grace."""
+        for s in self.slots:
+            self._tell(s.rank, {"type": "stop"})
+        self._reap(3.0)
+
+    def _reap(self, grace_s: float) -> None:
+        reap([s.proc for s in self.slots if s.proc is not None], grace_s)
+
+    def close(self) -> None:
+        if self.plane.closed:
+            return
+        for s in self.slots:
+            if s.proc is not None and s.proc.poll() is None:
+                kill_group(s.proc)
+        self.plane.close()
+        remove_socket_files(a for a in (self.ctl_addr, self.hb_addr) if a.startswith("ipc://"))
+
+    # -- results
+    def _summary(self, wall_s: float) -> dict:
+        """The record's numbers (``tally``), every control message the launcher dropped in
+        ``control_drops``, and the pairings and scenario blocks."""
+        out = run_summary(self.plan, self.slots, wall_s)
+        out["control_drops"] = self.control_drops_total()
+        if self.pairer is not None:
+            out["asynchronous"] = self.pairer.record() | self.plan.algo.pairing_constants(
+                self.cfg.algo, self.plan.topology)
+        return out | self.scenario.summary()
+
+    def drops_so_far(self) -> dict:
+        """``drops`` and ``control_drops`` of a run that ended early."""
+        return {"drops": drops_so_far(self.slots), "control_drops": self.control_drops_total()}
+
+    def control_drops_total(self) -> dict[str, int]:
+        """Control messages dropped by reason, with the connections ZAP refused (``zap.*``)."""
+        total = dict(self.desk.control_drops)
+        for reason, n in self.plane.refusals().items():
+            total[reason] = total.get(reason, 0) + n
+        return dict(sorted(total.items()))
+
+
+def async_pairer(plan: RunPlan) -> Pairer | None:
+    """The pairer of asynchronous pairwise gossip (an algorithm without rounds), over the
+    graph's edges; None otherwise."""
+    if plan.algo.has_rounds:
+        return None
+    cfg = plan.cfg
+    return Pairer(cfg.workers, plan.topology.possible_edges, cfg.seed)
+
+
+def _applied_by(shaper: str) -> str:
+    """Who applies a scenario's link changes under this shaper (events.jsonl's applied_by)."""
+    return {"tc": "tc: the launcher, when the first worker reports the round before",
+            "userspace": "userspace: each worker at its round start",
+            "none": "none: a partition's cuts are the algorithms' absent edges"
+            }.get(shaper, shaper)
+
+
+class LinkMeter:
+    """Per-link throughput from the workers' cumulative byte counters (sent in heartbeats)."""
+
+    def __init__(self, period_s: float = 1.0):
+        self.period_s = period_s
+        self.now: dict[tuple[int, int], int] = {}
+        self.prev: dict[tuple[int, int], int] = {}
+        self.t_prev = time.monotonic()
+
+    def update(self, src: int, sent: dict[int, int]) -> None:
+        """``sent``: a checked heartbeat's bytes per peer (int ranks, int counts)."""
+        for dst, nbytes in sent.items():
+            self.now[(src, dst)] = nbytes
+
+    def rows(self, configured) -> list[dict] | None:
+        """Rows for the dashboard at most once per period, else None."""
+        t = time.monotonic()
+        dt = t - self.t_prev
+        if dt < self.period_s or not self.now:
+            return None
+        rows = [{"src": s, "dst": d, "bytes": b, "configured_mbit": configured(s, d),
+                 "mbit_now": (b - self.prev.get((s, d), 0)) * 8 / dt / 1e6}
+                for (s, d), b in sorted(self.now.items())]
+        self.prev, self.t_prev = dict(self.now), t
+        return rows

@@ -1,0 +1,38 @@
+"""The numbers a run's record ends with, from the workers' checked final messages (or, for a
+run that ended early, their last heartbeats): pure functions of the Supervisor's slots."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report.summary import drops_summary, final_summary
+
+
+def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> dict:
+    """summary.json's numbers over the workers there at the end; every message a worker
+    dropped is in ``drops`` (by reason and worker)."""
+    alive = [s for s in slots if not s.gone]
+    sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in alive)
+    out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
+                        plan.corpus.eval_batches(), wall_s, sent,
+                        overruns=[s.overruns for s in alive])
+    out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in alive)
+    out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive})
+    return out
+
+
+def drops_so_far(slots: Sequence) -> dict:
+    """``drops`` of a run that ended early: each worker's last word (its final counters, else
+    its last heartbeat)."""
+    return drops_summary({s.rank: (s.final["counters"] if s.final is not None else s.status)
+                          .get("drop_reasons", {}) for s in slots})
+
+
+def link_bytes(slots: Sequence) -> list[dict]:
+    """Bytes moved on every directed link that carried traffic, from the workers' counters
+    (checked when their final message arrived: int ranks, int bytes)."""
+    rows = []
+    for s in slots:
+        sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
+        rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
+    return sorted(rows, key=lambda r: (r["src"], r["dst"]))

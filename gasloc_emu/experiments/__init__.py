@@ -1,0 +1,2 @@
+"""Experiment presets: arms x seeds, tables, plots and the results page.
+"""

@@ -1,0 +1,168 @@
+"""The results page: one section per preset, written from a sweep's report (tables, the search
+that was done, verdicts) and replaced in place in docs/RESULTS.md.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from gasloc_emu.experiments.spec import fmt_value, point_label, short_names
+
+
+def _pm(stat, fmt: str = "{:.4f}") -> str:
+    mean, std, n = stat
+    if mean is None:
+        return "-"
+    return f"{fmt.format(mean)} ± {fmt.format(std)}" + (f" (n={n})" if n else "")
+
+
+def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
+    spec = report["spec"]
+    emulated = spec["mode"] == "run"
+    timed = spec["x_axis"] == "both"
+    clock = "wall-clock s (emulator)" if emulated else "predicted s (simulator)"
+    grids = _arm_grids(spec, report["rows"])
+    own = len(set(grids.values())) > 1   # the arms did not all search the same grid
+    searched = any(grids.values())   # without any search there is no "best" to report
+    tuning = f"{_search_sentence(spec, grids)}, best value kept for all seeds" if searched \
+        else "no search: each arm runs the settings the preset gives it"
+    lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
+             f"Command: `{command}`", "",
+             f"Mode: {spec['mode']} ({_mode_words(emulated, timed)}); "
+             f"seeds {list(spec['seeds'])}; {tuning}. Mean ± standard deviation over seeds. "
+             "Final eval loss is that of the average of the workers' models; consensus distance "
+             "is the RMS distance of the workers' parameters to that average.", ""]
+    if own:
+        lines += [f"Each arm's search on seed {spec['seeds'][0]}:", ""]
+        lines += [f"- {arm}: {_search_words(tune)}, {_grid_size(tune)} runs"
+                  for arm, tune in grids.items()]
+        lines += [""]
+    # arms that searched different keys: each cell names its keys; otherwise the header does
+    keyed = len({tuple(k for k, _ in tune) for tune in grids.values()}) > 1
+    names = short_names(dict.fromkeys(k for tune in grids.values() for k, _ in tune))
+    common = next(iter(grids.values()), ())  # every arm's keys, when they all searched the same
+    best_head = "best" if keyed else f"best {', '.join(k for k, _ in common)}"
+    lines += ["| arm | " + (f"{best_head} | " if searched else "") + "final eval loss | "
+              "consensus distance | "
+              + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
+              + "MB sent |",
+              "| --- | --- | --- | " + ("--- | " if searched else "")
+              + ("--- | --- | " if timed else "") + "--- |"]
+    for r in report["rows"]:
+        mb = r["bytes_sent_total"]
+        best = _best_pairs(r["best"], grids[r["arm"]], names) if keyed else \
+            _best_words(r["best"])
+        lines.append(f"| {r['arm']} | " + (f"{best} | " if searched else "")
+                     + f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
+                     + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
+                        if timed else "")
+                     + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
+    lines += ["", f"![{name}]({plot_rel})"]
+    if report.get("tuning_plot"):
+        lines += ["", f"The whole search, seed {spec['seeds'][0]}, one heat map per arm:", "",
+                  f"![{name} search]({plot_rel.removesuffix('.png')}-tuning.png)"]
+    lines += ["", "Verdict, computed from the table "
+              f"(rule: {spec['verdict']}):", ""]
+    lines += [_verdict_line(group, j, spec) for group, judged in report["verdict"].items()
+              for j in judged]
+    m = report["machine"]
+    lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
+              f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report.get('runs', '')} runs took "
+              f"{report.get('run_seconds', report['seconds']) / 60:.1f} min of wall-clock.", ""]
+    return "\n".join(lines)
+
+
+def _arm_grids(spec: dict, rows: list[dict]) -> dict[str, tuple]:
+    """Each reported arm's grid, ((key, (values...)), ...): its own or the sweep-wide one
+    (hashable, so that arms' grids can be compared; results.json gives lists)."""
+    def frozen(tune) -> tuple:
+        return tuple((k, tuple(v)) for k, v in tune or ())
+    own = {a["name"]: a.get("tune") for a in spec.get("arms", ())}
+    return {r["arm"]: frozen(own.get(r["arm"]) or spec.get("tune")) for r in rows}
+
+
+def _grid_size(tune: tuple) -> int:
+    return math.prod(len(v) for _, v in tune)
+
+
+def _search_sentence(spec: dict, grids: dict[str, tuple]) -> str:
+    """How the arms were tuned, for the Mode paragraph: one search for all, or each its own
+    (listed after the paragraph); and the equal budget when the preset asks for one."""
+    first = spec["seeds"][0]
+    sizes = sorted({_grid_size(t) for t in grids.values()})
+    if len(set(grids.values())) <= 1:
+        tune = next(iter(grids.values()), spec.get("tune") or ())
+        words = f"the same search over {_search_words(tune)} on seed {first} for every arm"
+    elif len(sizes) == 1 and not spec.get("equal_budget"):
+        words = f"each arm's own search (below), {sizes[0]} runs each on seed {first}"
+    elif len(sizes) == 1:
+        words = f"each arm's own search (below) on seed {first}"
+    else:
+        words = (f"each arm's own search (below) on seed {first}, from {sizes[0]} to "
+                 f"{sizes[-1]} runs per arm")
+    if spec.get("equal_budget") and len(sizes) == 1:
+        words += f"; every arm had the same budget of {sizes[0]} seed-{first} runs"
+    return words
+
+
+def _search_words(tune) -> str:
+    """'algo.inner.lr [0.001, 0.003]', or the grid 'algo.outer_lr [0.5, 1.0] x algo.momentum
+    [0.0, 'auto']' (every combination), or 'nothing'."""
+    if not tune:
+        return "nothing"
+    words = " x ".join(f"{k} {list(v)}" for k, v in tune)
+    return words if len(tune) == 1 else f"the grid {words} (every combination)"
+
+
+def _best_pairs(best, tune: tuple, names: dict[str, str]) -> str:
+    """results.json's best as 'outer_lr 0.5, momentum auto, lr 0.002': for a table whose arms
+    searched different keys, so a bare value would not say what it is."""
+    if best is None:
+        return "-"
+    point = tuple(best) if isinstance(best, list) else (best,)
+    return ", ".join(f"{names[k]} {fmt_value(v)}" for (k, _), v in zip(tune, point, strict=True))
+
+
+def _best_words(best) -> str:
+    """results.json's best (``point_value``) as ``point_label`` writes the point."""
+    if best is None:
+        return "-"
+    return point_label(tuple(best) if isinstance(best, list) else (best,))
+
+
+def _mode_words(emulated: bool, timed: bool) -> str:
+    if emulated:
+        return "real worker processes over the shaped network"
+    if timed:  # time is the point: the compute model's nominal step times make it meaningful
+        return ("in-process simulator; its clock is the compute model's time (nominal step "
+                "times where compute.step_time_s is set) plus modelled transfers")
+    return ("in-process simulator: only rounds matter here; its clock is compute time plus "
+            "modelled transfers")
+
+
+def _verdict_line(group: str, j: dict, spec: dict) -> str:
+    if "value" not in j:
+        return f"- {group}: {j['arm']}: not judged ({j['why']})"
+    fmt = (lambda v: "never" if v is None else f"{v:.1f} s") if j["key"] == "time_to_target_s" \
+        else (lambda v: "-" if v is None else f"{v:.4f}")
+    others = ", ".join(f"{k} {fmt(v)}" for k, v in j["baselines"].items())
+    rule = {"beats": "lower final eval loss than", "faster": "reaches the target sooner than",
+            "competitive": f"within {spec['tolerance']:.0%} of the best of"}[spec["verdict"]]
+    missed = f" (it missed the target on {j['missed']} of {j['seeds']} seeds)" \
+        if j.get("missed") else ""
+    return (f"- {group}: {j['arm']} ({fmt(j['value'])}) {rule} {others}: "
+            f"**{'yes' if j['holds'] else 'no'}**{missed}")
+
+
+def update_results_page(page: Path, name: str, section: str) -> None:
+    """Replace (or append) the section between this experiment's markers."""
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    text = page.read_text() if page.exists() else "# Results\n"
+    block = f"{begin}\n{section}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text)

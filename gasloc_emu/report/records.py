@@ -1,0 +1,162 @@
+"""Run records: one folder per run with the resolved config, metrics as they come, and a summary.
+
+    <dir>/config.toml     the resolved config (reads back into an equal Config)
+    <dir>/metrics.jsonl   one JSON object per worker per round, flushed line by line
+    <dir>/summary.json    final numbers, written at the end (also when the run failed)
+    <dir>/links.json      configured vs measured links (emulator runs)
+"""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from gasloc_emu.config import Config, to_toml
+
+
+def default_name(cfg: Config, label: str) -> str:
+    """``run.name``, else ``label`` (the algorithm's ``run_label``) and the worker count."""
+    return cfg.run.name or f"{label}-n{cfg.workers}"
+
+
+RECORD_FILES = ("config.toml", "metrics.jsonl", "summary.json", "links.json", "workers.json",
+                "launch.json")
+
+
+class RecordError(Exception):
+    """The run record cannot be written: a reused folder, a read-only disk, a full disk."""
+
+
+def new_run_dir(cfg: Config, out: str | os.PathLike | None = None,
+                overwrite: bool = False, label: str = "run") -> Path:
+    """``out`` when given, else ``<run.out_dir>/<name>-<timestamp>`` (never reusing a folder).
+
+    An ``out`` that already holds a record is refused unless ``overwrite``, which clears it
+    first: two runs' metrics in one file would read as one run.
+    """
+    path = Path(out) if out is not None else fresh_path(cfg, label)
+    if out is not None and holds_record(path):
+        if not overwrite:
+            raise RecordError(f"{path} already holds a run record; choose another --out or "
+                              "pass --overwrite to replace it")
+        _clear(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecordError(f"cannot create the run record {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def fresh_path(cfg: Config, label: str = "run") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", default_name(cfg, label))
+    path = Path(cfg.run.out_dir) / f"{safe}-{stamp}"
+    k = 1
+    while path.exists():
+        k += 1
+        path = Path(cfg.run.out_dir) / f"{safe}-{stamp}-{k}"
+    return path
+
+
+def holds_record(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RECORD_FILES)
+
+
+def _clear(path: Path) -> None:
+    """Remove what a run record consists of (and nothing else a user may keep there)."""
+    try:
+        for name in RECORD_FILES:
+            (path / name).unlink(missing_ok=True)
+        shutil.rmtree(path / "workers", ignore_errors=True)
+    except OSError as exc:
+        raise RecordError(f"cannot clear {path} for --overwrite: {exc.strerror or exc}") from None
+
+
+def _clean(obj):
+    """JSON without NaN/Infinity (they become null), which strict readers reject."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+class RunRecord:
+    """Writes one run's folder. Each metrics line is written whole, with one system call, as
+    it comes (a killed run keeps every finished line), or not at all: a line cut short by a
+    full disk is taken back, so metrics.jsonl never ends in half a line. Every OSError is a
+    ``RecordError`` naming the file."""
+
+    def __init__(self, path: Path, cfg: Config):
+        self.path = Path(path)
+        self._fd = -1
+        self._guard("config.toml", lambda: self._start(cfg))
+
+    def _start(self, cfg: Config) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "config.toml").write_text(to_toml(cfg))
+        self._fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                           0o644)
+        self._size = os.fstat(self._fd).st_size
+
+    def metric(self, row: dict) -> None:
+        line = (json.dumps(_clean(row)) + "\n").encode()
+        self._guard("metrics.jsonl", lambda: self._append(line))
+
+    def _append(self, line: bytes) -> None:
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"only {written} of {len(line)} bytes written")
+        except OSError:
+            os.ftruncate(self._fd, self._size)  # whole lines or nothing
+            raise
+        self._size += written
+
+    def event(self, rec: dict) -> None:
+        """One scenario event that fired, appended to events.jsonl."""
+        line = json.dumps(_clean(rec)) + "\n"
+        self._guard("events.jsonl", lambda: self._append_to("events.jsonl", line))
+
+    def _append_to(self, name: str, line: str) -> None:
+        with open(self.path / name, "a") as f:
+            f.write(line)
+
+    def write_json(self, name: str, obj) -> None:
+        text = json.dumps(_clean(obj), indent=2) + "\n"
+        self._guard(name, lambda: self._replace(name, text))
+
+    def _replace(self, name: str, text: str) -> None:
+        tmp = self.path / (name + ".tmp")
+        try:
+            tmp.write_text(text)
+            tmp.replace(self.path / name)  # atomic: readers never see half a summary
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def summary(self, obj: dict) -> None:
+        self.write_json("summary.json", obj)
+
+    def _guard(self, name: str, write) -> None:
+        try:
+            write()
+        except OSError as exc:
+            raise RecordError(f"cannot write {self.path / name}: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""The numbers every run record ends with: the average model, its loss, the consensus distance.
+
+Both the simulator and the launcher call ``final_summary`` with the workers' final parameters;
+the average is summed in rank order and evaluated on the CPU, so both give the same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gasloc_emu.training import data, model
+
+
+def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """The average model (summed in rank order) and the RMS distance of workers to it."""
+    mean = thetas[0].detach().to("cpu", torch.float64).clone()
+    for t in thetas[1:]:
+        mean.add_(t.detach().to("cpu", torch.float64))
+    mean.div_(len(thetas))
+    sq = [float((t.detach().to("cpu", torch.float64) - mean).pow(2).sum()) for t in thetas]
+    return mean.to(thetas[0].dtype), math.sqrt(sum(sq) / len(sq))
+
+
+def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
+                  wall_s: float, bytes_sent: int, overruns: list[int] | None = None) -> dict:
+    """The summary every run record ends with (``plan``: the run's ``RunPlan``); the average
+    model is evaluated on the CPU.
+
+    ``overruns``: per worker, the inner steps slower than their nominal time (None where the
+    caller did not collect them)."""
+    cfg, topo = plan.cfg, plan.topology
+    steps = plan.steps
+    avg, consensus = average_and_consensus(thetas)
+    gpt, flat = model.build_model(cfg.model, cfg.seed, "cpu")
+    with torch.no_grad():
+        flat.copy_(avg)
+    constants = plan.constants()   # only what the algorithm shows (plain gossip: nothing)
+    return {
+        "status": "ok", "algorithm": cfg.algo.name,
+        # where the algorithm's class comes from (a plugin's package and version) and its
+        # settings as validated
+        "algorithm_source": plan.algorithm.record(),
+        "topology": plan.topology_label(),
+        "workers": cfg.workers, "rounds": cfg.run.rounds,
+        # H_i per round; None when a budget is filled with measured steps (see metrics.jsonl)
+        "local_steps": None if steps is None else list(steps),
+        "lambda2": None if topo is None else topo.lambda2,
+        "gamma": constants.get("gamma"), "eta": constants.get("eta"),
+        "final_eval_loss": data.evaluate(gpt, eval_set), "worker_eval_loss": worker_eval,
+        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
+        # the simulator's virtual clock fills these in: its prediction, and the CPU slots
+        # (cores / threads per worker) it shared among workers computing at once
+        "predicted_wall_s": None, "cpu_slots": None,
+        # the launcher replaces these with what its workers and its control plane dropped; the
+        # simulator has no wire, so nothing can be dropped there
+        "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
+        "compute": plan.compute.record(overruns),
+    }
+
+
+def drops_summary(by_worker: dict[int, dict[str, int]]) -> dict:
+    """summary.json's ``drops``: every data-plane message a worker dropped, counted by reason,
+    in total and per worker, so a run that lost messages cannot pass for an undisturbed one."""
+    by_reason: dict[str, int] = {}
+    for reasons in by_worker.values():
+        for reason, n in reasons.items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+    return {"total": sum(by_reason.values()), "by_reason": dict(sorted(by_reason.items())),
+            "by_worker": {str(r): dict(sorted(by_worker[r].items())) for r in sorted(by_worker)}}

@@ -1,0 +1,270 @@
+"""N workers in one process: the same Worker and algorithms, an in-memory transport, a virtual
+clock.
+
+Each worker runs in its own thread but only one computes at a time (see ``transport.memory``),
+so results are deterministic and equal to the multi-process emulator's for the same seed. Times
+come from ``virtual_clock``, which replays what the threads did on the emulator's network and
+cores.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from gasloc_emu.config import Config
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report.records import RunRecord
+from gasloc_emu.report.summary import final_summary
+from gasloc_emu.scenario.observed import event_feed, membership_summary
+from gasloc_emu.scenario.world import RoundPlan
+from gasloc_emu.simulator.async_sim import simulate_async
+from gasloc_emu.simulator.memory import Hub, LinkModel
+from gasloc_emu.simulator.virtual_clock import slots_for
+from gasloc_emu.training.devices import simulator_device, threads_per_worker
+from gasloc_emu.training.worker import Diverged, Worker
+from gasloc_emu.transport.faults import InjectedFault, plan_from_config, with_fault
+
+# progress(worker, round_stats_dict) is called after every round of every worker
+Progress = Callable[[dict], None]
+
+
+def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
+             device: str | None = None) -> dict:
+    """Run ``plan`` in one process, write the run record under ``out``, return the summary.
+
+    Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
+    the CPU); they take turns, so one device is shared without contention. The links are the
+    plan's model of them (none when unshaped: then the clock predicts nothing).
+    """
+    cfg = plan.cfg
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
+    run = _simulate if plan.algo.has_rounds else simulate_async  # no rounds: events
+    try:
+        return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
+    cfg, t_start = plan.cfg, time.perf_counter()
+    link_model, world = plan.link_model, plan.world
+    slots = cpu_slots(cfg)
+    with RunRecord(Path(out), cfg) as rec:
+        feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
+
+        def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
+            if feed is not None:
+                feed.row(row)
+            rec.metric(row)
+            if progress is not None:
+                progress(row)
+
+        timed = _TimedWorld(world) if world is not None and world.fixer is not None else None
+        hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
+                  background=plan.algo.reduces_in_background(cfg.algo),
+                  timed_self=timed_self(plan), timed_world=timed)
+        if timed is not None:
+            timed.hub = hub
+        lives = [_Life(plan, r, _transport(cfg, hub, r), device) for r in range(cfg.workers)]
+        threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
+                                    args=(life, hub, cfg.run.rounds), daemon=True)
+                   for life in lives]
+        for th in threads:
+            th.start()
+        try:
+            for th in threads:
+                th.join()
+        except KeyboardInterrupt:
+            hub.abort(KeyboardInterrupt())  # the workers stop at their next message
+            rec.summary({"status": "stopped", "error": "interrupted (Ctrl-C)",
+                         "mode": "simulate"})
+            raise
+        if hub.error is not None:
+            for row in hub.clock.unsettled_rows():  # metrics up to the failure are kept
+                rec.metric(row)
+            rec.summary(_failure(hub.error))
+            raise hub.error
+        workers = [life.worker for life in lives if life.worker is not None]
+        summary = finish(plan, workers, time.perf_counter() - t_start,
+                         sent=sum(_sent(life.transport) for life in lives))
+        if world is not None:
+            summary["membership"] = membership_summary(world)
+        if predicts_wall(cfg, link_model):
+            summary["predicted_wall_s"] = hub.clock.now_s
+            summary["cpu_slots"] = slots
+        summary["mode"] = "simulate"
+        rec.summary(summary)
+    return summary
+
+
+class _TimedWorld:
+    """The simulator's side of ``fixing.RoundFixer``: the virtual clock's alarms fix a
+    scenario's leaves, joins and partitions at a time, at rounds, in the shared ``World``, and
+    wake the workers parked until a join (``virtual_clock``)."""
+
+    def __init__(self, world):
+        self.world, self.fixer, self.hub = world, world.fixer, None
+
+    def next_alarm_s(self) -> float | None:
+        alarms = self.fixer.alarms_s
+        return alarms[0] if alarms else None
+
+    def alarm(self, now_s: float) -> None:
+        self.world.fix(self.fixer.due(now_s))
+        for rank in range(self.world.workers):   # each looks again whether its join came
+            self.hub.clock.unpark(rank)
+        self.hub.cond.notify_all()
+
+    def started(self, rank: int, round_idx: int) -> None:
+        self.fixer.started(round_idx)
+
+    def released(self) -> None:
+        self.hub.cond.notify_all()
+
+
+def timed_self(plan: RunPlan) -> dict:
+    """{rank: (its SelfTimeline, the speed its thread computes at)} for the virtual clock."""
+    if plan.world is None:
+        return {}
+    models = plan.compute.models
+    return {r: (tl, models[r].speed) for r in range(plan.cfg.workers)
+            if (tl := plan.world.timed_self(r)) is not None}
+
+
+def predicts_wall(cfg: Config, link_model: LinkModel | None) -> bool:
+    """Whether the virtual clock's end is a prediction of ``run``'s wall-clock: with modelled
+    links, or with nominal step times (unshaped transfers are then taken as instant)."""
+    return link_model is not None or cfg.compute.step_time_s > 0
+
+
+def cpu_slots(cfg: Config) -> float:
+    """How many workers the emulator can run at full speed at once on this machine.
+
+    The simulator measures each worker's compute alone, with the emulator's thread count; the
+    virtual clock shares these slots among the workers computing at the same virtual time, as
+    the kernel shares the cores among the emulator's busy processes.
+    """
+    return slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
+
+
+def _failure(exc: BaseException) -> dict:
+    """The summary of a simulation that ``exc`` ended: diverged, or failed."""
+    if isinstance(exc, Diverged):
+        return {"status": "diverged", "error": str(exc), "diverged_at": exc.where,
+                "mode": "simulate"}
+    return {"status": "failed", "error": str(exc), "mode": "simulate"}
+
+
+def _transport(cfg: Config, hub: Hub, rank: int):
+    """Worker ``rank``'s in-memory transport, failing where ``cfg.fault`` says.
+
+    An injected exit ends the worker's thread (a thread cannot exit alone); a hang parks it
+    until the hub's stall check sees that nobody can move and aborts the run.
+    """
+    plan = plan_from_config(cfg)
+
+    def exit_(code: int) -> None:
+        raise InjectedFault(f"{plan.describe()}: worker {rank} exited with code {code}")
+
+    def hang() -> None:
+        hub.hang(rank, plan.round)
+
+    return with_fault(hub.transport(rank), plan, rank, exit_, hang)
+
+
+class _Life:
+    """One worker id over the run: its transport, and the Worker while it is alive (a departed
+    worker's state is gone; one that joins again starts afresh, as a new process would)."""
+
+    def __init__(self, plan: RunPlan, rank: int, transport, device):
+        self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
+        self.device, self.world = device, plan.world
+        self.released = False   # parked until the end: its join at a time never came
+        self.worker: Worker | None = self.new_worker()
+
+    def new_worker(self) -> Worker:
+        return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False)
+
+    def plan(self, t: int) -> RoundPlan | None:
+        """Round t's plan, after the leave or join it starts with; None: absent this round."""
+        if self.world.fixer is not None and not self._at_round_start(t):
+            return None
+        plan = self.world.plan(self.rank, t)
+        if plan.leaving:
+            check_departure(self.cfg, self.rank, t)
+            self.worker = None
+        if plan.join_from is not None:
+            self.worker = self.new_worker()
+            self.worker.join(plan.join_from, t)
+        return plan if plan.active else None
+
+    def _at_round_start(self, t: int) -> bool:
+        """With events at a time: wait until the virtual clock reaches this worker's start of
+        round t (the events due by then fixed at rounds); while it is absent until a join not
+        fixed yet, parked. False: absent in round t."""
+        world, rank = self.world, self.rank
+        while world.awaits_join(rank, t):
+            if self.released or not self.transport.park():
+                self.released = True
+                return False
+        if world.sits_out(rank, t):
+            return False
+        self.transport.start_round(t)
+        return True
+
+
+def check_departure(cfg: Config, rank: int, t: int) -> None:
+    """A scenario's departure ends the run when ``run.on_worker_loss = fail``."""
+    if cfg.run.on_worker_loss == "fail":
+        raise WorkerLost(f"worker {rank} left at round {t} (scenario) and "
+                         "run.on_worker_loss = 'fail'")
+
+
+class WorkerLost(RuntimeError):
+    """A worker left and the configuration says the run cannot go on without it."""
+
+
+def _worker_loop(life: _Life, hub: Hub, rounds: int) -> None:
+    tp = life.transport
+    try:
+        with hub.cond:  # holding the turn lock while computing; waits inside recv release it
+            for t in range(rounds):
+                if life.world is None:
+                    _round(life.worker, t, None)
+                elif (plan := life.plan(t)) is not None:
+                    _round(life.worker, t, plan)
+            tp.finish()
+    except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
+        hub.abort(exc)
+
+
+def _round(w: Worker, t: int, plan: RoundPlan | None) -> None:
+    """One round of one simulated worker: hand parameters to joiners, train, report."""
+    tp = w.transport
+    for joiner in (plan.donate_to if plan else ()):
+        w.donate(joiner, t)
+    stats = w.run_round(t, on_compute_done=tp.advance, plan=plan)
+    if w.should_eval(t):
+        stats.eval_loss = w.evaluate(t)
+    tp.end_round(stats.as_dict())
+
+
+def _sent(tp) -> int:
+    return int(sum(tp.counters()["bytes_sent"].values()))
+
+
+def finish(plan: RunPlan, workers: list[Worker], wall_s: float, sent: int | None = None) -> dict:
+    """Evaluate each worker and the average model; the numbers every run record ends with.
+    ``workers``: those alive at the end; ``sent``: every worker's bytes (default: theirs)."""
+    if sent is None:
+        sent = sum(_sent(w.transport) for w in workers)
+    last = plan.cfg.run.rounds - 1
+    return final_summary(plan, [w.theta for w in workers], [w.evaluate(last) for w in workers],
+                         workers[0].eval_set, wall_s, sent,
+                         overruns=[w.overruns for w in workers])

@@ -1,0 +1,253 @@
+"""One worker: its model, data shard, inner AdamW, and outer algorithm; one round at a time.
+
+The same ``Worker`` runs inside a simulator thread (in-memory transport) and inside an emulator
+process (ZeroMQ transport); only the transport and the device differ.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gasloc_emu import algorithms, topology
+from gasloc_emu.scenario.world import RoundPlan, World
+from gasloc_emu.training import compute, data, model
+
+
+def make_optimizer(gpt: torch.nn.Module, icfg) -> torch.optim.AdamW:
+    """Inner AdamW; matrices get weight decay, biases and norms do not (as in nanoGPT)."""
+    decay = [p for p in gpt.parameters() if p.dim() >= 2]
+    rest = [p for p in gpt.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": icfg.weight_decay},
+              {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=icfg.lr, betas=(icfg.beta1, icfg.beta2))
+
+
+class Diverged(RuntimeError):
+    """Non-finite parameters or losses: the run is over, and it is not a success."""
+
+    def __init__(self, worker: int, round_idx: int, what: str):
+        super().__init__(f"worker {worker} diverged in round {round_idx}: {what}")
+        self.where = {"worker": worker, "round": round_idx}
+
+
+@dataclass
+class RoundStats:
+    """What one worker reports after one round (one line of metrics.jsonl)."""
+
+    worker: int
+    round: int
+    step: int
+    train_loss: float
+    compute_s: float  # emulated compute seconds of the inner phase (its speed and pacing included)
+    comm_s: float
+    wait_s: float
+    bytes_sent: int
+    bytes_recv: int
+    peers: list[int] = field(default_factory=list)
+    steps: int = 0  # inner steps this round (H_i; fewer for a slow worker under a budget)
+    speed: float = 1.0
+    overruns: int = 0  # steps whose real time exceeded their nominal time (step_time_s > 0)
+    overrun_ratio: float = 0.0  # the round's worst real / nominal step time; 0 when measured
+    eval_loss: float | None = None
+    # the ZeroMQ transport's link observations of this round's messages, by source (str rank):
+    # {"bytes", "messages", "transfer_s", "sent_s"} (``link_row``); None: not measured
+    recv_links: dict[str, dict] | None = None
+
+    def as_dict(self) -> dict:
+        out = dict(self.__dict__)
+        for name in ("eval_loss", "recv_links"):
+            if out[name] is None:
+                del out[name]
+        return out
+
+
+def link_row(use, t0_s: float) -> dict:
+    """One source's ``recv_links`` entry from its ``mailbox.LinkUse``; ``sent_s``: the earliest
+    message's send time on the run's clock (seconds since ``t0_s``, a time.time() value)."""
+    return {"bytes": use.nbytes, "messages": use.messages, "transfer_s": use.transfer_s,
+            "sent_s": use.first_sent_at - t0_s}
+
+
+class Worker:
+    """One worker of a ``RunPlan``. ``pace``: sleep so that each inner phase keeps the compute
+    model's schedule (an emulator process); False in the simulator, whose virtual clock is told
+    the emulated time instead."""
+
+    def __init__(self, plan, rank: int, transport, device: str | torch.device = "cpu",
+                 *, pace: bool = True):
+        cfg = plan.cfg
+        self.plan, self.cfg, self.rank, self.transport, self.device = \
+            plan, cfg, rank, transport, device
+        self.compute = plan.compute.models[rank]
+        self.sleep = time.sleep if pace else None
+        self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
+        self.opt = make_optimizer(self.gpt, cfg.algo.inner)
+        self.shard = plan.corpus.shard(rank)
+        self.eval_set = plan.corpus.eval_batches()
+        self.topology = plan.topology
+        self.world = world = plan.world
+        self.algo = plan.algo.create(algorithms.Context(
+            rank, transport, living_graph(self.topology, world), cfg.algo, plan.algorithm.params,
+            weight=plan.compute.pseudo_grad_weight(rank), members=ring_members(world, rank),
+            heals=world.heals if world is not None and world.partitions else None))
+        self.algo.begin(self.theta)
+        self.steps_per_round = plan.compute.fixed_steps[rank]  # H, unless a budget decides
+        self.step = 0
+        self.mean_step_s = 0.0  # measured steps' mean (A2CiD2's time unit without a nominal one)
+        self.overruns = 0  # over the whole run, for the record's compute block
+        # the run's start (time.time()), set by the worker process: link observations are
+        # reported on the run's clock. None (the simulator): no observations are reported
+        self.t0: float | None = None
+
+    def inner_phase(self) -> tuple[float, compute.InnerPhase]:
+        """AdamW steps on this worker's shard, as many as the compute model says; the mean
+        training loss (NaN with no step) and the phase's timing."""
+        losses = []
+        phase = compute.InnerPhase(self.compute, self.steps_per_round, time.perf_counter,
+                                   self.sleep)
+        while phase.another():
+            losses.append(self.train_step())
+            if not self.compute.at_host_speed:
+                _sync(self.device)  # the step's time must include its kernels
+            phase.step_done()
+        self.overruns += phase.overruns
+        return (torch.stack(losses).mean().item() if losses else math.nan), phase
+
+    def train_step(self, before_update=None) -> torch.Tensor:
+        """One AdamW step on the next batch of the shard; its loss (not synchronised).
+        ``before_update()`` runs between the backward pass and the optimizer's update (A2CiD2
+        advances its momentum's ODE there, as the paper does at the time of the update)."""
+        x, y = self.shard.batch(self.device)
+        _, loss = self.gpt(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.algo.inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), self.cfg.algo.inner.grad_clip)
+        if before_update is not None:
+            before_update()
+        self.opt.step()
+        self.step += 1
+        return loss.detach()
+
+    def run_round(self, round_idx: int, on_compute_done=None,
+                  plan: RoundPlan | None = None) -> RoundStats:
+        """One outer round: inner phase, then the algorithm's communication and outer step.
+
+        ``on_compute_done(seconds, nominal)`` is called between the two with the phase's compute
+        time, and whether it is nominal (it then takes that long whatever else runs). ``plan``
+        (a scenario's round): a new speed and a pause before the inner phase, and the time spent
+        noticing departed peers before communicating."""
+        before = self.transport.counters()
+        if plan is not None:
+            self.begin_round(plan)
+        train_loss, phase = self.inner_phase()
+        compute_s = phase.elapsed_s()
+        if on_compute_done is not None:
+            on_compute_done(compute_s, self.compute.nominal)
+        c1 = self.transport.clock()
+        if plan is not None and plan.detect_s > 0:
+            self.idle(plan.detect_s)  # a heartbeat timeout's worth of waiting for the departed
+        self.algo.outer_step(round_idx, self.theta)
+        if round_idx == self.cfg.run.rounds - 1:
+            self.algo.finish(self.theta)  # an overlapped last exchange lands here
+        comm_s = self.transport.clock() - c1
+        self.check_finite(round_idx, train_loss)
+        after = self.transport.counters()
+        return RoundStats(
+            worker=self.rank, round=round_idx, step=self.step, train_loss=train_loss,
+            compute_s=compute_s, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
+            bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]),
+            bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
+            peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
+            overruns=phase.overruns, overrun_ratio=phase.worst_ratio,
+            recv_links=self.recv_links(round_idx - self.cfg.algo.overlap))
+
+    def recv_links(self, round_idx: int) -> dict[str, dict] | None:
+        """The transport's link observations of round ``round_idx`` (``link_row``), or None
+        where it measures none (the simulator's) or the run's clock is unknown."""
+        observe = getattr(self.transport, "recv_links", None)
+        if observe is None or self.t0 is None or round_idx < 0:
+            return None
+        return {str(src): link_row(use, self.t0)
+                for src, use in sorted(observe(round_idx).items())}
+
+    def begin_round(self, plan: RoundPlan) -> None:
+        """A scenario's speed change and pause at the start of a round."""
+        if plan.speed is not None:
+            self.compute = dataclasses.replace(self.compute, speed=plan.speed)
+        if plan.pause_s > 0:
+            self.idle(plan.pause_s)
+
+    def idle(self, seconds: float) -> None:
+        """Stand still: really (an emulator process), or on the simulator's virtual clock."""
+        if self.sleep is not None:
+            self.sleep(seconds)
+        else:
+            self.transport.idle(seconds)
+
+    def donate(self, joiner: int, round_idx: int) -> None:
+        """Send this worker's parameters (the start of round ``round_idx``) to a joiner."""
+        self.transport.send(joiner, round_idx, "join", self.theta.detach().clone())
+        for kind, tensor in self.algo.handover().items():   # DiLoCo: its shared momentum
+            self.transport.send(joiner, round_idx, kind, tensor)
+
+    def join(self, donor: int, round_idx: int) -> None:
+        """Start from ``donor``'s parameters at the start of round ``round_idx``: a fresh inner
+        optimizer and outer state around them, but what the algorithm hands over (DiLoCo's
+        shared momentum buffer; docs/ALGORITHM.md, "Churn")."""
+        received = self.transport.recv(donor, round_idx, "join")
+        with torch.no_grad():
+            self.theta.copy_(received.to(self.theta.device))
+        self.algo.begin(self.theta)
+        self.algo.take_over({kind: self.transport.recv(donor, round_idx, kind).to(self.theta.device)
+                             for kind in self.algo.handover()})
+
+    def check_finite(self, round_idx: int, loss: float) -> None:
+        """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour
+        within rounds, and a run that ends in NaN must not be reported as a result."""
+        if not math.isfinite(loss):
+            raise Diverged(self.rank, round_idx, f"loss {loss}")
+        if not bool(torch.isfinite(self.theta).all()):
+            bad = int((~torch.isfinite(self.theta)).sum())
+            raise Diverged(self.rank, round_idx, f"{bad} non-finite parameters")
+
+    def evaluate(self, round_idx: int | None = None) -> float:
+        """Mean eval loss; with ``round_idx``, a non-finite loss is a divergence in that round."""
+        loss = data.evaluate(self.gpt, self.eval_set, self.device)
+        if round_idx is not None:
+            self.check_finite(round_idx, loss)
+        return loss
+
+    def should_eval(self, round_idx: int) -> bool:
+        every = self.cfg.run.eval_every
+        return every > 0 and (round_idx + 1) % every == 0
+
+
+def living_graph(topo: topology.Topology | None, world: World | None):
+    """The gossip graph the algorithm mixes over: the full one, or its view over the workers
+    a scenario keeps alive in each round, without the edges a partition cuts."""
+    if topo is None or world is None or not world.reshapes:
+        return topo
+    return topology.LivingGraph(topo, world.alive, world.cut_edges)
+
+
+def ring_members(world: World | None, rank: int):
+    """DiLoCo's ``members(t)`` for ``rank``: None (the full ring) without churn or partition,
+    else the living workers of its side of a partition (``World.ring_members``)."""
+    if world is None or not world.reshapes:
+        return None
+    return world.ring_members(rank)
+
+
+def _sync(device) -> None:
+    """Wait for a GPU's queued kernels; a no-op on the CPU, where they ran already."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _total(per_peer: dict) -> int:
+    return int(sum(per_peer.values()))
