@@ -38,10 +38,11 @@ class ControlDesk:
         """A heartbeat from the PULL socket; ``sender``: the user id its connection was
         authenticated as (``auth.peer_user`` of the frame), "" where the caller has none."""
         hb = checked_heartbeat(msg, sender, self.sup.expect)
-        # a checked rank has a slot once every worker is spawned
-        slot = self.sup._slot(hb.worker) if not isinstance(hb, str) else None
+        if isinstance(hb, str):
+            return self.drop(hb)
+        slot = self.sup._slot(hb.worker)  # a checked rank has one once every worker spawned
         if slot is None:
-            return self.drop(hb if isinstance(hb, str) else "early")
+            return self.drop("early")
         slot.last_seen, slot.status = time.monotonic(), msg
         self.sup.link_meter.update(slot.rank, hb.sent)
         if self.sup.progress is not None:
@@ -72,8 +73,7 @@ class ControlDesk:
     def _on_ready(self, slot: WorkerSlot, msg: control.Ready, extra) -> None:
         slot.ready = {"addr": msg.addr, "device": msg.device}
         if self.sup.t0:  # a departed worker's new process: the run is under way, it joins it
-            peers = {str(s.rank): s.ready["addr"] for s in self.sup.slots if s.ready is not None}
-            self.sup._tell(slot.rank, {"type": "start", "peers": peers, "t0": self.sup.t0})
+            self.sup._tell_start(slot.rank)
 
     def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
         slot.round = msg.row["round"]

@@ -79,8 +79,7 @@ class Supervisor:
         # what every worker's messages must agree with: ranks, rounds, the model's size
         self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
         self.desk = ControlDesk(self)  # what each control message does
-        self.world = plan.world  # the scenario's rounds (None without one)
-        self.feed = None  # its events, into events.jsonl and onto the display
+        self.feed = None  # the scenario's events, into events.jsonl and onto the display
         # its link changes and its events at a time, played on the run's clock
         self.scenario = Conductor(plan.world, network, cfg.run.rounds, self._clock,
                                   lambda rank, msg: self._tell(rank, msg))
@@ -94,7 +93,7 @@ class Supervisor:
     # -- lifecycle
     def run(self) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
-        self.feed = event_feed(self.world, self.rec, self.progress,
+        self.feed = event_feed(self.scenario.world, self.rec, self.progress,
                                shaper=_applied_by(self.network.shaper))
         self.launch_spec().write(self.dir)
         self.slots = self._spawn_all()
@@ -120,10 +119,14 @@ class Supervisor:
         """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
         self.scenario.change_links(0)   # round 0's, before anything is sent
         self.t0 = time.time()
-        peers = {str(s.rank): s.ready["addr"] for s in self.slots}
         for s in self.slots:
-            self._tell(s.rank, {"type": "start", "peers": peers, "t0": self.t0})
+            self._tell_start(s.rank)
         self.rec.write_json("workers.json", [self._worker_row(s) for s in self.slots])
+
+    def _tell_start(self, rank: int) -> None:
+        """The peers' addresses (every worker ready so far) and the run's clock origin."""
+        peers = {str(s.rank): s.ready["addr"] for s in self.slots if s.ready is not None}
+        self._tell(rank, {"type": "start", "peers": peers, "t0": self.t0})
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
