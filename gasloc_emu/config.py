@@ -322,6 +322,14 @@ class ComputeConfig(_Validated):
                                          "0: fixed H (algo.local_steps).", lo=0.0, hi=1e6)
 
 
+@dataclass(frozen=True)
+class SimConfig(_Validated):
+    _section = "sim."
+    batched: bool = setting(False, "simulate only: each round's inner steps of every worker as "
+                                   "one batched computation; faster, equal to the per-worker "
+                                   "path to float rounding (not to the bit, so not to run).")
+
+
 FAULT_MODES = ("raise", "exit", "hang", "poison")
 
 
@@ -352,6 +360,7 @@ class Config(_Validated):
     net: NetConfig = field(default_factory=NetConfig, metadata={})
     compute: ComputeConfig = field(default_factory=ComputeConfig, metadata={})
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
+    sim: SimConfig = field(default_factory=SimConfig, metadata={})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={})
 
     def _check(self) -> None:

@@ -100,3 +100,19 @@ def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
     refusal = algo.refusal(cfg, topo, scenario)
     if refusal:
         raise ConfigError(refusal)
+    if cfg.sim.batched:
+        _refuse_batched(cfg, algo, scenario)
+
+
+def _refuse_batched(cfg: Config, algo: type[OuterAlgorithm], scenario: bool) -> None:
+    """What the batched simulator cannot do: every worker must reach each round's inner phase
+    with a step count known before it starts (``simulator.batched``)."""
+    reasons = ((not algo.has_rounds, "the algorithm has no rounds"),
+               (scenario, "a scenario or link trace changes who trains when"),
+               (cfg.fault.worker >= 0, "an injected fault stops one worker alone"),
+               (cfg.compute.inner_budget_s > 0 and cfg.compute.step_time_s == 0,
+                "a budget filled with measured step times decides H_i during the run"))
+    why = next((text for applies, text in reasons if applies), "")
+    if why:
+        raise ConfigError(f"sim.batched = true cannot simulate this run: {why}; set "
+                          "sim.batched = false (the per-worker simulator)")

@@ -111,6 +111,10 @@ FLAGS: tuple[tuple[str, ...], ...] = (
 RUN_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--probe", "net.probe"),
 )
+# Rows only `simulate` has: how the simulator computes, which `run` has no use for.
+SIM_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--batched", "sim.batched"),
+)
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper")
 # The flags `compute show` takes: speeds need no model or network.
@@ -223,7 +227,7 @@ def _setting_option(flag: str, key: str, short: str | None = None):
 def flag_names() -> dict[str, str]:
     """Dotted key -> how to set it on the command line, for `config --fields`."""
     names = dict(_OTHER_FLAGS)
-    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)")):
+    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)"), (SIM_FLAGS, " (simulate)")):
         for flag, key, *short in rows:
             names[key] = ", ".join([*short, _spelled(flag, C.setting_spec(key))]) + where
     return names
@@ -266,12 +270,13 @@ NET_OPTIONS = [
 run_options = _apply(RUN_OPTIONS)
 net_options = _apply(NET_OPTIONS)
 run_only_options = _apply([_setting_option(*row) for row in RUN_FLAGS])
+sim_only_options = _apply([_setting_option(*row) for row in SIM_FLAGS])
 
 
 def resolve_from_flags(kw: dict) -> C.Config:
     """Defaults < --config file < flags < --set; a flag not given (None) keeps the file's value."""
     overrides = {key: _flag_value(key, kw.get(_dest(flag)))
-                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS)}
+                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS, *SIM_FLAGS)}
     if kw.get("no_dashboard"):
         overrides["run.dashboard"] = "off"
     return C.resolve(kw.get("config_file"), overrides, kw.get("sets", ()))
@@ -285,6 +290,7 @@ def main() -> None:
 
 @main.command()
 @run_options
+@sim_only_options
 @friendly_errors
 def simulate(**kw) -> None:
     """Run all N workers in one process (in-memory transport, virtual clock)."""

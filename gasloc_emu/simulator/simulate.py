@@ -23,9 +23,11 @@ from gasloc_emu.report.summary import final_summary
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
 from gasloc_emu.simulator.async_sim import simulate_async
+from gasloc_emu.simulator.batched import BatchedInner
 from gasloc_emu.simulator.memory import Hub, LinkModel
 from gasloc_emu.simulator.virtual_clock import slots_for
 from gasloc_emu.training.devices import simulator_device, threads_per_worker
+from gasloc_emu.training.model import build_model
 from gasloc_emu.training.worker import Diverged, Worker
 from gasloc_emu.transport.faults import InjectedFault, plan_from_config, with_fault
 
@@ -43,7 +45,8 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
     """
     cfg = plan.cfg
     threads = torch.get_num_threads()
-    torch.set_num_threads(threads_per_worker(cfg))  # as each emulator process does
+    # as each emulator process does; batched, one computation at a time uses every core
+    torch.set_num_threads((os.cpu_count() or 1) if cfg.sim.batched else threads_per_worker(cfg))
     run = _simulate if plan.algo.has_rounds else simulate_async  # no rounds: events
     try:
         return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
@@ -71,7 +74,9 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
                   timed_self=timed_self(plan), timed_world=timed)
         if timed is not None:
             timed.hub = hub
-        lives = [_Life(plan, r, _transport(cfg, hub, r), device) for r in range(cfg.workers)]
+        gate = batched_gate(plan, hub, device)
+        lives = [_Life(plan, r, _transport(cfg, hub, r), device, gate)
+                 for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
                                     args=(life, hub, cfg.run.rounds), daemon=True)
                    for life in lives]
@@ -137,9 +142,22 @@ def timed_self(plan: RunPlan) -> dict:
             if (tl := plan.world.timed_self(r)) is not None}
 
 
+def batched_gate(plan: RunPlan, hub: Hub, device: str) -> BatchedInner | None:
+    """The gate that batches every worker's inner phase (``sim.batched``), else None; its
+    template model gives the structure only (``functional_call`` swaps in each row)."""
+    if not plan.cfg.sim.batched:
+        return None
+    template, _ = build_model(plan.cfg.model, plan.cfg.seed, device)
+    return BatchedInner(hub, template, plan.cfg.algo.inner, plan.cfg.workers)
+
+
 def predicts_wall(cfg: Config, link_model: LinkModel | None) -> bool:
     """Whether the virtual clock's end is a prediction of ``run``'s wall-clock: with modelled
-    links, or with nominal step times (unshaped transfers are then taken as instant)."""
+    links, or with nominal step times (unshaped transfers are then taken as instant). Batched
+    steps measured on this machine are not: batching makes each worker's share faster than
+    its own process would compute."""
+    if cfg.sim.batched and cfg.compute.step_time_s == 0:
+        return False
     return link_model is not None or cfg.compute.step_time_s > 0
 
 
@@ -182,14 +200,15 @@ class _Life:
     """One worker id over the run: its transport, and the Worker while it is alive (a departed
     worker's state is gone; one that joins again starts afresh, as a new process would)."""
 
-    def __init__(self, plan: RunPlan, rank: int, transport, device):
+    def __init__(self, plan: RunPlan, rank: int, transport, device, gate=None):
         self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
-        self.device, self.world = device, plan.world
+        self.device, self.world, self.gate = device, plan.world, gate
         self.released = False   # parked until the end: its join at a time never came
         self.worker: Worker | None = self.new_worker()
 
     def new_worker(self) -> Worker:
-        return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False)
+        return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False,
+                      batched=self.gate)
 
     def plan(self, t: int) -> RoundPlan | None:
         """Round t's plan, after the leave or join it starts with; None: absent this round."""

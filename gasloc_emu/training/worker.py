@@ -78,12 +78,15 @@ class Worker:
     the emulated time instead."""
 
     def __init__(self, plan, rank: int, transport, device: str | torch.device = "cpu",
-                 *, pace: bool = True):
+                 *, pace: bool = True, batched=None):
+        """``batched``: the simulator's gate that computes every worker's inner phase of a
+        round together (``simulator.batched.BatchedInner``); None: this worker computes its own."""
         cfg = plan.cfg
         self.plan, self.cfg, self.rank, self.transport, self.device = \
             plan, cfg, rank, transport, device
         self.compute = plan.compute.models[rank]
         self.sleep = time.sleep if pace else None
+        self.batched = batched
         self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
         self.opt = make_optimizer(self.gpt, cfg.algo.inner)
         self.shard = plan.corpus.shard(rank)
@@ -144,7 +147,8 @@ class Worker:
         before = self.transport.counters()
         if plan is not None:
             self.begin_round(plan)
-        train_loss, phase = self.inner_phase()
+        train_loss, phase = (self.inner_phase() if self.batched is None
+                             else self.batched.phase(self, round_idx))
         compute_s = phase.elapsed_s()
         if on_compute_done is not None:
             on_compute_done(compute_s, self.compute.nominal)

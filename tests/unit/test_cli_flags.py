@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-ROWS = [*cli.FLAGS, *cli.RUN_FLAGS]
+ROWS = [*cli.FLAGS, *cli.RUN_FLAGS, *cli.SIM_FLAGS]
 CHOICE_ROWS = [r for r in cli.FLAGS if C.setting_spec(r[1]).meta.get("choices")]
 TYPED_ROWS = [r for r in cli.FLAGS if C.setting_spec(r[1]).hint in (int, float)
               and r[1] not in cli._PARSERS]
@@ -84,7 +84,7 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 
 @pytest.mark.parametrize("cmd,expected", [
     (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run"}),
-    (("simulate",), TODAY_RUN | ADDED_RUN),
+    (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched"}),
     (("config",), TODAY_RUN | ADDED_RUN | {"--fields"}),
     (("netem", "show"), TODAY_NET),
     (("netem", "probe"), TODAY_NET | {"--topology", "--seconds"}),
@@ -114,8 +114,8 @@ def test_a_row_of_an_untyped_kind_is_refused(monkeypatch):
 # ---------------------------------------------------------------- help text follows the tree
 
 @pytest.mark.parametrize("cmd,rows", [
-    (("run",), ROWS),
-    (("simulate",), cli.FLAGS),
+    (("run",), [*cli.FLAGS, *cli.RUN_FLAGS]),
+    (("simulate",), [*cli.FLAGS, *cli.SIM_FLAGS]),
     (("netem", "show"), [r for r in cli.FLAGS if r[0] in cli.NET_FLAGS]),
 ])
 def test_help_shows_each_flag_with_its_fields_doc(cmd, rows):
