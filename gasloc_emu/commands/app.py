@@ -14,8 +14,9 @@ from rich.table import Table
 from gasloc_emu import exitcodes
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.emulator.network import open_network
+from gasloc_emu.experiments import data as data_file
 from gasloc_emu.experiments.page import markdown_section, update_results_page
-from gasloc_emu.experiments.sweep import run_sweep
+from gasloc_emu.experiments.sweep import build_report, run_sweep
 from gasloc_emu.netplan import shaped, shaping_decision, used_pairs
 from gasloc_emu.report.compare import (
     CompareError,
@@ -241,25 +242,48 @@ def _warn_damage(runs) -> None:
             click.echo(f"warning: {r.name}: {w}", err=True)
 
 
-def sweep_command(preset: str, out: str | None, arms, report: str | None) -> int:
-    name = Path(preset).stem
-    out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
-    result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms))
+def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
+                  from_data: str | None = None) -> int:
+    """Run a preset's sweep (or, ``from_data``, rebuild its report from a data file without
+    running anything); with ``report``, write its section, plots and data into that page."""
+    if from_data:
+        name = Path(from_data).stem
+        out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
+        header, rows = data_file.read(Path(from_data))
+        result = build_report(header, rows, out_dir)
+    else:
+        name = Path(preset).stem
+        out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
+        result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms),
+                           command=_sweep_line(preset, out, arms, report))
     click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")
     if report:
         page = Path(report)
-        plot_copy = page.parent / "results" / f"{name}.png"
-        plot_copy.parent.mkdir(parents=True, exist_ok=True)
-        plot_copy.write_bytes((out_dir / "plot.png").read_bytes())
-        if result.get("tuning_plot"):
-            plot_copy.with_name(f"{name}-tuning.png").write_bytes(
-                Path(result["tuning_plot"]).read_bytes())
-        command = f"gasloc-emu sweep {preset}" + (f" --out {out}" if out else "") + \
-            "".join(f" --arm {a}" for a in arms) + f" --report {report}"
+        _copy_results(result, out_dir, page.parent / "results", name, from_data)
+        command = result.get("command") or _sweep_line(result["preset"], out, arms, report)
         update_results_page(page, name, markdown_section(name, result, command,
                                                          f"results/{name}.png"))
         click.echo(f"report: {page}")
     return 0
+
+
+def _sweep_line(preset, out, arms, report: str | None) -> str:
+    """The command that runs the sweep, as its section shows it (a rebuild shows the one its
+    data file keeps)."""
+    return f"gasloc-emu sweep {preset}" + (f" --out {out}" if out else "") + \
+        "".join(f" --arm {a}" for a in arms) + (f" --report {report}" if report else "")
+
+
+def _copy_results(result: dict, out_dir: Path, folder: Path, name: str, from_data) -> None:
+    """The plot, the search's heat maps and the data file beside the results page."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.png").write_bytes((out_dir / "plot.png").read_bytes())
+    if result.get("tuning_plot"):
+        (folder / f"{name}-tuning.png").write_bytes(Path(result["tuning_plot"]).read_bytes())
+    source = Path(from_data) if from_data else out_dir / "data.jsonl"
+    target = folder / f"{name}.jsonl"
+    if source.resolve() != target.resolve():
+        target.write_bytes(source.read_bytes())
 
 
 def compute_show_command(cfg: Config) -> None:

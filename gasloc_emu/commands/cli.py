@@ -398,17 +398,25 @@ def show(run_dir: str) -> None:
 
 
 @main.command()
-@click.argument("preset", type=click.Path(dir_okay=False, exists=True))
+@click.argument("preset", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--out", type=click.Path(file_okay=False),
               help="Where the runs go (default runs/sweep-<preset>); finished runs are reused.")
 @click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
 @click.option("--report", type=click.Path(dir_okay=False),
               help="Write this experiment's section into a results page, e.g. docs/RESULTS.md.")
+@click.option("--from-data", type=click.Path(dir_okay=False, exists=True),
+              help="Rebuild the report (tables, plots, verdicts) from a sweep's data file, e.g. "
+                   "docs/results/h1-search.jsonl, without running anything.")
 @friendly_errors
-def sweep(preset: str, out: str | None, arms: tuple[str, ...], report: str | None) -> None:
+def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: str | None,
+          from_data: str | None) -> None:
     """Run every arm of a preset over its seeds, with the same tuning for each arm."""
+    if (preset is None) == (from_data is None):
+        raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
+    if from_data and arms:
+        raise click.UsageError("--arm chooses arms to run; --from-data runs nothing")
     from gasloc_emu.commands.app import sweep_command
-    sys.exit(sweep_command(preset, out, arms, report))
+    sys.exit(sweep_command(preset, out, arms, report, from_data))
 
 
 @main.group()

@@ -9,11 +9,31 @@ from pathlib import Path
 from gasloc_emu.experiments.spec import fmt_value, point_label, short_names
 
 
-def _pm(stat, fmt: str = "{:.4f}") -> str:
-    mean, std, n = stat
+def _pm(stat, fmt: str = "{:.4f}", seeds: int = 0) -> str:
+    """'mean ± sample sd', with n where fewer than the ``seeds`` reported have a value (a run
+    that missed a target, one that failed); one value: 'mean (n=1)'."""
+    mean, sd, _, n = stat
     if mean is None:
         return "-"
-    return f"{fmt.format(mean)} ± {fmt.format(std)}" + (f" (n={n})" if n else "")
+    count = f" (n={n})" if sd is None or n < seeds else ""
+    return (fmt.format(mean) if sd is None else f"{fmt.format(mean)} ± {fmt.format(sd)}") \
+        + count
+
+
+def _tune_words(spec: dict) -> str:
+    seeds = list(spec["tune_seeds"])
+    return f"tune seed {seeds[0]}" if len(seeds) == 1 else f"tune seeds {seeds} (mean)"
+
+
+def _seed_words(rows: list[dict]) -> str:
+    """The reported seeds: one list, or each group's where some got more (a close verdict)."""
+    lists = {tuple(r["seeds"]) for r in rows}
+    if len(lists) == 1:
+        return f"seeds {list(next(iter(lists)))}"
+    by_group = {}
+    for r in rows:
+        by_group.setdefault(r["group"] or "all", r["seeds"])
+    return "seeds " + "; ".join(f"{list(v)} ({g})" for g, v in by_group.items())
 
 
 def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> str:
@@ -24,16 +44,18 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     grids = _arm_grids(spec, report["rows"])
     own = len(set(grids.values())) > 1   # the arms did not all search the same grid
     searched = any(grids.values())   # without any search there is no "best" to report
-    tuning = f"{_search_sentence(spec, grids)}, best value kept for all seeds" if searched \
-        else "no search: each arm runs the settings the preset gives it"
+    tuning = f"{_search_sentence(spec, grids)}, best value kept for the reported seeds" \
+        if searched else "no search: each arm runs the settings the preset gives it"
     lines = [f"## {spec['title']}", "", f"Claim: {spec['claim']}.", "",
              f"Command: `{command}`", "",
-             f"Mode: {spec['mode']} ({_mode_words(emulated, timed)}); "
-             f"seeds {list(spec['seeds'])}; {tuning}. Mean ± standard deviation over seeds. "
-             "Final eval loss is that of the average of the workers' models; consensus distance "
-             "is the RMS distance of the workers' parameters to that average.", ""]
+             f"Mode: {spec['mode']} ({_mode_words(emulated, timed, report.get('batched'))}); "
+             "reported "
+             f"{_seed_words(report['rows'])}; {tuning}. Mean ± sample standard deviation over "
+             "the reported seeds. Final eval loss is that of the average of the workers' models; "
+             "consensus distance is the RMS distance of the workers' parameters to that average.",
+             ""]
     if own:
-        lines += [f"Each arm's search on seed {spec['seeds'][0]}:", ""]
+        lines += [f"Each arm's search on {_tune_words(spec)}:", ""]
         lines += [f"- {arm}: {_search_words(tune)}, {_grid_size(tune)} runs"
                   for arm, tune in grids.items()]
         lines += [""]
@@ -52,23 +74,26 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
         mb = r["bytes_sent_total"]
         best = _best_pairs(r["best"], grids[r["arm"]], names) if keyed else \
             _best_words(r["best"])
+        k = len(r["seeds"])
         lines.append(f"| {r['arm']} | " + (f"{best} | " if searched else "")
-                     + f"{_pm(r['final_eval_loss'])} | {_pm(r['consensus_distance'], '{:.3f}')} | "
-                     + (f"{_pm(r['time_to_target_s'], '{:.1f}')} | {_pm(r['wall_s'], '{:.1f}')} | "
-                        if timed else "")
+                     + f"{_pm(r['final_eval_loss'], seeds=k)} | "
+                     + f"{_pm(r['consensus_distance'], '{:.3f}', k)} | "
+                     + (f"{_pm(r['time_to_target_s'], '{:.1f}', k)} | "
+                        f"{_pm(r['wall_s'], '{:.1f}', k)} | " if timed else "")
                      + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
     lines += ["", f"![{name}]({plot_rel})"]
     if report.get("tuning_plot"):
-        lines += ["", f"The whole search, seed {spec['seeds'][0]}, one heat map per arm:", "",
+        lines += ["", f"The whole search, {_tune_words(spec)}, one heat map per arm:", "",
                   f"![{name} search]({plot_rel.removesuffix('.png')}-tuning.png)"]
-    lines += ["", "Verdict, computed from the table "
-              f"(rule: {spec['verdict']}):", ""]
+    lines += ["", f"Verdict (rule: {spec['verdict']}), from the difference of each pair of runs "
+              "with the same seed (same initialisation and data order), mean [95 % interval]:",
+              ""]
     lines += [_verdict_line(group, j, spec) for group, judged in report["verdict"].items()
               for j in judged]
     m = report["machine"]
     lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
-              f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report.get('runs', '')} runs took "
-              f"{report.get('run_seconds', report['seconds']) / 60:.1f} min of wall-clock.", ""]
+              f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report['runs']} runs (search "
+              f"included) took {report['run_seconds'] / 60:.1f} min of wall-clock.", ""]
     return "\n".join(lines)
 
 
@@ -88,20 +113,20 @@ def _grid_size(tune: tuple) -> int:
 def _search_sentence(spec: dict, grids: dict[str, tuple]) -> str:
     """How the arms were tuned, for the Mode paragraph: one search for all, or each its own
     (listed after the paragraph); and the equal budget when the preset asks for one."""
-    first = spec["seeds"][0]
+    first = _tune_words(spec)
     sizes = sorted({_grid_size(t) for t in grids.values()})
     if len(set(grids.values())) <= 1:
         tune = next(iter(grids.values()), spec.get("tune") or ())
-        words = f"the same search over {_search_words(tune)} on seed {first} for every arm"
+        words = f"the same search over {_search_words(tune)} on {first} for every arm"
     elif len(sizes) == 1 and not spec.get("equal_budget"):
-        words = f"each arm's own search (below), {sizes[0]} runs each on seed {first}"
+        words = f"each arm's own search (below), {sizes[0]} points each on {first}"
     elif len(sizes) == 1:
-        words = f"each arm's own search (below) on seed {first}"
+        words = f"each arm's own search (below) on {first}"
     else:
-        words = (f"each arm's own search (below) on seed {first}, from {sizes[0]} to "
-                 f"{sizes[-1]} runs per arm")
+        words = (f"each arm's own search (below) on {first}, from {sizes[0]} to "
+                 f"{sizes[-1]} points per arm")
     if spec.get("equal_budget") and len(sizes) == 1:
-        words += f"; every arm had the same budget of {sizes[0]} seed-{first} runs"
+        words += f"; every arm had the same budget of {sizes[0]} points"
     return words
 
 
@@ -130,9 +155,12 @@ def _best_words(best) -> str:
     return point_label(tuple(best) if isinstance(best, list) else (best,))
 
 
-def _mode_words(emulated: bool, timed: bool) -> str:
+def _mode_words(emulated: bool, timed: bool, batched: bool = False) -> str:
     if emulated:
         return "real worker processes over the shaped network"
+    if batched:
+        return _mode_words(False, timed) + "; every worker's inner steps computed as one batch " \
+            "(sim.batched), equal to the per-worker simulator to float rounding"
     if timed:  # time is the point: the compute model's nominal step times make it meaningful
         return ("in-process simulator; its clock is the compute model's time (nominal step "
                 "times where compute.step_time_s is set) plus modelled transfers")
@@ -143,15 +171,32 @@ def _mode_words(emulated: bool, timed: bool) -> str:
 def _verdict_line(group: str, j: dict, spec: dict) -> str:
     if "value" not in j:
         return f"- {group}: {j['arm']}: not judged ({j['why']})"
-    fmt = (lambda v: "never" if v is None else f"{v:.1f} s") if j["key"] == "time_to_target_s" \
+    timed = j["key"] == "time_to_target_s"
+    fmt = (lambda v: "never" if v is None else f"{v:.1f} s") if timed \
         else (lambda v: "-" if v is None else f"{v:.4f}")
-    others = ", ".join(f"{k} {fmt(v)}" for k, v in j["baselines"].items())
     rule = {"beats": "lower final eval loss than", "faster": "reaches the target sooner than",
             "competitive": f"within {spec['tolerance']:.0%} of the best of"}[spec["verdict"]]
+    parts = [_against(c, timed, relative=spec["verdict"] == "competitive", fmt=fmt)
+             for c in j["against"]]
     missed = f" (it missed the target on {j['missed']} of {j['seeds']} seeds)" \
         if j.get("missed") else ""
-    return (f"- {group}: {j['arm']} ({fmt(j['value'])}) {rule} {others}: "
-            f"**{'yes' if j['holds'] else 'no'}**{missed}")
+    return (f"- {group}: {j['arm']} ({fmt(j['value'])}) {rule} {'; '.join(parts)}: "
+            f"**{j['holds']}**{missed}")
+
+
+def _against(c: dict, timed: bool, *, relative: bool, fmt) -> str:
+    """One baseline and the paired difference to it: 'dsgd 2.9500, difference -0.0488
+    [-0.0612, -0.0364] over 3 seeds'."""
+    mean, _, half, n = c["diff"]
+    head = f"{c['arm']} {fmt(c['value'])}"
+    if mean is None:
+        return head + (" (never reached)" if c["value"] is None else ", no pairs")
+    show = (lambda v: f"{v:+.1%}") if relative else (lambda v: f"{v:+.1f} s") if timed \
+        else (lambda v: f"{v:+.4f}")
+    interval = "no interval" if half is None else f"[{show(mean - half)}, {show(mean + half)}]"
+    close = ", under two standard deviations" if c.get("close") else ""
+    word = "relative difference" if relative else "difference"
+    return f"{head}, {word} {show(mean)} {interval} over {n} seeds{close}"
 
 
 def update_results_page(page: Path, name: str, section: str) -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from gasloc_emu.experiments.spec import ArmResult, SweepSpec, fmt_value, short_names
-from gasloc_emu.report.compare import load_run, matplotlib_figure
+from gasloc_emu.report.compare import matplotlib_figure
 
 
-def _curve(run_dir: Path, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
-    """Mean eval loss over workers per evaluated round, against rounds or the run clock."""
-    pts = load_run(run_dir).series("eval_loss")
-    x = [p.round if x_axis == "round" else (p.time_s or 0.0) for p in pts]
-    return np.array(x, dtype=float), np.array([p.value for p in pts], dtype=float)
+def _curve(row: dict, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """A data row's eval loss per evaluated round, against rounds or the run clock."""
+    pts = [p for p in row["curve"] if p[2] is not None]
+    x = [r if x_axis == "round" else (t or 0.0) for r, t, _ in pts]
+    return np.array(x, dtype=float), np.array([v for _, _, v in pts], dtype=float)
 
 
 def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
@@ -27,8 +27,8 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
     axes = list(fig.subplots(1, len(axes_wanted))) if len(axes_wanted) > 1 else [fig.subplots()]
     for res in results:
         for ax, axis in zip(axes, axes_wanted, strict=True):
-            curves = [_curve(d, axis) for d in res.runs]
-            n = min(len(c[0]) for c in curves)
+            curves = [_curve(r, axis) for r in res.runs]
+            n = min((len(c[0]) for c in curves), default=0)
             if n == 0:
                 continue
             x = np.mean([c[0][:n] for c in curves], axis=0)
@@ -49,9 +49,10 @@ def plot_sweep(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
 
 
 def tuning_grid(spec: SweepSpec, res: ArmResult) -> np.ndarray:
-    """Seed-0 final eval loss over the first two keys of the arm's search (rows: the second
-    key's values, columns: the first's), each cell the best over the other keys; one row when
-    the arm searched one key; NaN where every run diverged or failed."""
+    """The search's final eval loss (mean over the tune seeds) over the first two keys of the
+    arm's search (rows: the second key's values, columns: the first's), each cell the best over
+    the other keys; one row when the arm searched one key; NaN where every run diverged or
+    failed."""
     tune = spec.tune_of(res.arm)
     v0 = tune[0][1]
     v1 = tune[1][1] if len(tune) > 1 else (None,)
@@ -64,8 +65,8 @@ def tuning_grid(spec: SweepSpec, res: ArmResult) -> np.ndarray:
 
 
 def plot_tuning(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
-    """One heat map per arm that searched anything (seed 0): the whole grid, not only its
-    best."""
+    """One heat map per arm that searched anything (on the tune seeds): the whole grid, not
+    only its best."""
     panels = [res for res in results if spec.tune_of(res.arm)]
     Figure, FigureCanvasAgg = matplotlib_figure()
     cols = min(len(panels), 3)
@@ -79,9 +80,13 @@ def plot_tuning(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
         ax.set_visible(False)
     # one sweep-wide grid: what each cell is the best over is the same for all, said once
     rest = "" if spec.per_arm else ", ".join(k for k, _ in spec.tune[2:])
-    fig.suptitle(f"{spec.title}: seed-{spec.seeds[0]} final eval loss"
+    fig.suptitle(f"{spec.title}: final eval loss on tune {_seeds_words(spec.tune_seeds)}"
                  + (f", best over {rest}" if rest else ""), fontsize=10)
     fig.savefig(path, dpi=110)
+
+
+def _seeds_words(seeds) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {list(seeds)} (mean)"
 
 
 def _heat_map(fig, ax, spec: SweepSpec, res: ArmResult) -> None:

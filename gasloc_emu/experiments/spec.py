@@ -34,6 +34,11 @@ class SweepSpec:
     x_axis: str = "round"  # "both": also plot and tabulate against seconds
     tune: tuple = ()  # ((key, values), ...): the searched grid, tune_key/values or [sweep.tune]
     equal_budget: bool = False  # every arm's search has as many points (checked by load_spec)
+    # the search runs on these seeds, never reported: a setting tuned on a reported seed
+    # would favour the arm on that seed
+    tune_seeds: tuple = (100,)
+    # a verdict whose paired difference is under two standard deviations gets this many seeds
+    close_seeds: int = 5
 
     @property
     def tune_keys(self) -> tuple[str, ...]:
@@ -62,7 +67,8 @@ class SweepSpec:
 
 
 _SPEC_KEYS = {"title", "claim", "mode", "seeds", "arm", "tune_key", "tune_values", "target_loss",
-              "verdict", "tolerance", "x_axis", "tune", "equal_budget"}
+              "verdict", "tolerance", "x_axis", "tune", "equal_budget", "tune_seeds",
+              "close_seeds"}
 
 
 _ARM_KEYS = {"name", "group", "role", "set", "tune"}
@@ -88,7 +94,12 @@ def load_spec(path: str | Path) -> SweepSpec:
                      raw.get("tune_key", ""), tuple(raw.get("tune_values", ())),
                      raw.get("target_loss"), raw.get("verdict", "beats"),
                      float(raw.get("tolerance", 0.02)), raw.get("x_axis", "round"),
-                     _tune(path, raw), raw.get("equal_budget", False))
+                     _tune(path, raw), raw.get("equal_budget", False),
+                     tuple(raw.get("tune_seeds", (100,))), int(raw.get("close_seeds", 5)))
+    reused = sorted(set(spec.tune_seeds) & set(spec.seeds))
+    if reused:
+        raise C.ConfigError(f"{path}: sweep.tune_seeds {list(spec.tune_seeds)} share {reused} "
+                            f"with sweep.seeds {list(spec.seeds)}; tune on seeds never reported")
     if spec.equal_budget:
         _check_equal_budget(path, spec)
     return spec
@@ -179,10 +190,34 @@ def fmt_value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def spec_from_dict(d: dict) -> SweepSpec:
+    """The spec a data file's header keeps (``spec_dict``), as the sweep had it."""
+    d = dict(d)
+    arms = tuple(Arm(a["name"], dict(a["sets"]), a["group"], a["role"], _frozen(a["tune"]))
+                 for a in d.pop("arms"))
+    tuples = {k: tuple(d[k]) for k in ("seeds", "tune_values", "tune_seeds")}
+    return SweepSpec(**d | tuples | {"arms": arms, "tune": _frozen(d["tune"])})
+
+
+def spec_dict(spec: SweepSpec) -> dict:
+    """The spec as JSON keeps it (``spec_from_dict`` reads it back)."""
+    d = dict(spec.__dict__)
+    d["arms"] = [dict(a.__dict__) for a in spec.arms]
+    return d
+
+
+def _frozen(tune) -> tuple:
+    return tuple((k, tuple(v)) for k, v in tune or ())
+
+
 @dataclass
 class ArmResult:
+    """One arm's runs as the data file has them: its search (``tuning``, on the tune seeds),
+    the mean final eval loss of each grid point over those seeds, the best point, and the runs
+    of the reported seeds with it (``runs``)."""
+
     arm: Arm
-    tuned: dict = field(default_factory=dict)       # tune value -> seed-0 final eval loss
+    tuned: dict = field(default_factory=dict)       # grid point -> mean tune-seed final loss
     best: object = None
-    runs: list = field(default_factory=list)        # run directories, one per seed
-    tuning_runs: list = field(default_factory=list)  # seed-0 runs of every tuned value
+    runs: list = field(default_factory=list)        # data rows of the reported seeds
+    tuning: list = field(default_factory=list)      # data rows of the search

@@ -1,6 +1,7 @@
-"""Experiment sweeps: run every arm of a preset over seeds, with a hyper-parameter search on the
-first seed (the same for every arm, or each arm's own), and write one table, one plot and a
-results section per experiment.
+"""Experiment sweeps: run every arm of a preset over seeds, with a hyper-parameter search on
+seeds that are never reported (the same grid for every arm, or each arm's own), and write one
+data file (``experiments.data``), one table, one plot and a results section per experiment.
+The report is computed from the data file alone, so ``sweep --from-data`` rebuilds it.
 
 A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
 
@@ -8,8 +9,10 @@ A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
     title = "..."                 # what the experiment shows
     claim = "..."                 # the paper's claim it checks
     mode = "simulate"             # or "run" (real processes, shaped network)
-    seeds = [0, 1, 2]
-    tune_key = "algo.inner.lr"    # searched on seed 0 for every arm, best kept for all seeds
+    seeds = [0, 1, 2]             # the reported seeds
+    tune_seeds = [100]            # the search's seeds (default [100]), never among the reported
+    close_seeds = 5               # seeds for a group whose verdict is under two standard deviations
+    tune_key = "algo.inner.lr"    # searched on the tune seeds for every arm, best kept for all
     tune_values = [1e-3, 3e-3]
     # or a joint search over several keys (their product), instead of tune_key/tune_values:
     # tune = { "algo.outer_lr" = [0.5, 1.0], "algo.momentum" = [0.0, "auto"] }
@@ -41,6 +44,7 @@ import numpy as np
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes
+from gasloc_emu.experiments import data, stats
 from gasloc_emu.experiments.plots import plot_sweep, plot_tuning
 from gasloc_emu.experiments.spec import (
     Arm,
@@ -51,8 +55,9 @@ from gasloc_emu.experiments.spec import (
     point_label,
     point_tag,
     point_value,
+    spec_dict,
+    spec_from_dict,
 )
-from gasloc_emu.report.compare import load_run, time_to_target
 from gasloc_emu.report.records import new_run_dir
 
 
@@ -79,38 +84,52 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     return out
 
 
-def final_loss(run_dir: Path) -> float:
-    """The run's final eval loss; infinite for a run that failed or diverged (never the best)."""
-    s = json.loads((run_dir / "summary.json").read_text())
-    v = s.get("final_eval_loss")
-    if s.get("status", "ok") != "ok" or v is None or not math.isfinite(v):
-        return math.inf
-    return float(v)
+def final_loss(row: dict) -> float:
+    """A run's final eval loss; infinite for a run that failed or diverged (never the best)."""
+    v = row.get("final_eval_loss")
+    return math.inf if row.get("status", "ok") != "ok" or v is None else float(v)
 
 
-def failed_runs(run_dirs: list[Path]) -> int:
+def failed_runs(rows: list[dict]) -> int:
     """How many of these runs did not end with status ok (diverged, failed, stopped)."""
-    return sum(json.loads((d / "summary.json").read_text()).get("status", "ok") != "ok"
-               for d in run_dirs)
+    return sum(r.get("status", "ok") != "ok" for r in rows)
 
 
-def run_arm(preset: Path, spec: SweepSpec, arm: Arm, out: Path, log) -> ArmResult:
-    res = ArmResult(arm)
-    first = spec.seeds[0]
-    for point in spec.grid(arm):
-        tag = _run_tag(arm, first, point)
-        d = run_one(arm_config(preset, arm, first, spec.settings(point, arm)), out / tag,
-                    spec.mode)
-        res.tuning_runs.append(d)
-        res.tuned[point] = final_loss(d)
-        log(f"  {tag}: final eval loss {res.tuned[point]:.4f}")
-    res.best = min(res.tuned, key=lambda p: res.tuned[p])
-    for seed in spec.seeds:
-        tag = _run_tag(arm, seed, res.best)
-        res.runs.append(run_one(arm_config(preset, arm, seed, spec.settings(res.best, arm)),
-                                out / tag, spec.mode))
-        log(f"  {tag}: final eval loss {final_loss(res.runs[-1]):.4f}")
-    return res
+class _Runner:
+    """Runs of one sweep: each made (or reused) in its folder and read back as a data row."""
+
+    def __init__(self, preset: Path, spec: SweepSpec, out: Path, log):
+        self.preset, self.spec, self.out, self.log = preset, spec, out, log
+
+    def row(self, arm: Arm, phase: str, seed: int, point: tuple) -> dict:
+        tag = _run_tag(arm, seed, point)
+        cfg = arm_config(self.preset, arm, seed, self.spec.settings(point, arm))
+        d = run_one(cfg, self.out / tag, self.spec.mode)
+        row = data.run_row(d, arm, phase, seed, point, self.spec.mode)
+        loss = row["final_eval_loss"]
+        self.log(f"  {tag}: final eval loss {'-' if loss is None else f'{loss:.4f}'}")
+        return row
+
+    def arm(self, arm: Arm) -> ArmResult:
+        """The arm's search on the tune seeds, then its best point on the reported seeds."""
+        res = ArmResult(arm)
+        if self.spec.tune_of(arm):
+            for point in self.spec.grid(arm):
+                rows = [self.row(arm, data.TUNE, seed, point) for seed in self.spec.tune_seeds]
+                res.tuning += rows
+        res.tuned, res.best = search_result(res.tuning)
+        res.runs = [self.row(arm, data.REPORT, seed, res.best) for seed in self.spec.seeds]
+        return res
+
+
+def search_result(tuning: list[dict]) -> tuple[dict, tuple]:
+    """({grid point: mean final eval loss over the tune seeds}, the best point); ({}, ())
+    without a search. A point with a failed run is never the best."""
+    by_point: dict[tuple, list[float]] = {}
+    for r in tuning:
+        by_point.setdefault(tuple(r["point"]), []).append(final_loss(r))
+    tuned = {p: float(np.mean(v)) for p, v in by_point.items()}
+    return tuned, (min(tuned, key=lambda p: tuned[p]) if tuned else ())
 
 
 def _run_tag(arm: Arm, seed: int, point: tuple) -> str:
@@ -121,7 +140,11 @@ def _run_tag(arm: Arm, seed: int, point: tuple) -> str:
     return f"{arm.name}-s{seed}" + point_tag(point, keys)
 
 
-def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, ...] = ()) -> dict:
+def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, ...] = (),
+              command: str = "") -> dict:
+    """Every chosen arm over the preset's seeds (and more where a verdict is close); writes
+    the data file, results.json and the plots under ``out`` and returns the report.
+    ``command``: the command line, kept in the data file for the section to show."""
     preset, out = Path(preset), Path(out)
     spec = load_spec(preset)
     chosen = [a for a in spec.arms if not arms or a.name in arms]
@@ -129,22 +152,73 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
         for point in spec.grid(a):
             arm_config(preset, a, spec.seeds[0], spec.settings(point, a))
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    t0, runner = time.time(), _Runner(preset, spec, out, log)
     results = []
     for a in chosen:
         log(f"arm {a.name}")
-        results.append(run_arm(preset, spec, a, out, log))
+        results.append(runner.arm(a))
+    _more_seeds_where_close(runner, results)
+    rows = [r for res in results for r in res.tuning + res.runs]
+    header = {"preset": str(preset), "spec": spec_dict(spec), "machine": machine(),
+              "seconds": time.time() - t0, "command": command,
+              "batched": C.resolve(preset).sim.batched}
+    data.write(out / "data.jsonl", header, rows)
+    return build_report(header, rows, out)
+
+
+def _more_seeds_where_close(runner: _Runner, results: list[ArmResult]) -> None:
+    """A group whose verdict rests on a paired difference under two standard deviations gets
+    ``close_seeds`` seeds (the preset's, then the next ones), every arm of the group."""
+    spec = runner.spec
     table = summarize(spec, results)
-    report = {"preset": str(preset), "spec": _spec_dict(spec), "rows": table,
-              "verdict": verdict(spec, table), "machine": machine(),
-              "seconds": time.time() - t0, "run_seconds": _run_seconds(results),
-              "runs": len(_all_runs(results))}
+    close = {g for g, judged in verdict(spec, table).items()
+             for j in judged for c in j.get("against", ()) if c.get("close")}
+    for res in results:
+        if (res.arm.group or "all") not in close:
+            continue
+        seed = max(spec.seeds) + 1
+        while len(res.runs) < spec.close_seeds:
+            res.runs.append(runner.row(res.arm, data.REPORT, seed, res.best))
+            seed += 1
+
+
+def build_report(header: dict, rows: list[dict], out: Path | None) -> dict:
+    """The report of a sweep from its data file's header and rows alone: results.json, the
+    plot and the search's heat maps under ``out`` (None: the report only, nothing written);
+    what the results page is written from."""
+    spec = spec_from_dict(header["spec"])
+    results = results_from_rows(spec, rows)
+    table = summarize(spec, results)
+    report = {"preset": header["preset"], "spec": header["spec"], "rows": table,
+              "verdict": verdict(spec, table), "machine": header["machine"],
+              "seconds": header["seconds"], "runs": len(rows), "command": header.get("command"),
+              "batched": header.get("batched", False),
+              "run_seconds": sum(r.get("run_wall_s") or 0.0 for r in rows)}
+    if _wants_tuning_plot(spec, results):
+        report["tuning_plot"] = str(Path(out or ".") / "tuning.png")
+    if out is None:
+        return report
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_sweep(spec, results, out / "plot.png")
-    if _wants_tuning_plot(spec, results):
+    if "tuning_plot" in report:
         plot_tuning(spec, results, out / "tuning.png")
-        report["tuning_plot"] = str(out / "tuning.png")
     return report
+
+
+def results_from_rows(spec: SweepSpec, rows: list[dict]) -> list[ArmResult]:
+    """Each arm's search and reported runs as the data rows hold them, in the spec's order."""
+    out = []
+    for arm in spec.arms:
+        mine = [r for r in rows if r["arm"] == arm.name]
+        if not mine:
+            continue
+        res = ArmResult(arm, tuning=[r for r in mine if r["phase"] == data.TUNE],
+                        runs=sorted((r for r in mine if r["phase"] == data.REPORT),
+                                    key=lambda r: r["seed"]))
+        res.tuned, res.best = search_result(res.tuning)
+        out.append(res)
+    return out
 
 
 def _wants_tuning_plot(spec: SweepSpec, results: list[ArmResult]) -> bool:
@@ -153,54 +227,56 @@ def _wants_tuning_plot(spec: SweepSpec, results: list[ArmResult]) -> bool:
     return (spec.per_arm or len(spec.tune) >= 2) and any(spec.tune_of(r.arm) for r in results)
 
 
-def _all_runs(results: list[ArmResult]) -> set[Path]:
-    """Every run the sweep needed, tuning included."""
-    return {d for res in results for d in res.tuning_runs + res.runs}
-
-
-def _run_seconds(results: list[ArmResult]) -> float:
-    return sum(json.loads((d / "summary.json").read_text()).get("wall_s") or 0.0
-               for d in _all_runs(results))
-
-
-def _stats(values: list) -> tuple[float | None, float | None, int]:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return None, None, 0
-    return float(np.mean(vals)), float(np.std(vals)), len(vals)
+def time_to_target(row: dict, target: float) -> float | None:
+    """The run clock at the end of the first evaluated round whose eval loss is <= target."""
+    for _, time_s, loss in row["curve"]:
+        if loss is not None and loss <= target:
+            return time_s
+    return None
 
 
 def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
+    """One table row per arm: each measurement's sample statistics over the reported seeds
+    ([mean, sample sd, half width of the 95 % interval, n]) and its value per seed."""
     rows = []
     for res in results:
-        sums = [json.loads((d / "summary.json").read_text()) for d in res.runs]
-        # the emulator's wall-clock; the simulator's own (virtual) clock at its last round
-        clocks = [s.get("wall_s") for s in sums] if spec.mode == "run" else \
-            [load_run(d).clock_s for d in res.runs]
+        per_seed = {key: {r["seed"]: r.get(key) for r in res.runs}
+                    for key in ("final_eval_loss", "consensus_distance", "clock_s",
+                                "bytes_sent_total")}
+        per_seed["final_eval_loss"] = {r["seed"]: final_loss(r) for r in res.runs}
+        per_seed["time_to_target_s"] = {r["seed"]: time_to_target(r, spec.target_loss)
+                                        for r in res.runs} if spec.target_loss is not None else {}
+        stat = {key: _stat(v.values()) for key, v in per_seed.items()}
         rows.append({
             "arm": res.arm.name, "group": res.arm.group, "role": res.arm.role,
             "tuned": {point_label(k): v for k, v in res.tuned.items()},
             "tune_keys": list(spec.arm_keys(res.arm)),  # what "tuned" and "best" are values of
-            "best": point_value(res.best),
-            "final_eval_loss": _stats([s.get("final_eval_loss") for s in sums]),
-            "consensus_distance": _stats([s.get("consensus_distance") for s in sums]),
-            "wall_s": _stats(clocks),
-            "time_to_target_s": _stats([time_to_target(load_run(d), spec.target_loss)
-                                        if spec.target_loss is not None else None
-                                        for d in res.runs]),
-            "bytes_sent_total": _stats([s.get("bytes_sent_total") for s in sums]),
-            "rounds": sums[0].get("rounds"), "runs": [str(d) for d in res.runs],
-            "failed_runs": failed_runs(res.runs),
+            "best": point_value(res.best), "final_eval_loss": stat["final_eval_loss"],
+            "consensus_distance": stat["consensus_distance"], "wall_s": stat["clock_s"],
+            "time_to_target_s": stat.get("time_to_target_s", _stat(())),
+            "bytes_sent_total": stat["bytes_sent_total"], "per_seed": per_seed,
+            "rounds": res.runs[0].get("rounds") if res.runs else None,
+            "seeds": [r["seed"] for r in res.runs], "failed_runs": failed_runs(res.runs),
         })
     return rows
+
+
+def _stat(values) -> list:
+    s = stats.sample(values)
+    return [s.mean, s.sd, s.half, s.n]
 
 
 def verdict(spec: SweepSpec, rows: list[dict]) -> dict:
     """Per group: does the candidate (GASLoC) arm do what the claim says against each baseline?
 
-    beats:       candidate's mean final eval loss below every baseline's in its group
-    competitive: candidate within ``tolerance`` (relative) of the best baseline
-    faster:      candidate reaches target_loss in less time than every baseline
+    Each comparison is the paired difference over the seeds both ran (``stats.paired``), with
+    its 95 % interval; the rule says what the intervals must show:
+
+    beats:       candidate's final eval loss lower than every baseline's
+    faster:      candidate reaches target_loss sooner than every baseline
+    competitive: candidate's final eval loss above the best baseline's by less than
+                 ``tolerance`` (relative)
+    "yes" when every interval shows it, "no" when one shows the opposite, "tie" otherwise.
     """
     out = {}
     for group in sorted({r["group"] for r in rows}):
@@ -215,23 +291,45 @@ def verdict(spec: SweepSpec, rows: list[dict]) -> dict:
 def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
     key = "time_to_target_s" if spec.verdict == "faster" else "final_eval_loss"
     if cand.get("failed_runs"):
-        return {"arm": cand["arm"], "holds": False,
+        return {"arm": cand["arm"], "holds": "not judged",
                 "why": f"{cand['arm']} failed or diverged in {cand['failed_runs']} runs"}
-    mine = cand[key][0]
-    theirs = {b["arm"]: b[key][0] for b in bases}
-    if mine is None:
-        return {"arm": cand["arm"], "holds": False, "why": f"{cand['arm']} has no {key}"}
-    known = {k: v for k, v in theirs.items() if v is not None}
+    if cand[key][0] is None:
+        return {"arm": cand["arm"], "holds": "not judged", "why": f"{cand['arm']} has no {key}"}
+    mine = cand["per_seed"][key]
     if spec.verdict == "competitive":
-        best = min(known.values()) if known else math.inf
-        holds = mine <= best * (1 + spec.tolerance)
-    else:  # beats / faster; a baseline that never reached the target counts as slower
-        holds = all(mine < v for v in known.values())
-    # the mean time covers only the seeds that reached the target: one that missed it on some
-    # seeds is not faster, whatever its mean over the others
-    missed = len(cand["runs"]) - cand[key][2] if spec.verdict == "faster" else 0
-    return {"arm": cand["arm"], "holds": bool(holds) and not missed, "key": key, "value": mine,
-            "baselines": theirs, "missed": missed, "seeds": len(cand["runs"])}
+        best = min(bases, key=lambda b: math.inf if b[key][0] is None else b[key][0])
+        against = [_compare(_relative(mine, best["per_seed"][key]), best, key, spec.tolerance)]
+    else:
+        against = [_compare(stats.paired(mine, b["per_seed"][key]), b, key, 0.0)
+                   if b[key][0] is not None else _never(b) for b in bases]
+    missed = sum(v is None for v in mine.values()) if key == "time_to_target_s" else 0
+    holds = "no" if missed or any(c["direction"] == "higher" for c in against) else \
+        "yes" if all(c["direction"] == "lower" for c in against) else "tie"
+    return {"arm": cand["arm"], "holds": holds, "key": key, "value": cand[key][0],
+            "against": against, "missed": missed, "seeds": len(mine)}
+
+
+def _relative(mine: dict, theirs: dict) -> stats.Sample:
+    """The paired relative differences (mine - theirs) / theirs."""
+    return stats.sample(((mine[s] - theirs[s]) / theirs[s]) for s in mine
+                        if s in theirs and stats.finite(mine[s]) and stats.finite(theirs[s]))
+
+
+def _compare(diff: stats.Sample, base: dict, key: str, margin: float) -> dict:
+    """One comparison: the paired difference (less ``margin``) and where its interval lies;
+    ``close``: under two standard deviations from zero on fewer seeds than the rule asks."""
+    shifted = stats.Sample(None if diff.mean is None else diff.mean - margin, diff.sd,
+                           diff.half, diff.n)
+    close = diff.sd is not None and abs(shifted.mean) < 2 * diff.sd
+    return {"arm": base["arm"], "value": base[key][0], "diff": [diff.mean, diff.sd, diff.half,
+                                                                diff.n],
+            "direction": stats.direction(shifted), "close": close}
+
+
+def _never(base: dict) -> dict:
+    """A baseline that never reached the target: any time the candidate has is sooner."""
+    return {"arm": base["arm"], "value": None, "diff": [None, None, None, 0],
+            "direction": "lower", "close": False}
 
 
 def machine() -> dict:
@@ -239,9 +337,3 @@ def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def _spec_dict(spec: SweepSpec) -> dict:
-    d = dict(spec.__dict__)
-    d["arms"] = [a.__dict__ for a in spec.arms]
-    return d

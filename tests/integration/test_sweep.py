@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu.experiments import page, plots, sweep
+from gasloc_emu.experiments import data, page, plots, sweep
 from gasloc_emu.experiments import spec as sweep_spec
 
 pytestmark = pytest.mark.integration
@@ -33,6 +33,7 @@ eval_every = 1
 title = "mini"
 claim = "gasloc beats local gossip"
 seeds = [0, 1]
+close_seeds = 2
 tune_key = "algo.inner.lr"
 tune_values = [0.001, 0.003]
 target_loss = 4.6
@@ -67,45 +68,59 @@ def _final_loss(run) -> float:
     return json.loads((Path(run) / "summary.json").read_text())["final_eval_loss"]
 
 
-def test_mini_sweep_writes_table_plot_and_section(tmp_path):
+def _section(report: dict) -> str:
+    return page.markdown_section("mini", report, "cmd", "x.png")
+
+
+def test_mini_sweep_writes_data_table_plot_and_section(tmp_path):
     preset = tmp_path / "mini.toml"
     preset.write_text(MINI)
-    report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
+    out = tmp_path / "out"
+    report = sweep.run_sweep(preset, out, log=lambda *_: None)
     rows = {r["arm"]: r for r in report["rows"]}
     assert set(rows) == {"g", "lg"}
     for arm, r in rows.items():
         assert set(r["tuned"]) == {"0.001", "0.003"}
         assert r["best"] == min((0.001, 0.003), key=lambda v: r["tuned"][f"{v:g}"])
-        # the row's figures are those of the runs it names: the best value on both seeds, and
-        # every tuned value's seed-0 run
-        names = [f"{arm}-s{seed}-{r['best']:g}" for seed in (0, 1)]
-        assert [Path(run).name for run in r["runs"]] == names
-        losses = [_final_loss(run) for run in r["runs"]]
-        assert r["final_eval_loss"] == pytest.approx((statistics.fmean(losses),
-                                                      statistics.pstdev(losses), 2), rel=1e-12)
-        assert r["final_eval_loss"][1] > 0  # two seeds, two different runs
+        # the search ran on tune seed 100 only; the reported seeds ran the best value alone
         for value, loss in r["tuned"].items():
-            assert loss == _final_loss(tmp_path / "out" / f"{arm}-s0-{value}")
+            assert loss == _final_loss(out / f"{arm}-s100-{value}")
+        assert r["seeds"] == [0, 1]
+        losses = [_final_loss(out / f"{arm}-s{seed}-{r['best']:g}") for seed in (0, 1)]
+        mean, sd, half, n = r["final_eval_loss"]
+        assert (mean, sd, n) == pytest.approx((statistics.fmean(losses),
+                                               statistics.stdev(losses), 2), rel=1e-12)
+        assert half == pytest.approx(12.706 * sd / math.sqrt(2))
+        assert sd > 0  # two seeds, two different runs
         # an untrained byte model scores ln 256 = 5.55; six steps at the best rate take every
         # run at least 1 nat below that (about 3.5 for g, 3.9 for lg), a tiny model no lower than 2
         assert all(2.0 < loss < math.log(256) - 1.0 for loss in losses), (arm, losses)
-    assert report["runs"] == 2 * (2 + 1)  # per arm: two tuned values on seed 0, plus seed 1
-    g, lg = rows["g"]["final_eval_loss"][0], rows["lg"]["final_eval_loss"][0]
-    assert report["verdict"]["x"][0]["holds"] == (g < lg)
-    png = tmp_path / "out" / "plot.png"
+    assert report["runs"] == 2 * (2 + 2)  # per arm: two tuned values on seed 100, two seeds
+    judged = report["verdict"]["x"][0]
+    diffs = [rows["g"]["per_seed"]["final_eval_loss"][s] - rows["lg"]["per_seed"]
+             ["final_eval_loss"][s] for s in (0, 1)]
+    assert judged["against"][0]["diff"][0] == pytest.approx(statistics.fmean(diffs))
+    png = out / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    saved = json.loads((tmp_path / "out" / "results.json").read_text())
-    first_row = saved["rows"][0]
-    assert first_row["final_eval_loss"] == list(rows[first_row["arm"]]["final_eval_loss"])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"][0]["final_eval_loss"] == list(rows[saved["rows"][0]["arm"]]
+                                                       ["final_eval_loss"])
+
+    # the data file alone gives the same section, without the run folders
+    header, data_rows = data.read(out / "data.jsonl")
+    assert len(data_rows) == report["runs"]
+    assert {(r["arm"], r["phase"], r["seed"]) for r in data_rows} >= {("g", "tune", 100),
+                                                                      ("lg", "report", 1)}
+    rebuilt = sweep.build_report(header, data_rows, tmp_path / "rebuilt")
+    assert _section(rebuilt) == _section(report)
 
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\nintro stays\n")
     for _ in range(2):  # writing twice replaces the section instead of appending it again
-        page.update_results_page(results, "mini",
-                                 page.markdown_section("mini", report, "cmd", "x.png"))
+        page.update_results_page(results, "mini", _section(report))
     text = results.read_text()
     assert text.count("<!-- begin mini -->") == 1 and "intro stays" in text
-    assert f"{g:.4f}" in text and "| g |" in text and "| lg |" in text
+    assert f"{rows['g']['final_eval_loss'][0]:.4f}" in text and "| g |" in text
 
 
 def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
@@ -124,6 +139,13 @@ def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
         assert (a["tuned"], a["final_eval_loss"]) == (b["tuned"], b["final_eval_loss"])
 
 
+def test_tune_seeds_that_are_also_reported_are_refused(tmp_path):
+    preset = tmp_path / "reused.toml"
+    preset.write_text(MINI.replace("seeds = [0, 1]", "seeds = [0, 1]\ntune_seeds = [1]"))
+    with pytest.raises(C.ConfigError, match=r"tune_seeds \[1\] share \[1\]"):
+        sweep_spec.load_spec(preset)
+
+
 GRID = MINI.replace('tune_key = "algo.inner.lr"\ntune_values = [0.001, 0.003]\n',
                     'tune = { "algo.outer_lr" = [0.5, 1.0], "algo.momentum" = [0.0, "auto*0.5"], '
                     '"algo.inner.lr" = [0.003] }\n')
@@ -137,13 +159,13 @@ def test_a_joint_search_runs_every_combination_and_draws_the_grid(tmp_path):
     assert spec.tune_keys == ("algo.outer_lr", "algo.momentum", "algo.inner.lr")
     assert len(spec.grid()) == 4
     report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
-    assert report["runs"] == 2 * 4   # per arm every combination on seed 0 (the best is reused)
+    assert report["runs"] == 2 * (4 + 1)   # per arm every combination on seed 100, then seed 0
     for row in report["rows"]:
         assert set(row["tuned"]) == {"0.5, 0, 0.003", "0.5, auto*0.5, 0.003",
                                      "1, 0, 0.003", "1, auto*0.5, 0.003"}
         best = min(row["tuned"], key=row["tuned"].get)
         assert ", ".join(sweep_spec.fmt_value(v) for v in row["best"]) == best
-    run = tmp_path / "out" / "g-s0-1-auto*0.5-0.003"
+    run = tmp_path / "out" / "g-s100-1-auto*0.5-0.003"
     gamma = json.loads((run / "summary.json").read_text())["gamma"]
     from gasloc_emu.topology import Topology
     assert gamma == pytest.approx(0.5 * Topology("ring", 4).gamma_star)
@@ -188,13 +210,14 @@ def test_per_arm_searches_run_each_arms_own_grid_and_report_it(tmp_path):
     preset.write_text(PER_ARM)
     out = tmp_path / "out"
     report = sweep.run_sweep(preset, out, log=lambda *_: None)
-    # one seed: every arm's seed-0 points, nothing else; own grids name their keys, the
+    # every arm's points on seed 100, then its best on seed 0; own grids name their keys, the
     # sweep-wide grid keeps its value-only names
-    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == sorted([
-        "g-s0-outer_lr=0.5-lr=0.003", "g-s0-outer_lr=1-lr=0.003", "lg-s0-0.001", "lg-s0-0.003",
-        "d-s0-lr=0.001", "d-s0-lr=0.003", "d-s0-lr=0.01"])
-    assert report["runs"] == 7
-    eta = json.loads((out / "g-s0-outer_lr=0.5-lr=0.003" / "summary.json").read_text())["eta"]
+    searched = ["g-s100-outer_lr=0.5-lr=0.003", "g-s100-outer_lr=1-lr=0.003", "lg-s100-0.001",
+                "lg-s100-0.003", "d-s100-lr=0.001", "d-s100-lr=0.003", "d-s100-lr=0.01"]
+    dirs = sorted(d.name for d in out.iterdir() if d.is_dir())
+    assert set(searched) <= set(dirs) and len(dirs) == 7 + 3
+    assert report["runs"] == 7 + 3
+    eta = json.loads((out / "g-s100-outer_lr=0.5-lr=0.003" / "summary.json").read_text())["eta"]
     assert eta == 0.5
     rows = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     assert {a: r["tune_keys"] for a, r in rows.items()} == {
@@ -207,8 +230,8 @@ def test_per_arm_searches_run_each_arms_own_grid_and_report_it(tmp_path):
     assert Path(report["tuning_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     text = page.markdown_section("per-arm", report, "cmd", "results/per-arm.png")
-    assert "seeds [0]; each arm's own search (below) on seed 0, from 2 to 3 runs per arm, " \
-           "best value kept for all seeds." in text
+    assert "seeds [0]; each arm's own search (below) on tune seed 100, from 2 to 3 points per " \
+           "arm, best value kept for the reported seeds." in text
     assert "- g: the grid algo.outer_lr [0.5, 1.0] x algo.inner.lr [0.003] (every " \
            "combination), 2 runs\n- lg: algo.inner.lr [0.001, 0.003], 2 runs\n" in text
     assert "| arm | best | final eval loss |" in text  # the cells say which keys
@@ -238,8 +261,8 @@ def test_equal_budget_is_said_in_the_mode_sentence(tmp_path):
     preset.write_text(EQUAL_BUDGET.replace("[0.001, 0.003, 0.01]", "[0.001, 0.003]"))
     report = _fake_report(sweep_spec.load_spec(preset))
     text = page.markdown_section("equal", report, "cmd", "e.png")
-    assert "each arm's own search (below) on seed 0; every arm had the same budget of 2 seed-0 " \
-           "runs, best value kept for all seeds." in text
+    assert "each arm's own search (below) on tune seed 100; every arm had the same budget of 2 " \
+           "points, best value kept for the reported seeds." in text
 
 
 @pytest.mark.parametrize("arm_extra, match", [
@@ -253,28 +276,41 @@ def test_an_arms_search_is_checked(tmp_path, arm_extra, match):
         sweep_spec.load_spec(preset)
 
 
+def _fake_row(arm, phase: str, seed: int, point: tuple, loss: float) -> dict:
+    """A data row with made-up numbers (the shape ``data.run_row`` writes)."""
+    return {"kind": "run", "arm": arm.name, "phase": phase, "seed": seed, "point": list(point),
+            "status": "ok", "final_eval_loss": loss, "consensus_distance": 0.25 + seed / 200,
+            "bytes_sent_total": 1.5434e9, "clock_s": 30.0 + seed, "rounds": 3,
+            "run_wall_s": 38.8, "curve": [[0, 5.0 + seed, 4.9], [2, 10.0 + 2 * seed, loss]]}
+
+
 def _fake_report(spec: sweep_spec.SweepSpec) -> dict:
-    """A report as run_sweep gives it, with made-up numbers: the markdown without any runs."""
+    """A report as build_report gives it, from made-up data rows: the markdown without runs.
+    Arm i's loss on seed s is 2.5 - i/100 + s/1000 + i*s/3000 (each arm's first search point
+    is its best), so the paired differences vary with the seed."""
     rows = []
     for i, arm in enumerate(spec.arms):
         grid = spec.grid(arm)
-        rows.append({"arm": arm.name, "group": arm.group, "role": arm.role,
-                     "tune_keys": list(spec.arm_keys(arm)),
-                     "best": sweep_spec.point_value(grid[i % len(grid)]),
-                     "final_eval_loss": (2.5 - i / 100, 0.0123, 2),
-                     "consensus_distance": (0.25, 0.0051, 2), "wall_s": (30.0 + i, 0.5, 2),
-                     "time_to_target_s": (10.0 + i, 1.25, 2),
-                     "bytes_sent_total": (1.5434e9, 0.0, 2), "rounds": 3, "runs": ["a", "b"],
-                     "failed_runs": 0})
-    return {"spec": sweep._spec_dict(spec), "rows": rows, "verdict": sweep.verdict(spec, rows),
-            "machine": {"platform": "Linux-x", "python": "3.11.7", "torch": "2.13.0+cpu",
-                        "cpus": 2, "gpu": None},
-            "seconds": 100.0, "run_seconds": 2328.0, "runs": 60,
+        for k, point in enumerate(grid if spec.tune_of(arm) else ()):
+            rows += [_fake_row(arm, "tune", seed, point, 2.6 + k / 10)
+                     for seed in spec.tune_seeds]
+        best = grid[0] if spec.tune_of(arm) else ()
+        rows += [_fake_row(arm, "report", seed, best, 2.5 - i / 100 + seed / 1000
+                           + i * seed / 3000) for seed in spec.seeds]
+    header = {"preset": "p.toml", "spec": sweep_spec.spec_dict(spec),
+              "machine": {"platform": "Linux-x", "python": "3.11.7", "torch": "2.13.0+cpu",
+                          "cpus": 2, "gpu": None}, "seconds": 100.0}
+    results = sweep.results_from_rows(spec, rows)
+    table = sweep.summarize(spec, results)
+    return {"preset": "p.toml", "spec": header["spec"], "rows": table,
+            "verdict": sweep.verdict(spec, table), "machine": header["machine"],
+            "seconds": 100.0, "runs": len(rows),
+            "run_seconds": sum(r["run_wall_s"] for r in rows),
             **({"tuning_plot": "x/tuning.png"} if len(spec.tune) >= 2 else {})}
 
 
-# written by the sweep code before per-arm searches existed: sections of docs/RESULTS.md made
-# from presets without them must regenerate byte for byte
+# the section of a joint search on three seeds, pinned: a change of wording, statistics or
+# layout shows here first (and then in every section of docs/RESULTS.md)
 GRID_SECTION = """## mini
 
 Claim: gasloc beats local gossip.
@@ -282,38 +318,39 @@ Claim: gasloc beats local gossip.
 Command: `cmd`
 
 Mode: simulate (in-process simulator; its clock is the compute model's time (nominal step times \
-where compute.step_time_s is set) plus modelled transfers); seeds [0]; the same search over the \
-grid algo.outer_lr [0.5, 1.0] x algo.momentum [0.0, 'auto*0.5'] x algo.inner.lr [0.003] (every \
-combination) on seed 0 for every arm, best value kept for all seeds. Mean ± standard deviation \
-over seeds. Final eval loss is that of the average of the workers' models; consensus distance is \
-the RMS distance of the workers' parameters to that average.
+where compute.step_time_s is set) plus modelled transfers); reported seeds [0, 1, 2]; the same \
+search over the grid algo.outer_lr [0.5, 1.0] x algo.momentum [0.0, 'auto*0.5'] x algo.inner.lr \
+[0.003] (every combination) on tune seed 100 for every arm, best value kept for the reported \
+seeds. Mean ± sample standard deviation over the reported seeds. Final eval loss is that of the \
+average of the workers' models; consensus distance is the RMS distance of the workers' \
+parameters to that average.
 
-| arm | best algo.outer_lr, algo.momentum, algo.inner.lr | final eval loss | consensus distance | \
-time to eval loss 4.6 (s) | predicted s (simulator) | MB sent |
+| arm | best algo.outer_lr, algo.momentum, algo.inner.lr | final eval loss | consensus distance \
+| time to eval loss 4.6 (s) | predicted s (simulator) | MB sent |
 | --- | --- | --- | --- | --- | --- | --- |
-| g | 0.5, 0, 0.003 | 2.5000 ± 0.0123 (n=2) | 0.250 ± 0.005 (n=2) | 10.0 ± 1.2 (n=2) | \
-30.0 ± 0.5 (n=2) | 1543.4 |
-| lg | 0.5, auto*0.5, 0.003 | 2.4900 ± 0.0123 (n=2) | 0.250 ± 0.005 (n=2) | 11.0 ± 1.2 (n=2) | \
-31.0 ± 0.5 (n=2) | 1543.4 |
+| g | 0.5, 0, 0.003 | 2.5010 ± 0.0010 | 0.255 ± 0.005 | 12.0 ± 2.0 | 31.0 ± 1.0 | 1543.4 |
+| lg | 0.5, 0, 0.003 | 2.4913 ± 0.0013 | 0.255 ± 0.005 | 12.0 ± 2.0 | 31.0 ± 1.0 | 1543.4 |
 
 ![grid](results/grid.png)
 
-The whole search, seed 0, one heat map per arm:
+The whole search, tune seed 100, one heat map per arm:
 
 ![grid search](results/grid-tuning.png)
 
-Verdict, computed from the table (rule: beats):
+Verdict (rule: beats), from the difference of each pair of runs with the same seed (same \
+initialisation and data order), mean [95 % interval]:
 
-- x: g (2.5000) lower final eval loss than lg 2.4900: **no**
+- x: g (2.5010) lower final eval loss than lg 2.4913, difference +0.0097 [+0.0088, +0.0105] over \
+3 seeds: **no**
 
-Machine: Linux-x, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu, GPU none; its 60 runs took 38.8 min \
-of wall-clock.
+Machine: Linux-x, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu, GPU none; its 14 runs (search \
+included) took 9.1 min of wall-clock.
 """
 
 
-def test_a_preset_without_per_arm_searches_gives_the_same_section_as_before(tmp_path):
+def test_a_section_reads_as_pinned_and_the_same_from_json(tmp_path):
     preset = tmp_path / "grid.toml"
-    preset.write_text(GRID)
+    preset.write_text(GRID.replace("seeds = [0]", "seeds = [0, 1, 2]"))
     report = _fake_report(sweep_spec.load_spec(preset))
     assert page.markdown_section("grid", report, "cmd", "results/grid.png") == GRID_SECTION
     # results.json's lists (not tuples) give the same section
@@ -321,8 +358,8 @@ def test_a_preset_without_per_arm_searches_gives_the_same_section_as_before(tmp_
     assert page.markdown_section("grid", again, "cmd", "results/grid.png") == GRID_SECTION
     h1_spec = sweep_spec.load_spec(REPO / "runs" / "local-steps.toml")
     h1 = page.markdown_section("h1", _fake_report(h1_spec), "cmd", "h1.png")
-    assert "seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.003] on " \
-           "seed 0 for every arm, best value kept for all seeds." in h1
+    assert "reported seeds [0, 1, 2]; the same search over algo.inner.lr [0.001, 0.003] on " \
+           "tune seed 100 for every arm, best value kept for the reported seeds." in h1
     assert "| arm | best algo.inner.lr | final eval loss |" in h1
     assert "| gasloc-ring-H1 | 0.001 |" in h1
 

@@ -1,0 +1,65 @@
+"""A sweep's data file: everything its results section is computed from, one JSON line per run.
+
+The first line describes the sweep (``kind = "sweep"``: its spec, the machine, how long it took,
+the command that made it); each further line is one run (``kind = "run"``): its arm, whether it
+was a tuning or a reported run, the seed and grid point, its status, final eval loss, consensus
+distance, bytes sent, clock (wall-clock measured by the emulator, or the simulator's predicted
+time), how long it took to run, and its eval curve as [round, time_s, loss] triples. The file
+sits beside the section's plots in docs/results/, so a reader can check every number of the
+section without running anything, and ``gasloc-emu sweep --from-data`` rebuilds the section
+from it alone.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from gasloc_emu.report.compare import load_run
+
+TUNE, REPORT = "tune", "report"   # a run of the search, or one of the reported seeds
+
+
+def run_row(run_dir: Path, arm, phase: str, seed: int, point: tuple, mode: str) -> dict:
+    """One run's line, from its record folder."""
+    run = load_run(run_dir)
+    s = run.summary
+    clock = s.get("wall_s") if mode == "run" else run.clock_s
+    curve = [[p.round, _num(p.time_s), _num(p.value)] for p in run.series("eval_loss")]
+    return {"kind": "run", "arm": arm.name, "phase": phase, "seed": seed, "point": list(point),
+            "status": s.get("status", "ok"), "final_eval_loss": _num(s.get("final_eval_loss")),
+            "consensus_distance": _num(s.get("consensus_distance")),
+            "bytes_sent_total": _num(s.get("bytes_sent_total")), "clock_s": _num(clock),
+            "rounds": s.get("rounds"), "run_wall_s": _num(s.get("wall_s")), "curve": curve}
+
+
+def _num(v) -> float | None:
+    """A finite float, else None (JSON has no NaN or infinity)."""
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def write(path: Path, header: dict, rows: list[dict]) -> None:
+    """The data file: the header line, then the runs in the order the sweep made them."""
+    lines = [json.dumps({"kind": "sweep", **header}, sort_keys=True)]
+    lines += [json.dumps(r, sort_keys=True, separators=(",", ":")) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read(path: Path) -> tuple[dict, list[dict]]:
+    """(header, runs) of a data file; a file that is not one is an error naming the line."""
+    lines = Path(path).read_text().splitlines()
+    items = []
+    for n, line in enumerate(lines, 1):
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
+    if not items or items[0].get("kind") != "sweep":
+        raise ValueError(f"{path}: the first line is not a sweep header")
+    runs = items[1:]
+    bad = next((n for n, r in enumerate(runs, 2) if r.get("kind") != "run"), None)
+    if bad is not None:
+        raise ValueError(f"{path}:{bad}: not a run line")
+    header = dict(items[0])
+    header.pop("kind")
+    return header, runs
