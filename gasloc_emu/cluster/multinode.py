@@ -47,13 +47,14 @@ from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.emulator.launcher import LaunchResult, SigTerm, outcome, supervise
 from gasloc_emu.emulator.network import HostNetwork
-from gasloc_emu.emulator.processes import WorkerSlot, reap, spawn_worker
+from gasloc_emu.emulator.processes import WorkerSlot, forkable, reap, spawn_worker
 from gasloc_emu.emulator.supervisor import (
     EXIT_GRACE_S,
     READY_TIMEOUT_S,
     Supervisor,
     peer_timeout_s,
 )
+from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
@@ -322,7 +323,8 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
 
 def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
     """This node's workers from start to exit; how node 0 says the run ended."""
-    procs = {r: spawn_worker(local_dir, r, dev, node.network, node.security)
+    zygote = Zygote() if forkable(node.network) else None
+    procs = {r: spawn_worker(local_dir, r, dev, node.network, node.security, zygote=zygote)
              for r, dev in zip(node.ranks, node.devices, strict=True)}
     try:
         with SigTerm():
@@ -332,6 +334,8 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
         return end
     finally:
         reap([p for p in procs.values() if p.poll() is None], 0.0)
+        if zygote is not None:
+            zygote.close()
 
 
 def _watch(node: Node, procs: dict, master: NodeInfo) -> dict:

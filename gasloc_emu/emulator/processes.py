@@ -14,30 +14,42 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gasloc_emu.emulator.zygote import Forked, Zygote
 from gasloc_emu.training.devices import DeviceAssignment
 from gasloc_emu.transport import auth
 
 
 def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
-                 security: auth.Security, rejoin: tuple[str, int] | None = None
-                 ) -> subprocess.Popen:
+                 security: auth.Security, rejoin: tuple[str, int] | None = None,
+                 zygote: Zygote | None = None) -> subprocess.Popen | Forked:
     """Start worker ``rank`` (``python -m gasloc_emu.emulator.worker_process DIR RANK``) with its
     device pinned and the run's keys in its environment only; its output goes to
     ``workers/worker<rank>.log`` (appended to by a successor: ``rejoin`` = (the address it
-    binds, the round it joins at))."""
+    binds, the round it joins at)). With a ``zygote``, forked from it where the network needs
+    no wrapper command (the worker stays in this namespace), else started afresh."""
     logs = Path(run_dir) / "workers"
     logs.mkdir(exist_ok=True)
-    extra = [rejoin[0], str(rejoin[1])] if rejoin else []
-    argv = network.wrap(rank, [sys.executable, "-m", "gasloc_emu.emulator.worker_process",
-                               str(run_dir), str(rank), *extra])
+    args = [str(run_dir), str(rank), *([rejoin[0], str(rejoin[1])] if rejoin else [])]
+    plain = [sys.executable, "-m", "gasloc_emu.emulator.worker_process", *args]
+    argv = network.wrap(rank, plain)
     env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | security.env()
-    with open(logs / f"worker{rank}.log", "ab" if rejoin else "wb") as log:
+    log_path = logs / f"worker{rank}.log"
+    if zygote is not None and argv == plain:
+        return zygote.spawn(args, dict(env), str(log_path), append=rejoin is not None)
+    with open(log_path, "ab" if rejoin else "wb") as log:
         # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
 
-def reap(procs: list[subprocess.Popen], grace_s: float) -> None:
+def forkable(network) -> bool:
+    """Whether workers of this network start in the launcher's namespace (no wrapper command),
+    so that a zygote can fork them."""
+    probe = ["python", "-m", "gasloc_emu.emulator.worker_process"]
+    return network.wrap(0, probe) == probe
+
+
+def reap(procs: list[subprocess.Popen | Forked], grace_s: float) -> None:
     """Wait up to ``grace_s`` for every process to exit, then kill what is left."""
     deadline = time.monotonic() + grace_s
     for proc in procs:
@@ -73,7 +85,7 @@ def remove_stale_socket_dirs(tmp: Path = Path("/tmp")) -> list[Path]:
     return stale
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen | Forked) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -83,7 +95,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 @dataclass
 class WorkerSlot:
     rank: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | Forked
     device: DeviceAssignment
     last_seen: float
     round: int = -1

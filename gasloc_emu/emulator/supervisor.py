@@ -17,12 +17,14 @@ from gasloc_emu.emulator.inbound import (
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.emulator.processes import (
     WorkerSlot,
+    forkable,
     kill_group,
     reap,
     remove_socket_files,
     spawn_worker,
 )
 from gasloc_emu.emulator.tally import drops_so_far, run_summary
+from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
 from gasloc_emu.scenario.observed import event_feed
@@ -85,6 +87,9 @@ class Supervisor:
                                   lambda rank, msg: self._tell(rank, msg))
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
         self.pairer = async_pairer(plan)
+        # workers forked from a process that imported torch already (where no wrapper
+        # command puts them in another namespace); started now, it imports while we set up
+        self.zygote = Zygote() if forkable(network) else None
 
     def _clock(self) -> float | None:
         """Seconds since the run's start; None before it."""
@@ -136,7 +141,8 @@ class Supervisor:
         return [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]
 
     def _spawn(self, rank: int, device: DeviceAssignment) -> WorkerSlot:
-        proc = spawn_worker(self.dir, rank, device, self.network, self.security)
+        proc = spawn_worker(self.dir, rank, device, self.network, self.security,
+                            zygote=self.zygote)
         return WorkerSlot(rank, proc, device, time.monotonic())
 
     def _await(self, done, timeout_s: float | None, what: str) -> None:
@@ -197,7 +203,7 @@ class Supervisor:
             s.gone = True
             return
         s.proc = spawn_worker(self.dir, s.rank, s.device, self.network, self.security,
-                              rejoin=(s.ready["addr"], start))
+                              rejoin=(s.ready["addr"], start), zygote=self.zygote)
         s.ready, s.final, s.last_seen = None, None, time.monotonic()
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
@@ -244,6 +250,8 @@ class Supervisor:
             if s.proc is not None and s.proc.poll() is None:
                 kill_group(s.proc)
         self.plane.close()
+        if self.zygote is not None:
+            self.zygote.close()
         remove_socket_files(a for a in (self.ctl_addr, self.hb_addr) if a.startswith("ipc://"))
 
     # -- results

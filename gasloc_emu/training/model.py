@@ -192,8 +192,21 @@ def check_model(mcfg) -> None:
                                   f"(2, {shape.block_size}, {shape.vocab_size})")
 
 
+def gpt_num_params(s: GPTShape) -> int:
+    """The GPT's parameters from its shape: token and position tables, per block two layer
+    norms, the attention's qkv and output projections and the 4x MLP (weights and biases),
+    the final norm; the head is tied to the token table."""
+    c = s.n_embd
+    block = 2 * 2 * c + (3 * c * c + 3 * c) + (c * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c)
+    return s.vocab_size * c + s.block_size * c + s.n_layer * block + 2 * c
+
+
 def count_parameters(mcfg) -> int:
-    """Parameters of the configured model, counted on the meta device (nothing allocated)."""
+    """Parameters of the configured model: the GPT's from its shape, a plugin's counted on the
+    meta device (nothing allocated). Not the GPT on the meta device: its initialisers there
+    import torch's compiler, seconds of every worker's start."""
+    if not is_plugin(mcfg):
+        return gpt_num_params(shape_from_config(mcfg))
     with torch.device("meta"):
         net = _construct(mcfg)
     return net.num_params()

@@ -1,7 +1,7 @@
 """Overlapped GASLoC and DiLoCo in ``run`` against ``simulate``, on shaped links.
 
 What overlap must deliver, at a size CI can afford: compute and one message transfer of about the
-same length (10 nominal steps of 0.12 s; a tiny model's 0.48 MB at 3.2 Mbit/s is 1.2 s), under
+same length (5 nominal steps of 0.12 s; a tiny model's 0.48 MB at 6.4 Mbit/s is 0.6 s), under
 the userspace shaper (no privileges needed). The emulator must really overlap (its measured
 round is at most 0.7x the sequential one), agree with the simulator's losses, and the
 simulator's predicted time must stay within 15 % of the measured one.
@@ -17,9 +17,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 4
+ROUNDS, H = 4, 5
 BASE = ["--workers", "4", "--model", "tiny", "--seed", "3", "--no-dashboard", "--rounds",
-        str(ROUNDS), "--bw-profile", "uniform", "--rate-mbit", "3.2", "--shaper", "userspace",
+        str(ROUNDS), "--local-steps", str(H), "--bw-profile", "uniform", "--rate-mbit", "6.4",
+        "--shaper", "userspace",
         "--step-time-s", "0.12",   # a real step takes up to ~0.085 s of a shared core here
         "--set", "data.max_corpus_mb=1", "--set", "data.eval_batches=1"]
 ARMS = {"gasloc": ["--algo", "gasloc", "--topology", "ring", "--set", "algo.alpha=0.75"],
@@ -45,7 +46,8 @@ def both(tmp_path: Path, name: str, *args: str) -> tuple[tuple, tuple]:
     """(run's record, simulate's record) for the same arguments."""
     out = {}
     for cmd in ("run", "simulate"):
-        res = cli(cmd, *BASE, *args, "--out", str(tmp_path / f"{name}-{cmd}"))
+        probe = ["--no-probe"] if cmd == "run" else []   # links.json is not what this checks
+        res = cli(cmd, *BASE, *args, *probe, "--out", str(tmp_path / f"{name}-{cmd}"))
         assert res.returncode == 0, res.stderr
         out[cmd] = record(tmp_path / f"{name}-{cmd}")
     return out["run"], out["simulate"]
@@ -74,7 +76,7 @@ def test_overlap_hides_the_transfer_in_run_and_simulate_alike(tmp_path, algo):
     for ran, sim in ((seq_run, seq_sim), (ovl_run, ovl_sim)):
         assert finished(sim[1]) == pytest.approx(finished(ran[1]), rel=0.15)
         # the host kept the nominal steps (a stray one over 0.12 s on a busy CI host is noise)
-        assert sum(ran[0]["compute"]["overruns"]) <= 0.02 * 4 * 10 * ROUNDS, ran[0]["compute"]
+        assert sum(ran[0]["compute"]["overruns"]) <= 0.02 * 4 * H * ROUNDS, ran[0]["compute"]
     # the staleness is paid in loss, not hidden: overlap changes the iterates
     assert ovl_run[0]["final_eval_loss"] != seq_run[0]["final_eval_loss"]
 

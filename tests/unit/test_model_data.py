@@ -283,3 +283,15 @@ def test_evaluate_is_mean_cross_entropy_and_restores_mode():
         ref = np.mean([torch.nn.functional.cross_entropy(net(x)[0].reshape(-1, 256),
                                                          y.reshape(-1)).item() for x, y in batches])
     assert got == pytest.approx(ref, rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [{"model.preset": "tiny"}, {"model.preset": "small"},
+                                       {"model.preset": "gpt2"},
+                                       {"model.n_layer": 3, "model.n_embd": 96,
+                                        "model.n_head": 3, "model.block_size": 32}])
+def test_the_gpts_count_from_its_shape_is_the_modules_own(overrides):
+    from gasloc_emu.training.model import _construct, count_parameters
+    mcfg = C.resolve(overrides=overrides).model
+    with torch.device("meta"):
+        built = _construct(mcfg).num_params()
+    assert count_parameters(mcfg) == built
