@@ -47,7 +47,7 @@ from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.emulator.launcher import LaunchResult, SigTerm, outcome, supervise
 from gasloc_emu.emulator.network import HostNetwork
-from gasloc_emu.emulator.processes import WorkerSlot, forkable, reap, spawn_worker
+from gasloc_emu.emulator.processes import WorkerSlot, reap, spawn_worker
 from gasloc_emu.emulator.supervisor import (
     EXIT_GRACE_S,
     READY_TIMEOUT_S,
@@ -323,7 +323,7 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
 
 def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
     """This node's workers from start to exit; how node 0 says the run ended."""
-    zygote = Zygote() if forkable(node.network) else None
+    zygote = Zygote()
     procs = {r: spawn_worker(local_dir, r, dev, node.network, node.security, zygote=zygote)
              for r, dev in zip(node.ranks, node.devices, strict=True)}
     try:

@@ -32,6 +32,9 @@ class LoopbackNetwork:
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
         return argv
 
+    def netns(self, rank: int) -> str | None:
+        return None
+
     def shaping_spec(self) -> dict | None:
         return None
 
@@ -114,6 +117,10 @@ class ShapedNetwork:
 
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
         return self.session.wrap(rank, argv)
+
+    def netns(self, rank: int) -> str | None:
+        """The named network namespace worker ``rank`` lives in (None: the launcher's)."""
+        return self.session.netns(rank)
 
     def shaping_spec(self) -> dict | None:
         return self.session.shaping_spec()
@@ -225,6 +232,9 @@ class HostNetwork:
 
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
         return argv
+
+    def netns(self, rank: int) -> str | None:
+        return None
 
     def shaping_spec(self) -> dict | None:
         return self.spec

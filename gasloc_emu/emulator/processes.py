@@ -25,8 +25,8 @@ def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
     """Start worker ``rank`` (``python -m gasloc_emu.emulator.worker_process DIR RANK``) with its
     device pinned and the run's keys in its environment only; its output goes to
     ``workers/worker<rank>.log`` (appended to by a successor: ``rejoin`` = (the address it
-    binds, the round it joins at)). With a ``zygote``, forked from it where the network needs
-    no wrapper command (the worker stays in this namespace), else started afresh."""
+    binds, the round it joins at)). With a ``zygote``, forked from it (into the worker's
+    network namespace where it has one), else started afresh."""
     logs = Path(run_dir) / "workers"
     logs.mkdir(exist_ok=True)
     args = [str(run_dir), str(rank), *([rejoin[0], str(rejoin[1])] if rejoin else [])]
@@ -34,19 +34,13 @@ def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
     argv = network.wrap(rank, plain)
     env = os.environ | device.env | {"PYTHONUNBUFFERED": "1"} | security.env()
     log_path = logs / f"worker{rank}.log"
-    if zygote is not None and argv == plain:
-        return zygote.spawn(args, dict(env), str(log_path), append=rejoin is not None)
+    if zygote is not None:
+        return zygote.spawn(args, dict(env), str(log_path), append=rejoin is not None,
+                            netns=network.netns(rank))
     with open(log_path, "ab" if rejoin else "wb") as log:
         # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-
-
-def forkable(network) -> bool:
-    """Whether workers of this network start in the launcher's namespace (no wrapper command),
-    so that a zygote can fork them."""
-    probe = ["python", "-m", "gasloc_emu.emulator.worker_process"]
-    return network.wrap(0, probe) == probe
 
 
 def reap(procs: list[subprocess.Popen | Forked], grace_s: float) -> None:

@@ -17,7 +17,6 @@ from gasloc_emu.emulator.inbound import (
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.emulator.processes import (
     WorkerSlot,
-    forkable,
     kill_group,
     reap,
     remove_socket_files,
@@ -87,9 +86,9 @@ class Supervisor:
                                   lambda rank, msg: self._tell(rank, msg))
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
         self.pairer = async_pairer(plan)
-        # workers forked from a process that imported torch already (where no wrapper
-        # command puts them in another namespace); started now, it imports while we set up
-        self.zygote = Zygote() if forkable(network) else None
+        # workers forked from a process that imported torch already; started now, it
+        # imports while the launcher sets up
+        self.zygote = Zygote().start()
 
     def _clock(self) -> float | None:
         """Seconds since the run's start; None before it."""

@@ -123,6 +123,7 @@ def main(argv: list[str]) -> int:
     security = Security.from_env(spec.workers)  # the run's keys; taken out of os.environ
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     import torch
+    import torch._dynamo  # noqa: F401 - the first optimizer step imports it: before the start
     torch.set_num_threads(spec.threads)
     import zmq
 

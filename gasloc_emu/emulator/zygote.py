@@ -9,10 +9,10 @@ the run's keys), and runs ``worker_process.main`` as ``python -m`` would have.
 
 The zygote reaps its children and tells the launcher their exit codes; ``Forked`` is the
 launcher's handle on one, with the part of ``subprocess.Popen`` the launcher uses (pid, poll,
-wait; ``processes.kill_group`` kills its session). A worker that must start inside another
-network namespace (``network.wrap`` names a command) is not forked: it is started as before.
+wait; ``processes.kill_group`` kills its session). A worker that lives in its own network
+namespace (tc shaping on one host) enters it after the fork, as ``ip netns exec`` would have.
 
-Protocol (JSON lines): launcher -> zygote {"argv", "env", "log", "append"}; zygote ->
+Protocol (JSON lines): launcher -> zygote {"argv", "env", "log", "append", "netns"}; zygote ->
 launcher {"pid"} for each request, in order, and {"exit": pid, "code"} when one ends (a
 negative code: killed by that signal, as Popen reports it).
 """
@@ -56,21 +56,33 @@ class Forked:
 
 
 class Zygote:
-    """The launcher's side: start the zygote, ask it for workers, collect their exits."""
+    """The launcher's side: start the zygote (``start``, or at the first ``spawn``), ask it
+    for workers, collect their exits."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.emulator.zygote"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True, text=True, bufsize=1)
+        self.proc: subprocess.Popen | None = None
         self.cond = threading.Condition()
         self.pids: list[int] = []
         self.exits: dict[int, int] = {}
-        self.alive = True
-        threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
+        self.alive = False
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: str, append: bool) -> Forked:
-        """Fork a worker running ``python -m gasloc_emu.emulator.worker_process ARGV``."""
-        request = {"argv": argv, "env": env, "log": log, "append": append}
+    def start(self) -> Zygote:
+        """Start the zygote now, so that it imports while the caller does something else.
+        Call it from the thread that lives as long as the run: the zygote dies with it."""
+        if self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu.emulator.zygote"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         start_new_session=True, text=True, bufsize=1)
+            self.alive = True
+            threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
+        return self
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: str, append: bool,
+              netns: str | None = None) -> Forked:
+        """Fork a worker running ``python -m gasloc_emu.emulator.worker_process ARGV``, in the
+        named network namespace ``netns`` (``ip netns``) when given."""
+        request = {"argv": argv, "env": env, "log": log, "append": append, "netns": netns}
+        self.start()
         with self.cond:
             if not self.alive:
                 raise ZygoteError("the worker zygote has exited")
@@ -98,7 +110,7 @@ class Zygote:
     def close(self) -> None:
         """No more workers: the zygote exits once its children have (it must outlive them,
         or the kernel would kill them with it)."""
-        if self.proc.stdin and not self.proc.stdin.closed:
+        if self.proc is not None and self.proc.stdin and not self.proc.stdin.closed:
             self.proc.stdin.close()
 
     def _read(self) -> None:
@@ -113,19 +125,6 @@ class Zygote:
         with self.cond:
             self.alive = False
             self.cond.notify_all()
-
-
-_shared: Zygote | None = None
-_shared_lock = threading.Lock()
-
-
-def shared() -> Zygote:
-    """This process's zygote, started on first use."""
-    global _shared
-    with _shared_lock:
-        if _shared is None or not _shared.alive:
-            _shared = Zygote()
-        return _shared
 
 
 # ---------------------------------------------------------------- the zygote process
@@ -148,6 +147,8 @@ def _child(request: dict) -> None:
     code = 1
     try:
         os.setsid()   # its own session: Ctrl-C reaches only the launcher
+        if request.get("netns"):
+            _enter_netns(request["netns"])
         fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT
                      | (os.O_APPEND if request["append"] else os.O_TRUNC), 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -167,6 +168,24 @@ def _child(request: dict) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+_CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/var/run/netns"   # where ``ip netns add`` pins a named namespace
+
+
+def _enter_netns(name: str) -> None:
+    """Move this (single-threaded, just forked) process into the named network namespace, as
+    ``ip netns exec`` would; its sockets are then that namespace's."""
+    import ctypes
+    fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _reap(out, live: set[int]) -> None:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -96,18 +94,19 @@ def test_the_launcher_spawns_each_worker_on_one_gpu_as_cuda0(gpus, monkeypatch, 
     at once (this machine may have no GPU), which ends the run as failed."""
     from gasloc_emu import config
     from gasloc_emu.emulator import launcher
+    from gasloc_emu.emulator.zygote import Zygote
     from gasloc_emu.plan import build_plan
     from gasloc_emu.report.records import new_run_dir
     gpus(2)
     spawned: dict[int, dict] = {}
-    real_popen = subprocess.Popen
+    real_spawn = Zygote.spawn
 
-    def record(argv, env=None, **kw):
-        rank = int(argv[argv.index("gasloc_emu.emulator.worker_process") + 2])
-        spawned[rank] = env
-        return real_popen([sys.executable, "-c", "raise SystemExit(3)"], env=env, **kw)
+    def record(self, argv, env, log, append, netns=None):
+        spawned[int(argv[1])] = env
+        # a run folder without a launch spec: the forked stand-in exits at once
+        return real_spawn(self, [str(tmp_path / "nowhere"), argv[1]], env, log, append, netns)
 
-    monkeypatch.setattr(subprocess, "Popen", record)
+    monkeypatch.setattr(Zygote, "spawn", record)
     cfg = config.resolve(overrides={"workers": 3, "model.preset": "tiny", "run.device": "cuda",
                                     "run.rounds": 1, "run.dashboard": "off"})
     out = new_run_dir(cfg, tmp_path / "run")

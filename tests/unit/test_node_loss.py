@@ -42,7 +42,7 @@ def test_a_lost_node_0_ends_this_nodes_run_and_its_workers(monkeypatch, tmp_path
                                                            error):
     procs = []
 
-    def spawn(run_dir, rank, device, network, security):
+    def spawn(run_dir, rank, device, network, security, zygote=None):
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                       start_new_session=True))
         return procs[-1]
