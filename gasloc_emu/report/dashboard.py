@@ -23,8 +23,9 @@ golden text and never sees a half-updated state.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 
-from rich import box
+from rich import box, get_console
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -78,10 +79,8 @@ def _header_text(snap: Snapshot) -> Text:
 
 def _workers_table(snap: Snapshot, max_rows: int) -> Table:
     shown = _workers_shown(snap.workers, max_rows)
-    hidden = len(snap.workers) - len(shown)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  caption=f"{hidden} more workers not shown (the furthest behind are)"
-                  if hidden else None)
+                  caption=_hidden_line(snap, shown))
     # the compute columns only when some worker reports its speed (older producers do not)
     timed = any(w.speed is not None for w in snap.workers)
     for name, just in (("worker", "right"), ("device", "left"), ("round", "right"),
@@ -103,6 +102,27 @@ def _compute_cells(w: WorkerView) -> tuple[str, str, str]:
     return (f"{w.speed:.2f}" if fmt.finite(w.speed) else "-",
             "-" if w.round_steps is None else str(w.round_steps),
             f"{100 * w.wait_share:.0f} %" if fmt.finite(w.wait_share) else "-")
+
+
+def _hidden_line(snap: Snapshot, shown: list[WorkerView]) -> str | None:
+    """One summary line for the workers without a row (the furthest behind have rows): how
+    many, their rounds, their train losses and their states."""
+    ranks = {w.rank for w in shown}
+    rest = [w for w in snap.workers if w.rank not in ranks]
+    if not rest:
+        return None
+    rounds = sorted({w.round for w in rest})
+    span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
+    losses = [w.train_loss for w in rest if fmt.finite(w.train_loss)]
+    loss = f", train loss {min(losses):.4f}-{max(losses):.4f}" if losses else ""
+    states = ", ".join(f"{n} {state}" for state, n in
+                       sorted(Counter(_state_kind(w) for w in rest).items()))
+    return (f"{len(rest)} more workers (the furthest behind have rows): {span}{loss}; "
+            f"{states}")
+
+
+def _state_kind(w: WorkerView) -> str:
+    return w.state or "-"
 
 
 def _workers_shown(workers: tuple[WorkerView, ...], max_rows: int) -> list[WorkerView]:
@@ -209,12 +229,15 @@ class LiveView:
     redraws from a snapshot on its own timer at ``refresh_hz``, never once per row."""
 
     def __init__(self, header: Header | dict, console=None, refresh_hz: float = 4.0):
-        self.state = DashboardState(header)
+        self.state, self.console = DashboardState(header), console
         self._live = Live(console=console, refresh_per_second=refresh_hz, auto_refresh=True,
                           get_renderable=self._renderable, transient=False)
 
     def _renderable(self) -> RenderableType:
-        return render(self.state.snapshot())
+        # as many worker rows as the terminal has lines to spare (the other sections take
+        # about 30); the rest are summed up in one line
+        rows = max(4, min(64, (self.console or get_console()).size.height - 30))
+        return render(self.state.snapshot(), max_workers=rows)
 
     def __call__(self, row: dict) -> None:
         self.state.update(row)

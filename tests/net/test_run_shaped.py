@@ -124,3 +124,22 @@ def test_sigkill_of_the_launcher_leaves_nothing(tc_caps, tmp_path, alive):
         time.sleep(0.1)
     assert not [p for p in pids if alive(p)], "worker processes survived the launcher"
     assert _host_state() == before, "the host's namespaces, links or qdiscs changed"
+
+
+def test_64_workers_on_a_skewed_expander_finish_and_leave_nothing(tc_caps, tmp_path):
+    """The scale one host holds: 64 forked workers, each in its namespace, tc on 256 links
+    of the expander under the skewed profile, nominal steps; the run ends ok and the host is
+    as before (namespaces, links, qdiscs, processes)."""
+    before = _host_state()
+    out = tmp_path / "run"
+    res = cli("run", "--topology", "expander", "--bw-profile", "skewed", "--workers", "64",
+              "--rounds", "2", "--local-steps", "1", "--step-time-s", "0.5", "--no-probe",
+              *TINY, "--set", "data.eval_batches=1", "--out", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr
+    s = load(out, "summary.json")
+    assert s["status"] == "ok" and s["workers"] == 64 and s["shaper"] == "tc"
+    assert len(load(out, "links.json")["links"]) == 64 * 4
+    assert _host_state() == before
+    left = subprocess.run(["pgrep", "-f", "emulator.zygote|emulator.worker_process"],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, left

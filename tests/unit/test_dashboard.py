@@ -80,9 +80,14 @@ def test_render_without_links_evals_or_warnings_leaves_those_sections_out():
 def test_many_workers_show_the_ones_furthest_behind():
     workers = tuple(WorkerView(r, "cpu", 9 if r != 37 else 2, 90, 3.0, None, "computing")
                     for r in range(40))
+    workers = tuple(dataclasses.replace(w, train_loss=3.0 + w.rank / 100,
+                                        state="waiting" if w.rank % 2 else "computing")
+                    for w in workers)
     text = as_text(render(dataclasses.replace(SNAP, workers=workers), max_workers=4))
-    assert "36 more workers not shown" in text
     assert "    37   cpu" in text
+    # the 36 others in one line: shown are 0, 1, 2 (round 9, lowest ranks) and 37 (round 2)
+    assert "36 more workers (the furthest behind have rows): round 9, train loss " \
+           "3.0300-3.3900; 18 computing, 18 waiting" in " ".join(text.split())
 
 
 def test_metric_rows_fill_worker_rows_and_tokens_per_second():
@@ -222,7 +227,7 @@ def test_header_from_plan_reads_the_graph_and_tokens_per_step():
 def test_live_view_redraws_on_its_timer_not_per_row(monkeypatch):
     calls = []
     real = D.render
-    monkeypatch.setattr(D, "render", lambda snap: calls.append(1) or real(snap))
+    monkeypatch.setattr(D, "render", lambda snap, **kw: calls.append(1) or real(snap, **kw))
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=120, color_system=None)
     with LiveView(HEADER, console=console, refresh_hz=4) as view:
