@@ -99,10 +99,8 @@ def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
     assert (tmp_path / "rec.node1" / "workers" / "worker3.log").exists()
 
 
-@slow
 def test_torchrun_launch(hosts, tmp_path):
-    """Covered in the default suite by test_two_hosts_by_hand_equal_simulate (the same run,
-    launched with torchrun's flag names by hand)."""
+    """Two hosts launched by torchrun itself (its rendezvous names the nodes)."""
     if shutil.which("torchrun") is None:
         unavailable("needs torchrun (torch's launcher)")
     out = tmp_path / "rec"
@@ -121,10 +119,8 @@ def test_torchrun_launch(hosts, tmp_path):
     assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 2), rel=1e-6)
 
 
-@slow
 def test_slurm_launch(hosts, tmp_path):
-    """Covered in the default suite by test_two_hosts_by_hand_equal_simulate (the same run;
-    Slurm's environment only names the nodes, tests/unit/test_cluster.py reads it)."""
+    """Two hosts launched as Slurm starts them: its environment names the nodes."""
     out = tmp_path / "rec"
     nodes = [{"host": k, "argv": [*_cli(), "run", *BASE, "--rounds", "2", "--out", str(out)],
               "env": SECRET | {"SLURM_NODEID": str(k), "SLURM_NNODES": "2", "SLURM_JOB_ID": "7",
@@ -134,10 +130,7 @@ def test_slurm_launch(hosts, tmp_path):
     assert summary["launch"] == "slurm" and [n["node"] for n in summary["nodes"]] == [0, 1]
 
 
-@slow
 def test_a_host_with_another_config_is_refused_on_every_host(hosts, tmp_path):
-    """Covered in the default suite by tests/unit/test_rendezvous.py (the comparison of the
-    nodes' configs) and test_two_hosts_by_hand_equal_simulate (the rendezvous across hosts)."""
     out = tmp_path / "rec"
     result = hosts([_by_hand(0, out, "--rounds", "3"), _by_hand(1, out, "--rounds", "4")],
                    timeout_s=90)
@@ -152,7 +145,7 @@ def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_p
     out = tmp_path / "rec"
     timeout = ["--set", "run.heartbeat_timeout_s=4"]
     result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
-                   kill={"node": 1, "after_s": 15.0})
+                   kill={"node": 1, "after_s": 10.0})
     master = result["nodes"][0]
     assert master["rc"] == 1, master["err"]
     assert master["after_kill_s"] < 4 + 8, master  # the timeout, then the stop and the record
@@ -162,15 +155,13 @@ def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_p
     assert result["left"] == {}, result["left"]
 
 
-@slow
 def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
-    """Covered in the default suite by tests/unit/test_node_loss.py's
-    test_a_lost_node_0_ends_this_nodes_run_and_its_workers (node 0's store gone or silent) and
-    test_a_killed_host_ends_the_run_on_the_other_within_the_timeout (the other direction)."""
+    """Node 0 (the rendezvous store and the record) killed mid-run: the other host's run ends
+    within the heartbeat timeout, naming it, and leaves nothing."""
     out = tmp_path / "rec"
     timeout = ["--set", "run.heartbeat_timeout_s=4"]
     result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
-                   kill={"node": 0, "after_s": 20.0})
+                   kill={"node": 0, "after_s": 10.0})
     other = result["nodes"][1]
     assert other["rc"] == 1, other["err"]
     assert other["after_kill_s"] < 4 + 8, other
