@@ -88,11 +88,17 @@ def _clean(obj):
     return obj
 
 
+RESERVE = ".summary-reserve"   # space held at the start for the summary of a disk that fills
+RESERVE_BYTES = 256 * 1024
+
+
 class RunRecord:
     """Writes one run's folder. Each metrics line is written whole, with one system call, as
     it comes (a killed run keeps every finished line), or not at all: a line cut short by a
-    full disk is taken back, so metrics.jsonl never ends in half a line. Every OSError is a
-    ``RecordError`` naming the file."""
+    full disk is taken back, so metrics.jsonl never ends in half a line. Space for the summary
+    is held from the start (``RESERVE``, given back when a summary does not fit), so a run
+    whose disk fills still says so in summary.json. Every OSError is a ``RecordError`` naming
+    the file."""
 
     def __init__(self, path: Path, cfg: Config):
         self.path = Path(path)
@@ -101,6 +107,7 @@ class RunRecord:
 
     def _start(self, cfg: Config) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
         (self.path / "config.toml").write_text(to_toml(cfg))
         self._fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                            0o644)
@@ -142,7 +149,17 @@ class RunRecord:
             tmp.unlink(missing_ok=True)
 
     def summary(self, obj: dict) -> None:
-        self.write_json("summary.json", obj)
+        """summary.json; when the disk is full, the held space is given back and it is
+        written again."""
+        try:
+            self.write_json("summary.json", obj)
+        except RecordError:
+            reserve = self.path / RESERVE
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            self.write_json("summary.json", obj)
+        (self.path / RESERVE).unlink(missing_ok=True)
 
     def _guard(self, name: str, write) -> None:
         try:

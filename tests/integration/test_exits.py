@@ -155,10 +155,23 @@ def test_a_full_disk_mid_run_fails_with_whole_lines(tmp_path, tiny_cfg, monkeypa
         state["lines"] += 1
         real(self, line)
 
+    real_replace = records.RunRecord._replace
+
+    def full_until_the_reserve_goes(self, name: str, text: str) -> None:
+        # the disk stays full: only the space held for the summary can be given back
+        if state["lines"] >= 3:   # full from the fourth metrics line on
+            held = (self.path / records.RESERVE).exists()
+            state["held"] = state.get("held", False) or held
+            if held or name != "summary.json":
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(self, name, text)
+
     monkeypatch.setattr(records.RunRecord, "_append", fill_up)
+    monkeypatch.setattr(records.RunRecord, "_replace", full_until_the_reserve_goes)
     path = records.new_run_dir(tiny_cfg, tmp_path / "r")
     result = launcher.launch(build_plan(tiny_cfg), path, log=lambda s: None)
     assert result.code == exitcodes.RUN_FAILED
     s = summary(path)
     assert s["status"] == "failed" and "No space left on device" in s["error"]
     assert len(rows(path)) == 3
+    assert state["held"] and not (path / records.RESERVE).exists()  # held, then given back
