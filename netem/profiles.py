@@ -283,13 +283,16 @@ def _read_profile_file(path: Path) -> dict:
         raise ProfileError(f"profile file {str(path)!r} cannot be parsed: {exc}") from None
 
 
-def _check_keys(where: str, table: Any, allowed: set[str]) -> dict:
+def check_keys(where: str, table: Any, allowed: set[str],
+               error: type[ValueError] = ProfileError) -> dict:
+    """``table`` itself, when it is a table whose keys are all ``allowed``; else ``error``
+    naming ``where`` (profile files of links and of compute speeds share this format)."""
     if not isinstance(table, dict):
-        raise ProfileError(f"{where} must be a table of settings, got {table!r}")
+        raise error(f"{where} must be a table of settings, got {table!r}")
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise ProfileError(f"{where}: unknown key {unknown[0]!r}; "
-                           f"allowed: {', '.join(sorted(allowed))}")
+        raise error(f"{where}: unknown key {unknown[0]!r}; "
+                    f"allowed: {', '.join(sorted(allowed))}")
     return table
 
 
@@ -301,7 +304,7 @@ def _check_list(where: str, value: Any) -> list:
 
 def _file_defaults(net, data: dict, where: str) -> dict:
     """The [default] table merged over the run's net.* values."""
-    table = _check_keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS)
+    table = check_keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS)
     checks = {"rate_mbit": lambda w, v: _check_rate(w, v),
               "latency_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
               "jitter_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
@@ -321,7 +324,7 @@ def _file_links(net, data: dict, workers: int, where: str) -> dict[tuple[int, in
 
 
 def _apply_link_entry(where: str, entry: Any, values: dict, seen: set, workers: int) -> None:
-    entry = _check_keys(where, entry, _LINK_KEYS)
+    entry = check_keys(where, entry, _LINK_KEYS)
     for key in ("src", "dst"):
         if key not in entry:
             raise ProfileError(f"{where}: missing {key!r}")
@@ -345,7 +348,7 @@ def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
     caps: dict[int, WorkerCaps] = {}
     for k, entry in enumerate(_check_list("worker", data.get("worker", []))):
         here = f"{where} [[worker]] #{k + 1}"
-        entry = _check_keys(here, entry, _WORKER_KEYS)
+        entry = check_keys(here, entry, _WORKER_KEYS)
         if "id" not in entry:
             raise ProfileError(f"{here}: missing 'id'")
         rank = _check_worker(f"{here} id", entry["id"], workers)
@@ -359,7 +362,7 @@ def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
 
 def _plan_from_file(net, workers: int, path: Path) -> LinkPlan:
     where = f"profile {path.name}"
-    data = _check_keys(where, _read_profile_file(path), _TOP_KEYS)
+    data = check_keys(where, _read_profile_file(path), _TOP_KEYS)
     links = _file_links(net, data, workers, where)
     caps = _file_caps(data, workers, where)
     return LinkPlan(workers, links, caps, profile=str(path), note=f"file {path}", mtu=net.mtu)

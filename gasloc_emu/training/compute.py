@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gasloc_emu.config import ComputeConfig, Config, ConfigError
+from netem.profiles import check_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -236,8 +237,9 @@ def lognormal_speeds(c: ComputeConfig, workers: int, seed: int) -> tuple[float, 
 def file_speeds(path: Path, workers: int) -> tuple[float, ...]:
     """Speeds from a profile file: ``[default] speed``, then ``[[worker]]`` entries by id."""
     where = f"compute profile {str(path)!r}"
-    data = _keys(where, _read(path, where), _FILE_KEYS)
-    default = _keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS)
+    data = check_keys(where, _read(path, where), _FILE_KEYS, ComputeError)
+    default = check_keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS,
+                         ComputeError)
     base = _check_speed(f"{where} [default] speed", default.get("speed", 1.0))
     out = [base] * workers
     seen: set[int] = set()
@@ -259,18 +261,8 @@ def _read(path: Path, where: str) -> dict:
         raise ComputeError(f"{where} cannot be parsed: {exc}") from None
 
 
-def _keys(where: str, table, allowed: set[str]) -> dict:
-    if not isinstance(table, dict):
-        raise ComputeError(f"{where} must be a table of settings, got {table!r}")
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ComputeError(f"{where}: unknown key {unknown[0]!r}; allowed: "
-                           f"{', '.join(sorted(allowed))}")
-    return table
-
-
 def _worker_entry(where: str, entry, workers: int, seen: set[int]) -> tuple[int, float]:
-    entry = _keys(where, entry, _WORKER_KEYS)
+    entry = check_keys(where, entry, _WORKER_KEYS, ComputeError)
     for key in ("id", "speed"):
         if key not in entry:
             raise ComputeError(f"{where}: missing {key!r}")
