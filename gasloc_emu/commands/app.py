@@ -246,14 +246,12 @@ def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
                   from_data: str | None = None) -> int:
     """Run a preset's sweep (or, ``from_data``, rebuild its report from a data file without
     running anything); with ``report``, write its section, plots and data into that page."""
+    name = Path(from_data or preset).stem
+    out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
     if from_data:
-        name = Path(from_data).stem
-        out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
         header, rows = data_file.read(Path(from_data))
         result = build_report(header, rows, out_dir)
     else:
-        name = Path(preset).stem
-        out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
         result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms),
                            command=_sweep_line(preset, out, arms, report))
     click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gasloc_emu.experiments.spec import fmt_value, point_label, short_names
+from gasloc_emu.experiments.spec import fmt_value, point_label, seeds_words, short_names
 
 
 def _pm(stat, fmt: str = "{:.4f}", seeds: int = 0) -> str:
@@ -21,8 +21,7 @@ def _pm(stat, fmt: str = "{:.4f}", seeds: int = 0) -> str:
 
 
 def _tune_words(spec: dict) -> str:
-    seeds = list(spec["tune_seeds"])
-    return f"tune seed {seeds[0]}" if len(seeds) == 1 else f"tune seeds {seeds} (mean)"
+    return "tune " + seeds_words(spec["tune_seeds"])
 
 
 def _seed_words(rows: list[dict]) -> str:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gasloc_emu.experiments.spec import ArmResult, SweepSpec, fmt_value, short_names
+from gasloc_emu.experiments.spec import (
+    ArmResult,
+    SweepSpec,
+    fmt_value,
+    seeds_words,
+    short_names,
+)
 from gasloc_emu.report.compare import matplotlib_figure
 
 
@@ -80,13 +86,9 @@ def plot_tuning(spec: SweepSpec, results: list[ArmResult], path: Path) -> None:
         ax.set_visible(False)
     # one sweep-wide grid: what each cell is the best over is the same for all, said once
     rest = "" if spec.per_arm else ", ".join(k for k, _ in spec.tune[2:])
-    fig.suptitle(f"{spec.title}: final eval loss on tune {_seeds_words(spec.tune_seeds)}"
+    fig.suptitle(f"{spec.title}: final eval loss on tune {seeds_words(spec.tune_seeds)}"
                  + (f", best over {rest}" if rest else ""), fontsize=10)
     fig.savefig(path, dpi=110)
-
-
-def _seeds_words(seeds) -> str:
-    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {list(seeds)} (mean)"
 
 
 def _heat_map(fig, ax, spec: SweepSpec, res: ArmResult) -> None:

@@ -186,6 +186,11 @@ def point_value(point: tuple):
     return point[0] if len(point) == 1 else list(point)
 
 
+def seeds_words(seeds) -> str:
+    """'seed 100', or 'seeds [100, 101] (mean)' for a search on several seeds."""
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {list(seeds)} (mean)"
+
+
 def fmt_value(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 

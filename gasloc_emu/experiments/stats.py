@@ -57,10 +57,11 @@ def sample(values) -> Sample:
     return Sample(mean, sd, t975(n - 1) * sd / math.sqrt(n), n)
 
 
-def paired(mine: dict, theirs: dict) -> Sample:
-    """The differences mine[seed] - theirs[seed] over the seeds both have a finite value for."""
+def paired(mine: dict, theirs: dict, *, relative: bool = False) -> Sample:
+    """The differences mine[seed] - theirs[seed] over the seeds both have a finite value for;
+    ``relative``: each divided by theirs[seed]."""
     seeds = sorted(s for s in mine if s in theirs)
-    return sample(mine[s] - theirs[s] for s in seeds
+    return sample((mine[s] - theirs[s]) / (theirs[s] if relative else 1.0) for s in seeds
                   if finite(mine[s]) and finite(theirs[s]))
 
 

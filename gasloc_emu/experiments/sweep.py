@@ -298,7 +298,8 @@ def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
     mine = cand["per_seed"][key]
     if spec.verdict == "competitive":
         best = min(bases, key=lambda b: math.inf if b[key][0] is None else b[key][0])
-        against = [_compare(_relative(mine, best["per_seed"][key]), best, key, spec.tolerance)]
+        relative = stats.paired(mine, best["per_seed"][key], relative=True)
+        against = [_compare(relative, best, key, spec.tolerance)]
     else:
         against = [_compare(stats.paired(mine, b["per_seed"][key]), b, key, 0.0)
                    if b[key][0] is not None else _never(b) for b in bases]
@@ -307,12 +308,6 @@ def _judge(spec: SweepSpec, cand: dict, bases: list[dict]) -> dict:
         "yes" if all(c["direction"] == "lower" for c in against) else "tie"
     return {"arm": cand["arm"], "holds": holds, "key": key, "value": cand[key][0],
             "against": against, "missed": missed, "seeds": len(mine)}
-
-
-def _relative(mine: dict, theirs: dict) -> stats.Sample:
-    """The paired relative differences (mine - theirs) / theirs."""
-    return stats.sample(((mine[s] - theirs[s]) / theirs[s]) for s in mine
-                        if s in theirs and stats.finite(mine[s]) and stats.finite(theirs[s]))
 
 
 def _compare(diff: stats.Sample, base: dict, key: str, margin: float) -> dict:

@@ -116,13 +116,9 @@ def _hidden_line(snap: Snapshot, shown: list[WorkerView]) -> str | None:
     losses = [w.train_loss for w in rest if fmt.finite(w.train_loss)]
     loss = f", train loss {min(losses):.4f}-{max(losses):.4f}" if losses else ""
     states = ", ".join(f"{n} {state}" for state, n in
-                       sorted(Counter(_state_kind(w) for w in rest).items()))
+                       sorted(Counter(w.state or "-" for w in rest).items()))
     return (f"{len(rest)} more workers (the furthest behind have rows): {span}{loss}; "
             f"{states}")
-
-
-def _state_kind(w: WorkerView) -> str:
-    return w.state or "-"
 
 
 def _workers_shown(workers: tuple[WorkerView, ...], max_rows: int) -> list[WorkerView]:
