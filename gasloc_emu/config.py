@@ -330,6 +330,29 @@ class SimConfig(_Validated):
                                    "path to float rounding (not to the bit, so not to run).")
 
 
+CODECS = ("none", "bf16", "int8", "int4", "topk", "randk")
+
+
+@dataclass(frozen=True)
+class CommConfig(_Validated):
+    _section = "comm."
+    codec: str = setting("none", "What messages carry: none (float32 values), bf16, int8 or int4 "
+                                 "(block-wise scales), topk or randk (comm.ratio of the values); "
+                                 "lossy codecs keep error feedback (docs/ALGORITHM.md).",
+                         choices=CODECS)
+    ratio: float = setting(0.01, "topk and randk: the share of values a message carries.",
+                           lo=1e-6, hi=1.0)
+    block_size: int = setting(256, "int8 and int4: values per block sharing one float32 "
+                                   "scale.", lo=8, hi=65536)
+    gossip_step: float = setting(1.0, "Gossip with a lossy codec: CHOCO's consensus step s in "
+                                      "theta = z + s * sum_j W_ij (copy_j - copy_i).",
+                                 lo=1e-6, hi=1.0)
+    feedback_decay: float = setting(1.0, "The All-Reduce's error feedback: the residual is "
+                                         "multiplied by this each round (1 loses nothing; "
+                                         "SparseLoCo's beta < 1 with algo.momentum = 0).",
+                                    lo=0.0, hi=1.0)
+
+
 FAULT_MODES = ("raise", "exit", "hang", "poison")
 
 
@@ -360,6 +383,7 @@ class Config(_Validated):
     net: NetConfig = field(default_factory=NetConfig, metadata={})
     compute: ComputeConfig = field(default_factory=ComputeConfig, metadata={})
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
+    comm: CommConfig = field(default_factory=CommConfig, metadata={})
     sim: SimConfig = field(default_factory=SimConfig, metadata={})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={})
 
@@ -507,44 +531,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return list(obj)
     return obj
-
-
-def _toml_char(c: str) -> str:
-    """One character of a TOML basic string: quotes, backslashes and control codes escaped."""
-    if c in '"\\':
-        return "\\" + c
-    if ord(c) < 0x20 or ord(c) == 0x7F:
-        return f"\\u{ord(c):04x}"
-    return c
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + "".join(_toml_char(c) for c in v) + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def to_toml(cfg: Config) -> str:
-    """The resolved config as TOML that ``resolve(file=...)`` reads back to an equal Config."""
-    lines: list[str] = []
-    _emit_table(to_dict(cfg), "", lines)
-    return "\n".join(lines).strip() + "\n"
-
-
-def _emit_table(table: dict, name: str, lines: list[str]) -> None:
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    if name:
-        lines.append(f"\n[{name}]")
-    lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
-    for k, v in table.items():
-        if isinstance(v, dict):
-            _emit_table(v, f"{name}.{k}" if name else k, lines)
 
 
 class SettingSpec(NamedTuple):

@@ -17,6 +17,7 @@ from typing import Any
 
 from gasloc_emu import algorithms, topology
 from gasloc_emu.algorithms import OuterAlgorithm, Resolved
+from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.netplan import check_network, sim_link_model
 from gasloc_emu.scenario.world import World
@@ -35,7 +36,8 @@ class RunPlan:
     none, DiLoCo's ring); ``world``: what a scenario does in each round (None without one);
     ``link_plan``: netem's per-link rates of the bandwidth profile (empty when unshaped);
     ``link_model``: the simulator's model of the shaped links (None when unshaped);
-    ``corpus``: None for a plan made only to describe a run (``data=False``)."""
+    ``corpus``: None for a plan made only to describe a run (``data=False``); ``codec``: what
+    messages are compressed with (``comm.codecs``), None for ``comm.codec = none``."""
 
     cfg: Config
     algorithm: Resolved
@@ -46,6 +48,7 @@ class RunPlan:
     world: World | None
     corpus: Corpus | None
     warnings: tuple[str, ...] = ()
+    codec: Codec | None = None  # comm.codec's rule; None: messages are float32 values
 
     @property
     def algo(self) -> type[OuterAlgorithm]:
@@ -83,10 +86,12 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
     _refuse(cfg, algo, topo, world is not None)
+    codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
+    _refuse_codec(cfg, algo, world)
     if corpus is None and data:
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
-                   world, corpus, algo.warnings(cfg, topo) if topo is not None else ())
+                   world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
 
 
 def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
@@ -102,6 +107,17 @@ def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
         raise ConfigError(refusal)
     if cfg.sim.batched:
         _refuse_batched(cfg, algo, scenario)
+
+
+def _refuse_codec(cfg: Config, algo: type[OuterAlgorithm], world: World | None) -> None:
+    """A joiner has none of the public copies its edges' senders keep (``comm.channel``), so
+    gossip with a lossy codec cannot take a join."""
+    if cfg.comm.codec == "none" or not algo.compressed_kinds or world is None:
+        return
+    if world.joins:
+        raise ConfigError(f"comm.codec = {cfg.comm.codec} cannot take a worker that joins with "
+                          f"{algo.name}: its peers' public copies of the edge would not match "
+                          "the joiner's; use comm.codec = none, or a scenario without joins")
 
 
 def _refuse_batched(cfg: Config, algo: type[OuterAlgorithm], scenario: bool) -> None:

@@ -195,10 +195,10 @@ def _observing(obs: Observed, model_bytes: int) -> Iterator[None]:
             obs.state_problems.append(f"worker {self.rank} after round {round_idx}: {problem}")
         return stats
 
-    def send(self, peer, round_idx, kind, tensor):
+    def send(self, peer, round_idx, kind, tensor, raw_nbytes=None):
         obs.sent.append(Sent(self.rank, peer, round_idx, kind, tuple(tensor.shape),
                              tensor.dtype))
-        return orig_send(self, peer, round_idx, kind, tensor)
+        return orig_send(self, peer, round_idx, kind, tensor, raw_nbytes)
 
     def donate(self, joiner, round_idx):
         donated[(joiner, round_idx)] = {

@@ -101,6 +101,7 @@ class A2CiD2(OuterAlgorithm):
     name = "a2cid2"
     has_rounds = False
     supports = Supports(scenarios=False, time_budget=False)
+    compressed_kinds = (KIND,)
 
     @classmethod
     def create(cls, ctx: Context) -> A2CiD2:
@@ -156,10 +157,21 @@ class A2CiD2(OuterAlgorithm):
         use their values at the same instant, as in the paper (the authors' code sends first
         and mixes after, so there the pair's sum of x + x~ drifts by what the ODE moved)."""
         self.advance(theta, t)
+        if self.channel is not None:
+            self.channel.send(self.transport, peer, label, KIND, theta)
+            return
         self.transport.send(peer, label, KIND, theta.detach().clone())
 
     @torch.no_grad()
     def receive_half(self, peer: int, label: int, theta: torch.Tensor) -> None:
+        """Both sides' mix: x~ moves by alpha~ (x_j - x_i), x to the pair's mean; with a
+        channel, x_j - x_i is the edge's difference of public copies (``comm.channel``)."""
+        if self.channel is not None:
+            self.channel.receive(self.transport, peer, label, KIND)
+            gap = self.channel.pull(peer).to(theta.device)
+            self.x_tilde.add_(gap, alpha=self.alpha_tilde)
+            theta.add_(gap, alpha=0.5)
+            return
         theirs = self.transport.recv(peer, label, KIND).to(theta.device)
         self.x_tilde.add_(theirs - theta, alpha=self.alpha_tilde)
         theta.add_(theirs).mul_(0.5)

@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from gasloc_emu.comm.channel import Channel
 from gasloc_emu.topology import Topology
-from gasloc_emu.transport.base import Transport
+from gasloc_emu.transport.base import RingSum, Transport
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class Context:
     the algorithm needs none; ``acfg``: the shared ``algo.*`` settings; ``params``: its own
     settings (an instance of its ``Settings``, validated); ``weight``: what it multiplies its
     pseudo-gradient by before a mean (``compute.pseudo_grad_weight``); ``members(t)``: the
-    living workers of round t (None: all); ``heals(t)``: whether a partition ends in round t.
+    living workers of round t (None: all); ``heals(t)``: whether a partition ends in round t;
+    ``channel``: the worker's compressed communication (``comm.channel``; None: float32 values).
     """
 
     rank: int
@@ -52,6 +54,7 @@ class Context:
     weight: float = 1.0
     members: Callable[[int], Collection[int]] | None = None
     heals: Callable[[int], bool] | None = None
+    channel: Channel | None = None
 
 
 class OuterAlgorithm:
@@ -70,6 +73,11 @@ class OuterAlgorithm:
     shows: ClassVar[tuple[str, ...]] = ()   # outer constants the header and summary show
     default_local_steps: ClassVar[int] = 10  # H when algo.local_steps is 0
     supports: ClassVar[Supports] = Supports()
+    # the kinds it sends as a lossy codec's frames through ``channel`` besides the ring's (which
+    # ``channel.ring_sum`` compresses): gossip's z here; a plugin that sends only its own kinds
+    # names them, or () when it sends everything uncompressed
+    compressed_kinds: ClassVar[tuple[str, ...]] = ("z",)
+    channel: Channel | None = None  # set by ``build``: compressed communication, or None
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         self.rank, self.transport, self.topology = rank, transport, topology
@@ -79,6 +87,14 @@ class OuterAlgorithm:
     def create(cls, ctx: Context) -> OuterAlgorithm:
         """One worker's instance; algorithms with constants override it."""
         return cls(ctx.rank, ctx.transport, ctx.topology)
+
+    @classmethod
+    def build(cls, ctx: Context) -> OuterAlgorithm:
+        """What the runners call: ``create``, with the context's channel attached (so a plugin's
+        ``create`` need not pass it on)."""
+        algo = cls.create(ctx)
+        algo.channel = ctx.channel
+        return algo
 
     @classmethod
     def check_settings(cls, acfg, params) -> str | None:
@@ -183,8 +199,14 @@ class OuterAlgorithm:
         """A joiner's side of ``handover``, after ``begin``."""
 
     def state_bytes(self) -> int:
-        """Model-sized buffers this algorithm keeps between rounds (for memory reports)."""
-        return sum(t.numel() * t.element_size() for t in self._state() if t is not None)
+        """Model-sized buffers this algorithm keeps between rounds (for memory reports), its
+        channel's copies and residual included."""
+        own = sum(t.numel() * t.element_size() for t in self._state() if t is not None)
+        return own + (self.channel.state_bytes() if self.channel is not None else 0)
+
+    def reduce(self) -> RingSum | None:
+        """The ``reduce`` of ``all_reduce_mean``: the channel's compressed ring, or None."""
+        return self.channel.ring_sum if self.channel is not None else None
 
     def _state(self) -> list[torch.Tensor | None]:
         return [self.anchor]
@@ -208,30 +230,37 @@ def lagged_outer_step(theta: torch.Tensor, start: torch.Tensor, mixed: torch.Ten
 
 @torch.no_grad()
 def gossip(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Tensor,
-           out: torch.Tensor) -> None:
-    """Send ``z`` to this round's neighbours and write sum_j W[i, j] z_j into ``out``.
+           out: torch.Tensor, channel: Channel | None = None) -> None:
+    """Send ``z`` to this round's neighbours and write sum_j W[i, j] z_j into ``out``; with a
+    ``channel``, CHOCO's mix of compressed differences (``comm.channel``).
 
     ``z`` is handed over to the transport (ownership rule) and must not be ``out``.
     """
-    gossip_send(tp, topo, rank, round_idx, z)
-    gossip_mix(tp, topo, rank, round_idx, z, out)
+    gossip_send(tp, topo, rank, round_idx, z, channel)
+    gossip_mix(tp, topo, rank, round_idx, z, out, channel)
 
 
 def gossip_send(tp: Transport, topo: Topology, rank: int, round_idx: int,
-                z: torch.Tensor) -> None:
+                z: torch.Tensor, channel: Channel | None = None) -> None:
     """The first half of ``gossip``: ``z`` to every neighbour of round ``round_idx``."""
     for j in topo.peers(rank, round_idx):
-        tp.send(j, round_idx, "z", z)
+        if channel is None:
+            tp.send(j, round_idx, "z", z)
+        else:
+            channel.send(tp, j, round_idx, "z", z)
 
 
 @torch.no_grad()
 def gossip_mix(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Tensor,
-               out: torch.Tensor) -> None:
+               out: torch.Tensor, channel: Channel | None = None) -> None:
     """The second half: receive the neighbours' z of round ``round_idx`` and write
     sum_j W[i, j] z_j into ``out``, self first, then peers in increasing rank, so every
     transport gives the same bits (``z`` is this worker's own, as sent)."""
     peers = topo.peers(rank, round_idx)
     self_w, weights = topo.row(rank, round_idx)
+    if channel is not None:
+        channel.mix(tp, peers, weights, round_idx, "z", z, out)
+        return
     received = {j: tp.recv(j, round_idx, "z") for j in peers}
     torch.mul(z, self_w, out=out)
     for j in peers:

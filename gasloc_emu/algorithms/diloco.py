@@ -58,6 +58,7 @@ class DiLoCo(OuterAlgorithm):
     needs_graph = False          # its peers are the ring All-Reduce's
     shows = ("gamma", "eta")
     supports = Supports(overlap=True)
+    compressed_kinds = ()        # its ring's messages only (``reduce``)
 
     @classmethod
     def create(cls, ctx: Context) -> DiLoCo:
@@ -125,7 +126,8 @@ class DiLoCo(OuterAlgorithm):
             drift.mul_(self.weight)
         if self.heals is not None and self.heals(round_idx):
             self._heal(round_idx)
-        self._step(self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx)))
+        self._step(self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx),
+                                                  self.reduce()))
         theta.copy_(self.anchor)
 
     def _step(self, delta: torch.Tensor) -> None:
@@ -147,7 +149,8 @@ class DiLoCo(OuterAlgorithm):
                                            self.lr, self.mu, self.weight)
         self.anchor.copy_(z)  # before the All-Reduce takes z over (it sums into it in place)
         theta.copy_(z)
-        self.pending = self.transport.start_all_reduce_mean(round_idx, z, self._ring(round_idx))
+        self.pending = self.transport.start_all_reduce_mean(round_idx, z, self._ring(round_idx),
+                                                            self.reduce())
 
     def _land(self) -> torch.Tensor:
         """The mean z of the round in flight (waiting for it); theta_0 in round 0."""

@@ -113,7 +113,7 @@ class GASLoC(OuterAlgorithm):
         y = torch.lerp(self.anchor, theta, self.eta)
         z = torch.lerp(self.y_prev, y, 1.0 + self.gamma)  # y + gamma (y - y_prev)
         self.y_prev = y
-        gossip(self.transport, self.topology, self.rank, round_idx, z, theta)
+        gossip(self.transport, self.topology, self.rank, round_idx, z, theta, self.channel)
         self.anchor.copy_(theta)
 
     def _overlapped_step(self, round_idx: int, theta: torch.Tensor) -> None:
@@ -123,7 +123,7 @@ class GASLoC(OuterAlgorithm):
         mixed = self._land(theta)
         self.y_prev, z = lagged_outer_step(theta, self.anchor, mixed, self.y_prev, self.eta,
                                            self.gamma)
-        gossip_send(self.transport, self.topology, self.rank, round_idx, z)
+        gossip_send(self.transport, self.topology, self.rank, round_idx, z, self.channel)
         self.sent, self.sent_round = z, round_idx
         self.anchor.copy_(z)
         theta.copy_(z)
@@ -134,7 +134,8 @@ class GASLoC(OuterAlgorithm):
         if self.sent is None:
             return self.anchor.clone()
         mixed = torch.empty_like(like)
-        gossip_mix(self.transport, self.topology, self.rank, self.sent_round, self.sent, mixed)
+        gossip_mix(self.transport, self.topology, self.rank, self.sent_round, self.sent, mixed,
+                   self.channel)
         self.sent, self.sent_round = None, None
         return mixed
 

@@ -19,7 +19,8 @@ class PlainGossip(OuterAlgorithm):
 
     @torch.no_grad()
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
-        gossip(self.transport, self.topology, self.rank, round_idx, theta.clone(), theta)
+        gossip(self.transport, self.topology, self.rank, round_idx, theta.clone(), theta,
+               self.channel)
 
     def _state(self) -> list[torch.Tensor | None]:
         return []

@@ -13,6 +13,7 @@ import click
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes
+from gasloc_emu.config_toml import to_toml
 from gasloc_emu.report.records import RecordError
 
 _BAD_INPUT = exitcodes.BAD_INPUT
@@ -106,6 +107,8 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--inner-budget-s", "compute.inner_budget_s"),
     ("--scenario", "run.scenario"),
     ("--link-trace", "net.link_trace"),
+    ("--codec", "comm.codec"),
+    ("--codec-ratio", "comm.ratio"),
 )
 # Rows only `run` has: probing needs real links, which simulate and config never build.
 RUN_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -364,7 +367,7 @@ def config_cmd(list_fields: bool, **kw) -> None:
     if list_fields:
         _list_fields()
         return
-    click.echo(C.to_toml(resolve_from_flags(kw)), nl=False)
+    click.echo(to_toml(resolve_from_flags(kw)), nl=False)
 
 
 def _list_fields() -> None:

@@ -145,14 +145,16 @@ class ShapedNetwork:
 
     def links_record(self, link_bytes: list[dict]) -> dict:
         """Configured vs measured per directed link, with the bytes training moved on it."""
-        plan, sent = self.session.plan, {(r["src"], r["dst"]): r["bytes"] for r in link_bytes}
+        plan, sent = self.session.plan, {(r["src"], r["dst"]): r for r in link_bytes}
         probed = {(r["src"], r["dst"]): r for r in self.probe_rows}
         rows = []
         for (src, dst), link in sorted(plan.links.items()):
             if (src, dst) not in sent and (src, dst) not in probed:
                 continue
+            moved = sent.get((src, dst), {})
             row = {"src": src, "dst": dst, "configured_mbit": plan.effective_rate_mbit(src, dst),
-                   "configured_latency_ms": link.latency_ms, "bytes": sent.get((src, dst), 0)}
+                   "configured_latency_ms": link.latency_ms, "bytes": moved.get("bytes", 0),
+                   "raw_bytes": moved.get("raw_bytes", 0)}
             rows.append(row | {k: v for k, v in probed.get((src, dst), {}).items() if k not in row})
         return {"shaper": self.shaper, "network": self.session.describe(include_commands=False),
                 "links": rows}

@@ -12,10 +12,11 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> dict:
     """summary.json's numbers over the workers there at the end; every message a worker
     dropped is in ``drops`` (by reason and worker)."""
     alive = [s for s in slots if not s.gone]
-    sent = sum(sum(s.final["counters"]["bytes_sent"].values()) for s in alive)
+    sent, raw = (sum(sum(s.final["counters"][key].values()) for s in alive)
+                 for key in ("bytes_sent", "raw_bytes_sent"))
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,
-                        overruns=[s.overruns for s in alive])
+                        overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in alive)
     out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive})
     return out
@@ -29,10 +30,13 @@ def drops_so_far(slots: Sequence) -> dict:
 
 
 def link_bytes(slots: Sequence) -> list[dict]:
-    """Bytes moved on every directed link that carried traffic, from the workers' counters
-    (checked when their final message arrived: int ranks, int bytes)."""
+    """Bytes moved on every directed link that carried traffic, and what they stood for before
+    compression (``raw_bytes``), from the workers' counters (checked when their final message
+    arrived: int ranks, int bytes)."""
     rows = []
     for s in slots:
-        sent = s.final["counters"]["bytes_sent"] if s.final is not None else {}
-        rows += [{"src": s.rank, "dst": p, "bytes": b} for p, b in sent.items() if b]
+        counters = s.final["counters"] if s.final is not None else {}
+        sent, raw = counters.get("bytes_sent", {}), counters.get("raw_bytes_sent", {})
+        rows += [{"src": s.rank, "dst": p, "bytes": b, "raw_bytes": raw.get(p, b)}
+                 for p, b in sent.items() if b]
     return sorted(rows, key=lambda r: (r["src"], r["dst"]))

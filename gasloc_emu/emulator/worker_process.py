@@ -209,7 +209,8 @@ class WorkerProcess:
         numel = count_parameters(self.cfg.model)
         schema = WireSchema(self.rank, self.cfg.workers, numel,
                             extra=plan.algo.wire_kinds(numel, plan.algorithm.params),
-                            members=ring_members(world, self.rank))
+                            members=ring_members(world, self.rank), codec=plan.codec,
+                            compressed=plan.algo.compressed_kinds)
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.links = LinkApplier.of(self.cfg, plan.link_plan, world, self.rank,
                                     _shaping(self.spec, self.rank))

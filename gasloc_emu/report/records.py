@@ -16,7 +16,8 @@ import shutil
 import time
 from pathlib import Path
 
-from gasloc_emu.config import Config, to_toml
+from gasloc_emu.config import Config
+from gasloc_emu.config_toml import to_toml
 
 
 def default_name(cfg: Config, label: str) -> str:

@@ -23,12 +23,14 @@ def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, flo
 
 
 def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
-                  wall_s: float, bytes_sent: int, overruns: list[int] | None = None) -> dict:
+                  wall_s: float, bytes_sent: int, overruns: list[int] | None = None,
+                  raw_bytes_sent: int | None = None) -> dict:
     """The summary every run record ends with (``plan``: the run's ``RunPlan``); the average
     model is evaluated on the CPU.
 
     ``overruns``: per worker, the inner steps slower than their nominal time (None where the
-    caller did not collect them)."""
+    caller did not collect them); ``raw_bytes_sent``: what the bytes sent stood for before
+    compression (None: no codec, the same)."""
     cfg, topo = plan.cfg, plan.topology
     steps = plan.steps
     avg, consensus = average_and_consensus(thetas)
@@ -56,7 +58,17 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
         # simulator has no wire, so nothing can be dropped there
         "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
         "compute": plan.compute.record(overruns),
+        "comm": comm_record(plan, bytes_sent, raw_bytes_sent),
     }
+
+
+def comm_record(plan, bytes_sent: int, raw_bytes_sent: int | None) -> dict:
+    """summary.json's ``comm``: the codec, and the bytes on the wire against what they stood
+    for as float32 values."""
+    raw = bytes_sent if raw_bytes_sent is None else raw_bytes_sent
+    return {"codec": plan.codec.describe() if plan.codec is not None else "none",
+            "bytes_sent_total": bytes_sent, "raw_bytes_sent_total": raw,
+            "ratio": bytes_sent / raw if raw else None}
 
 
 def drops_summary(by_worker: dict[int, dict[str, int]]) -> dict:

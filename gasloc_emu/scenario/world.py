@@ -182,6 +182,12 @@ class World:
         return self.scenario is not None and churns(self.scenario)
 
     @property
+    def joins(self) -> bool:
+        """Whether a worker joins (or comes back) during the run."""
+        return self.scenario is not None and any(
+            isinstance(ev, JoinEvent) for ev in self.scenario.events)
+
+    @property
     def partitions(self) -> bool:
         """Whether a partition cuts links: the algorithms then mix without the cut edges."""
         return self.scenario is not None and any(

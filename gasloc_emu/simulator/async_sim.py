@@ -113,8 +113,10 @@ class AsyncSim:
     def transfer_s(self, src: int, dst: int) -> float:
         if self.link_model is None:
             return 0.0
-        theta = self.workers[src].theta
-        wire_s, latency_s = self.link_model(src, dst, theta.numel() * theta.element_size())
+        w = self.workers[src]
+        channel, numel = w.algo.channel, w.theta.numel()
+        nbytes = 4 * numel if channel is None else channel.codec.nbytes(numel)  # as it travels
+        wire_s, latency_s = self.link_model(src, dst, nbytes)
         return wire_s + latency_s
 
     def done_step(self, w: int, peer: int | None, end_s: float) -> None:
@@ -171,8 +173,8 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
         sim.run()
         summary = final_summary(
             plan, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
-            workers[0].eval_set, time.perf_counter() - t_start,
-            sum(sum(w.transport.counters()["bytes_sent"].values()) for w in workers))
+            workers[0].eval_set, time.perf_counter() - t_start, _total(workers, "bytes_sent"),
+            raw_bytes_sent=_total(workers, "raw_bytes_sent"))
         summary["asynchronous"] = sim.pairer.record() | plan.algo.pairing_constants(
             cfg.algo, plan.topology)
         if plan.link_model is not None or any(w.compute.nominal for w in workers):
@@ -180,6 +182,10 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
+
+
+def _total(workers: list[Worker], key: str) -> int:
+    return sum(sum(w.transport.counters()[key].values()) for w in workers)
 
 
 __all__ = ["AsyncSim", "PostTransport", "simulate_async"]

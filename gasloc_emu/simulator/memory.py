@@ -107,14 +107,14 @@ class InMemoryTransport(TransportBase):
         return (key[0] + offset, key[1] + offset, *key[2:])
 
     def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                              members=None) -> PendingReduce:
+                              members=None, reduce=None) -> PendingReduce:
         if not self.hub.background:
-            return super().start_all_reduce_mean(round_idx, tensor, members)
+            return super().start_all_reduce_mean(round_idx, tensor, members, reduce)
         fork = (self.bg_lane, self.rank, round_idx, "fork")
         with self.hub.cond:
             self.hub.clock.report(self.rank, Send(fork, 0))
             self.hub.clock.report(self.bg_lane, Recv(fork))
-        return _DeferredReduce(self, round_idx, tensor, members)
+        return _DeferredReduce(self, round_idx, tensor, members, reduce)
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
         hub = self.hub
@@ -212,15 +212,17 @@ class _DeferredReduce(PendingReduce):
     """The simulator's background All-Reduce: run by ``wait`` on the worker's own thread, timed
     on its background lane, which hands the mean back to the worker's lane when done."""
 
-    def __init__(self, tp: InMemoryTransport, round_idx: int, tensor: torch.Tensor, members):
+    def __init__(self, tp: InMemoryTransport, round_idx: int, tensor: torch.Tensor, members,
+                 reduce=None):
         super().__init__()
         self.tp, self.round_idx, self.tensor, self.members = tp, round_idx, tensor, members
+        self.reduce = reduce
 
     def wait(self) -> torch.Tensor:
         tp, rank, bg = self.tp, self.tp.rank, self.tp.bg_lane
         tp.lane = bg
         try:
-            mean = tp.all_reduce_mean(self.round_idx, self.tensor, self.members)
+            mean = tp.all_reduce_mean(self.round_idx, self.tensor, self.members, self.reduce)
         finally:
             tp.lane = rank
         done = (rank, bg, self.round_idx, "joined")

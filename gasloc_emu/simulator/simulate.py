@@ -97,7 +97,9 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
             raise hub.error
         workers = [life.worker for life in lives if life.worker is not None]
         summary = finish(plan, workers, time.perf_counter() - t_start,
-                         sent=sum(_sent(life.transport) for life in lives))
+                         sent=sum(_sent(life.transport) for life in lives),
+                         raw=sum(_sent(life.transport, "raw_bytes_sent") for life in lives))
+        rec.write_json("links.json", {"shaper": "simulate", "links": _links(lives)})
         if world is not None:
             summary["membership"] = membership_summary(world)
         if predicts_wall(cfg, link_model):
@@ -274,16 +276,30 @@ def _round(w: Worker, t: int, plan: RoundPlan | None) -> None:
     tp.end_round(stats.as_dict())
 
 
-def _sent(tp) -> int:
-    return int(sum(tp.counters()["bytes_sent"].values()))
+def _sent(tp, key: str = "bytes_sent") -> int:
+    return int(sum(tp.counters()[key].values()))
 
 
-def finish(plan: RunPlan, workers: list[Worker], wall_s: float, sent: int | None = None) -> dict:
+def _links(lives: list[_Life]) -> list[dict]:
+    """Bytes on every directed link that carried traffic, and before compression."""
+    rows = []
+    for life in lives:
+        counters = life.transport.counters()
+        rows += [{"src": life.rank, "dst": p, "bytes": b,
+                  "raw_bytes": counters["raw_bytes_sent"].get(p, b)}
+                 for p, b in sorted(counters["bytes_sent"].items()) if b]
+    return rows
+
+
+def finish(plan: RunPlan, workers: list[Worker], wall_s: float, sent: int | None = None,
+           raw: int | None = None) -> dict:
     """Evaluate each worker and the average model; the numbers every run record ends with.
-    ``workers``: those alive at the end; ``sent``: every worker's bytes (default: theirs)."""
+    ``workers``: those alive at the end; ``sent``, ``raw``: every worker's bytes on the wire
+    and before compression (default: theirs)."""
     if sent is None:
         sent = sum(_sent(w.transport) for w in workers)
+        raw = sum(_sent(w.transport, "raw_bytes_sent") for w in workers)
     last = plan.cfg.run.rounds - 1
     return final_summary(plan, [w.theta for w in workers], [w.evaluate(last) for w in workers],
                          workers[0].eval_set, wall_s, sent,
-                         overruns=[w.overruns for w in workers])
+                         overruns=[w.overruns for w in workers], raw_bytes_sent=raw)

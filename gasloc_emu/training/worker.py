@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gasloc_emu import algorithms, topology
+from gasloc_emu.comm.channel import Channel
 from gasloc_emu.scenario.world import RoundPlan, World
 from gasloc_emu.training import compute, data, model
 
@@ -93,10 +94,13 @@ class Worker:
         self.eval_set = plan.corpus.eval_batches()
         self.topology = plan.topology
         self.world = world = plan.world
-        self.algo = plan.algo.create(algorithms.Context(
+        channel = Channel(plan.codec, self.theta, cfg.comm.gossip_step,
+                          cfg.comm.feedback_decay) if plan.codec else None
+        self.algo = plan.algo.build(algorithms.Context(
             rank, transport, living_graph(self.topology, world), cfg.algo, plan.algorithm.params,
             weight=plan.compute.pseudo_grad_weight(rank), members=ring_members(world, rank),
-            heals=world.heals if world is not None and world.partitions else None))
+            heals=world.heals if world is not None and world.partitions else None,
+            channel=channel))
         self.algo.begin(self.theta)
         self.steps_per_round = plan.compute.fixed_steps[rank]  # H, unless a budget decides
         self.step = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -38,19 +38,24 @@ class Transport(Protocol):
     rank: int
     world_size: int
 
-    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
-        """Send ``tensor`` to ``peer`` for round ``round_idx``, labelled ``kind``."""
+    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor,
+             raw_nbytes: int | None = None) -> None:
+        """Send ``tensor`` to ``peer`` for round ``round_idx``, labelled ``kind``; a compressed
+        frame (uint8) says in ``raw_nbytes`` how many bytes it stands for."""
 
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         """Block until ``peer``'s message (round_idx, kind) is here and return it (read-only)."""
 
     def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                        members: Sequence[int] | None = None) -> torch.Tensor:
+                        members: Sequence[int] | None = None,
+                        reduce: RingSum | None = None) -> torch.Tensor:
         """The mean of ``tensor`` over all workers, or over ``members`` (sorted ranks including
-        this one) when some have left (same value on every worker taking part)."""
+        this one) when some have left (same value on every worker taking part). ``reduce``: the
+        sum to divide (a compressed ring, ``comm.reduce``); None is ``ring_all_reduce_sum``."""
 
     def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                              members: Sequence[int] | None = None) -> PendingReduce:
+                              members: Sequence[int] | None = None,
+                              reduce: RingSum | None = None) -> PendingReduce:
         """``all_reduce_mean`` in the background: the caller computes meanwhile and must not use
         the transport for anything else until ``wait()`` has returned the mean."""
 
@@ -60,6 +65,10 @@ class Transport(Protocol):
     def clock(self) -> float:
         """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual
         one)."""
+
+
+# (transport, round, tensor, members) -> the sum over the ring, a new tensor
+RingSum = Callable[["Transport", int, torch.Tensor, "Sequence[int] | None"], torch.Tensor]
 
 
 class PendingReduce:
@@ -79,6 +88,7 @@ class TransportBase:
         self.rank, self.world_size = rank, world_size
         self.bytes_sent: dict[int, int] = defaultdict(int)
         self.bytes_recv: dict[int, int] = defaultdict(int)
+        self.raw_bytes_sent: dict[int, int] = defaultdict(int)  # before compression
         self.dropped = 0
         self.wait_s = 0.0
         self.waiting_for: int | None = None
@@ -94,9 +104,12 @@ class TransportBase:
         raise NotImplementedError
 
     # -- the interface
-    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor,
+             raw_nbytes: int | None = None) -> None:
         self._check_peer(peer)
-        self.bytes_sent[peer] += tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * tensor.element_size()
+        self.bytes_sent[peer] += nbytes
+        self.raw_bytes_sent[peer] += nbytes if raw_nbytes is None else raw_nbytes
         self._send(peer, round_idx, kind, tensor)
 
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
@@ -112,18 +125,22 @@ class TransportBase:
         return out
 
     def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                        members: Sequence[int] | None = None) -> torch.Tensor:
-        total = ring_all_reduce_sum(self, round_idx, tensor, members)
+                        members: Sequence[int] | None = None,
+                        reduce: RingSum | None = None) -> torch.Tensor:
+        total = (reduce or ring_all_reduce_sum)(self, round_idx, tensor, members)
         return total.div_(self.world_size if members is None else len(members))
 
     def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                              members: Sequence[int] | None = None) -> PendingReduce:
+                              members: Sequence[int] | None = None,
+                              reduce: RingSum | None = None) -> PendingReduce:
         """Here: at once (the same value; transports that can overlap override this)."""
-        return PendingReduce(self.all_reduce_mean(round_idx, tensor, members))
+        return PendingReduce(self.all_reduce_mean(round_idx, tensor, members, reduce))
 
     def counters(self) -> dict:
+        """Cumulative bytes per peer (on the wire, and before compression), drops, waits."""
         return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),
-                "dropped": self.dropped, "wait_s": self.wait_s}
+                "raw_bytes_sent": dict(self.raw_bytes_sent), "dropped": self.dropped,
+                "wait_s": self.wait_s}
 
     def clock(self) -> float:
         return time.perf_counter()
@@ -170,6 +187,12 @@ def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor,
         passing = tp.recv(frm, round_idx, f"ag{s}")
         out_chunks[(r - s) % n].copy_(passing)
     return out
+
+
+def ring_positions(tp: Transport, members: Sequence[int] | None) -> tuple[Sequence[int], int]:
+    """The ranks on the ring, in order, and this worker's position on it."""
+    ring = _ring(tp, members)
+    return ring, ring.index(tp.rank)
 
 
 def _ring(tp: Transport, members: Sequence[int] | None) -> Sequence[int]:

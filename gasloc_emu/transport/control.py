@@ -381,13 +381,13 @@ def _counters(value, expect: Expect) -> dict:
     """The data-plane transport's final counters (``ZmqTransport.counters()``)."""
     if not isinstance(value, dict):
         raise ControlError("final.counters", f"{_show(value)} is not a map")
-    _fields(value, "final.counters", ("bytes_sent", "bytes_recv", "dropped", "wait_s",
-                                      "drop_reasons"))
+    _fields(value, "final.counters", ("bytes_sent", "bytes_recv", "raw_bytes_sent", "dropped",
+                                      "wait_s", "drop_reasons"))
     dropped, reasons = _drops("final.counters", value["dropped"], value["drop_reasons"])
-    return {"bytes_sent": _peer_counts("final.counters.bytes_sent", value["bytes_sent"], expect),
-            "bytes_recv": _peer_counts("final.counters.bytes_recv", value["bytes_recv"], expect),
-            "dropped": dropped, "wait_s": _float("final.counters.wait_s", value["wait_s"], 0.0),
-            "drop_reasons": reasons}
+    peers = {k: _peer_counts(f"final.counters.{k}", value[k], expect)
+             for k in ("bytes_sent", "bytes_recv", "raw_bytes_sent")}
+    return peers | {"dropped": dropped, "drop_reasons": reasons,
+                    "wait_s": _float("final.counters.wait_s", value["wait_s"], 0.0)}
 
 
 def _where(reason: str, value, expect: Expect) -> dict:

@@ -61,26 +61,28 @@ class FaultyTransport:
         self._on_exit, self._on_hang = on_exit, on_hang
         self.injected = 0  # how many times the fault fired (0 or 1: the failure ends the worker)
 
-    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
+    def send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor,
+             raw_nbytes: int | None = None) -> None:
         if self.plan.mode == "poison" and round_idx >= self.plan.round:
             self.injected += 1
-            tensor = torch.full_like(tensor, float("nan"))  # a fresh tensor: ownership holds
+            tensor = _poisoned(tensor)  # a fresh tensor: ownership holds
         else:
             self._maybe_fail(round_idx)
-        self.inner.send(peer, round_idx, kind, tensor)
+        self.inner.send(peer, round_idx, kind, tensor, raw_nbytes)
 
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         self._maybe_fail(round_idx)
         return self.inner.recv(peer, round_idx, kind)
 
     def all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                        members=None) -> torch.Tensor:
+                        members=None, reduce=None) -> torch.Tensor:
         self._maybe_fail(round_idx)
-        return self.inner.all_reduce_mean(round_idx, tensor, members)
+        return self.inner.all_reduce_mean(round_idx, tensor, members, reduce)
 
-    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor, members=None):
+    def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor, members=None,
+                              reduce=None):
         self._maybe_fail(round_idx)
-        return self.inner.start_all_reduce_mean(round_idx, tensor, members)
+        return self.inner.start_all_reduce_mean(round_idx, tensor, members, reduce)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # counters, clock, and each transport's own calls
@@ -110,3 +112,11 @@ def with_fault(transport, plan: FaultPlan | None, rank: int, on_exit: Callable[[
     if plan is None or plan.worker != rank:
         return transport
     return FaultyTransport(transport, plan, on_exit, on_hang)
+
+
+def _poisoned(tensor: torch.Tensor) -> torch.Tensor:
+    """NaN values; a compressed frame all 0xff bytes (NaN scales and bf16 values; a sparse
+    codec's indices out of range, so its receivers drop it)."""
+    if tensor.is_floating_point():
+        return torch.full_like(tensor, float("nan"))
+    return torch.full_like(tensor, 255)

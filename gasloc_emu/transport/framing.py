@@ -34,7 +34,7 @@ import msgpack
 import torch
 
 from gasloc_emu.transport.auth import user_id
-from gasloc_emu.transport.schema import Shape, WireSchema
+from gasloc_emu.transport.schema import Wire, WireSchema
 
 VERSION = 1
 MAX_KIND_CHARS = 64
@@ -45,6 +45,9 @@ _REQUIRED_KEYS = frozenset({"v", "src", "round", "kind", "dtype", "shape", "nbyt
 _KNOWN_KEYS = _REQUIRED_KEYS | {"deliver_at", "sent_at"}
 # optional float header keys: each must be a finite number when present
 _TIME_KEYS = ("deliver_at", "sent_at")
+# the dtypes a schema may name: the plane's values and compressed frames
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16, "uint8": torch.uint8}
 
 
 class FrameError(ValueError):
@@ -128,13 +131,17 @@ def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_n
     _check_identity(header, world_size, self_rank, round_window)
     if authenticated_as is not None:
         _check_sender(header["src"], authenticated_as)
+    wire = None
     if schema is None:
         shape, numel = _check_shape(header, dtype, max_numel)
     else:
-        shape, numel = _check_schema(header, dtype, schema)
+        wire = _check_schema(header, schema)
+        shape, numel, dtype = list(wire.shape), math.prod(wire.shape), _DTYPES[wire.dtype]
     payload = _buffer_of(frames[1])
     _check_nbytes(header, numel * dtype.itemsize, payload.nbytes)
     tensor = _view_tensor(payload, dtype, numel).reshape(shape)
+    if wire is not None and wire.values is not None:
+        _check_codec(schema, tensor, wire.values)
     at, sent = header.get("deliver_at"), header.get("sent_at")
     return Message(header["src"], header["round"], header["kind"], tensor,
                    None if at is None else float(at), None if sent is None else float(sent))
@@ -215,20 +222,27 @@ def _check_sender(src: int, authenticated_as: str) -> None:
                                     f"as {authenticated_as[:MAX_KIND_CHARS]!r}")
 
 
-def _check_schema(header: dict, dtype: torch.dtype, schema: WireSchema) -> tuple[list[int], int]:
-    """The exact shape the schema names for (src, kind); kind first, then dtype, then shape."""
-    expected: Shape | None = schema.shape_of(header["src"], header["kind"], header["round"])
-    if expected is None:
+def _check_schema(header: dict, schema: WireSchema) -> Wire:
+    """What the schema names for (src, kind); kind first, then dtype, then shape."""
+    wire = schema.wire_of(header["src"], header["kind"], header["round"])
+    if wire is None:
         raise FrameError("kind", f"worker {header['src']} sends no {header['kind']!r} messages "
                                  f"to worker {schema.rank}")
-    if header["dtype"] != dtype_name(dtype):
-        raise FrameError("dtype", f"dtype {header['dtype']!r}, expected {dtype_name(dtype)!r}")
+    if header["dtype"] != wire.dtype or wire.dtype not in _DTYPES:
+        raise FrameError("dtype", f"dtype {header['dtype']!r}, expected {wire.dtype!r}")
     shape = header["shape"]
     if (not isinstance(shape, list) or not all(_is_int(d) for d in shape)
-            or tuple(shape) != expected):
+            or tuple(shape) != wire.shape):
         raise FrameError("shape", f"shape {shape!r} of {header['kind']!r}, expected "
-                                  f"{list(expected)}")
-    return shape, math.prod(expected)
+                                  f"{list(wire.shape)}")
+    return wire
+
+
+def _check_codec(schema: WireSchema, frame: torch.Tensor, values: int) -> None:
+    """A compressed frame's content (a sparse codec's indices) as its codec allows."""
+    why = schema.codec.check(frame, values)
+    if why:
+        raise FrameError("codec", f"{schema.codec.name} frame for {values} values: {why}")
 
 
 def _check_nbytes(header: dict, expected: int, payload_bytes: int) -> None:

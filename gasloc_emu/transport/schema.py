@@ -19,17 +19,35 @@ The algorithms send two families of messages, both 1-D vectors of the transport'
 that no algorithm sends is dropped ("kind", "shape" in ``framing``) before the mailbox holds
 anything. Nothing is parsed from the wire string. Tests and benchmarks that need other messages
 name them, each with its one shape, in ``extra``. Pure: no sockets, no torch.
+
+With a lossy codec (``comm.codecs``), the kinds named in ``compressed`` and the ring's travel as
+uint8 frames of exactly ``codec.nbytes(values)`` bytes (``wire_of``): a summable codec's ring
+sends each chunk so, a sparse codec's ring gathers whole messages (``ag<s>`` of the model's
+size, no ``rs<s>``; ``comm.reduce``). A frame of the right length whose content the codec
+refuses (``codec.check``) is dropped too ("codec").
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from gasloc_emu.transport.base import check_rank
 
 Shape = tuple[int, ...]
 RING_PHASES = ("rs", "ag")  # reduce-scatter, all-gather (the kinds base.ring_all_reduce_sum sends)
 MAX_EXTRA_KINDS = 64
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What one message must be on the wire: its dtype's name, its shape, and for a compressed
+    frame the number of values it decodes to (None: the values themselves)."""
+
+    dtype: str
+    shape: Shape
+    values: int | None = None
 
 
 def chunk_sizes(numel: int, parts: int) -> list[int]:
@@ -51,8 +69,11 @@ class WireSchema:
 
     def __init__(self, rank: int, world_size: int, model_numel: int,
                  extra: Mapping[str, Shape] | None = None,
-                 members: Callable[[int], Collection[int]] | None = None):
+                 members: Callable[[int], Collection[int]] | None = None,
+                 codec: Any = None, compressed: Collection[str] = ("z",),
+                 dtype: str = "float32"):
         _check(rank, world_size, model_numel)
+        self.codec, self.compressed, self.dtype = codec, frozenset(compressed), dtype
         self.rank, self.world_size, self.model_numel = rank, world_size, model_numel
         self._fixed: dict[str, Shape] = {"z": (model_numel,), "join": (model_numel,)} \
             | _checked_extra(extra or {})
@@ -77,6 +98,20 @@ class WireSchema:
             return None
         return (self._chunks[ring_chunk(*step, src, self.world_size)],)
 
+    def wire_of(self, src: int, kind: str, round_idx: int = 0) -> Wire | None:
+        """What a ``kind`` message of round ``round_idx`` from ``src`` must be on the wire;
+        None when ``src`` sends this receiver no such message."""
+        shape = self.shape_of(src, kind, round_idx)
+        ring = _is_ring_name(kind)
+        if shape is None or self.codec is None or not (ring or kind in self.compressed):
+            return None if shape is None else Wire(self.dtype, shape)
+        values = math.prod(shape)
+        if ring and not self.codec.summable:  # gathered whole: ag<s> only, the model's size
+            if kind.startswith("rs"):
+                return None
+            values = self.model_numel
+        return Wire("uint8", (self.codec.nbytes(values),), values)
+
     def _member_chunk(self, src: int, step: tuple[str, int], round_idx: int) -> Shape | None:
         """A ring chunk's shape on round ``round_idx``'s ring of the living workers."""
         if type(round_idx) is not int or round_idx < 0:
@@ -90,8 +125,12 @@ class WireSchema:
         return (chunk_sizes(self.model_numel, n)[ring_chunk(*step, (pos - 1) % n, n)],)
 
     def max_numel(self) -> int:
-        """The most elements any allowed message has."""
-        return max(math.prod(s) for s in self._fixed.values())
+        """The most elements any allowed message has (a compressed frame's bytes counted in
+        values of the plane's 4-byte dtype)."""
+        most = max(math.prod(s) for s in self._fixed.values())
+        if self.codec is not None:
+            most = max(most, -(-self.codec.nbytes(self.model_numel) // 4))
+        return most
 
 
 def _checked_extra(extra: Mapping[str, Shape]) -> dict[str, Shape]:

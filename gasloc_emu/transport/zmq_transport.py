@@ -201,7 +201,7 @@ class ZmqTransport(TransportBase):
         return self.link_log.take(round_idx)
 
     def start_all_reduce_mean(self, round_idx: int, tensor: torch.Tensor,
-                              members=None) -> PendingReduce:
+                              members=None, reduce=None) -> PendingReduce:
         """The ring All-Reduce on a thread of its own, while the caller computes.
 
         The caller does not use this transport again before ``wait()`` (the algorithm's
@@ -212,7 +212,7 @@ class ZmqTransport(TransportBase):
         self._check_open()
         if self._background is not None:
             raise TransportError(f"worker {self.rank}: an All-Reduce is already in flight")
-        self._background = _BackgroundReduce(self, round_idx, tensor, members)
+        self._background = _BackgroundReduce(self, round_idx, tensor, members, reduce)
         return self._background
 
     def set_round(self, round_idx: int) -> None:
@@ -246,13 +246,15 @@ class ZmqTransport(TransportBase):
     # -- sending
 
     def _wire_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` as a contiguous CPU tensor (copies only GPU or strided tensors)."""
-        if tensor.dtype != self.dtype:
+        """``tensor`` as a contiguous CPU tensor (copies only GPU or strided tensors); values of
+        the plane's dtype, or a compressed frame (uint8)."""
+        if tensor.dtype not in (self.dtype, torch.uint8):
             raise ValueError(f"worker {self.rank}: tensor dtype {tensor.dtype}, the data plane "
-                             f"carries {self.dtype}")
-        if tensor.numel() > self.max_numel:
+                             f"carries {self.dtype} (or uint8 frames)")
+        limit = self.max_numel * self.dtype.itemsize
+        if tensor.numel() * tensor.element_size() > limit:
             raise ValueError(f"worker {self.rank}: tensor of {tensor.numel()} elements exceeds "
-                             f"max_numel {self.max_numel}")
+                             f"the plane's {limit} bytes (max_numel {self.max_numel})")
         return tensor.detach().cpu().contiguous()
 
     # -- waiting
@@ -331,20 +333,22 @@ class _BackgroundReduce(PendingReduce):
     """``all_reduce_mean`` on a daemon thread; ``wait`` joins it and returns the mean, or raises
     what the thread raised (a timeout, a stop, a peer gone)."""
 
-    def __init__(self, tp: ZmqTransport, round_idx: int, tensor: torch.Tensor, members):
+    def __init__(self, tp: ZmqTransport, round_idx: int, tensor: torch.Tensor, members,
+                 reduce=None):
         super().__init__()
         self._tp, self._error = tp, None
-        self._thread = threading.Thread(target=self._run, args=(round_idx, tensor, members),
+        self._thread = threading.Thread(target=self._run,
+                                        args=(round_idx, tensor, members, reduce),
                                         name="zmq-all-reduce", daemon=True)
         self._thread.start()
 
-    def _run(self, round_idx: int, tensor: torch.Tensor, members) -> None:
+    def _run(self, round_idx: int, tensor: torch.Tensor, members, reduce) -> None:
         # the worker's waits are what ``wait`` blocks, not this thread's receives; saving and
         # restoring wait_s here instead raced with the worker's reads of it (a round's wait
         # came out negative and its metrics row was refused)
         self._tp.uncounted_thread = threading.get_ident()
         try:
-            self._value = self._tp.all_reduce_mean(round_idx, tensor, members)
+            self._value = self._tp.all_reduce_mean(round_idx, tensor, members, reduce)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             self._error = exc
         finally:

@@ -346,8 +346,8 @@ def test_the_launcher_acts_on_errors_and_checked_finals():
         sup.desk.on_control(_frames(b"w2", err | {"diverged_at": {"worker": 2, "round": 1}}))
     assert info.value.where == {"worker": 2, "round": 1}
     numel = sup.expect.numel
-    counters = {"bytes_sent": {1: 8}, "bytes_recv": {}, "dropped": 1, "wait_s": 0.5,
-                "drop_reasons": {"stale": 1}}
+    counters = {"bytes_sent": {1: 8}, "bytes_recv": {}, "raw_bytes_sent": {1: 8}, "dropped": 1,
+                "wait_s": 0.5, "drop_reasons": {"stale": 1}}
     final = {"type": "final", "worker": 0, "eval_loss": 4.0, "dtype": "float32", "numel": numel,
              "counters": counters}
     theta = bytes(control.tensor_frame(torch.ones(numel)))

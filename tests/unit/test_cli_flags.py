@@ -32,7 +32,7 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
              "--latency-ms", "--out", "--no-dashboard", "--set"}
 # flags added since; a new flag is listed here on purpose
 ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
-             "--link-trace", "--overlap"}
+             "--link-trace", "--overlap", "--codec", "--codec-ratio"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",

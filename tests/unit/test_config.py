@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
+from gasloc_emu.config_toml import to_toml
 
 
 def write(tmp_path, text: str, name: str = "cfg.toml"):
@@ -40,10 +41,10 @@ def _rich_config() -> C.Config:
 @pytest.mark.parametrize("make", [C.Config, _rich_config])
 def test_toml_round_trip(tmp_path, make):
     cfg = make()
-    path = write(tmp_path, C.to_toml(cfg))
+    path = write(tmp_path, to_toml(cfg))
     back = C.resolve(path)
     assert back == cfg
-    assert C.to_toml(back) == C.to_toml(cfg)
+    assert to_toml(back) == to_toml(cfg)
 
 
 @pytest.mark.parametrize("text", ['say "hi"', r"C:\runs\new", "ünïcode ✓ 名前", "tab\there",
@@ -51,7 +52,7 @@ def test_toml_round_trip(tmp_path, make):
 def test_toml_round_trip_of_awkward_strings(tmp_path, text):
     """run.name and data.path are free text; whatever they hold must survive to_toml -> resolve."""
     cfg = C.resolve(overrides={"run.name": text, "data.path": text})
-    back = C.resolve(write(tmp_path, C.to_toml(cfg)))
+    back = C.resolve(write(tmp_path, to_toml(cfg)))
     assert back.run.name == text and back.data.path == text
 
 
@@ -65,7 +66,7 @@ def test_toml_round_trip_property(tmp_path_factory, seed, workers, lr, momentum,
     cfg = C.resolve(overrides={"seed": seed, "workers": workers, "algo.outer_lr": lr,
                                "algo.momentum": momentum, "net.rate_mbit": rate, "algo.name": name})
     path = tmp_path_factory.mktemp("rt") / "c.toml"
-    path.write_text(C.to_toml(cfg))
+    path.write_text(to_toml(cfg))
     assert C.resolve(path) == cfg
 
 

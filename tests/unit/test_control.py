@@ -23,7 +23,8 @@ MISSING = object()  # a field left out
 ROW = {"worker": 1, "round": 2, "step": 30, "train_loss": 3.5, "compute_s": 0.25, "comm_s": 0.5,
        "wait_s": 0.125, "bytes_sent": 1000, "bytes_recv": 900, "peers": [0, 2], "time_s": 7.5,
        "dropped": 0}
-COUNTERS = {"bytes_sent": {0: 10, 2: 20}, "bytes_recv": {0: 10}, "dropped": 3, "wait_s": 1.5,
+COUNTERS = {"bytes_sent": {0: 10, 2: 20}, "bytes_recv": {0: 10},
+            "raw_bytes_sent": {0: 40, 2: 80}, "dropped": 3, "wait_s": 1.5,
             "drop_reasons": {"stale": 2, "duplicate": 1}}
 VALID = {
     "hb": {"type": "hb", "worker": 1, "round": 2, "step": 30, "state": "waiting", "peer": 2,

@@ -85,8 +85,8 @@ def test_the_graph_sees_function_local_imports():
 # The layers of docs/ARCHITECTURE.md, top first: a subpackage (or top-level module) may import
 # only those below it, so data flows one way between concerns, not just between modules.
 LAYERS = ("__main__", "commands", "experiments", "testing", "cluster", "emulator", "simulator",
-          "report", "plan", "netplan", "training", "algorithms", "scenario", "transport",
-          "topology", "netem", "plugins", "config", "params", "exitcodes")
+          "report", "plan", "netplan", "training", "algorithms", "comm", "scenario", "transport",
+          "topology", "netem", "plugins", "config_toml", "config", "params", "exitcodes")
 
 
 def _layer(module: str) -> str:

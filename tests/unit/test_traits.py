@@ -17,6 +17,7 @@ import torch
 from gasloc_emu import algorithms
 from gasloc_emu import config as C
 from gasloc_emu.algorithms import OuterAlgorithm, gossip
+from gasloc_emu.config_toml import to_toml
 from gasloc_emu.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def test_what_does_not_resolve_is_one_line(overrides, needle):
 
 def test_plugin_settings_round_trip_through_the_record_toml(tmp_path):
     cfg = C.resolve(sets=["algo.name=test_traits:Probe", "algo.params.share=0.75"])
-    (tmp_path / "c.toml").write_text(C.to_toml(cfg))
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
     again = C.resolve(tmp_path / "c.toml")
     assert again == cfg and hash(again) == hash(cfg)
     assert dict(again.algo.params) == {"share": 0.75}

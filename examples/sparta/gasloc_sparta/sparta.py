@@ -80,6 +80,7 @@ class SPARTA(OuterAlgorithm):
     name = "sparta"
     Settings = SpartaSettings
     default_local_steps = 1
+    compressed_kinds = ()   # its messages are already a few values: they travel as they are
 
     @classmethod
     def create(cls, ctx: Context) -> SPARTA:

@@ -1,0 +1,1 @@
+"""Compressed communication: codecs, and the state that keeps lossy messages unbiased."""
