@@ -501,7 +501,8 @@ def resolve(file: str | Path | None = None, overrides: dict[str, Any] | None = N
             sets: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults < TOML file < ``overrides`` (CLI flags, dotted keys) < ``--set`` items."""
     tree: dict = load_toml(file) if file else {}
-    tree.pop("sweep", None)  # presets may carry a [sweep] table for `gasloc-emu sweep`
+    for table in ("sweep", "crossover"):  # a preset's table for `gasloc-emu sweep` or `crossover`
+        tree.pop(table, None)
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_path(tree, key, value)

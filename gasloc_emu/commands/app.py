@@ -284,6 +284,33 @@ def _copy_results(result: dict, out_dir: Path, folder: Path, name: str, from_dat
         target.write_bytes(source.read_bytes())
 
 
+def crossover_command(preset: str | None, out: str | None, report: str | None,
+                      from_data: str | None) -> int:
+    """Make the crossover map (or rebuild it from its data file); with ``report``, write its
+    section, map and data file beside that page."""
+    from gasloc_emu.experiments import crossover as X
+    name = Path(from_data or preset).stem
+    out_dir = Path(out) if out else Path("runs") / f"crossover-{name}"
+    if from_data:
+        header, rows = X.read_data(Path(from_data))
+    else:
+        header, rows = X.run_crossover(preset, out_dir, log=click.echo)
+        X.write_data(out_dir / "data.jsonl", header, rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    X.plot_map(header["spec"], X.ratio_grid(header["spec"], rows), out_dir / "map.png")
+    click.echo(f"map: {out_dir / 'map.png'}")
+    if report:
+        page = Path(report)
+        folder = page.parent / "results"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.png").write_bytes((out_dir / "map.png").read_bytes())
+        if not from_data:
+            (folder / f"{name}.jsonl").write_bytes((out_dir / "data.jsonl").read_bytes())
+        update_results_page(page, name, X.section(header, rows))
+        click.echo(f"report: {page}")
+    return 0
+
+
 def compute_show_command(cfg: Config) -> None:
     from gasloc_emu.training.compute import profile_lines
     _echo_lines(profile_lines(cfg, _plan(cfg, data=False).compute))

@@ -422,6 +422,27 @@ def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: st
     sys.exit(sweep_command(preset, out, arms, report, from_data))
 
 
+@main.command()
+@click.argument("preset", type=click.Path(dir_okay=False, exists=True), required=False)
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where the runs go (default runs/crossover-<preset>); finished runs are "
+                   "reused.")
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Write the map's section into a results page, e.g. docs/RESULTS.md.")
+@click.option("--from-data", type=click.Path(dir_okay=False, exists=True),
+              help="Rebuild the map and its section from its data file, e.g. "
+                   "docs/results/crossover.jsonl, without running anything.")
+@friendly_errors
+def crossover(preset: str | None, out: str | None, report: str | None,
+              from_data: str | None) -> None:
+    """At each link rate and step time of a preset's grid, which of two algorithms reaches the
+    target loss first (simulated; a few points checked in the emulator)."""
+    if (preset is None) == (from_data is None):
+        raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
+    from gasloc_emu.commands.app import crossover_command
+    sys.exit(crossover_command(preset, out, report, from_data))
+
+
 @main.group()
 def compute() -> None:
     """Worker speed profiles of the compute model."""

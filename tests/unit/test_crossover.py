@@ -1,0 +1,75 @@
+"""The crossover map from its runs: the ratio grid, where it crosses 1, the preset's checks, and
+the section rebuilt from a data file alone."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gasloc_emu import config as C
+from gasloc_emu.experiments import crossover as X
+
+SPEC = {"title": "t", "rates_mbit": [1.0, 10.0, 100.0], "step_times_s": [0.01, 0.1],
+        "target_loss": 3.0, "arms": [{"name": "g", "sets": {}}, {"name": "d", "sets": {}}],
+        "checks": [[10.0, 0.1]], "seed": 0}
+
+
+def grid_row(arm: str, rate: float, step: float, time_s: float | None) -> dict:
+    return {"phase": "grid", "arm": arm, "rate_mbit": rate, "step_time_s": step,
+            "time_s": time_s, "loss": 2.9, "rounds_to_target": 4 if arm == "g" else 3}
+
+
+def rows() -> list[dict]:
+    """g pays 1 s of compute plus 8/rate a round, d pays 1 s plus 24/rate: g wins at low rates,
+    and at 0.1 s steps d's fewer rounds (3 against 4) win at high rates."""
+    out = []
+    for step in SPEC["step_times_s"]:
+        for rate in SPEC["rates_mbit"]:
+            out.append(grid_row("g", rate, step, 4 * (10 * step + 8 / rate)))
+            out.append(grid_row("d", rate, step, 3 * (10 * step + 24 / rate)))
+    probe = {"phase": "probe", "curve": [[1, 0.0, 3.5], [4, 1.0, 2.9]]}
+    return out + [probe | {"arm": "g"}, probe | {"arm": "d", "curve": [[3, 0.0, 2.9]]},
+                  grid_row("g", 10.0, 0.1, 4.4) | {"phase": "check"}]
+
+
+def test_the_ratio_grid_and_where_it_crosses_one():
+    grid = X.ratio_grid(SPEC, rows())
+    assert grid.shape == (2, 3)
+    assert grid[0, 0] == pytest.approx(4 * (0.1 + 8) / (3 * (0.1 + 24)))
+    assert grid[1, 2] > 1 > grid[1, 0]  # 0.1 s steps: g first on slow links, d on fast ones
+    cross = X.crossover_rates(SPEC, grid)
+    a, b = grid[1, 1] - 1, grid[1, 2] - 1
+    assert cross[1] == pytest.approx(10 ** (1 + a / (a - b)))
+    assert cross[0] is None or cross[0] > 10
+
+
+def test_a_missing_time_is_left_out_of_the_map():
+    grid = X.ratio_grid(SPEC, [r for r in rows() if (r.get("arm"), r.get("rate_mbit")) !=
+                               ("d", 1.0)])
+    assert math.isnan(grid[0, 0]) and not math.isnan(grid[0, 1])
+
+
+def test_the_section_says_what_the_runs_say():
+    header = {"spec": SPEC, "command": "gasloc-emu crossover x.toml", "preset": "runs/x.toml",
+              "seconds": 60.0, "machine": {"platform": "p", "cpus": 2, "python": "3",
+                                           "torch": "2", "gpu": None}}
+    text = X.section(header, rows())
+    assert "g 4 rounds (loss 2.9000); d 3 rounds (loss 2.9000)" in text
+    assert "to the last bit" in text
+    assert "| g | 10 | 0.1 | 7.2 | 4.4 | 0.611 |" in text  # predicted 4 (1 + 8 / 10) s
+    assert "![crossover](results/x.png)" in text
+
+
+def test_a_preset_is_checked_where_it_is_read(tmp_path):
+    path = tmp_path / "x.toml"
+    base = ('[crossover]\nrates_mbit = [1, 10]\nstep_times_s = [0.1]\ntarget_loss = 3.0\n'
+            '[[crossover.arm]]\nname = "a"\n[[crossover.arm]]\nname = "b"\n')
+    path.write_text(base)
+    assert X.load_crossover(path).rates_mbit == (1.0, 10.0)
+    C.resolve(path)  # a preset is also a config: its [crossover] table is not a setting
+    path.write_text(base.replace("[crossover]\n", "[crossover]\ncheck = [[5, 0.1]]\n"))
+    with pytest.raises(C.ConfigError, match=r"check points \[\(5.0, 0.1\)\] are not on the grid"):
+        X.load_crossover(path)
+    path.write_text(base.replace("[1, 10]", "[0, 10]"))
+    with pytest.raises(C.ConfigError, match="rates_mbit"):
+        X.load_crossover(path)
