@@ -44,7 +44,7 @@ class ControlDesk:
         if slot is None:
             return self.drop("early")
         slot.last_seen, slot.status = time.monotonic(), msg
-        self.sup.link_meter.update(slot.rank, hb.sent)
+        self.sup.link_meter.update(slot.rank, hb.sent, hb.arrived)
         if self.sup.progress is not None:
             self.sup.progress(status_row(hb, self.sup._label(slot)))
 
@@ -80,6 +80,7 @@ class ControlDesk:
         slot.overruns += msg.row.get("overruns", 0)
         self.sup.scenario.change_links(msg.row["round"] + 1)
         self.sup.scenario.keep_link_row(msg.row)
+        self.sup.goodput.note(msg.row)
         if self.sup.feed is not None:
             self.sup.feed.row(msg.row)
         self.sup.rec.metric(msg.row)

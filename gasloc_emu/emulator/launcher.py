@@ -164,7 +164,8 @@ def supervise(sup: Supervisor) -> tuple[int, dict]:
 
 def _write_links(sup: Supervisor) -> str | None:
     try:
-        sup.rec.write_json("links.json", sup.network.links_record(link_bytes(sup.slots)))
+        sup.rec.write_json("links.json",
+                           sup.goodput.add_to(sup.network.links_record(link_bytes(sup.slots))))
     except records.RecordError as exc:
         return str(exc)
     return None

@@ -22,7 +22,7 @@ from gasloc_emu.emulator.processes import (
     remove_socket_files,
     spawn_worker,
 )
-from gasloc_emu.emulator.tally import drops_so_far, run_summary
+from gasloc_emu.emulator.tally import Goodput, drops_so_far, run_summary
 from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
@@ -77,6 +77,7 @@ class Supervisor:
         self.slots: list[WorkerSlot] = []
         self.t0 = 0.0
         self.link_meter = LinkMeter()
+        self.goodput = Goodput()  # what each link delivered while training (links.json)
         # what every worker's messages must agree with: ranks, rounds, the model's size
         self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
         self.desk = ControlDesk(self)  # what each control message does
@@ -294,18 +295,30 @@ def _applied_by(shaper: str) -> str:
 
 
 class LinkMeter:
-    """Per-link throughput from the workers' cumulative byte counters (sent in heartbeats)."""
+    """Per-link throughput from the workers' cumulative byte counters (sent in heartbeats):
+    what each receiver says its link delivered (``arrived``), so a message counts when it has
+    crossed the link, not when its sender queued it; the sender's count where a receiver's is
+    not known yet (workers without it)."""
 
     def __init__(self, period_s: float = 1.0):
         self.period_s = period_s
         self.now: dict[tuple[int, int], int] = {}
         self.prev: dict[tuple[int, int], int] = {}
         self.t_prev = time.monotonic()
+        self.moved: dict[tuple[int, int], int] = {}   # bytes sent, for the "moved" column
+        self.measured: set[tuple[int, int]] = set()   # links a receiver reports on
 
-    def update(self, src: int, sent: dict[int, int]) -> None:
-        """``sent``: a checked heartbeat's bytes per peer (int ranks, int counts)."""
+    def update(self, rank: int, sent: dict[int, int],
+               arrived: dict[int, int] | None = None) -> None:
+        """A checked heartbeat of worker ``rank``: bytes sent per peer, and bytes that arrived
+        per source (int ranks, int counts)."""
         for dst, nbytes in sent.items():
-            self.now[(src, dst)] = nbytes
+            self.moved[(rank, dst)] = nbytes
+            if (rank, dst) not in self.measured:
+                self.now[(rank, dst)] = nbytes
+        for src, nbytes in (arrived or {}).items():
+            self.measured.add((src, rank))
+            self.now[(src, rank)] = nbytes
 
     def rows(self, configured) -> list[dict] | None:
         """Rows for the dashboard at most once per period, else None."""
@@ -313,8 +326,9 @@ class LinkMeter:
         dt = t - self.t_prev
         if dt < self.period_s or not self.now:
             return None
-        rows = [{"src": s, "dst": d, "bytes": b, "configured_mbit": configured(s, d),
-                 "mbit_now": (b - self.prev.get((s, d), 0)) * 8 / dt / 1e6}
+        rows = [{"src": s, "dst": d, "bytes": self.moved.get((s, d), b),
+                 "configured_mbit": configured(s, d),
+                 "mbit_now": max(0, b - self.prev.get((s, d), 0)) * 8 / dt / 1e6}
                 for (s, d), b in sorted(self.now.items())]
         self.prev, self.t_prev = dict(self.now), t
         return rows

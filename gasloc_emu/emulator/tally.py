@@ -3,6 +3,7 @@ run that ended early, their last heartbeats): pure functions of the Supervisor's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.summary import drops_summary, final_summary
@@ -40,3 +41,34 @@ def link_bytes(slots: Sequence) -> list[dict]:
         rows += [{"src": s.rank, "dst": p, "bytes": b, "raw_bytes": raw.get(p, b)}
                  for p, b in sent.items() if b]
     return sorted(rows, key=lambda r: (r["src"], r["dst"]))
+
+
+@dataclass
+class Goodput:
+    """What every directed link delivered while training, from the metrics rows' ``recv_links``
+    (each message's bytes and its time from being handed to the transport to arriving):
+    goodput = bytes / summed transfer time. Bounded: one entry per directed link."""
+
+    links: dict[tuple[int, int], list] = field(default_factory=dict)  # -> [bytes, msgs, s]
+
+    def note(self, row: dict) -> None:
+        for src, use in (row.get("recv_links") or {}).items():
+            entry = self.links.setdefault((int(src), row["worker"]), [0, 0, 0.0])
+            entry[0] += use["bytes"]
+            entry[1] += use["messages"]
+            entry[2] += use["transfer_s"]
+
+    def fields(self, src: int, dst: int) -> dict:
+        """links.json's training fields of one link (empty when it carried nothing measured)."""
+        nbytes, msgs, seconds = self.links.get((src, dst), (0, 0, 0.0))
+        if not msgs or seconds <= 0:
+            return {}
+        return {"training_goodput_mbit": nbytes * 8 / seconds / 1e6,
+                "training_messages": msgs, "training_transfer_s": seconds}
+
+    def add_to(self, record: dict) -> dict:
+        """links.json with every link's training fields beside its configured and probed
+        rate."""
+        for row in record.get("links", ()):
+            row.update(self.fields(row["src"], row["dst"]))
+        return record

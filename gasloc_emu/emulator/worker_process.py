@@ -105,11 +105,15 @@ class WorkerState:
         if phase == "communicating":
             phase = "waiting" if peer is not None else "sending"
         sent = dict(tp.bytes_sent) if tp is not None else {}  # cumulative, per peer: link meters
+        # what the links delivered to this worker, by source (cumulative): the link meters
+        arrived = {src: n for src, n in enumerate(list(tp.mailbox.delivered)) if n} \
+            if tp is not None else {}
         # cumulative drops for the live display; the total is summed from this one copy of the
         # reasons, so the two agree even while the training thread drops another message
         reasons = dict(tp.counters().get("drop_reasons", {})) if tp is not None else {}
         return {"round": self.round, "step": self.step, "state": phase, "peer": peer,
-                "sent": sent, "dropped": sum(reasons.values()), "drop_reasons": reasons,
+                "sent": sent, "arrived": arrived, "dropped": sum(reasons.values()),
+                "drop_reasons": reasons,
                 "speed": self.speed, "round_steps": self.round_steps,
                 "wait_share": self.wait_share()}
 

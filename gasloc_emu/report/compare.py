@@ -503,21 +503,33 @@ def _list(values: list) -> str:
 
 
 def links_table(links: list[dict]) -> Table:
-    """Configured against measured rate and latency; a miss is off by more than 10 %."""
+    """Configured against measured (probed) rate and latency, what the link delivered while
+    training, and the bytes it moved (and stood for, before compression); a miss is off by
+    more than 10 %."""
     table = Table(title="links", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("link", "configured", "measured", "off by", "latency ms", "measured ms",
-                 "bytes moved", ""):
+    for name in ("link", "configured", "measured", "off by", "training", "latency ms",
+                 "measured ms", "bytes moved", ""):
         table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in links:
         off, miss = _link_off(lk)
         table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
                       fmt.mbit(lk.get("configured_mbit")), fmt.mbit(lk.get("measured_mbit")),
                       "-" if off is None else f"{off:+.0%}",
+                      fmt.mbit(lk.get("training_goodput_mbit")),
                       _num(lk.get("configured_latency_ms", lk.get("latency_ms")), ".1f"),
-                      _num(lk.get("measured_latency_ms"), ".1f"),
-                      fmt.nbytes(lk["bytes"]) if fmt.finite(lk.get("bytes")) else "-",
+                      _num(lk.get("measured_latency_ms"), ".1f"), _moved(lk),
                       _link_verdict(off, miss, lk.get("ok")))
     return table
+
+
+def _moved(lk: dict) -> str:
+    """Bytes on the link, and what they stood for when a codec compressed them."""
+    if not fmt.finite(lk.get("bytes")):
+        return "-"
+    raw = lk.get("raw_bytes")
+    if fmt.finite(raw) and raw != lk["bytes"]:
+        return f"{fmt.nbytes(lk['bytes'])} (of {fmt.nbytes(raw)})"
+    return fmt.nbytes(lk["bytes"])
 
 
 def _link_verdict(off, miss: bool, ok) -> Text:

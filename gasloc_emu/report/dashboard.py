@@ -140,15 +140,16 @@ def _state(w: WorkerView) -> str:
 
 
 def _links_table(snap: Snapshot) -> Table:
-    title = (f"links (top {len(snap.links)} of {snap.links_in_use} by bytes)"
-             if snap.links_in_use > len(snap.links) else "links")
+    title = (f"links ({len(snap.links)} of {snap.links_in_use}, longest at their rate)"
+             if snap.links_in_use > len(snap.links) else "links (longest at their rate first)")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
-    for name in ("link", "configured", "now", "moved"):
-        table.add_column(name, justify="left" if name == "link" else "right")
+    for name in ("link", "configured", "delivered now", "moved", "busy", ""):
+        table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in snap.links:
+        busy = f"{lk.busy_s:.1f} s" if lk.configured_mbit else "-"
         table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit), fmt.mbit(lk.mbit_now),
-                      fmt.nbytes(lk.bytes))
+                      fmt.nbytes(lk.bytes), busy, f"{lk.dst} waits" if lk.waited else "")
     return table
 
 

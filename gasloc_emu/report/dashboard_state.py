@@ -3,6 +3,7 @@ frozen `Snapshot` (header, workers, links, warnings) for the pure renderer in `d
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import threading
@@ -78,6 +79,15 @@ class LinkView:
     configured_mbit: float | None
     mbit_now: float | None
     bytes: int
+    waited: bool = False  # dst waits for src now
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the link needs for what it moved, at its configured rate (its bytes when
+        no rate is configured): the links that bound a run have the most."""
+        if self.configured_mbit:
+            return self.bytes * 8 / (self.configured_mbit * 1e6)
+        return float(self.bytes)
 
 
 @dataclass(frozen=True)
@@ -318,7 +328,9 @@ class DashboardState:
         with self._lock:
             workers = tuple(w.view() for w in sorted(self._workers.values(), key=worker_rank))
             late = self._late_warnings(now)
-            links = heapq.nlargest(self.top_links, self._links.values(), key=_link_key)
+            waits = {(w.peer, w.rank) for w in workers if w.state == "waiting"}
+            links = [dataclasses.replace(lk, waited=(lk.src, lk.dst) in waits) for lk in
+                     heapq.nlargest(self.top_links, self._links.values(), key=_link_key)]
             in_use = sum(1 for lk in self._links.values() if lk.bytes > 0)
             warnings = tuple(self._warnings.values()) + late
             train_hist, eval_hist = tuple(self._train.history), tuple(self._eval.history)
@@ -387,8 +399,9 @@ def worker_rank(w) -> int:
     return w.rank
 
 
-def _link_key(lk: LinkView) -> int:
-    return lk.bytes
+def _link_key(lk: LinkView) -> tuple[bool, float]:
+    """The links that bound the run first: the most seconds at their rate."""
+    return lk.configured_mbit is not None, lk.busy_s
 
 
 def _late_s(row: dict, step_time_s: float) -> float | None:

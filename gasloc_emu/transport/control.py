@@ -115,15 +115,19 @@ class Heartbeat:
     speed: float | None = None
     round_steps: int | None = None
     wait_share: float | None = None
+    # bytes per source that reached this worker (the links' delivered side, for the meters)
+    arrived: dict[int, int] | None = None
 
     @classmethod
     def from_wire(cls, wire: dict, expect: Expect) -> Heartbeat:
         _fields(wire, "hb", ("type", "worker", "round", "step", "state", "peer", "sent",
-                             "dropped", "drop_reasons"), tuple(_HB_OPTIONAL))
+                             "dropped", "drop_reasons"), _HB_FIELDS)
         worker = _worker(wire, "hb", expect)
         dropped, reasons = _drops("hb", wire["dropped"], wire["drop_reasons"])
         extra = {name: check(f"hb.{name}", wire[name])
                  for name, check in _HB_OPTIONAL.items() if wire.get(name) is not None}
+        if wire.get("arrived") is not None:
+            extra["arrived"] = _peer_counts("hb.arrived", wire["arrived"], expect)
         return cls(worker, _int("hb.round", wire["round"], -1, expect.rounds - 1),
                    _int("hb.step", wire["step"], 0), _choice("hb.state", wire["state"], STATES),
                    _peer("hb.peer", wire["peer"], worker, expect),
@@ -420,6 +424,7 @@ _HB_OPTIONAL = {
     "round_steps": lambda r, v: _int(r, v, 0),
     "wait_share": _share,
 }
+_HB_FIELDS = (*_HB_OPTIONAL, "arrived")
 
 # a metrics row: field -> check(reason, value, expect); eval_loss only in evaluated rounds, the
 # compute model's fields (steps, speed, overruns, overrun_ratio) absent from older workers

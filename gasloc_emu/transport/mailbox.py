@@ -124,6 +124,10 @@ class Mailbox:
         self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
         self._usage = [[0, 0] for _ in range(world_size)]  # per src: [messages, bytes]
         self._drops: dict[str, int] = defaultdict(int)
+        # bytes per source that became available here, cumulative: what each link delivered
+        # (a userspace-shaped message counts when its release time comes, not on arrival)
+        # (a list: another thread copies it while this one adds to it)
+        self.delivered = [0] * world_size
 
     # -- the round window
 
@@ -218,6 +222,7 @@ class Mailbox:
     def _hold(self, msg: Message, available_s: float) -> None:
         self._held[_key(msg)] = msg
         self._available_s[_key(msg)] = available_s
+        self.delivered[msg.src] += _nbytes(msg)
 
     def next_release_s(self) -> float | None:
         """The earliest release time waiting (on the ``now`` clock), or None."""

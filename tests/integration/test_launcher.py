@@ -291,7 +291,7 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     sup.rec, sup.progress = SimpleNamespace(metric=recorded.append), events.append
     sup.slots = [WorkerSlot(r, None, DeviceAssignment("cpu"), 0.0)
                  for r in range(workers)]
-    sup.link_meter, sup.t0 = supervisor.LinkMeter(), 1.0
+    sup.link_meter, sup.goodput, sup.t0 = supervisor.LinkMeter(), supervisor.Goodput(), 1.0
     sup.expect = control.Expect(workers, rounds, count_parameters(sup.cfg.model))
     sup.desk, sup.feed, sup.pairer = ControlDesk(sup), None, None
     sup.scenario = Conductor(None, None, rounds, sup._clock,
@@ -358,7 +358,7 @@ def test_the_launcher_acts_on_errors_and_checked_finals():
     assert sup.slots[0].final["counters"] == counters and torch.equal(sup.slots[0].theta,
                                                                       torch.ones(numel))
     from gasloc_emu.emulator.tally import link_bytes
-    assert link_bytes(sup.slots) == [{"src": 0, "dst": 1, "bytes": 8}]
+    assert link_bytes(sup.slots) == [{"src": 0, "dst": 1, "bytes": 8, "raw_bytes": 8}]
 
 
 def test_the_launcher_fixes_events_at_a_time_and_answers_round_starts():

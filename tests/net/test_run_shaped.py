@@ -159,6 +159,8 @@ def test_int8_moves_a_quarter_of_the_bytes_and_its_rounds_shrink_as_predicted(tc
         assert res.returncode == 0, res.stderr
         s = load(ran, "summary.json")
         assert s["status"] == "ok" and s["shaper"] == "tc"
+        for lk in load(ran, "links.json")["links"]:  # what each link delivered while training
+            assert 0.6 * 8 < lk["training_goodput_mbit"] <= 1.1 * 8, lk
         got[codec] = (s["bytes_sent_total"], sorted(round_times(ran))[1],
                       sorted(round_times(sim))[1], s["comm"]["raw_bytes_sent_total"])
     (b_none, t_none, p_none, _), (b_int8, t_int8, p_int8, raw) = got["none"], got["int8"]

@@ -86,8 +86,11 @@ def test_what_the_workers_really_send_is_accepted():
     from gasloc_emu.emulator.worker_process import WorkerState
     from gasloc_emu.training.worker import RoundStats
 
+    class Mailbox:
+        delivered = [4, 0, 0, 9]
+
     class Transport:
-        waiting_for, bytes_sent = 3, {0: 5, 3: 7}
+        waiting_for, bytes_sent, mailbox = 3, {0: 5, 3: 7}, Mailbox()
 
         def counters(self):
             return {"dropped": 2, "drop_reasons": {"round": 1, "header": 1}}
@@ -95,6 +98,7 @@ def test_what_the_workers_really_send_is_accepted():
     beat = {"type": "hb", "worker": 1} | WorkerState(2, 30, "communicating", Transport()).status()
     hb = control.decode(control.pack(beat), EXPECT)
     assert (hb.state, hb.peer, hb.sent, hb.dropped) == ("waiting", 3, {0: 5, 3: 7}, 2)
+    assert hb.arrived == {0: 4, 3: 9}
     starting = {"type": "hb", "worker": 0} | WorkerState().status()
     assert control.parse(starting, EXPECT).round == -1
     stats = RoundStats(1, 4, 50, 3.0, 0.5, 0.25, 0.0, 10, 10, [0, 2], eval_loss=3.5)

@@ -21,7 +21,8 @@ SNAP = Snapshot(
     workers=(WorkerView(0, "cuda:0", 7, 70, 3.41234, 18250.0, "computing"),
              WorkerView(1, "cuda:1", 7, 64, 3.5, 950.0, "waiting", peer=2),
              WorkerView(2, "cpu", 6, 60, None, None, "failed")),
-    links=(LinkView(0, 1, 50.0, 48.7, 12_345_678), LinkView(1, 2, 5.0, 0.0, 2_000_000)),
+    links=(LinkView(2, 1, 5.0, 0.0, 2_000_000, waited=True),
+           LinkView(0, 1, 50.0, 48.7, 12_345_678)),
     links_in_use=6, train_mean=3.456, train_std=0.044, eval_loss=3.5012, eval_round=6,
     consensus=0.1234, train_history=(5.0, 4.5, 4.0, 3.8, 3.6, 3.5), eval_history=(4.2, 3.9, 3.5012),
     warnings=("worker 2 failed: peer lost", "link 1→2 misses its target of 5.0 Mbit/s"))
@@ -37,11 +38,11 @@ worker   device   round   step   train loss   tokens/s   state
      1   cuda:1    7/20     64       3.5000        950   waiting for peer 2
      2   cpu       6/20     60            -          -   failed
 
-links (top 2 of 6 by bytes)
-link    configured           now      moved
-───────────────────────────────────────────
-0→1    50.0 Mbit/s   48.7 Mbit/s   12.35 MB
-1→2     5.0 Mbit/s    0.0 Mbit/s    2.00 MB
+links (2 of 6, longest at their rate)
+link    configured   delivered now      moved    busy
+───────────────────────────────────────────────────────────────
+2→1     5.0 Mbit/s      0.0 Mbit/s    2.00 MB   3.2 s   1 waits
+0→1    50.0 Mbit/s     48.7 Mbit/s   12.35 MB   2.0 s
 
 train loss 3.4560 ± 0.0440  eval loss 3.5012 (round 6)  consensus 0.1234
 train █▆▃▂▁▁  5.0000 → 3.5000
@@ -147,6 +148,34 @@ def test_links_keep_the_latest_rates_and_show_the_top_k_by_bytes():
     snap = st.snapshot(2.0)
     assert [(lk.src, lk.dst, lk.bytes) for lk in snap.links] == [(0, 1, 99), (1, 2, 30)]
     assert snap.links_in_use == 3
+
+
+def test_the_links_that_bound_the_run_come_first_and_say_who_waits():
+    """Gossip moves the same bytes on every link: the slow ones are what every round waits
+    for, so they lead the panel, marked while their receiver waits on them."""
+    st = DashboardState(HEADER, start=0.0, top_links=2)
+    links = [{"src": s, "dst": d, "configured_mbit": rate, "bytes": 14_470_000, "mbit_now": 0.0}
+             for s, d, rate in ((0, 1, 50.0), (7, 1, 5.0), (1, 2, 50.0), (2, 3, 5.0))]
+    st.update({"kind": "links", "links": links}, now=1.0)
+    st.update({"kind": "status", "worker": 1, "state": "waiting", "peer": 7, "round": 4,
+               "step": 50}, now=1.0)
+    snap = st.snapshot(1.0)
+    assert {(lk.src, lk.dst, lk.waited) for lk in snap.links} == {(2, 3, False), (7, 1, True)}
+    assert snap.links[0].busy_s == pytest.approx(14_470_000 * 8 / 5e6)
+
+
+def test_the_link_meter_counts_what_arrived_not_what_was_queued(monkeypatch):
+    from gasloc_emu.emulator import supervisor
+    clock = iter([0.0, 1.0, 2.0])
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: next(clock))
+    meter = supervisor.LinkMeter(period_s=1.0)
+    meter.update(7, {1: 1_000_000})                       # queued at once: a whole model
+    meter.update(1, {}, arrived={7: 125_000})              # of which 1 Mbit has crossed
+    rows = meter.rows(lambda s, d: 5.0)
+    assert rows == [{"src": 7, "dst": 1, "bytes": 1_000_000, "configured_mbit": 5.0,
+                     "mbit_now": 1.0}]
+    meter.update(1, {}, arrived={7: 750_000})
+    assert meter.rows(lambda s, d: 5.0)[0]["mbit_now"] == pytest.approx(5.0)
 
 
 def test_a_link_above_its_target_warns_once():
