@@ -1,6 +1,7 @@
 """The bodies of the CLI commands: build what a command needs, run it, print the outcome."""
 from __future__ import annotations
 
+import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -82,10 +83,15 @@ def use_dashboard(cfg: Config) -> bool:
     return mode == "on" or (mode == "auto" and sys.stdout.isatty())
 
 
-def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> int:
+def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
+                     fixings: list | None = None) -> int:
+    """``fixings``: a run record's rounds for its timed leaves, joins and partitions, played
+    instead of fixing them on the virtual clock (``--replay``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
     plan = _plan(cfg)
+    if fixings is not None:
+        plan.world.replay(fixings)
     path = new_run_dir(cfg, out, overwrite, plan.run_label())
     device = simulator_device(cfg.run.device)
     progress = make_progress(plan, devices=[device] * cfg.workers,
@@ -101,6 +107,27 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False) -> i
         return exitcodes.RUN_FAILED
     _echo_lines(summary_lines(summary, path))
     return exitcodes.OK
+
+
+def replay_source(run_dir: str) -> tuple[Config, list]:
+    """A run record's config and the fixings of its timed events; a ConfigError when the
+    record has none to replay."""
+    from gasloc_emu.config import ConfigError, resolve
+    from gasloc_emu.scenario.fixing import Fixing
+    folder = Path(run_dir)
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        cfg = resolve(folder / "config.toml")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--replay {run_dir}: not a readable run record ({exc})") from None
+    fixings = (summary.get("membership") or {}).get("fixings")
+    if fixings is None:
+        raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
+                          "partition at a time; simulate its config.toml instead)")
+    try:
+        return cfg, [Fixing.from_json(f) for f in fixings]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 
 
 def _plan(cfg: Config, data: bool = True):

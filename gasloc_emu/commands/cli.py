@@ -294,11 +294,24 @@ def main() -> None:
 @main.command()
 @run_options
 @sim_only_options
+@click.option("--replay", type=click.Path(file_okay=False, exists=True), metavar="RUN_DIR",
+              help="Simulate a run record again with its config and the rounds its timed "
+                   "leaves, joins and partitions landed on: that run's losses.")
 @friendly_errors
-def simulate(**kw) -> None:
+def simulate(replay: str | None, **kw) -> None:
     """Run all N workers in one process (in-memory transport, virtual clock)."""
-    from gasloc_emu.commands.app import simulate_command
-    sys.exit(simulate_command(resolve_from_flags(kw), kw.get("out"), kw.get("overwrite", False)))
+    from gasloc_emu.commands.app import replay_source, simulate_command
+    if replay is None:
+        cfg, fixings = resolve_from_flags(kw), None
+    else:
+        given = sorted(k for k, v in kw.items()
+                       if v not in (None, (), False) and k not in ("out", "overwrite",
+                                                                   "no_dashboard"))
+        if given:
+            raise click.UsageError(f"--replay takes the run's own config; drop {given}")
+        cfg, fixings = replay_source(replay)
+        cfg = C.replace(cfg, **{"run.dashboard": "off"} if kw.get("no_dashboard") else {})
+    sys.exit(simulate_command(cfg, kw.get("out"), kw.get("overwrite", False), fixings))
 
 
 # One node agent per host, named as torchrun names them; under torchrun or Slurm they come from

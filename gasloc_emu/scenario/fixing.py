@@ -85,6 +85,10 @@ class RoundFixer:
         """A worker starts ``round_idx`` (after asking for the fixings due then)."""
         self.highest_started = max(self.highest_started, round_idx)
 
+    def close(self) -> None:
+        """Fix nothing more: a replay's fixings (a run record's) are all there are."""
+        self.next = len(self.items)
+
     def due(self, now_s: float) -> list[Fixing]:
         """Fix every event with at_s <= now_s not fixed yet; the new fixings, in order."""
         out = []

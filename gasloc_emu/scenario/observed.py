@@ -27,7 +27,11 @@ def membership_summary(world: World) -> dict:
             "new_workers": sorted(world.scenario.newcomers) if world.scenario else [],
             "alive_at_end": sorted(world.alive(world.rounds - 1)),
             "failure_detect_s": world.failure_detect_s} | (
-                {"not_fired": world.not_fired()} if world.fixer is not None else {})
+                # the rounds its leaves, joins and partitions at a time landed on: what
+                # `simulate --replay` plays again
+                {"not_fired": world.not_fired(),
+                 "fixings": [f.to_json() for f in world.fixings]}
+                if world.fixer is not None else {})
 
 
 def link_changes(links) -> list[dict]:

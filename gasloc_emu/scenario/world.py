@@ -171,6 +171,14 @@ class World:
             self.fixings.extend(new)
             self._refix()
 
+    def replay(self, fixings: list[Fixing]) -> None:
+        """Play a run's fixings (its record's ``membership.fixings``) and fix nothing on this
+        clock: the same rounds, so the same losses (``simulate --replay``)."""
+        if self.fixer is None:
+            raise ValueError("the scenario has no leave, join or partition at a time to replay")
+        self.fix(fixings)
+        self.fixer.close()
+
     def _refix(self) -> None:
         self.view, self._fixed_at_s = by_round(self.scenario, self.fixings)
         self.__dict__.pop("_by_round", None)

@@ -206,7 +206,10 @@ class _Life:
         self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
         self.device, self.world, self.gate = device, plan.world, gate
         self.released = False   # parked until the end: its join at a time never came
-        self.worker: Worker | None = self.new_worker()
+        # a new worker (absent until its first join) has no state before it: one whose join
+        # never comes is not among the workers the run ends with
+        newcomers = self.world.scenario.newcomers if self.world and self.world.scenario else ()
+        self.worker: Worker | None = None if rank in newcomers else self.new_worker()
 
     def new_worker(self) -> Worker:
         return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False,

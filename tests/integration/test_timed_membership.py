@@ -152,3 +152,28 @@ def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
         assert all(w in peers[(p, t)] for p in ps), (w, t, ps)
     for t in range(24):   # 3 and 4, ring neighbours, are apart exactly while the cut holds
         assert (4 in peers[(3, t)]) == (not part["round"] <= t < restore["round"]), t
+    # the record keeps the rounds each landed on, and `simulate --replay` plays them again:
+    # the run's losses, row by row
+    fixings = summary["membership"]["fixings"]
+    assert [(f["index"], f["part"]) for f in fixings] == [(0, "start"), (1, "start"),
+                                                         (1, "end"), (2, "start")]
+    replayed = CliRunner().invoke(main, ["simulate", "--replay", str(tmp_path / "run"),
+                                         "--out", str(tmp_path / "replay")])
+    assert replayed.exit_code == 0, replayed.output
+    again = json.loads((tmp_path / "replay" / "summary.json").read_text())
+    assert again["membership"]["changes"] == summary["membership"]["changes"]
+    assert again["final_eval_loss"] == pytest.approx(summary["final_eval_loss"], abs=1e-5)
+    losses = {(r["worker"], r["round"]): r["train_loss"] for r in rows}
+    assert {(r["worker"], r["round"]): r["train_loss"]
+            for r in _rows(tmp_path / "replay")} == losses
+
+
+def test_replay_refuses_a_record_without_timed_events_and_other_settings(tmp_path):
+    simulate(build_plan(C.resolve(overrides={"workers": 2, "run.rounds": 1,
+                                             "run.dashboard": "off"})), tmp_path / "plain")
+    (tmp_path / "plain" / "config.toml").write_text("workers = 2\n")
+    res = CliRunner().invoke(main, ["simulate", "--replay", str(tmp_path / "plain")])
+    assert res.exit_code == 2 and "its record has no fixings" in res.output
+    res = CliRunner().invoke(main, ["simulate", "--replay", str(tmp_path / "plain"),
+                                    "--workers", "3"])
+    assert res.exit_code == 2 and "--replay takes the run's own config" in res.output
