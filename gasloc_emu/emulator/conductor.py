@@ -30,6 +30,8 @@ class Conductor:
         # leaves, joins and partitions at a time: the workers absent until a join not fixed
         # yet, and the round each asked at (answered once it is fixed, ``fix_due``)
         self.join_waiters: dict[int, int] = {}
+        # how late (s) each event at a time fired on the run's clock, for the record
+        self.late_s: list[float] = []
 
     @property
     def links(self):
@@ -67,12 +69,26 @@ class Conductor:
         if timed is None or now_s is None:
             return
         cut = self.links.cut(max(self.links_round - 1, 0))
+        due = timed.due(self.timed_upto_s, now_s)
+        self.late_s += [now_s - ev.at_s for ev in due]
         changes = {link: timed.in_force(*link, now_s)
-                   for ev in timed.due(self.timed_upto_s, now_s) for link in ev.links
-                   if link not in cut}
+                   for ev in due for link in ev.links if link not in cut}
         self.timed_upto_s = now_s
         if changes:
             self.network.change_links(changes)
+
+    def next_due_s(self) -> float | None:
+        """Seconds on the run's clock until the next event at a time (a link change, or a
+        leave, join or partition to fix); None when none is pending or the clock has not
+        started. The launcher waits no longer than this, so an event fires on time."""
+        now_s = self.clock()
+        if now_s is None:
+            return None
+        times = list(self.fixer.alarms_s[:1]) if self.fixer is not None else []
+        timed = self.links.timed if self.links is not None else None
+        if timed is not None:
+            times += [ev.at_s for ev in timed.events if ev.at_s > self.timed_upto_s][:1]
+        return max(0.0, min(times) - now_s) if times else None
 
     # -- leaves, joins and partitions at a time
     def on_round(self, rank: int, round_idx: int, waiting: bool, slots: Sequence) -> str | None:
@@ -97,6 +113,7 @@ class Conductor:
         if self.fixer is None or now_s is None:
             return
         new = self.fixer.due(now_s)
+        self.late_s += [now_s - f.at_s for f in new]
         if new:
             self.world.fix(new)
             self.links_round = min(self.links_round, min(f.round for f in new))
@@ -148,4 +165,7 @@ class Conductor:
         if self.links is not None:
             out["link_changes"] = observed_link_changes(link_changes(self.links),
                                                         self.link_rows)
+        if self.late_s:  # the launcher waits no longer than the next one (``next_due_s``)
+            out["timed_events"] = {"fired": len(self.late_s),
+                                   "max_late_ms": 1000 * max(self.late_s)}
         return out

@@ -6,6 +6,7 @@ Sockets only: what a message means is the Supervisor's, how it is parsed ``trans
 from __future__ import annotations
 
 import contextlib
+import math
 
 import zmq
 
@@ -37,7 +38,7 @@ class ControlPlane:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.pull, zmq.POLLIN)
-        events = dict(poller.poll(int(timeout_s * 1000)))
+        events = dict(poller.poll(math.ceil(timeout_s * 1000)))  # never wake before the time
         beats, messages = [], []
         while self.pull in events and self.pull.poll(0):
             beats.append(self.pull.recv(copy=False))

@@ -156,6 +156,9 @@ class Supervisor:
                 raise RunFailed(f"workers {late} did not get ready to {what} in {timeout_s:.0f} s")
 
     def _serve(self, timeout_s: float) -> None:
+        due_s = self.scenario.next_due_s()  # an event at a time is not waited past
+        if due_s is not None:
+            timeout_s = min(timeout_s, due_s)
         beats, messages = self.plane.poll(timeout_s)
         for frame in beats:
             self.desk.on_heartbeat(control.unpack(frame.bytes), sender=auth.peer_user(frame))

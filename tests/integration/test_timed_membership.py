@@ -139,6 +139,9 @@ def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
     assert summary["membership"]["not_fired"] == [
         {"type": "join", "part": "start", "at_s": 600.0, "worker": 5}]
     assert summary["membership"]["alive_at_end"] == [0, 1, 2, 3, 4]
+    # each fired within 10 ms of its time: the launcher waits no longer than the next one
+    assert summary["timed_events"]["fired"] == 4
+    assert summary["timed_events"]["max_late_ms"] < 10
     assert leave["round"] < join["round"]
     rows = _rows(tmp_path / "run")
     assert sorted(r["round"] for r in rows if r["worker"] == 1) == \

@@ -14,7 +14,7 @@ from gasloc_emu import config as C
 from gasloc_emu.emulator.worker_process import LinkApplier
 from gasloc_emu.netplan import RoundLinkModel
 from gasloc_emu.scenario.checks import check_supported
-from gasloc_emu.scenario.events import LinkEvent, PartitionEvent, ScenarioError
+from gasloc_emu.scenario.events import LeaveEvent, LinkEvent, PartitionEvent, ScenarioError
 from gasloc_emu.scenario.links import LinkSchedule, TimedLinks
 from gasloc_emu.scenario.observed import EventFeed
 from gasloc_emu.scenario.script import Scenario
@@ -417,3 +417,20 @@ def test_supervisor_skips_a_link_a_round_partition_holds_cut():
     sup = conductor(world, links_round=4)                 # restored after round 3
     sup.change_links_by_time()
     assert sup.network.calls == [{(0, 1): (2.0, 5.0), (0, 2): (2.0, 5.0)}]
+
+
+def test_the_launcher_waits_no_longer_than_the_next_event_at_a_time():
+    """A link change and a leave at a time: the launcher's poll ends when the earlier is due
+    (so each fires within its poll's millisecond, not the 0.1 s of an idle wait)."""
+    sc = Scenario((LinkEvent(at_s=15.25, links=((0, 1),), rate_mbit=2.0),
+                   LeaveEvent(worker=2, at_s=15.04)), 3, 4)
+    sup = conductor(World(sc, 3, 4, 0.5, ring_peers, base_link=shaped_base))
+    assert sup.next_due_s() == pytest.approx(0.04)       # the leave, 15.04 s into the run
+    sup.clock = lambda: 15.1
+    assert sup.next_due_s() == 0.0                       # overdue: no wait at all
+    sup.fix_due([])
+    assert sup.next_due_s() == pytest.approx(0.15)       # then the link change
+    sup.clock = lambda: 15.26
+    sup.change_links_by_time()
+    assert sup.network.calls == [{(0, 1): (2.0, 5.0)}] and sup.next_due_s() is None
+    assert conductor(World(None, 2, 4, 0.5, ring_peers)).next_due_s() is None  # no scenario
