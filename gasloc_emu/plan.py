@@ -85,7 +85,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     check_model(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
-    _refuse(cfg, algo, topo, world is not None)
+    _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
     if corpus is None and data:
@@ -95,13 +95,17 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
 
 
 def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
-            scenario: bool) -> None:
-    """What the runners cannot do with this algorithm and these settings (exit 2)."""
-    if cfg.algo.overlap and scenario:
-        # the runners' rule, whatever the algorithm: a round's exchange must end in its round
-        raise ConfigError("algo.overlap = 1 does not take a scenario or a link trace yet "
-                          "(leaves, joins and partitions assume a round's exchange ends in "
-                          "that round)")
+            scenario: bool, reshapes: bool = False) -> None:
+    """What the runners cannot do with this algorithm and these settings (exit 2).
+    ``reshapes``: the scenario has leaves, joins or partitions."""
+    if cfg.algo.overlap and reshapes:
+        # the runners' rule, whatever the algorithm: an overlapped exchange lands a round
+        # late, on a graph (or ring) that a leave, join or partition may have changed since;
+        # link, speed and pause events and link traces change only when messages arrive
+        raise ConfigError("algo.overlap = 1 does not take leaves, joins or partitions: an "
+                          "exchange lands a round after it was sent, when the graph it was "
+                          "sent on may be gone; link, speed and pause events and link traces "
+                          "are fine")
     refusal = algo.refusal(cfg, topo, scenario)
     if refusal:
         raise ConfigError(refusal)

@@ -83,10 +83,15 @@ def test_overlap_hides_the_transfer_in_run_and_simulate_alike(tmp_path, algo):
 
 def test_overlapped_diloco_in_worker_processes_is_simulate_to_the_bit(tmp_path):
     """Overlapped DiLoCo in worker processes, short: 3 workers, 3 rounds of 2 nominal steps,
-    unshaped. Every loss equals the simulator's, and differs from sequential DiLoCo's (the
-    background All-Reduce's outer step lands a round late)."""
+    unshaped, with a scenario that slows one worker and pauses another (overlap takes every
+    event but leaves, joins and partitions). Every loss equals the simulator's, and differs
+    from sequential DiLoCo's (the background All-Reduce's outer step lands a round late)."""
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text("[[event]]\ntype = 'speed'\nworker = 1\nround = 1\nspeed = 0.5\n\n"
+                        "[[event]]\ntype = 'pause'\nworker = 2\nround = 2\nseconds = 0.1\n")
     args = ["--workers", "3", "--model", "tiny", "--seed", "3", "--no-dashboard", "--rounds",
             "3", "--local-steps", "2", "--step-time-s", "0.05", "--algo", "diloco",
+            "--scenario", str(scenario),
             "--set", "data.max_corpus_mb=1", "--set", "data.eval_batches=1"]
     out = {}
     for name, cmd, extra in (("ovl-run", "run", ["--overlap", "1"]),
@@ -123,3 +128,14 @@ def test_overlapped_gasloc_ends_within_3_percent_of_sequential_at_equal_rounds(t
     sequential = final_loss(tmp_path, "seq", 0, 0.5)
     lazy = final_loss(tmp_path, "lazy", 1, 0.35)
     assert lazy <= 1.03 * sequential, (lazy, sequential)
+
+
+def test_overlap_refuses_leaves_joins_and_partitions_and_says_why(tmp_path):
+    scenario = tmp_path / "leave.toml"
+    scenario.write_text("[[event]]\ntype = 'leave'\nworker = 1\nround = 1\n")
+    res = cli("simulate", "--workers", "4", "--model", "tiny", "--rounds", "3", "--overlap", "1",
+              "--topology", "matching", "--scenario", str(scenario), "--no-dashboard",
+              "--out", str(tmp_path / "r"))
+    assert res.returncode == 2
+    assert "algo.overlap = 1 does not take leaves, joins or partitions" in res.stderr
+    assert not (tmp_path / "r").exists()
