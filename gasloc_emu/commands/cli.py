@@ -413,16 +413,23 @@ def show(run_dir: str) -> None:
     sys.exit(show_command(run_dir))
 
 
+def _report_options(example: str):
+    """--report and --from-data, as the experiment commands share them."""
+    return _apply([
+        click.option("--report", type=click.Path(dir_okay=False),
+                     help="Write the experiment's section (with its plots and data file) into "
+                          "a results page, e.g. docs/RESULTS.md."),
+        click.option("--from-data", type=click.Path(dir_okay=False, exists=True),
+                     help=f"Rebuild the report (tables, plots, verdicts) from its data file, "
+                          f"e.g. {example}, without running anything.")])
+
+
 @main.command()
 @click.argument("preset", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--out", type=click.Path(file_okay=False),
               help="Where the runs go (default runs/sweep-<preset>); finished runs are reused.")
 @click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
-@click.option("--report", type=click.Path(dir_okay=False),
-              help="Write this experiment's section into a results page, e.g. docs/RESULTS.md.")
-@click.option("--from-data", type=click.Path(dir_okay=False, exists=True),
-              help="Rebuild the report (tables, plots, verdicts) from a sweep's data file, e.g. "
-                   "docs/results/h1-search.jsonl, without running anything.")
+@_report_options("docs/results/h1-search.jsonl")
 @friendly_errors
 def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: str | None,
           from_data: str | None) -> None:
@@ -440,11 +447,7 @@ def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: st
 @click.option("--out", type=click.Path(file_okay=False),
               help="Where the runs go (default runs/crossover-<preset>); finished runs are "
                    "reused.")
-@click.option("--report", type=click.Path(dir_okay=False),
-              help="Write the map's section into a results page, e.g. docs/RESULTS.md.")
-@click.option("--from-data", type=click.Path(dir_okay=False, exists=True),
-              help="Rebuild the map and its section from its data file, e.g. "
-                   "docs/results/crossover.jsonl, without running anything.")
+@_report_options("docs/results/crossover.jsonl")
 @friendly_errors
 def crossover(preset: str | None, out: str | None, report: str | None,
               from_data: str | None) -> None:

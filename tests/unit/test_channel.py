@@ -3,15 +3,13 @@ and its copies in step, the compressed ring gives every worker the same bits and
 to its residuals, and the wire schema and framing take exactly the codec's frames."""
 from __future__ import annotations
 
-import threading
-
 import msgpack
 import pytest
 import torch
+from hub_threads import on_threads
 
 from gasloc_emu.comm.channel import Channel
 from gasloc_emu.comm.codecs import make_codec
-from gasloc_emu.simulator.memory import Hub
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.schema import Wire, WireSchema
 
@@ -21,29 +19,6 @@ RING = {r: [(r - 1) % N, (r + 1) % N] for r in range(N)}  # W: 1/3 to self and e
 
 def vec(seed: int, dim: int = DIM) -> torch.Tensor:
     return torch.randn(dim, generator=torch.Generator().manual_seed(seed))
-
-
-def on_threads(body, n: int = N) -> dict:
-    """``body(rank, transport)`` on one thread per worker of an in-memory hub."""
-    hub, out = Hub(n, timeout_s=20.0), {}
-
-    def run(rank: int) -> None:
-        tp = hub.transport(rank)
-        try:
-            with hub.cond:
-                out[rank] = body(rank, tp)
-                tp.finish()
-        except BaseException as exc:  # noqa: BLE001 - stop the other threads too
-            hub.abort(exc)
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60.0)
-    if hub.error is not None:
-        raise hub.error
-    return out
 
 
 def gossip_rounds(codec_name: str, zs: list[torch.Tensor], rounds: int, step: float = 1.0):
@@ -57,7 +32,7 @@ def gossip_rounds(codec_name: str, zs: list[torch.Tensor], rounds: int, step: fl
                 ch.send(tp, j, t, "z", zs[rank])
             ch.mix(tp, RING[rank], {j: 1 / 3 for j in RING[rank]}, t, "z", zs[rank], out)
         return out, ch
-    return on_threads(body)
+    return on_threads(N, body)
 
 
 @pytest.mark.parametrize("codec", ["int8", "int4", "topk", "randk", "bf16"])
@@ -98,7 +73,7 @@ def ring_mean(codec_name: str, inputs: list[torch.Tensor], rounds: int = 1):
         means = [tp.all_reduce_mean(t, inputs[rank].clone(), None, ch.ring_sum)
                  for t in range(rounds)]
         return means, ch.residual
-    return on_threads(body)
+    return on_threads(N, body)
 
 
 @pytest.mark.parametrize("codec", ["int8", "int4", "bf16", "topk", "randk"])
@@ -124,8 +99,7 @@ def test_the_int8_ring_is_close_to_the_exact_mean_and_feedback_catches_up():
 
 def test_a_ring_of_one_sends_nothing_and_returns_the_input():
     x = vec(5)
-    got = on_threads(lambda rank, tp: Channel(make_codec("int8"), x).ring_sum(tp, 0, x, None),
-                     n=1)
+    got = on_threads(1, lambda rank, tp: Channel(make_codec("int8"), x).ring_sum(tp, 0, x, None))
     assert torch.equal(got[0], x)
 
 

@@ -6,10 +6,9 @@ and receive nothing.
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
+from hub_threads import on_threads
 
 from gasloc_emu.simulator.memory import Hub
 from gasloc_emu.transport.base import ring_all_reduce_sum
@@ -26,30 +25,16 @@ def all_reduce(world: int, members, tensors: list[torch.Tensor]
                ) -> tuple[dict[int, torch.Tensor], dict[int, dict]]:
     """Run ``all_reduce_mean(members=members)`` on one thread per member of a ``world``-worker
     hub (the others finish at once, as departed workers); the result and counters per rank."""
-    hub = Hub(world, timeout_s=20.0)
     ranks = range(world) if members is None else members
-    out: dict[int, torch.Tensor] = {}
-    counters: dict[int, dict] = {}
 
-    def body(rank: int) -> None:
-        tp = hub.transport(rank)
-        try:
-            with hub.cond:  # the simulator's turn lock: one worker computes at a time
-                if rank in ranks:
-                    out[rank] = tp.all_reduce_mean(0, tensors[rank].clone(), members).clone()
-                counters[rank] = tp.counters()
-                tp.finish()
-        except BaseException as exc:  # noqa: BLE001 - stop the other threads too
-            hub.abort(exc)
+    def body(rank: int, tp):
+        mean = tp.all_reduce_mean(0, tensors[rank].clone(), members).clone() \
+            if rank in ranks else None
+        return mean, tp.counters()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60.0)
-    if hub.error is not None:
-        raise hub.error
-    return out, counters
+    got = on_threads(world, body)
+    return ({r: m for r, (m, _) in got.items() if m is not None},
+            {r: c for r, (_, c) in got.items()})
 
 
 @pytest.mark.parametrize("world,members", [(5, [0, 2, 3]), (5, [1, 4]), (6, [0, 1, 2, 3, 5]),
