@@ -3,6 +3,7 @@ worker (heartbeats, deaths, silence), answers their requests, and ends with the 
 """
 from __future__ import annotations
 
+import collections
 import time
 from pathlib import Path
 
@@ -168,7 +169,7 @@ class Supervisor:
         self.scenario.fix_due(self.slots)
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
-            self.progress({"kind": "links", "links": rows})
+            self.progress({"kind": "links", "links": self.goodput.add_to({"links": rows})["links"]})
 
     def _check_health(self, done) -> None:
         now = time.monotonic()
@@ -301,13 +302,15 @@ class LinkMeter:
     """Per-link throughput from the workers' cumulative byte counters (sent in heartbeats):
     what each receiver says its link delivered (``arrived``), so a message counts when it has
     crossed the link, not when its sender queued it; the sender's count where a receiver's is
-    not known yet (workers without it)."""
+    not known yet (workers without it). The rate is taken over the last ``window_s``: bytes
+    arrive a whole message at a time, so a short window reads two messages that end in it
+    as a rate the link never had."""
 
-    def __init__(self, period_s: float = 1.0):
-        self.period_s = period_s
+    def __init__(self, period_s: float = 1.0, window_s: float = 3.0):
+        self.period_s, self.window_s = period_s, window_s
         self.now: dict[tuple[int, int], int] = {}
-        self.prev: dict[tuple[int, int], int] = {}
         self.t_prev = time.monotonic()
+        self.history: collections.deque = collections.deque([(self.t_prev, {})])
         self.moved: dict[tuple[int, int], int] = {}   # bytes sent, for the "moved" column
         self.measured: set[tuple[int, int]] = set()   # links a receiver reports on
 
@@ -326,12 +329,16 @@ class LinkMeter:
     def rows(self, configured) -> list[dict] | None:
         """Rows for the dashboard at most once per period, else None."""
         t = time.monotonic()
-        dt = t - self.t_prev
-        if dt < self.period_s or not self.now:
+        if t - self.t_prev < self.period_s or not self.now:
             return None
+        while len(self.history) > 1 and t - self.history[1][0] >= self.window_s:
+            self.history.popleft()   # the oldest snapshot still at least a window back
+        t_old, old = self.history[0]
+        dt = t - t_old
         rows = [{"src": s, "dst": d, "bytes": self.moved.get((s, d), b),
                  "configured_mbit": configured(s, d),
-                 "mbit_now": max(0, b - self.prev.get((s, d), 0)) * 8 / dt / 1e6}
+                 "mbit_now": max(0, b - old.get((s, d), 0)) * 8 / dt / 1e6}
                 for (s, d), b in sorted(self.now.items())]
-        self.prev, self.t_prev = dict(self.now), t
+        self.history.append((t, dict(self.now)))
+        self.t_prev = t
         return rows

@@ -11,7 +11,8 @@ never slows training):
                   sending, waiting, done, failed; drop_reasons is the worker's cumulative
                   {reason: count} of dropped data-plane messages
     control drops {kind: 'control_drops', drops: {reason: count}} (the launcher's, cumulative)
-    link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now}, ...]}
+    link rows     {kind: 'links', links: [{src, dst, configured_mbit, bytes, mbit_now,
+                  training_goodput_mbit}, ...]}
     warning rows  {kind: 'warning', text}
     event rows    {kind: 'event', text} (a scenario's event fired; shown with the warnings)
     summary row   {kind: 'summary', ...summary.json keys} (final consensus and eval loss)
@@ -144,7 +145,7 @@ def _links_table(snap: Snapshot) -> Table:
              if snap.links_in_use > len(snap.links) else "links (longest at their rate first)")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
-    for name in ("link", "configured", "delivered now", "moved", "busy", ""):
+    for name in ("link", "configured", "last 3 s", "moved", "busy", ""):
         table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in snap.links:
         busy = f"{lk.busy_s:.1f} s" if lk.configured_mbit else "-"

@@ -39,10 +39,10 @@ worker   device   round   step   train loss   tokens/s   state
      2   cpu       6/20     60            -          -   failed
 
 links (2 of 6, longest at their rate)
-link    configured   delivered now      moved    busy
-───────────────────────────────────────────────────────────────
-2→1     5.0 Mbit/s      0.0 Mbit/s    2.00 MB   3.2 s   1 waits
-0→1    50.0 Mbit/s     48.7 Mbit/s   12.35 MB   2.0 s
+link    configured      last 3 s      moved    busy
+─────────────────────────────────────────────────────────────
+2→1     5.0 Mbit/s    0.0 Mbit/s    2.00 MB   3.2 s   1 waits
+0→1    50.0 Mbit/s   48.7 Mbit/s   12.35 MB   2.0 s
 
 train loss 3.4560 ± 0.0440  eval loss 3.5012 (round 6)  consensus 0.1234
 train █▆▃▂▁▁  5.0000 → 3.5000
@@ -168,7 +168,7 @@ def test_the_link_meter_counts_what_arrived_not_what_was_queued(monkeypatch):
     from gasloc_emu.emulator import supervisor
     clock = iter([0.0, 1.0, 2.0])
     monkeypatch.setattr(supervisor.time, "monotonic", lambda: next(clock))
-    meter = supervisor.LinkMeter(period_s=1.0)
+    meter = supervisor.LinkMeter(period_s=1.0, window_s=1.0)
     meter.update(7, {1: 1_000_000})                       # queued at once: a whole model
     meter.update(1, {}, arrived={7: 125_000})              # of which 1 Mbit has crossed
     rows = meter.rows(lambda s, d: 5.0)
@@ -178,14 +178,34 @@ def test_the_link_meter_counts_what_arrived_not_what_was_queued(monkeypatch):
     assert meter.rows(lambda s, d: 5.0)[0]["mbit_now"] == pytest.approx(5.0)
 
 
-def test_a_link_above_its_target_warns_once():
+
+def test_the_link_meter_reads_the_rate_over_its_window(monkeypatch):
+    """Bytes come a whole message at a time: over 3 s (the default window) two 0.625 MB
+    messages ending in one second read 5 Mbit/s on a 5 Mbit/s link, not the 10 of 1 s."""
+    from gasloc_emu.emulator import supervisor
+    clock = iter([0.0, 1.0, 2.0, 3.0, 4.0])
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: next(clock))
+    meter = supervisor.LinkMeter(period_s=1.0)
+    for arrived in (625_000, 625_000, 1_250_000):       # at 1, 2 and 3 s
+        meter.update(1, {}, arrived={7: arrived})
+        meter.rows(lambda s, d: 5.0)
+    meter.update(1, {}, arrived={7: 2_500_000})          # two messages in the last second
+    assert meter.rows(lambda s, d: 5.0)[0]["mbit_now"] == pytest.approx(5.0)
+
+
+def test_a_link_whose_messages_cross_too_fast_warns_once():
+    """Judged from the messages' transfer times, not from a window's delivered bytes: two
+    messages ending in one second read 7.7 Mbit/s on a 5 Mbit/s link that kept its rate."""
     st = DashboardState(HEADER, start=0.0)
-    row = {"kind": "links", "links": [{"src": 0, "dst": 1, "configured_mbit": 5.0,
-                                       "bytes": 1, "mbit_now": 9.0}]}
-    for t in range(5):
-        st.update(row, now=float(t))
+    link = {"src": 0, "dst": 1, "configured_mbit": 5.0, "bytes": 1, "mbit_now": 7.7,
+            "training_goodput_mbit": 4.9}
+    st.update({"kind": "links", "links": [link]}, now=0.0)
+    assert st.snapshot(0.0).warnings == ()
+    for t in range(1, 5):
+        st.update({"kind": "links", "links": [link | {"training_goodput_mbit": 9.0}]},
+                  now=float(t))
     assert st.snapshot(5.0).warnings == (
-        "link 0→1 runs at 9.0 Mbit/s, above its target of 5.0 Mbit/s (not shaped?)",)
+        "link 0→1 delivers 9.0 Mbit/s, above its target of 5.0 Mbit/s (not shaped?)",)
 
 
 def test_dropped_messages_and_warning_rows_are_kept_distinct_and_bounded():
