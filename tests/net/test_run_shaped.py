@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from gasloc_emu.config import resolve
+from gasloc_emu.plan import build_plan
+from gasloc_emu.simulator.simulate import simulate
+
 TINY = ["--model", "tiny", "--no-dashboard", "--set", "data.max_corpus_mb=1"]
 
 
@@ -155,8 +159,11 @@ def test_int8_moves_a_quarter_of_the_bytes_and_its_rounds_shrink_as_predicted(tc
         ran, sim = tmp_path / f"run-{codec}", tmp_path / f"sim-{codec}"
         res = cli("run", *args, "--no-probe", "--codec", codec, "--out", str(ran))
         assert res.returncode == 0, res.stderr
-        res = cli("simulate", *args, "--codec", codec, "--out", str(sim))
-        assert res.returncode == 0, res.stderr
+        simulate(build_plan(resolve(overrides={  # in process: the same settings as the run
+            "topology.name": "ring", "workers": 4, "run.rounds": 4, "algo.local_steps": 2,
+            "compute.step_time_s": 0.02, "net.bw_profile": "uniform", "net.rate_mbit": 8.0,
+            "model.preset": "tiny", "data.max_corpus_mb": 1, "comm.codec": codec,
+            "run.dashboard": "off"})), sim)
         s = load(ran, "summary.json")
         assert s["status"] == "ok" and s["shaper"] == "tc"
         for lk in load(ran, "links.json")["links"]:  # what each link delivered while training
