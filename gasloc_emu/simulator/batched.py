@@ -49,7 +49,8 @@ class StackedAdamW:
 
     def step(self, rows: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor) -> None:
         """Update ``theta`` (the parameters of ``rows``, in place) with their gradients."""
-        m, v = self.m[rows], self.v[rows]
+        every = rows.numel() == self.m.shape[0]  # the usual case: no gather, no scatter
+        m, v = (self.m, self.v) if every else (self.m[rows], self.v[rows])
         for r in rows.tolist():
             self.steps[r] += 1
         step = torch.tensor([self.steps[r] for r in rows.tolist()], dtype=theta.dtype,
@@ -60,7 +61,8 @@ class StackedAdamW:
         step_size = self.lr / (1 - self.beta1 ** step)
         denom = (v.sqrt() / (1 - self.beta2 ** step).sqrt()).add_(self.eps)
         theta.addcmul_(m / denom, step_size, value=-1.0)
-        self.m[rows], self.v[rows] = m, v
+        if not every:
+            self.m[rows], self.v[rows] = m, v
 
 
 @dataclass
@@ -137,10 +139,11 @@ class BatchedInner:
     def _step(self, theta: torch.Tensor, active: list[int], workers: list) -> torch.Tensor:
         """One AdamW step of the ``active`` rows of ``theta`` on each one's next batch."""
         rows = torch.tensor(active, device=theta.device)
+        every = len(active) == theta.shape[0]   # every row steps: update theta in place
         batches = [w.shard.batch(w.device) for w in workers]
         x = torch.stack([b[0] for b in batches])
         y = torch.stack([b[1] for b in batches])
-        own = theta[rows].requires_grad_(True)
+        own = (theta.detach() if every else theta[rows]).requires_grad_(True)
         losses = self._losses(self._views(own), x, y)
         (grad,) = torch.autograd.grad(losses.sum(), own)
         if self.icfg.grad_clip > 0:   # clip_grad_norm_ of each worker's whole gradient
@@ -149,7 +152,8 @@ class BatchedInner:
         with torch.no_grad():
             own = own.detach()
             self.opt.step(rows, own, grad)
-            theta[rows] = own
+            if not every:
+                theta[rows] = own
         return losses.detach()
 
     def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
