@@ -63,12 +63,13 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     names = short_names(dict.fromkeys(k for tune in grids.values() for k, _ in tune))
     common = next(iter(grids.values()), ())  # every arm's keys, when they all searched the same
     best_head = "best" if keyed else f"best {', '.join(k for k, _ in common)}"
+    predicted = timed and spec.get("predict", False)  # a run-mode sweep's simulated twin
     lines += ["| arm | " + (f"{best_head} | " if searched else "") + "final eval loss | "
               "consensus distance | "
               + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
-              + "MB sent |",
+              + ("predicted s (simulator) | " if predicted else "") + "MB sent |",
               "| --- | --- | --- | " + ("--- | " if searched else "")
-              + ("--- | --- | " if timed else "") + "--- |"]
+              + ("--- | --- | " if timed else "") + ("--- | " if predicted else "") + "--- |"]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
         best = _best_pairs(r["best"], grids[r["arm"]], names) if keyed else \
@@ -79,6 +80,7 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
                      + f"{_pm(r['consensus_distance'], '{:.3f}', k)} | "
                      + (f"{_pm(r['time_to_target_s'], '{:.1f}', k)} | "
                         f"{_pm(r['wall_s'], '{:.1f}', k)} | " if timed else "")
+                     + (f"{_pm(r['predicted_s'], '{:.1f}', k)} | " if predicted else "")
                      + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
     lines += ["", f"![{name}]({plot_rel})"]
     if report.get("tuning_plot"):

@@ -39,6 +39,9 @@ class SweepSpec:
     tune_seeds: tuple = (100,)
     # a verdict whose paired difference is under two standard deviations gets this many seeds
     close_seeds: int = 5
+    # run mode: each reported run is also simulated with the same config, and the simulator's
+    # predicted time stands beside the measured one
+    predict: bool = False
 
     @property
     def tune_keys(self) -> tuple[str, ...]:
@@ -68,7 +71,7 @@ class SweepSpec:
 
 _SPEC_KEYS = {"title", "claim", "mode", "seeds", "arm", "tune_key", "tune_values", "target_loss",
               "verdict", "tolerance", "x_axis", "tune", "equal_budget", "tune_seeds",
-              "close_seeds"}
+              "close_seeds", "predict"}
 
 
 _ARM_KEYS = {"name", "group", "role", "set", "tune"}
@@ -85,6 +88,10 @@ def load_spec(path: str | Path) -> SweepSpec:
                             f"known: {sorted(_SPEC_KEYS)}")
     if raw.get("mode", "simulate") not in ("simulate", "run"):
         raise C.ConfigError(f"sweep.mode = {raw['mode']!r}; expected 'simulate' or 'run'")
+    if raw.get("predict", False) not in (False, True) or (raw.get("predict")
+                                                           and raw.get("mode") != "run"):
+        raise C.ConfigError(f"{path}: sweep.predict = {raw['predict']!r}; expected true (with "
+                            "mode = 'run': simulate each run beside it) or false")
     if not isinstance(raw.get("equal_budget", False), bool):
         raise C.ConfigError(f"{path}: sweep.equal_budget = {raw['equal_budget']!r}; expected "
                             "true or false")
@@ -95,7 +102,8 @@ def load_spec(path: str | Path) -> SweepSpec:
                      raw.get("target_loss"), raw.get("verdict", "beats"),
                      float(raw.get("tolerance", 0.02)), raw.get("x_axis", "round"),
                      _tune(path, raw), raw.get("equal_budget", False),
-                     tuple(raw.get("tune_seeds", (100,))), int(raw.get("close_seeds", 5)))
+                     tuple(raw.get("tune_seeds", (100,))), int(raw.get("close_seeds", 5)),
+                     bool(raw.get("predict", False)))
     reused = sorted(set(spec.tune_seeds) & set(spec.seeds))
     if reused:
         raise C.ConfigError(f"{path}: sweep.tune_seeds {list(spec.tune_seeds)} share {reused} "

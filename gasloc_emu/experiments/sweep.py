@@ -106,6 +106,9 @@ class _Runner:
         cfg = arm_config(self.preset, arm, seed, self.spec.settings(point, arm))
         d = run_one(cfg, self.out / tag, self.spec.mode)
         row = data.run_row(d, arm, phase, seed, point, self.spec.mode)
+        if self.spec.predict and phase == data.REPORT:   # the simulator's word beside it
+            sim = run_one(cfg, self.out / f"{tag}-sim", "simulate")
+            row["predicted_s"] = data.run_row(sim, arm, phase, seed, point, "simulate")["clock_s"]
         loss = row["final_eval_loss"]
         self.log(f"  {tag}: final eval loss {'-' if loss is None else f'{loss:.4f}'}")
         return row
@@ -242,7 +245,7 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
     for res in results:
         per_seed = {key: {r["seed"]: r.get(key) for r in res.runs}
                     for key in ("final_eval_loss", "consensus_distance", "clock_s",
-                                "bytes_sent_total")}
+                                "bytes_sent_total", "predicted_s")}
         per_seed["final_eval_loss"] = {r["seed"]: final_loss(r) for r in res.runs}
         per_seed["time_to_target_s"] = {r["seed"]: time_to_target(r, spec.target_loss)
                                         for r in res.runs} if spec.target_loss is not None else {}
@@ -253,6 +256,7 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
             "tune_keys": list(spec.arm_keys(res.arm)),  # what "tuned" and "best" are values of
             "best": point_value(res.best), "final_eval_loss": stat["final_eval_loss"],
             "consensus_distance": stat["consensus_distance"], "wall_s": stat["clock_s"],
+            "predicted_s": stat["predicted_s"],
             "time_to_target_s": stat.get("time_to_target_s", _stat(())),
             "bytes_sent_total": stat["bytes_sent_total"], "per_seed": per_seed,
             "rounds": res.runs[0].get("rounds") if res.runs else None,

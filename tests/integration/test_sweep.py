@@ -375,3 +375,44 @@ def test_a_preset_without_any_search_says_so_and_has_no_best_column(tmp_path):
     assert "best value kept" not in text
     assert "| arm | final eval loss | consensus distance |" in text
     assert "| --- | --- | --- | --- |\n" in text
+
+
+def test_a_run_mode_sweep_can_set_the_simulators_prediction_beside_each_run(tmp_path):
+    preset = tmp_path / "grid.toml"
+    preset.write_text(MINI.replace('seeds = [0, 1]', 'seeds = [0, 1]\nmode = "run"\n'
+                                   'predict = true'))
+    spec = sweep_spec.load_spec(preset)
+    assert spec.predict and sweep_spec.spec_from_dict(sweep_spec.spec_dict(spec)).predict
+    rows = []
+    for i, arm in enumerate(spec.arms):
+        rows += [_fake_row(arm, "tune", 100, (v,), 2.6) for v in (0.001, 0.003)]
+        rows += [_fake_row(arm, "report", s, (0.001,), 2.5 - i / 100) | {"predicted_s": 28.0 + s}
+                 for s in spec.seeds]
+    table = sweep.summarize(spec, sweep.results_from_rows(spec, rows))
+    report = {"spec": sweep_spec.spec_dict(spec), "rows": table, "runs": len(rows),
+              "verdict": sweep.verdict(spec, table), "run_seconds": 60.0,
+              "machine": {"platform": "L", "python": "3", "torch": "2", "cpus": 2, "gpu": None}}
+    text = page.markdown_section("mini", report, "cmd", "mini.png")
+    assert "| wall-clock s (emulator) | predicted s (simulator) | MB sent |" in text
+    assert "| 30.5 ± 0.7 | 28.5 ± 0.7 | 1543.4 |" in text
+    preset.write_text(MINI.replace('seeds = [0, 1]', 'seeds = [0, 1]\npredict = true'))
+    with pytest.raises(C.ConfigError, match="sweep.predict = True; expected true .with mode"):
+        sweep_spec.load_spec(preset)
+
+
+def test_a_predicting_sweep_simulates_each_reported_run_beside_it(tmp_path, monkeypatch):
+    """The wiring, with the emulator's runs stood in for by the simulator's (the same record)."""
+    preset = tmp_path / "p.toml"
+    preset.write_text(MINI.replace('seeds = [0, 1]', 'seeds = [0]\nmode = "run"\npredict = true')
+                      .replace("[0.001, 0.003]", "[0.003]").replace("rounds = 3", "rounds = 1"))
+    made, real = [], sweep.run_one
+
+    def run_one(cfg, out, mode):
+        made.append((out.name, mode))
+        return real(cfg, out, "simulate")
+    monkeypatch.setattr(sweep, "run_one", run_one)
+    report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
+    assert ("g-s0-0.003-sim", "simulate") in made and ("g-s0-0.003", "run") in made
+    assert not any(name.startswith("g-s100") and name.endswith("-sim") for name, _ in made)
+    row = next(r for r in report["rows"] if r["arm"] == "g")
+    assert row["predicted_s"][3] == 1 and row["predicted_s"][0] > 0  # mean over one seed
