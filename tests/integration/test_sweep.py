@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu.experiments import data, page, plots, sweep
+from gasloc_emu.experiments import crossover, data, page, plots, sweep
 from gasloc_emu.experiments import spec as sweep_spec
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,11 @@ set = { "algo.name" = "local-gossip", "topology.name" = "ring" }
 
 @pytest.mark.parametrize("preset", sorted((REPO / "runs").glob("*.toml")), ids=lambda p: p.stem)
 def test_every_preset_and_arm_resolves(preset):
+    if "[crossover]" in preset.read_text():  # the crossover map's preset: its own table
+        spec = crossover.load_crossover(preset)
+        for arm in spec.arms:
+            sweep_spec.arm_config(preset, arm, spec.seed)
+        return
     spec = sweep_spec.load_spec(preset)
     assert len(spec.seeds) == 3 and spec.arms
     C.resolve(preset)  # the base config runs with `gasloc-emu run --config`
