@@ -99,6 +99,28 @@ def test_two_hosts_by_hand_equal_simulate(hosts, tmp_path):
     assert (tmp_path / "rec.node1" / "workers" / "worker3.log").exists()
 
 
+def test_a2cid2_pairs_workers_across_hosts(hosts, tmp_path):
+    """Asynchronous pairwise gossip over two hosts (1 + 3 workers on a ring), its exchanges
+    compressed (int8): node 0's pairer pairs workers of both hosts over the control plane, and
+    the frames cross the hosts' link and pass each receiver's schema."""
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--rounds", "6", "--algo", "a2cid2", "--topology", "ring",
+                             "--step-time-s", "0.02", "--codec", "int8",
+                             "--nproc-per-node", str(1 + 2 * k)) for k in range(2)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["status"] == "ok" and summary["algorithm"] == "a2cid2"
+    steps = {}
+    for (worker, step) in _losses(out):
+        steps[worker] = max(steps.get(worker, -1), step)
+    assert steps == {0: 5, 1: 5, 2: 5, 3: 5}   # every worker took its 6 steps
+    pairs = summary["asynchronous"]["pairings"]
+    crossing = {k: n for k, n in pairs.items() if "0" in k.split("-")}   # worker 0 is node 0's
+    assert sum(crossing.values()) > 0, pairs
+    assert summary["comm"]["ratio"] == pytest.approx(0.25 + 1 / 256, rel=1e-3)
+    assert summary["drops"]["total"] == 0
+
+
 def test_torchrun_launch(hosts, tmp_path):
     """Two hosts launched by torchrun itself (its rendezvous names the nodes)."""
     if shutil.which("torchrun") is None:
