@@ -121,6 +121,23 @@ def test_a2cid2_pairs_workers_across_hosts(hosts, tmp_path):
     assert summary["drops"]["total"] == 0
 
 
+def test_overlap_with_a_scenario_across_hosts_equals_simulate(hosts, tmp_path):
+    """Overlapped DiLoCo (its All-Reduce in the background) over two hosts, with a scenario
+    that halves one worker's speed: the losses of the simulator."""
+    out, scenario = tmp_path / "rec", tmp_path / "slow.toml"
+    scenario.write_text("[[event]]\ntype = 'speed'\nworker = 1\nround = 1\nspeed = 0.5\n")
+    sets = ("algo.name=diloco", "algo.overlap=1", "compute.step_time_s=0.02",
+            f"run.scenario={scenario}")
+    result = hosts([_by_hand(k, out, "--rounds", "3", "--nproc-per-node", str(1 + 2 * k),
+                             *[arg for s in sets for arg in ("--set", s)]) for k in range(2)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["status"] == "ok"
+    # within the by-hand test's bound: node 0's one worker has more CPU threads than simulate's
+    assert summary["final_eval_loss"] == pytest.approx(_simulated_loss(tmp_path, 3, *sets),
+                                                       rel=1e-6)
+
+
 def test_torchrun_launch(hosts, tmp_path):
     """Two hosts launched by torchrun itself (its rendezvous names the nodes)."""
     if shutil.which("torchrun") is None:
