@@ -184,12 +184,10 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
         click.echo(describe_role(plan, role))
         return exitcodes.OK
     if plan.world is not None and plan.world.churns:
+        # node 0 fixes events at a time for every host (its workers ask it at each round
+        # start), but a departure's process and its successor live on their own host
         raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
                           "support yet; run it on one host, or drop the leave and join events")
-    if plan.world is not None and plan.world.fixer is not None:
-        raise ConfigError("run.scenario: a partition at a time (at_s), which multi-node runs "
-                          "do not support yet (only one host's launcher fixes it at a round); "
-                          "run it on one host, or give it a round (round = R)")
     path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
     factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
         if role.is_master else None
