@@ -68,7 +68,10 @@ class FaultyTransport:
             tensor = _poisoned(tensor)  # a fresh tensor: ownership holds
         else:
             self._maybe_fail(round_idx)
-        self.inner.send(peer, round_idx, kind, tensor, raw_nbytes)
+        if raw_nbytes is None:  # an uncompressed message: the protocol's four arguments
+            self.inner.send(peer, round_idx, kind, tensor)
+        else:
+            self.inner.send(peer, round_idx, kind, tensor, raw_nbytes=raw_nbytes)
 
     def recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         self._maybe_fail(round_idx)
