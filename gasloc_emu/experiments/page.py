@@ -55,7 +55,7 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
              ""]
     if own:
         lines += [f"Each arm's search on {_tune_words(spec)}:", ""]
-        lines += [f"- {arm}: {_search_words(tune)}, {_grid_size(tune)} runs"
+        lines += [f"- {arm}: {_search_words(tune)}, {_runs(_grid_size(tune))}"
                   for arm, tune in grids.items()]
         lines += [""]
     # arms that searched different keys: each cell names its keys; otherwise the header does
@@ -96,6 +96,10 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
               f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report['runs']} runs (search "
               f"included) took {report['run_seconds'] / 60:.1f} min of wall-clock.", ""]
     return "\n".join(lines)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _arm_grids(spec: dict, rows: list[dict]) -> dict[str, tuple]:
