@@ -317,10 +317,10 @@ def crossover_command(preset: str | None, out: str | None, report: str | None,
     name = Path(from_data or preset).stem
     out_dir = Path(out) if out else Path("runs") / f"crossover-{name}"
     if from_data:
-        header, rows = X.read_data(Path(from_data))
+        header, rows = data_file.read(Path(from_data), kind=X.KIND)
     else:
         header, rows = X.run_crossover(preset, out_dir, log=click.echo)
-        X.write_data(out_dir / "data.jsonl", header, rows)
+        data_file.write(out_dir / "data.jsonl", header, rows, kind=X.KIND)
     out_dir.mkdir(parents=True, exist_ok=True)
     X.plot_map(header["spec"], X.ratio_grid(header["spec"], rows), out_dir / "map.png")
     click.echo(f"map: {out_dir / 'map.png'}")

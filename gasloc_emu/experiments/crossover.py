@@ -17,7 +17,6 @@ docs/RESULTS.md from it alone.
 """
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 import time
@@ -43,6 +42,7 @@ class CrossoverSpec:
     seed: int = 0
 
 
+KIND = "crossover"  # its data file's header kind (``data.write``)
 _KEYS = {"title", "rates_mbit", "step_times_s", "target_loss", "arm", "check", "seed"}
 
 
@@ -143,7 +143,7 @@ def run_crossover(preset: str | Path, out: str | Path, log=print) -> tuple[dict,
     if spec.checks:
         log("emulator checks (timed: keep the host otherwise idle)")
     rows += [r for arm, (_, n) in zip(spec.arms, made, strict=True) for r in maker.checks(arm, n)]
-    header = {"kind": "crossover", "preset": str(preset), "spec": spec_dict(spec),
+    header = {"preset": str(preset), "spec": spec_dict(spec),
               "machine": machine(), "seconds": time.perf_counter() - t0,
               "command": f"gasloc-emu crossover {preset} --report docs/RESULTS.md"}
     return header, rows
@@ -154,12 +154,6 @@ def spec_dict(spec: CrossoverSpec) -> dict:
             "step_times_s": list(spec.step_times_s), "target_loss": spec.target_loss,
             "arms": [{"name": a.name, "sets": a.sets} for a in spec.arms],
             "checks": [list(c) for c in spec.checks], "seed": spec.seed}
-
-
-def write_data(path: Path, header: dict, rows: list[dict]) -> None:
-    lines = [json.dumps(header, sort_keys=True)]
-    lines += [json.dumps(r, sort_keys=True, separators=(",", ":")) for r in rows]
-    path.write_text("\n".join(lines) + "\n")
 
 
 def ratio_grid(spec: dict, rows: list[dict]) -> np.ndarray:
@@ -296,11 +290,3 @@ def _check_table(rows: list[dict], checks: list[dict]) -> list[str]:
                    f"{p if p is None else round(p, 2)} | "
                    f"{r['time_s'] if r['time_s'] is None else round(r['time_s'], 2)} | {ratio} |")
     return out
-
-
-def read_data(path: Path) -> tuple[dict, list[dict]]:
-    lines = Path(path).read_text().splitlines()
-    header = json.loads(lines[0])
-    if header.get("kind") != "crossover":
-        raise ValueError(f"{path}: the first line is not a crossover header")
-    return header, [json.loads(x) for x in lines[1:]]

@@ -38,15 +38,17 @@ def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def write(path: Path, header: dict, rows: list[dict]) -> None:
-    """The data file: the header line, then the runs in the order the sweep made them."""
-    lines = [json.dumps({"kind": "sweep", **header}, sort_keys=True)]
+def write(path: Path, header: dict, rows: list[dict], kind: str = "sweep") -> None:
+    """The data file: the header line (``kind``: a sweep's, or the crossover map's), then the
+    runs in the order they were made."""
+    lines = [json.dumps({"kind": kind, **header}, sort_keys=True)]
     lines += [json.dumps(r, sort_keys=True, separators=(",", ":")) for r in rows]
     path.write_text("\n".join(lines) + "\n")
 
 
-def read(path: Path) -> tuple[dict, list[dict]]:
-    """(header, runs) of a data file; a file that is not one is an error naming the line."""
+def read(path: Path, kind: str = "sweep") -> tuple[dict, list[dict]]:
+    """(header, runs) of a data file whose header is of ``kind``; a file that is not one is an
+    error naming the line."""
     lines = Path(path).read_text().splitlines()
     items = []
     for n, line in enumerate(lines, 1):
@@ -54,8 +56,8 @@ def read(path: Path) -> tuple[dict, list[dict]]:
             items.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg})") from None
-    if not items or items[0].get("kind") != "sweep":
-        raise ValueError(f"{path}: the first line is not a sweep header")
+    if not items or items[0].get("kind") != kind:
+        raise ValueError(f"{path}: the first line is not a {kind} header")
     runs = items[1:]
     bad = next((n for n, r in enumerate(runs, 2) if r.get("kind") != "run"), None)
     if bad is not None:
