@@ -164,8 +164,9 @@ def supervise(sup: Supervisor) -> tuple[int, dict]:
 
 def _write_links(sup: Supervisor) -> str | None:
     try:
-        sup.rec.write_json("links.json",
-                           sup.goodput.add_to(sup.network.links_record(link_bytes(sup.slots))))
+        record = sup.network.links_record(link_bytes(sup.slots))
+        sup.goodput.add_to(record["links"])
+        sup.rec.write_json("links.json", record)
     except records.RecordError as exc:
         return str(exc)
     return None

@@ -169,7 +169,7 @@ class Supervisor:
         self.scenario.fix_due(self.slots)
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
-            self.progress({"kind": "links", "links": self.goodput.add_to({"links": rows})["links"]})
+            self.progress({"kind": "links", "links": self.goodput.add_to(rows)})
 
     def _check_health(self, done) -> None:
         now = time.monotonic()

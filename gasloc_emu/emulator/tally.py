@@ -66,9 +66,9 @@ class Goodput:
         return {"training_goodput_mbit": nbytes * 8 / seconds / 1e6,
                 "training_messages": msgs, "training_transfer_s": seconds}
 
-    def add_to(self, record: dict) -> dict:
-        """links.json with every link's training fields beside its configured and probed
-        rate."""
-        for row in record.get("links", ()):
+    def add_to(self, links: list[dict]) -> list[dict]:
+        """Link rows (links.json's, the dashboard's) with each link's training fields beside
+        its configured and probed rate."""
+        for row in links:
             row.update(self.fields(row["src"], row["dst"]))
-        return record
+        return links
