@@ -183,6 +183,9 @@ class AlgoConfig(_Validated):
     continuous_momentum: bool = setting(True, "a2cid2: the paper's continuous momentum, with "
                                               "its constants from the graph; off, plain "
                                               "asynchronous pairwise gossip.")
+    rate_com: float = setting(1.0, "a2cid2: pairwise communications per gradient step, made "
+                                   "while the steps go on (the authors' rate_com): a whole "
+                                   "number 1..8, or 1/m (one every m steps).", lo=1 / 64, hi=8)
     pseudo_grad_mean: str = setting("plain", "DiLoCo's average of pseudo-gradients when workers "
                                              "took unequal step counts H_i: plain (mean over "
                                              "workers, as DiLoCo) or steps (weighted by H_i).",

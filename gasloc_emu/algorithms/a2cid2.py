@@ -24,14 +24,19 @@ lambda_2(Lambda) (its smallest non-zero eigenvalue), chi_2 = max over edges of
 (the paper's Theorem 3.4 with the authors' choices). With the momentum off (eta = alpha~ = 0)
 x~ never feeds back into x and this is plain asynchronous pairwise gossip (a test checks it).
 
-There are no rounds: a worker takes a step, then pairs with whichever neighbour is free
-(``pairing.Pairer``); ``run.rounds`` counts its steps. The same object runs in the emulator and
-in the simulator; ``send_half``/``receive_half`` split one exchange so that the simulator's
-single thread can let both sides send before either receives.
+There are no rounds. As in the authors' code, a worker's gradient steps and its communications
+run at the same time on two lanes that meet at a barrier (``Slots``: ``algo.rate_com``
+communications per gradient step, their flag); each communication pairs with whichever
+neighbour is free (``pairing.Pairer``). With rate R the expected Laplacian is R Lambda, so eta
+scales with R and alpha~ does not (the authors' ``compute_acid_constants``). ``run.rounds``
+counts the gradient steps. The same object runs in the emulator (a thread per lane) and in the
+simulator (a lane per worker on its event queue); ``send_half``, ``take`` and ``mix`` split one
+exchange so that the value sent, the wait and the mix can each happen at their own time.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,6 +46,43 @@ from gasloc_emu.topology import Topology
 from gasloc_emu.transport.base import Transport
 
 KIND = "pair"  # the wire kind of an exchange's parameters
+MAX_EXCHANGES_PER_SLOT = 8   # algo.rate_com's upper bound
+MAX_STEPS_PER_SLOT = 64      # 1 / algo.rate_com's upper bound
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The barrier schedule of ``rate_com``: ``steps`` and ``exchanges`` per slot."""
+
+    steps: int
+    exchanges: int
+
+    @classmethod
+    def of(cls, rate_com: float) -> Slots:
+        """R (a whole number in 1..8) or 1/m (m a whole number in 2..64); ValueError naming
+        the value and the allowed ones otherwise."""
+        if 1 <= rate_com <= MAX_EXCHANGES_PER_SLOT and rate_com == int(rate_com):
+            return cls(1, int(rate_com))
+        m = round(1 / rate_com) if rate_com > 0 else 0
+        if 2 <= m <= MAX_STEPS_PER_SLOT and math.isclose(m * rate_com, 1.0, rel_tol=1e-9):
+            return cls(m, 1)
+        raise ValueError(f"algo.rate_com = {rate_com!r} is not allowed; expected a whole number "
+                         f"1..{MAX_EXCHANGES_PER_SLOT} or 1/m with m a whole number "
+                         f"2..{MAX_STEPS_PER_SLOT}")
+
+    def count(self, steps: int) -> int:
+        """Slots in a run of ``steps`` gradient steps (the last may hold fewer steps)."""
+        return -(-steps // self.steps)
+
+    def steps_in(self, slot: int, steps: int) -> int:
+        """Gradient steps of slot ``slot`` in a run of ``steps``."""
+        return min(self.steps, steps - slot * self.steps)
+
+    def requests(self, steps: int) -> int:
+        """Exchange requests a worker makes in a run of ``steps`` (the pairer's bound)."""
+        return self.count(steps) * self.exchanges
+
+
 
 
 def laplacian(n: int, edges) -> np.ndarray:
@@ -60,20 +102,23 @@ def laplacian(n: int, edges) -> np.ndarray:
     return lap
 
 
-def momentum_constants(topology: Topology | None, enabled: bool = True) -> tuple[float, float]:
-    """(eta, alpha~) a worker on this graph uses: the graph's, or (0, 0) with the momentum off
-    (what the run record keeps, and what ``A2CiD2`` mixes with)."""
+def momentum_constants(topology: Topology | None, enabled: bool = True,
+                       rate_com: float = 1.0) -> tuple[float, float]:
+    """(eta, alpha~) a worker on this graph uses: the graph's at ``rate_com`` communications
+    per unit of time, or (0, 0) with the momentum off (what the run record keeps, and what
+    ``A2CiD2`` mixes with)."""
     if not enabled or topology is None:
         return 0.0, 0.0
-    return acid_constants(topology.n, topology.possible_edges)
+    return acid_constants(topology.n, topology.possible_edges, rate_com)
 
 
-def acid_constants(n: int, edges) -> tuple[float, float]:
-    """(eta, alpha~) of the continuous momentum for this graph (module docstring)."""
+def acid_constants(n: int, edges, rate_com: float = 1.0) -> tuple[float, float]:
+    """(eta, alpha~) of the continuous momentum for this graph, with ``rate_com``
+    communications per unit of time and worker (module docstring)."""
     edges = sorted(edges)
     if n < 2 or not edges:
         return 0.0, 0.0
-    lap = laplacian(n, edges)
+    lap = rate_com * laplacian(n, edges)
     eig = np.linalg.eigvalsh(lap)
     chi_1 = 1.0 / eig[1]
     pinv = np.linalg.pinv(lap)
@@ -105,7 +150,17 @@ class A2CiD2(OuterAlgorithm):
 
     @classmethod
     def create(cls, ctx: Context) -> A2CiD2:
-        return cls(ctx.rank, ctx.transport, ctx.topology, momentum=ctx.acfg.continuous_momentum)
+        return cls(ctx.rank, ctx.transport, ctx.topology, momentum=ctx.acfg.continuous_momentum,
+                   rate_com=ctx.acfg.rate_com)
+
+    @classmethod
+    def check_settings(cls, acfg, params) -> str | None:
+        """``algo.rate_com`` must be a schedule the two lanes can keep (``Slots.of``)."""
+        try:
+            Slots.of(acfg.rate_com)
+        except ValueError as e:
+            return str(e)
+        return super().check_settings(acfg, params)
 
     @classmethod
     def refusal(cls, cfg, topo: Topology | None, scenario: bool) -> str | None:
@@ -121,16 +176,21 @@ class A2CiD2(OuterAlgorithm):
 
     @classmethod
     def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
-        eta, alpha_tilde = momentum_constants(topo, acfg.continuous_momentum)
-        return {"eta": eta, "alpha_tilde": alpha_tilde}
+        eta, alpha_tilde = momentum_constants(topo, acfg.continuous_momentum, acfg.rate_com)
+        return {"eta": eta, "alpha_tilde": alpha_tilde, "rate_com": acfg.rate_com}
+
+    @classmethod
+    def exchange_requests(cls, acfg, steps: int) -> int:
+        return Slots.of(acfg.rate_com).requests(steps)
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None,
-                 momentum: bool = True):
+                 momentum: bool = True, rate_com: float = 1.0):
         super().__init__(rank, transport, topology)
-        self.eta, self.alpha_tilde = momentum_constants(topology, momentum)
+        self.eta, self.alpha_tilde = momentum_constants(topology, momentum, rate_com)
         self.x_tilde: torch.Tensor | None = None
         self.t_last = 0.0  # time of the last event, in gradient-step units
         self._before: torch.Tensor | None = None
+        self._sent: tuple[int, torch.Tensor] | None = None  # (label, x_i at the send instant)
 
     def begin(self, theta: torch.Tensor) -> None:
         self.x_tilde = theta.detach().clone()
@@ -153,34 +213,47 @@ class A2CiD2(OuterAlgorithm):
         self._before = None
 
     def send_half(self, peer: int, label: int, theta: torch.Tensor, t: float) -> None:
-        """The ODE up to the pairing's time ``t``, then x_i goes out: both sides of the event
-        use their values at the same instant, as in the paper (the authors' code sends first
-        and mixes after, so there the pair's sum of x + x~ drifts by what the ODE moved)."""
+        """The ODE up to the pairing's time ``t``, then x_i(t) goes out and is kept until the
+        mix: both sides of the event use their values at the same instant, as in the paper
+        (the authors' code sends first and mixes after, so there the pair's sum of x + x~
+        drifts by what the ODE moved)."""
         self.advance(theta, t)
         if self.channel is not None:
             self.channel.send(self.transport, peer, label, KIND, theta)
             return
-        self.transport.send(peer, label, KIND, theta.detach().clone())
+        self._sent = (label, theta.detach().clone())
+        self.transport.send(peer, label, KIND, self._sent[1])
 
-    @torch.no_grad()
-    def receive_half(self, peer: int, label: int, theta: torch.Tensor) -> None:
-        """Both sides' mix: x~ moves by alpha~ (x_j - x_i), x to the pair's mean; with a
-        channel, x_j - x_i is the edge's difference of public copies (``comm.channel``)."""
+    def take(self, peer: int, label: int) -> torch.Tensor:
+        """Wait for the partner's side of exchange ``label``; the pair's difference at the
+        instant both sent, x_j(t) - x_i(t) (with a channel, the edge's difference of public
+        copies x^_ji - x^_ij, ``comm.channel``)."""
         if self.channel is not None:
             self.channel.receive(self.transport, peer, label, KIND)
-            gap = self.channel.pull(peer).to(theta.device)
-            self.x_tilde.add_(gap, alpha=self.alpha_tilde)
-            theta.add_(gap, alpha=0.5)
-            return
-        theirs = self.transport.recv(peer, label, KIND).to(theta.device)
-        self.x_tilde.add_(theirs - theta, alpha=self.alpha_tilde)
-        theta.add_(theirs).mul_(0.5)
+            return self.channel.pull(peer)
+        sent_label, mine = self._sent
+        if sent_label != label:
+            raise RuntimeError(f"worker {self.rank}: exchange {label} taken, {sent_label} sent")
+        self._sent = None
+        return self.transport.recv(peer, label, KIND).to(mine.device) - mine
+
+    @torch.no_grad()
+    def mix(self, theta: torch.Tensor, gap: torch.Tensor, t: float) -> None:
+        """The ODE up to ``t`` (when the partner's side has arrived, as the authors mix), then
+        x~ moves by alpha~ gap and x by gap / 2, each element in one in-place operation (a
+        gradient lane reading x sees old or new values only). With the gap taken at the send
+        instant, an update that landed on x during the transfer is kept whole; the authors'
+        x <- (x + x_j) / 2 with the live x halves it, and the pair's sum with it."""
+        self.advance(theta, t)
+        gap = gap.to(theta.device)
+        self.x_tilde.add_(gap, alpha=self.alpha_tilde)
+        theta.add_(gap, alpha=0.5)
 
     def exchange(self, peer: int, label: int, theta: torch.Tensor, t: float) -> None:
-        """One pairwise communication at time ``t`` (gradient-step units): send, receive,
-        mix; the transfer's duration counts in the next interval of the ODE."""
+        """One pairwise communication at time ``t`` (gradient-step units), with no time
+        passing between the send and the mix: send, take, mix."""
         self.send_half(peer, label, theta, t)
-        self.receive_half(peer, label, theta)
+        self.mix(theta, self.take(peer, label), t)
 
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
         raise RuntimeError("a2cid2 has no rounds: its worker loop calls exchange() after "

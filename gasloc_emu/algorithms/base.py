@@ -176,6 +176,12 @@ class OuterAlgorithm:
         """An asynchronous algorithm's constants for the record's ``asynchronous`` block."""
         return {}
 
+    @classmethod
+    def exchange_requests(cls, acfg, steps: int) -> int:
+        """An asynchronous algorithm's pairing requests per worker in ``steps`` steps at most
+        (the launcher's bound on what a worker may ask)."""
+        return steps
+
     def begin(self, theta: torch.Tensor) -> None:
         self.anchor = theta.detach().clone()
 

@@ -81,6 +81,8 @@ class ControlDesk:
         self.sup.scenario.change_links(msg.row["round"] + 1)
         self.sup.scenario.keep_link_row(msg.row)
         self.sup.goodput.note(msg.row)
+        if self.sup.lanes is not None:
+            self.sup.lanes.add(msg.row)
         if self.sup.feed is not None:
             self.sup.feed.row(msg.row)
         self.sup.rec.metric(msg.row)

@@ -53,7 +53,7 @@ def pair_answers(pairer, msg: control.Avail) -> list[tuple[int, dict]] | str:
         return "avail.algo"  # only asynchronous gossip asks for peers
     try:
         pairings = pairer.finished(msg.worker) if msg.finished else \
-            pairer.ready(msg.worker, msg.step)
+            pairer.ready(msg.worker, msg.request)
     except ValueError:
         return "avail.state"  # ready twice, out of step, or after its last
     return [(p.worker, {"type": "pair"} | p.to_json()) for p in pairings]

@@ -27,6 +27,7 @@ from gasloc_emu.emulator.tally import Goodput, drops_so_far, run_summary
 from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
+from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.scenario.observed import event_feed
 from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
 from gasloc_emu.training.model import count_parameters
@@ -80,7 +81,8 @@ class Supervisor:
         self.link_meter = LinkMeter()
         self.goodput = Goodput()  # what each link delivered while training (links.json)
         # what every worker's messages must agree with: ranks, rounds, the model's size
-        self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model))
+        self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model),
+                                     plan.algo.exchange_requests(cfg.algo, cfg.run.rounds))
         self.desk = ControlDesk(self)  # what each control message does
         self.feed = None  # the scenario's events, into events.jsonl and onto the display
         # its link changes and its events at a time, played on the run's clock
@@ -88,6 +90,7 @@ class Supervisor:
                                   lambda rank, msg: self._tell(rank, msg))
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
         self.pairer = async_pairer(plan)
+        self.lanes = LaneTally(cfg.workers) if self.pairer is not None else None
         # workers forked from a process that imported torch already; started now, it
         # imports while the launcher sets up
         self.zygote = Zygote().start()
@@ -265,8 +268,8 @@ class Supervisor:
         out = run_summary(self.plan, self.slots, wall_s)
         out["control_drops"] = self.control_drops_total()
         if self.pairer is not None:
-            out["asynchronous"] = self.pairer.record() | self.plan.algo.pairing_constants(
-                self.cfg.algo, self.plan.topology)
+            out["asynchronous"] = self.pairer.record() | self.lanes.record() | \
+                self.plan.algo.pairing_constants(self.cfg.algo, self.plan.topology)
         return out | self.scenario.summary()
 
     def drops_so_far(self) -> dict:

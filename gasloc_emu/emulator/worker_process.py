@@ -284,17 +284,18 @@ class WorkerProcess:
             self.ctl.send({"type": "metric", "row": row})
 
     def _train_async(self, t0: float) -> None:
-        """Asynchronous gossip: a step, then the pairer's answer and an exchange, no rounds."""
+        """Asynchronous gossip: gradient steps and exchanges side by side, no rounds."""
         from gasloc_emu.training.async_worker import run_async
         done = run_async(self.worker, self.cfg.run.rounds, t0, self._ask_peer, self._report_step)
         if done:
-            self.ctl.send({"type": "avail", "step": self.cfg.run.rounds - 1, "finished": True})
+            self.ctl.send({"type": "avail", "request": 0, "finished": True})
 
     def _ask_peer(self, k: int):
-        """Tell the launcher step k is done and wait for its pairing (None: told to stop)."""
+        """Ask the launcher for exchange request k's partner and wait for the pairing (None:
+        told to stop)."""
         from gasloc_emu.training.pairing import Pairing
         self.state.phase = "communicating"
-        self.ctl.send({"type": "avail", "step": k, "finished": False})
+        self.ctl.send({"type": "avail", "request": k, "finished": False})
         msg = self.ctl.wait_for("pair", self.spec.peer_timeout_s)
         if msg["type"] == "stop":
             return None

@@ -1,30 +1,37 @@
 """The simulator of asynchronous pairwise gossip (``algo.name = a2cid2``): one thread, one event
 queue in virtual time, the same ``Worker`` and ``A2CiD2`` objects as the emulator.
 
-Each worker repeats: one gradient step (``compute.step_time_s`` / speed of virtual time when
-set, else the step's measured time), then ready for an exchange (``pairing.Pairer``); paired,
-both send their parameters at once, and the exchange ends when the slower direction has
-arrived (the link model's wire time plus latency; no time without a link model). A worker is
-in at most one exchange, so a link carries one message at a time and nothing queues. Events are
-handled in order of virtual time, so with nominal step times a run is deterministic. Events at
-the same time (equal nominal step times make many) are taken in a random order drawn from the
-run's seed: taken by worker id, a ring of equal workers would pair 0-1, 2-3, ... at every step
-and never mix across those pairs. ``run.rounds`` is the number of steps per worker; a metrics
-row is written per step, with its partner in ``peers``.
+Each worker has two lanes that run side by side and meet at the end of each slot
+(``a2cid2.Slots`` of ``algo.rate_com``), as in the authors' code and in ``run``:
+- gradient: a step's backward pass on x as it is when the step starts, its update (the ODE,
+  AdamW on x and x~) when its time is up (``compute.step_time_s`` / speed of virtual time when
+  set, else the pass's measured time);
+- communication: ready for an exchange (``pairing.Pairer``); paired, both send x at once and
+  each mixes what it received when the slower direction has arrived (the link model's wire time
+  plus latency; no time without a link model), the ODE taken up to then.
+A worker is in at most one exchange, so a link carries one message at a time and nothing
+queues. Events are handled in order of virtual time, so with nominal step times a run is
+deterministic. Events at the same time (equal nominal step times make many) are taken in a
+random order drawn from the run's seed: taken by worker id, a ring of equal workers would pair
+0-1, 2-3, ... every time and never mix across those pairs. ``run.rounds`` is the number of
+gradient steps per worker; a metrics row is written per step, a slot's exchanges on its last.
 """
 from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gasloc_emu.algorithms.a2cid2 import Slots
 from gasloc_emu.config import Config
+from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.summary import final_summary
-from gasloc_emu.training.async_worker import one_step, time_units
+from gasloc_emu.training.async_worker import SlotLog, begin_step, end_step, slot_rows, time_units
 from gasloc_emu.training.pairing import Pairer
 from gasloc_emu.training.worker import RoundStats, Worker
 from gasloc_emu.transport.base import TransportBase, TransportError
@@ -52,63 +59,115 @@ class PostTransport(TransportBase):
         return self.now()
 
 
+@dataclass
+class Lanes:
+    """One worker's current slot: its gradient lane's step in flight and steps left, its
+    communication lane's requests left, and what the slot's rows will say."""
+
+    slot: int = -1
+    steps_left: int = 0
+    requests_left: int = 0
+    log: SlotLog = field(default_factory=SlotLog)
+    before: dict = field(default_factory=dict)
+    step: tuple | None = None      # (loss, compute seconds, start) of the step in flight
+    asked_s: float = 0.0           # when the current request was made
+    started_s: float = 0.0         # when the current exchange began
+
+
 class AsyncSim:
-    """The event loop over every worker's steps, readiness and exchanges."""
+    """The event loop over every worker's lanes."""
 
     def __init__(self, cfg: Config, workers: list[Worker], link_model, emit):
         self.cfg, self.workers, self.link_model, self.emit = cfg, workers, link_model, emit
         topo = workers[0].topology
         self.pairer = Pairer(cfg.workers, topo.possible_edges, cfg.seed)
+        self.slots = Slots.of(cfg.algo.rate_com)
         self.now_s = 0.0
-        self.queue: list[tuple[float, float, int, str]] = []  # (time, tie-break, worker, what)
+        self.queue: list[tuple] = []  # (time, tie-break, worker, what, extra)
         self.rng = np.random.default_rng([cfg.seed, 0xE7E7])
-        self.rows: dict[int, dict] = {}  # worker -> its current step's row, until it is paired
-        self.steps_done = [0] * cfg.workers
+        self.lanes = [Lanes() for _ in range(cfg.workers)]
+        self.ended = [False] * cfg.workers
 
     def run(self) -> None:
         for w in range(self.cfg.workers):
-            self.at(0.0, w, "step")
+            self.at(0.0, w, "slot")
+        handlers = {"slot": self.start_slot, "step": self.step_done, "ready": self.ready,
+                    "arrived": self.arrived}
         while self.queue:
-            self.now_s, _, w, what = heapq.heappop(self.queue)
-            if what == "step":
-                self.step(w)
-            else:
-                self.ready(w)
+            self.now_s, _, w, what, extra = heapq.heappop(self.queue)
+            handlers[what](w, *extra)
+        if not all(self.ended):
+            raise RuntimeError(f"workers {[w for w, e in enumerate(self.ended) if not e]} "
+                               "never ended their last slot (event order)")
 
-    def at(self, t_s: float, w: int, what: str) -> None:
-        heapq.heappush(self.queue, (t_s, float(self.rng.random()), w, what))
+    def at(self, t_s: float, w: int, what: str, *extra) -> None:
+        heapq.heappush(self.queue, (t_s, float(self.rng.random()), w, what, extra))
 
-    def step(self, w: int) -> None:
-        """Worker ``w`` takes its next gradient step; it is ready when the step's time is up."""
+    def start_slot(self, w: int) -> None:
+        """Both lanes of worker ``w``'s next slot start now."""
+        lane, worker = self.lanes[w], self.workers[w]
+        lane.slot += 1
+        lane.steps_left = self.slots.steps_in(lane.slot, self.cfg.run.rounds)
+        lane.requests_left = self.slots.exchanges
+        lane.log, lane.before = SlotLog(), worker.transport.counters()
+        self.step_begins(w)
+        self.ready(w)
+
+    # -- the gradient lane
+    def step_begins(self, w: int) -> None:
+        """The backward pass on x as it is now; the update lands when the step's time is up."""
         worker = self.workers[w]
-        t0 = time.perf_counter()
-        loss = one_step(worker, lambda: self.now_s)
-        step_s = worker.compute.step_s(time.perf_counter() - t0)
-        self.rows[w] = {"train_loss": loss, "compute_s": step_s,
-                        "before": worker.transport.counters()}
-        self.at(self.now_s + step_s, w, "ready")
+        loss, measured_s = begin_step(worker)
+        step_s = worker.compute.step_s(measured_s)
+        self.lanes[w].step = (loss, step_s, self.now_s)
+        self.at(self.now_s + step_s, w, "step")
 
+    def step_done(self, w: int) -> None:
+        worker, lane = self.workers[w], self.lanes[w]
+        end_step(worker, time_units(worker, self.now_s))
+        loss, step_s, start_s = lane.step
+        lane.log.steps.append((loss, step_s, 0, 0.0, [start_s, self.now_s], worker.step))
+        lane.step, lane.steps_left = None, lane.steps_left - 1
+        if lane.steps_left > 0:
+            self.step_begins(w)
+        else:
+            self.slot_may_end(w)
+
+    # -- the communication lane
     def ready(self, w: int) -> None:
-        self.rows[w]["ready_s"] = self.now_s
+        self.lanes[w].asked_s = self.now_s
         pairings = self.pairer.ready(w)
         if len(pairings) == 2:
             self.exchange(pairings[0].worker, pairings[0].peer, pairings[0].label)
         for p in pairings:
             if p.peer is None:
-                self.done_step(p.worker, None, self.now_s)
+                self.request_done(p.worker)
 
     def exchange(self, a: int, b: int, label: int) -> None:
-        """Both send at the pairing's time, then both receive and mix; both go on when the
-        slower direction has arrived."""
+        """Both send x at the pairing's time; each mixes when the slower direction is in."""
         end = self.now_s + max(self.transfer_s(a, b), self.transfer_s(b, a))
         for me, peer in ((a, b), (b, a)):
             w = self.workers[me]
             w.algo.send_half(peer, label, w.theta, time_units(w, self.now_s))
-        for me, peer in ((a, b), (b, a)):
-            w = self.workers[me]
-            w.algo.receive_half(peer, label, w.theta)
-        for me, peer in ((a, b), (b, a)):
-            self.done_step(me, peer, end)
+            self.lanes[me].started_s = self.now_s
+            self.at(end, me, "arrived", peer, label)
+
+    def arrived(self, w: int, peer: int, label: int) -> None:
+        worker, lane = self.workers[w], self.lanes[w]
+        worker.algo.mix(worker.theta, worker.algo.take(peer, label),
+                        time_units(worker, self.now_s))
+        lane.log.peers.append(peer)
+        lane.log.spans.append([lane.started_s, self.now_s])
+        self.request_done(w)
+
+    def request_done(self, w: int) -> None:
+        lane = self.lanes[w]
+        lane.log.comm_s += self.now_s - lane.asked_s
+        lane.requests_left -= 1
+        if lane.requests_left > 0:
+            self.at(self.now_s, w, "ready")
+        else:
+            self.slot_may_end(w)
 
     def transfer_s(self, src: int, dst: int) -> float:
         if self.link_model is None:
@@ -119,39 +178,29 @@ class AsyncSim:
         wire_s, latency_s = self.link_model(src, dst, nbytes)
         return wire_s + latency_s
 
-    def done_step(self, w: int, peer: int | None, end_s: float) -> None:
-        """Worker ``w``'s step and its exchange are over at ``end_s``: its row, then the next
-        step or, after the last, ``finished`` (which may release stranded neighbours)."""
-        worker = self.workers[w]
-        k = self.steps_done[w]
-        worker.check_finite(k, self.rows[w]["train_loss"])
-        self.emit(self.row(w, k, peer, end_s))
-        self.steps_done[w] += 1
-        if self.steps_done[w] < self.cfg.run.rounds:
-            self.at(end_s, w, "step")
+    # -- the barrier
+    def slot_may_end(self, w: int) -> None:
+        """When both lanes are through: the slot's rows, then the next slot or, after the
+        last, ``finished`` (which may release stranded neighbours' requests)."""
+        lane = self.lanes[w]
+        if lane.steps_left > 0 or lane.requests_left > 0:
             return
+        waited_s = sum(b - a for a, b in lane.log.spans)   # the transfers: receives wait on them
+        for stats in slot_rows(self.workers[w], lane.log, lane.before, waited_s):
+            self.emit_row(w, stats)
+        if lane.slot + 1 < self.slots.count(self.cfg.run.rounds):
+            self.at(self.now_s, w, "slot")
+            return
+        self.ended[w] = True
         for p in self.pairer.finished(w):  # neighbours it leaves with nobody to pair with
-            self.done_step(p.worker, None, max(end_s, self.now_s))
+            self.request_done(p.worker)
 
-    def row(self, w: int, k: int, peer: int | None, end_s: float) -> dict:
-        worker, r = self.workers[w], self.rows.pop(w)
-        after, before = worker.transport.counters(), r["before"]
-        # as the emulator counts them: comm from ready to the exchange's end (the wait for a
-        # partner included), wait the transfer itself (its recv blocks for it)
-        stats = RoundStats(
-            worker=w, round=k, step=worker.step, train_loss=r["train_loss"],
-            compute_s=r["compute_s"], comm_s=end_s - r["ready_s"],
-            wait_s=end_s - (self.now_s if peer is not None else end_s),
-            bytes_sent=_delta(after, before, "bytes_sent"),
-            bytes_recv=_delta(after, before, "bytes_recv"),
-            peers=[] if peer is None else [peer], steps=1, speed=worker.compute.speed)
-        if worker.should_eval(k):
-            stats.eval_loss = worker.evaluate(k)
-        return stats.as_dict() | {"time_s": end_s}
-
-
-def _delta(after: dict, before: dict, key: str) -> int:
-    return int(sum(after[key].values()) - sum(before[key].values()))
+    def emit_row(self, w: int, stats: RoundStats) -> None:
+        worker = self.workers[w]
+        if worker.should_eval(stats.round):
+            stats.eval_loss = worker.evaluate(stats.round)
+        time_s = stats.step_span_s[1] if stats.exchange_spans_s is None else self.now_s
+        self.emit(stats.as_dict() | {"time_s": time_s})
 
 
 def simulate_async(plan, out: Path, progress, device: str) -> dict:
@@ -160,11 +209,12 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
     cfg, t_start = plan.cfg, time.perf_counter()
     with RunRecord(Path(out), cfg) as rec:
         boxes: dict = {}
-        sim = None
+        sim, lanes = None, LaneTally(cfg.workers)
         workers = [Worker(plan, r, PostTransport(r, cfg.workers, boxes, lambda: sim.now_s),
                           device, pace=False) for r in range(cfg.workers)]
 
         def emit(row: dict) -> None:
+            lanes.add(row)
             rec.metric(row)
             if progress is not None:
                 progress(row)
@@ -175,8 +225,8 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
             plan, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
             workers[0].eval_set, time.perf_counter() - t_start, _total(workers, "bytes_sent"),
             raw_bytes_sent=_total(workers, "raw_bytes_sent"))
-        summary["asynchronous"] = sim.pairer.record() | plan.algo.pairing_constants(
-            cfg.algo, plan.topology)
+        summary["asynchronous"] = sim.pairer.record() | lanes.record() | \
+            plan.algo.pairing_constants(cfg.algo, plan.topology)
         if plan.link_model is not None or any(w.compute.nominal for w in workers):
             summary["predicted_wall_s"] = sim.now_s
         summary["mode"] = "simulate"

@@ -1,15 +1,23 @@
 """One worker's side of asynchronous pairwise gossip (A2CiD2), shared by the emulator's worker
-process and the one-thread simulator (``async_sim``): a gradient step with the momentum's ODE
-and update around it, the algorithm's time unit, and what the record keeps.
+process and the one-thread simulator (``async_sim``): a gradient step split at the time its
+update lands, the algorithm's time unit, and what the record keeps.
 
-In the emulator (``run_async``) a step is followed by a request to the launcher's pairer (over
-the control plane) and, when it names a peer, one exchange over the data plane; ``run.rounds``
-is the number of steps.
+In the emulator (``run_async``) the two lanes of ``a2cid2.Slots`` run at once, as the authors'
+gradient and communication processes do: a thread takes the slot's gradient steps while the
+worker's main thread asks the launcher's pairer for partners (over the control plane) and
+exchanges over the data plane; both wait for each other at the slot's end, where the rows are
+reported. One lock keeps each change of x and x~ whole (an update, a send's snapshot, a mix);
+the backward pass reads x without it, as the authors' gradient process reads the shared
+parameters while their communication process averages them.
 """
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
+from gasloc_emu.algorithms.a2cid2 import Slots
 from gasloc_emu.training import compute
 from gasloc_emu.training.worker import RoundStats, Worker
 
@@ -27,18 +35,21 @@ def step_unit_s(worker: Worker) -> float:
     return max(worker.mean_step_s, 1e-9)
 
 
-def one_step(worker: Worker, now_s) -> float:
-    """One A2CiD2 gradient step of ``worker``: backward, the ODE up to now, the AdamW update
-    on x and the same update on x~. Returns the loss."""
+def begin_step(worker: Worker) -> tuple[float, float]:
+    """The backward pass of ``worker``'s next step on its parameters as they are now; (loss,
+    the pass's measured seconds), the measured time kept in the time unit's running mean."""
     t0 = time.perf_counter()
+    loss = worker.gradient().item()
+    measured_s = time.perf_counter() - t0
+    note_step_time(worker, measured_s)
+    return loss, measured_s
 
-    def advance() -> None:
-        note_step_time(worker, time.perf_counter() - t0)
-        worker.algo.before_step(worker.theta, time_units(worker, now_s()))
 
-    loss = worker.train_step(before_update=advance)
+def end_step(worker: Worker, t_units: float) -> None:
+    """The step's update lands at ``t_units``: the ODE up to then, AdamW on x, the same update
+    on x~ (the paper mixes at the time of the update)."""
+    worker.update(before_update=lambda: worker.algo.before_step(worker.theta, t_units))
     worker.algo.took_step(worker.theta)
-    return loss.item()
 
 
 def note_step_time(worker: Worker, measured_s: float) -> None:
@@ -61,40 +72,104 @@ def transport_limits(model_bytes: int) -> dict:
             "max_bytes_per_peer": 2 * model_bytes}
 
 
+@dataclass
+class SlotLog:
+    """One slot's account on one worker: its steps (loss, compute seconds, overruns, worst
+    overrun ratio, span, step count after it) and its exchanges (partners, spans, seconds
+    from each request to its exchange's end)."""
+
+    steps: list[tuple] = field(default_factory=list)
+    peers: list[int] = field(default_factory=list)
+    spans: list[list[float]] = field(default_factory=list)
+    comm_s: float = 0.0
+
+
 def run_async(worker: Worker, rounds: int, t0: float, ask_peer, report) -> bool:
-    """The emulator's loop: ``rounds`` steps, each followed by ``ask_peer(k)`` (a ``Pairing``,
-    or None when the run is being stopped) and, paired, one exchange; ``report(stats)`` after
-    each. Returns False when stopped early."""
-    for k in range(rounds):
-        phase = compute.InnerPhase(worker.compute, 1, time.perf_counter, worker.sleep)
-        while phase.another():
-            loss = one_step(worker, lambda: time.time() - t0)
-            phase.step_done()
-        worker.overruns += phase.overruns
-        before, c1 = worker.transport.counters(), time.perf_counter()
-        pairing = ask_peer(k)
-        if pairing is None:
-            return False
-        if pairing.peer is not None:
-            worker.algo.exchange(pairing.peer, pairing.label, worker.theta,
-                                 time_units(worker, time.time() - t0))
-        worker.check_finite(k, loss)
-        report(async_stats(worker, k, loss, phase, time.perf_counter() - c1, before,
-                           pairing.peer))
+    """The emulator's loop: ``rounds`` gradient steps in ``Slots`` of ``algo.rate_com``, the
+    slot's exchanges (``ask_peer(i)``: a ``Pairing``, or None when the run is being stopped)
+    made meanwhile; ``report(stats)`` per step at each slot's end. False when stopped early."""
+    slots, lock = Slots.of(worker.cfg.algo.rate_com), threading.Lock()
+    clock = _RunClock(worker, t0)
+    with ThreadPoolExecutor(1, thread_name_prefix=f"a2cid2-steps-{worker.rank}") as pool:
+        for slot in range(slots.count(rounds)):
+            log, before = SlotLog(), worker.transport.counters()
+            steps = pool.submit(_gradient_lane, worker, slots.steps_in(slot, rounds), lock,
+                                clock, log)
+            went = _communication_lane(worker, slots.exchanges, slot, lock, clock, ask_peer, log)
+            steps.result()
+            if not went:
+                return False
+            after = worker.transport.counters()
+            for stats in slot_rows(worker, log, before, after["wait_s"] - before["wait_s"]):
+                report(stats)
     return True
 
 
-def async_stats(worker: Worker, k: int, loss: float, phase, comm_s: float, before: dict,
-                peer: int | None) -> RoundStats:
-    """Step ``k``'s metrics row: its compute, the wait for a peer plus the exchange, bytes."""
-    after = worker.transport.counters()
-    return RoundStats(
-        worker=worker.rank, round=k, step=worker.step, train_loss=loss,
-        compute_s=phase.elapsed_s(), comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
-        bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]),
-        bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
-        peers=[] if peer is None else [peer], steps=phase.steps, speed=worker.compute.speed,
-        overruns=phase.overruns, overrun_ratio=phase.worst_ratio)
+class _RunClock:
+    """The run's clock in seconds since its start, and in A2CiD2's units."""
+
+    def __init__(self, worker: Worker, t0: float):
+        self.worker, self.t0 = worker, t0
+
+    def s(self) -> float:
+        return time.time() - self.t0
+
+    def units(self) -> float:
+        return time_units(self.worker, self.s())
+
+
+def _gradient_lane(worker: Worker, n: int, lock, clock: _RunClock, log: SlotLog) -> None:
+    """``n`` gradient steps, each paced to its nominal time before its update lands."""
+    for _ in range(n):
+        phase = compute.InnerPhase(worker.compute, 1, time.perf_counter, worker.sleep)
+        start_s = clock.s()
+        loss, _ = begin_step(worker)
+        phase.step_done()
+        with lock:
+            end_step(worker, clock.units())
+        worker.overruns += phase.overruns
+        log.steps.append((loss, phase.elapsed_s(), phase.overruns, phase.worst_ratio,
+                          [start_s, clock.s()], worker.step))
+
+
+def _communication_lane(worker: Worker, n: int, slot: int, lock, clock: _RunClock, ask_peer,
+                        log: SlotLog) -> bool:
+    """``n`` exchange requests, each paired exchange made; False when told to stop."""
+    algo, theta = worker.algo, worker.theta
+    for i in range(n):
+        asked_s = clock.s()
+        pairing = ask_peer(slot * n + i)
+        if pairing is None:
+            return False
+        if pairing.peer is not None:
+            start_s = clock.s()
+            with lock:
+                algo.send_half(pairing.peer, pairing.label, theta, clock.units())
+            received = algo.take(pairing.peer, pairing.label)
+            with lock:
+                algo.mix(theta, received, clock.units())
+            log.peers.append(pairing.peer)
+            log.spans.append([start_s, clock.s()])
+        log.comm_s += clock.s() - asked_s
+    return True
+
+
+def slot_rows(worker: Worker, log: SlotLog, before: dict, wait_s: float) -> list[RoundStats]:
+    """The slot's metrics rows, one per step; its exchanges, bytes and ``wait_s`` (the time
+    its receives waited) on the last."""
+    rows, after = [], worker.transport.counters()
+    for i, (loss, compute_s, overruns, ratio, span, step) in enumerate(log.steps):
+        last = i == len(log.steps) - 1
+        worker.check_finite(step - 1, loss)
+        rows.append(RoundStats(
+            worker=worker.rank, round=step - 1, step=step, train_loss=loss, compute_s=compute_s,
+            comm_s=log.comm_s if last else 0.0, wait_s=wait_s if last else 0.0,
+            bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]) if last else 0,
+            bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]) if last else 0,
+            peers=list(log.peers) if last else [], steps=1, speed=worker.compute.speed,
+            overruns=overruns, overrun_ratio=ratio, step_span_s=span,
+            exchange_spans_s=[list(x) for x in log.spans] if last else None))
+    return rows
 
 
 def _total(per_peer: dict) -> int:

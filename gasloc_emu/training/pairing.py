@@ -1,13 +1,15 @@
 """Who exchanges with whom in asynchronous pairwise gossip (A2CiD2): no sockets, no clock.
 
-A worker that finishes a gradient step says it is ready; the pairer matches it at once with a
-neighbour that is already waiting (the neighbours are tried in a random order, from a generator
-seeded by the run), or leaves it waiting until one becomes ready. This is the orchestrator of
-the A2CiD2 authors' implementation: a worker never waits for a given peer, only for any free
-one. Two neighbours are never both waiting (the second to arrive takes the first), so a waiting
-worker's neighbours are all busy computing or exchanging, and one of them comes.
+A worker whose communication lane wants an exchange says it is ready (``a2cid2.Slots``:
+rate_com requests per gradient step); the pairer matches it at once with a neighbour that is
+already waiting (the neighbours are tried in a random order, from a generator seeded by the
+run), or leaves it waiting until one becomes ready. This is the orchestrator of the A2CiD2
+authors' implementation: a worker never waits for a given peer, only for any free one. Two
+neighbours are never both waiting (the second to arrive takes the first), so a waiting worker's
+neighbours are all exchanging or at their slot's end, waiting for their own gradient steps,
+which end; one of them comes.
 
-A worker that has taken its last step says it is ``finished``; a waiting worker whose
+A worker that has ended its last slot says it is ``finished``; a waiting worker whose
 neighbours have all finished is released without a partner (``Pairing.peer`` None) and goes on
 alone, as is a ready worker with no neighbour left. Every pairing gets a label, counting from 1
 in the order they were made: both sides tag their messages with it.
@@ -47,21 +49,21 @@ class Pairer:
         self.waiting: set[int] = set()
         self.finished_workers: set[int] = set()
         self.labels = 0
-        self.steps = [0] * n  # ready calls: one per step taken
-        self.alone = [0] * n  # steps that found no partner
+        self.requests = [0] * n  # ready calls: one per exchange asked for
+        self.alone = [0] * n  # requests that found no partner
         self.pair_counts: dict[tuple[int, int], int] = {}
 
-    def ready(self, worker: int, step: int | None = None) -> list[Pairing]:
-        """``worker`` finished a step (its ``step``-th, counting from 0, when given: checked
-        against the count so far): the pairings this makes (both sides of one exchange,
-        ``worker`` alone, or none while it waits)."""
+    def ready(self, worker: int, request: int | None = None) -> list[Pairing]:
+        """``worker`` asks for a partner (its ``request``-th time, counting from 0, when given:
+        checked against the count so far): the pairings this makes (both sides of one
+        exchange, ``worker`` alone, or none while it waits)."""
         self._check(worker)
         if worker in self.waiting:
             raise ValueError(f"worker {worker} is ready twice without being paired")
-        if step is not None and step != self.steps[worker]:
-            raise ValueError(f"worker {worker} says step {step}; it has taken "
-                             f"{self.steps[worker]} so far")
-        self.steps[worker] += 1
+        if request is not None and request != self.requests[worker]:
+            raise ValueError(f"worker {worker} says request {request}; it has made "
+                             f"{self.requests[worker]} so far")
+        self.requests[worker] += 1
         for peer in self.rng.permutation(self.adj[worker]).tolist():
             if peer in self.waiting:
                 return self._pair(worker, peer)
@@ -91,9 +93,10 @@ class Pairer:
         return self._alone(freed)
 
     def record(self) -> dict:
-        """What summary.json keeps: steps per worker, the exchanges on each edge ("i-j"), and
-        the steps that found no partner (the end of the run, when the neighbours had finished)."""
-        return {"steps": list(self.steps), "unpaired": list(self.alone),
+        """What summary.json keeps: requests per worker, the exchanges on each edge ("i-j"),
+        and the requests that found no partner (the end of the run, when the neighbours had
+        finished)."""
+        return {"requests": list(self.requests), "unpaired": list(self.alone),
                 "exchanges": self.labels,
                 "pairings": {f"{a}-{b}": c for (a, b), c in sorted(self.pair_counts.items())}}
 

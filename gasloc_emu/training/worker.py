@@ -57,10 +57,14 @@ class RoundStats:
     # the ZeroMQ transport's link observations of this round's messages, by source (str rank):
     # {"bytes", "messages", "transfer_s", "sent_s"} (``link_row``); None: not measured
     recv_links: dict[str, dict] | None = None
+    # A2CiD2's lanes: the step's [start, end] on the run's clock and, on a slot's last step,
+    # every exchange of the slot's [start, end] (its partners in ``peers``, in order)
+    step_span_s: list[float] | None = None
+    exchange_spans_s: list[list[float]] | None = None
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
-        for name in ("eval_loss", "recv_links"):
+        for name in ("eval_loss", "recv_links", "step_span_s", "exchange_spans_s"):
             if out[name] is None:
                 del out[name]
         return out
@@ -128,17 +132,27 @@ class Worker:
         """One AdamW step on the next batch of the shard; its loss (not synchronised).
         ``before_update()`` runs between the backward pass and the optimizer's update (A2CiD2
         advances its momentum's ODE there, as the paper does at the time of the update)."""
+        loss = self.gradient()
+        self.update(before_update)
+        return loss
+
+    def gradient(self) -> torch.Tensor:
+        """The backward pass of the next step, on the parameters as they are now; its loss."""
         x, y = self.shard.batch(self.device)
         _, loss = self.gpt(x, y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.algo.inner.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), self.cfg.algo.inner.grad_clip)
+        return loss.detach()
+
+    def update(self, before_update=None) -> None:
+        """The optimizer's update with the gradient of ``gradient()`` (A2CiD2's lanes take it
+        when the step's time is up, the parameters having moved meanwhile)."""
         if before_update is not None:
             before_update()
         self.opt.step()
         self.step += 1
-        return loss.detach()
 
     def run_round(self, round_idx: int, on_compute_done=None,
                   plan: RoundPlan | None = None) -> RoundStats:

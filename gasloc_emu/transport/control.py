@@ -95,6 +95,7 @@ class Expect:
     workers: int  # ranks are 0 .. workers-1
     rounds: int   # rounds are 0 .. rounds-1
     numel: int    # parameters of the configured model
+    requests: int = 0  # a2cid2: exchange requests per worker at most (0: as many as rounds)
 
 
 @dataclass(frozen=True)
@@ -205,17 +206,19 @@ class Error:
 
 @dataclass(frozen=True)
 class Avail:
-    """Asynchronous gossip (a2cid2): the worker finished step ``step`` and waits for a peer
-    (the launcher's pairer answers with a ``pair`` message), or, with ``finished``, it has
-    taken its last step and will not ask again."""
+    """Asynchronous gossip (a2cid2): the worker's exchange request number ``request`` (from 0,
+    at most ``Expect.requests`` in a run) waits for a peer (the launcher's pairer answers with a
+    ``pair`` message), or, with ``finished``, it has taken its last step and will not ask
+    again."""
 
     worker: int
-    step: int
+    request: int
     finished: bool
 
     @classmethod
     def from_wire(cls, wire: dict, expect: Expect) -> Avail:
-        return cls(*_rank_round_flag(wire, "avail", "step", "finished", expect))
+        return cls(*_rank_round_flag(wire, "avail", "request", "finished", expect,
+                                     expect.requests or expect.rounds))
 
 
 @dataclass(frozen=True)
@@ -235,13 +238,15 @@ class RoundStart:
 
 
 def _rank_round_flag(wire: dict, kind: str, round_key: str, flag_key: str,
-                     expect: Expect) -> tuple[int, int, bool]:
-    """(worker, a round or step of the run, a bool) of a message with exactly those fields."""
+                     expect: Expect, count: int | None = None) -> tuple[int, int, bool]:
+    """(worker, a number below ``count`` (the run's rounds by default), a bool) of a message
+    with exactly those fields."""
     _fields(wire, kind, ("type", "worker", round_key, flag_key))
     if type(wire[flag_key]) is not bool:
         raise ControlError(f"{kind}.{flag_key}", f"expected a bool, got {_show(wire[flag_key])}")
-    return (_worker(wire, kind, expect),
-            _int(f"{kind}.{round_key}", wire[round_key], 0, expect.rounds - 1), wire[flag_key])
+    hi = (expect.rounds if count is None else count) - 1
+    return (_worker(wire, kind, expect), _int(f"{kind}.{round_key}", wire[round_key], 0, hi),
+            wire[flag_key])
 
 
 Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
@@ -447,8 +452,28 @@ _ROW = {
     "overruns": lambda r, v, e: _int(r, v, 0),
     "overrun_ratio": lambda r, v, e: _float(r, v, 0.0),
     "recv_links": lambda r, v, e: _recv_links(r, v, e),
+    "step_span_s": lambda r, v, e: _span(r, v),
+    "exchange_spans_s": lambda r, v, e: _spans(r, v),
 }
-_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "recv_links")
+_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "recv_links",
+                 "step_span_s", "exchange_spans_s")
+MAX_SPANS = 8  # a2cid2's exchanges per slot at most (algorithms.a2cid2.MAX_EXCHANGES_PER_SLOT)
+
+
+def _span(reason: str, value) -> list[float]:
+    """[start, end] on the run's clock, start <= end."""
+    if type(value) is not list or len(value) != 2:
+        raise ControlError(reason, f"{_show(value)} is not a [start, end] pair")
+    a, b = _float(reason, value[0]), _float(reason, value[1])
+    if b < a:
+        raise ControlError(reason, f"span [{a}, {b}] ends before it starts")
+    return [a, b]
+
+
+def _spans(reason: str, value) -> list[list[float]]:
+    if type(value) is not list or len(value) > MAX_SPANS:
+        raise ControlError(reason, f"{_show(value)} is not a list of at most {MAX_SPANS} spans")
+    return [_span(reason, v) for v in value]
 _LINK_USE = ("bytes", "messages", "transfer_s", "sent_s")
 
 

@@ -1,8 +1,11 @@
 """A2CiD2 end to end: simulate and run both train (eval loss falls) and record per-worker steps
-and pairings; the simulator is deterministic with nominal step times."""
+and pairings; the simulator is deterministic with nominal step times; in run, gradient steps
+and exchanges overlap in time and each worker makes algo.rate_com exchanges per step."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from gasloc_emu import config as C
 from gasloc_emu.plan import build_plan
@@ -12,11 +15,12 @@ from gasloc_emu.topology import Topology
 STEPS = 40
 
 
-def _cfg(momentum: bool = True) -> C.Config:
+def _cfg(momentum: bool = True, rate_com: float = 1.0) -> C.Config:
     return C.resolve(overrides={
         "workers": 4, "algo.name": "a2cid2", "algo.continuous_momentum": momentum,
         "algo.inner.lr": 0.004, "topology.name": "ring", "run.rounds": STEPS,
-        "run.eval_every": 10, "compute.step_time_s": 0.05, "run.dashboard": "off"})
+        "run.eval_every": 10, "compute.step_time_s": 0.05, "run.dashboard": "off",
+        "algo.rate_com": rate_com})
 
 
 def _evals(run_dir) -> list[float]:
@@ -28,16 +32,19 @@ def _evals(run_dir) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(by_step.items())]
 
 
-def _check_record(summary: dict, run_dir) -> None:
+def _check_record(summary: dict, run_dir, rate_com: float = 1.0) -> None:
     rec = summary["asynchronous"]
-    assert rec["steps"] == [STEPS] * 4
+    requests = round(STEPS * rate_com)
+    assert rec["requests"] == [requests] * 4 and rec["rate_com"] == rate_com
     ring = Topology("ring", 4).possible_edges
-    assert rec["exchanges"] > STEPS and set(rec["pairings"]) <= {f"{a}-{b}" for a, b in ring}
-    assert 2 * rec["exchanges"] + sum(rec["unpaired"]) == 4 * STEPS
+    assert rec["exchanges"] > requests and set(rec["pairings"]) <= {f"{a}-{b}" for a, b in ring}
+    assert 2 * rec["exchanges"] + sum(rec["unpaired"]) == 4 * requests
+    for measured in rec["comms_per_step"]:          # the authors' barrier keeps the rate
+        assert measured == pytest.approx(rate_com, rel=0.1)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sorted((r["worker"], r["round"]) for r in rows) == \
         [(w, k) for w in range(4) for k in range(STEPS)]
-    assert all(len(r["peers"]) <= 1 for r in rows)
+    assert all(len(r["peers"]) <= max(1, rate_com) for r in rows)
     evals = _evals(run_dir)
     assert evals[-1] < evals[0] - 0.3 and summary["final_eval_loss"] < evals[0]
 
@@ -53,12 +60,25 @@ def test_simulate_a2cid2_trains_records_and_repeats(tmp_path):
     assert off["asynchronous"]["eta"] == 0.0 and off["final_eval_loss"] != a["final_eval_loss"]
 
 
-def test_run_a2cid2_trains_and_records_steps_and_pairings(tmp_path):
+def test_simulate_a2cid2_keeps_its_rate_and_its_steps_land_at_their_time(tmp_path):
+    # rate 1/2: one exchange per two steps; the record's step spans are the nominal 0.05 s
+    summary = simulate(build_plan(_cfg(rate_com=0.5)), tmp_path / "half")
+    _check_record(summary, tmp_path / "half", rate_com=0.5)
+    rows = [json.loads(x) for x in (tmp_path / "half" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["step_span_s"][1] - r["step_span_s"][0] == pytest.approx(0.05) for r in rows)
+    assert sum("exchange_spans_s" in r for r in rows) == 4 * STEPS // 2   # one per slot
+
+
+@pytest.mark.parametrize("rate_com", [1.0, 2.0])
+def test_run_a2cid2_exchanges_while_it_steps_at_its_rate(tmp_path, rate_com):
     from gasloc_emu.emulator.launcher import launch
     from gasloc_emu.report.records import new_run_dir
-    cfg = _cfg()
+    cfg = _cfg(rate_com=rate_com)
     result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "r"))
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert result.code == 0 and summary["status"] == "ok", summary.get("error")
-    _check_record(summary, tmp_path / "r")
+    _check_record(summary, tmp_path / "r", rate_com)
     assert summary["drops"]["total"] == 0
+    # the exchanges happen while the same worker's step runs (sequentially this would be 0)
+    rec = summary["asynchronous"]
+    assert rec["exchange_s"] > 0 and rec["overlap_share"] > 0.5, rec

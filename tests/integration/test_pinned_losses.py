@@ -31,8 +31,11 @@ PINNED = {
              4.906894683837891),
     "local-gossip": ({"algo.name": "local-gossip", "topology.name": "matching"},
                      4.366450190544128),
+    # re-pinned when its exchanges moved to a lane of their own beside the gradient steps (a
+    # step's gradient is now taken before the slot's exchange, its update after): 4.907519...
+    # before, the one arm whose bits were meant to change
     "a2cid2": ({"algo.name": "a2cid2", "topology.name": "ring", "algo.local_steps": 0},
-               4.907519578933716),
+               4.908535122871399),
 }
 
 

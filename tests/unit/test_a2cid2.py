@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gasloc_emu.algorithms.a2cid2 import A2CiD2, acid_constants, laplacian, ode_mix
+from gasloc_emu.algorithms.a2cid2 import A2CiD2, Slots, acid_constants, laplacian, ode_mix
 from gasloc_emu.topology import Topology
 from gasloc_emu.training.pairing import Pairer
 
@@ -40,6 +40,32 @@ def test_regular_graph_laplacian_is_the_authors_i_minus_a_over_d():
     assert np.allclose(lap, np.eye(8) - adj / 2)
     eta, alpha_tilde = acid_constants(8, topo.possible_edges)
     assert 0 < eta < 1 and alpha_tilde > 0.5   # the ring's chi_1 is far above its chi_2
+
+
+def test_constants_at_rate_com_r_are_the_authors_laplacian_times_r():
+    # their compute_acid_constants multiplies the Laplacian by rate_com: chi_1 and chi_2 both
+    # shrink by R, so eta grows by R and alpha~ stays
+    edges = Topology("ring", 8).possible_edges
+    eta, at = acid_constants(8, edges)
+    for rate in (0.5, 2.0, 3.0):
+        eta_r, at_r = acid_constants(8, edges, rate)
+        assert eta_r == pytest.approx(rate * eta) and at_r == pytest.approx(at)
+
+
+@pytest.mark.parametrize(("rate", "steps", "exchanges"), [
+    (1, 1, 1), (2, 1, 2), (8, 1, 8), (0.5, 2, 1), (0.25, 4, 1), (1 / 3, 3, 1)])
+def test_slots_keep_rate_com_exchanges_per_step(rate, steps, exchanges):
+    slots = Slots.of(rate)
+    assert (slots.steps, slots.exchanges) == (steps, exchanges)
+    assert slots.requests(12) / 12 == pytest.approx(rate)   # 12 steps: whole slots
+    assert sum(slots.steps_in(k, 13) for k in range(slots.count(13))) == 13   # a short last
+
+
+@pytest.mark.parametrize("rate", [1.5, 9, 0.3, 1 / 65, 0])
+def test_slots_refuse_a_rate_the_barrier_cannot_keep(rate):
+    with pytest.raises(ValueError, match=r"algo.rate_com = .* is not allowed; expected a whole "
+                                         r"number 1..8 or 1/m with m a whole number 2..64"):
+        Slots.of(rate)
 
 
 class _Wire:
@@ -75,8 +101,8 @@ def _replay(events, xs, updates, momentum: bool):
             _, i, j, t = ev
             algos[i].send_half(j, label, thetas[i], t)
             algos[j].send_half(i, label, thetas[j], t)
-            algos[i].receive_half(j, label, thetas[i])
-            algos[j].receive_half(i, label, thetas[j])
+            algos[i].mix(thetas[i], algos[i].take(j, label), t)
+            algos[j].mix(thetas[j], algos[j].take(i, label), t)
     _replay.algos = algos   # for tests of x~
     return thetas
 
@@ -172,7 +198,7 @@ def test_pairer_pairs_only_neighbours_and_every_worker_takes_every_step(seed):
     for a, b in pairs:
         assert b is None or (min(a, b), max(a, b)) in topo.possible_edges
     rec = pairer.record()
-    assert rec["steps"] == [20] * 8
+    assert rec["requests"] == [20] * 8
     assert sum(rec["pairings"].values()) == rec["exchanges"]
     assert 2 * rec["exchanges"] + sum(rec["unpaired"]) == 8 * 20
 
@@ -188,12 +214,12 @@ def test_pairer_waits_for_a_free_neighbour_and_labels_in_order():
         p.ready(0 if got[0].peer == 2 else 2)   # still waiting: ready twice is refused
 
 
-def test_pairer_refuses_a_step_out_of_order():
+def test_pairer_refuses_a_request_out_of_order():
     p = Pairer(2, {(0, 1)}, 0)
-    assert p.ready(0, step=0) == []
-    assert len(p.ready(1, step=0)) == 2
-    with pytest.raises(ValueError, match="says step 2; it has taken 1"):
-        p.ready(0, step=2)
+    assert p.ready(0, request=0) == []
+    assert len(p.ready(1, request=0)) == 2
+    with pytest.raises(ValueError, match="says request 2; it has made 1"):
+        p.ready(0, request=2)
 
 
 def test_a_worker_whose_neighbours_finished_goes_on_alone():
@@ -209,3 +235,24 @@ def test_pairer_is_deterministic_for_a_seed():
     a = _drive(Pairer(8, topo.possible_edges, 4), 8, 10, 4)
     b = _drive(Pairer(8, topo.possible_edges, 4), 8, 10, 4)
     assert a == b and math.isfinite(len(a))
+
+
+def test_an_update_that_lands_during_the_transfer_is_kept_whole():
+    # the gradient lane's update u lands on x_0 between the send and the mix: the pair's sum
+    # ends as x_0 + x_1 + u (the authors' (x + x_j) / 2 with the live x would keep u / 2)
+    boxes: dict = {}
+    topo = Topology("ring", 2)
+    algos = [A2CiD2(i, _Wire(i, boxes), topo, momentum=False) for i in range(2)]
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(8, dtype=torch.float64, generator=gen) for _ in range(2)]
+    u = torch.randn(8, dtype=torch.float64, generator=gen)
+    thetas = [x.clone() for x in xs]
+    for a, th in zip(algos, thetas, strict=True):
+        a.begin(th)
+    algos[0].send_half(1, 1, thetas[0], 0.0)
+    algos[1].send_half(0, 1, thetas[1], 0.0)
+    thetas[0].add_(u)
+    algos[0].mix(thetas[0], algos[0].take(1, 1), 0.5)
+    algos[1].mix(thetas[1], algos[1].take(0, 1), 0.5)
+    assert torch.allclose(thetas[0] + thetas[1], xs[0] + xs[1] + u, atol=1e-12)
+    assert torch.allclose(thetas[0] - thetas[1], u, atol=1e-12)   # averaged, then u on top

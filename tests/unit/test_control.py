@@ -34,7 +34,7 @@ VALID = {
     "final": {"type": "final", "worker": 1, "eval_loss": 3.25, "dtype": "float32", "numel": 6,
               "counters": COUNTERS},
     "error": {"type": "error", "worker": 1, "error": "InjectedFault: worker 1 raise at round 2"},
-    "avail": {"type": "avail", "worker": 1, "step": 3, "finished": False},
+    "avail": {"type": "avail", "worker": 1, "request": 3, "finished": False},
     "round": {"type": "round", "worker": 2, "round": 4, "waiting": True},
 }
 PARSED = {
@@ -167,6 +167,11 @@ def test_the_probe_heartbeat_is_refused():
     ("metric", "row.time_s", 10**400, "metric.row.time_s"),
     ("metric", "row.dropped", MISSING, "metric.row.fields"),
     ("metric", "row.surprise", 1, "metric.row.fields"),
+    ("metric", "row.step_span_s", [2.0, 1.0], "metric.row.step_span_s"),   # ends before it starts
+    ("metric", "row.step_span_s", [1.0], "metric.row.step_span_s"),
+    ("metric", "row.step_span_s", [1.0, math.nan], "metric.row.step_span_s"),
+    ("metric", "row.exchange_spans_s", [[0.0, 1.0]] * 9, "metric.row.exchange_spans_s"),
+    ("metric", "row.exchange_spans_s", [[0.0, "1"]], "metric.row.exchange_spans_s"),
     ("final", "eval_loss", math.nan, "final.eval_loss"),
     ("final", "dtype", "int64", "final.dtype"),
     ("final", "dtype", "__class__", "final.dtype"),
@@ -187,9 +192,10 @@ def test_the_probe_heartbeat_is_refused():
     ("error", "diverged_at", {"worker": 1, "round": 9}, "error.diverged_at"),
     ("avail", "finished", 1, "avail.finished"),
     ("avail", "finished", MISSING, "avail.fields"),
-    ("avail", "step", -1, "avail.step"),
-    ("avail", "step", 5, "avail.step"),   # past the run's last step
-    ("avail", "step", 2.0, "avail.step"),
+    ("avail", "request", -1, "avail.request"),
+    ("avail", "request", 5, "avail.request"),   # past the run's last request (as many as rounds)
+    ("avail", "request", 2.0, "avail.request"),
+    ("avail", "step", 3, "avail.fields"),
     ("avail", "worker", 7, "avail.worker"),
     ("round", "waiting", 0, "round.waiting"),
     ("round", "waiting", MISSING, "round.fields"),
@@ -201,7 +207,20 @@ def test_every_field_is_checked(kind, path, value, reason):
     refused(changed(kind, path, value), reason)
 
 
+def test_a2cid2_s_requests_are_bounded_by_its_rate_not_by_rounds():
+    many = control.Expect(EXPECT.workers, EXPECT.rounds, EXPECT.numel, requests=4 * EXPECT.rounds)
+    assert control.parse(changed("avail", "request", 4 * EXPECT.rounds - 1), many).request \
+        == 4 * EXPECT.rounds - 1
+    with pytest.raises(ControlError):
+        control.parse(changed("avail", "request", 4 * EXPECT.rounds), many)
+
+
 def test_optional_fields_are_taken_when_valid():
+    row = control.parse(changed("metric", "row.step_span_s", [1.0, 1.5]), EXPECT).row
+    assert row["step_span_s"] == [1.0, 1.5]
+    spans = [[0.0, 0.5], [0.5, 0.5]]
+    assert control.parse(changed("metric", "row.exchange_spans_s", spans), EXPECT).row[
+        "exchange_spans_s"] == spans
     assert control.parse(changed("final", "eval_loss", None), EXPECT).eval_loss is None
     assert control.parse(changed("hb", "peer", None), EXPECT).peer is None
     err = control.parse(changed("error", "diverged_at", {"worker": 1, "round": 2}), EXPECT)
