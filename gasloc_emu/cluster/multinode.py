@@ -10,9 +10,12 @@ The protocol, as every node sees it (``launch_cluster``):
    shared secret; CURVE, i.e. encrypted too, unless ``run.security`` says plain), and to its
    peers over the data plane. Node 0's supervisor therefore sees all workers as on one host;
 3. liveness: every node beats in the store every half second and reports its workers that
-   died. Node 0 fails the run when a node is silent for ``run.heartbeat_timeout_s`` or reports a
-   dead worker, naming the node, its host and its workers; a node whose node 0 is silent (or
-   whose store is gone) kills its workers and exits failed;
+   died (with which process of the rank it was). Node 0 fails the run when a node is silent for
+   ``run.heartbeat_timeout_s`` or reports a dead worker, naming the node, its host and its
+   workers, unless the death is a scenario's leave: then, when the worker joins again, node 0
+   puts a ``Successor`` order in the store and the worker's node starts it (same address, the
+   join round), as one host's launcher does. A node whose node 0 is silent (or whose store is
+   gone) kills its workers and exits failed;
 4. end: node 0 writes how the run ended into the store and waits (briefly) until every node has
    read it; the other nodes let their workers exit, kill what is left, and exit with the run's
    code. Only node 0 writes a run record; the other nodes keep their workers' logs locally.
@@ -28,6 +31,7 @@ from gasloc_emu import exitcodes
 from gasloc_emu.cluster.rendezvous import (
     NodeInfo,
     Rendezvous,
+    Successor,
     config_hash,
     open_store,
     shared_config,
@@ -178,6 +182,16 @@ class ClusterSupervisor(Supervisor):
                          security=node.security, endpoints=(any_port, any_port))
         self.node = node
         self.next_beat_s = 0.0
+        self.lives = [0] * self.cfg.workers  # which process of each rank runs now
+
+    def _start_successor(self, s: WorkerSlot, start: int) -> None:
+        """A successor on another host: its node starts it when it reads the order."""
+        self.lives[s.rank] += 1
+        if s.rank in self.node.ranks:
+            super()._start_successor(s, start)
+            return
+        self.node.rdv.order_successor(Successor(s.rank, self.lives[s.rank], s.ready["addr"],
+                                                start))
 
     def launch_spec(self) -> LaunchSpec:
         return self.node.launch_spec()
@@ -225,10 +239,14 @@ class ClusterSupervisor(Supervisor):
 
     def _check_node(self, info: NodeInfo, rdv: Rendezvous, now: float) -> None:
         status = rdv.status(info.node)
-        if status is not None and status.dead:
-            rank, code = min(status.dead.items())
-            self._died(self.slots[rank], code, f"worker{rank}.log on node {info.node} "
-                                               f"({info.host})")
+        for rank, code in sorted(status.dead.items()) if status is not None else ():
+            s = self.slots[rank]
+            if s.gone or status.lives.get(rank, 0) != self.lives[rank]:
+                continue   # a departure already handled: the report is of an earlier process
+            leave = self._planned_leave(s) if s.final is None else None
+            if leave is None:
+                self._died(s, code, f"worker{rank}.log on node {info.node} ({info.host})")
+            self._departed(s, leave)
         silent = rdv.silent_s(info.node, now)
         if silent > self.cfg.run.heartbeat_timeout_s:
             raise self._node_silent(info, silent)
@@ -325,11 +343,16 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
 def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
     """This node's workers from start to exit; how node 0 says the run ended."""
     zygote = Zygote()
-    procs = {r: spawn_worker(local_dir, r, dev, node.network, node.security, zygote=zygote)
-             for r, dev in zip(node.ranks, node.devices, strict=True)}
+    devices = dict(zip(node.ranks, node.devices, strict=True))
+
+    def spawn(rank: int, rejoin: tuple[str, int] | None = None):
+        return spawn_worker(local_dir, rank, devices[rank], node.network, node.security,
+                            rejoin=rejoin, zygote=zygote)
+
+    procs = {r: spawn(r) for r in node.ranks}
     try:
         with SigTerm():
-            end = _watch(node, procs, master)
+            end = _watch(node, procs, master, spawn)
         reap(list(procs.values()), EXIT_GRACE_S)
         node.rdv.leave()
         return end
@@ -339,13 +362,16 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
             zygote.close()
 
 
-def _watch(node: Node, procs: dict, master: NodeInfo) -> dict:
-    """Beat until node 0 says the run ended; RunFailed when node 0 is gone or silent."""
+def _watch(node: Node, procs: dict, master: NodeInfo, spawn) -> dict:
+    """Beat until node 0 says the run ended, starting the successors it orders; RunFailed
+    when node 0 is gone or silent."""
     rdv, timeout_s = node.rdv, node.cfg.run.heartbeat_timeout_s
+    lives = dict.fromkeys(procs, 0)
     while True:
-        dead = {r: p.poll() for r, p in procs.items() if p.poll() not in (None, 0)}
         try:
-            rdv.beat(dead)
+            _successors(rdv, procs, lives, spawn)
+            dead = {r: p.poll() for r, p in procs.items() if p.poll() not in (None, 0)}
+            rdv.beat(dead, lives)
             end = rdv.ended()
             silent = rdv.silent_s(0, time.monotonic())
         except RuntimeError as exc:  # the store is gone with node 0 (DistNetworkError)
@@ -355,6 +381,18 @@ def _watch(node: Node, procs: dict, master: NodeInfo) -> dict:
         if silent > timeout_s:
             raise RunFailed(f"node 0 ({master.host}) silent for {silent:.0f} s")
         time.sleep(BEAT_S)
+
+
+def _successors(rdv: Rendezvous, procs: dict, lives: dict, spawn) -> None:
+    """Start the successor node 0 ordered for a worker of this node whose process ended (a
+    scenario's leave, then its join: ``Supervisor._departed``)."""
+    for rank, proc in procs.items():
+        if proc.poll() is None:
+            continue
+        order = rdv.successor(rank, lives[rank] + 1)
+        if order is not None:
+            procs[rank] = spawn(rank, (order.addr, order.start))
+            lives[rank] = order.life
 
 
 def agent_dir(cfg: Config, out: str | None, node: int, label: str = "run") -> Path:

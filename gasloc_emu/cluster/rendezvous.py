@@ -70,25 +70,51 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """A node's liveness: ``beat`` grows while it runs; ``dead`` = {rank: exit code}."""
+    """A node's liveness: ``beat`` grows while it runs; ``dead`` = {rank: exit code} of its
+    workers whose current process ended early; ``lives`` = {rank: n}, the n-th process of that
+    rank (0: the first; a scenario's successor after a leave is the next)."""
 
     node: int
     beat: int
     dead: dict = field(default_factory=dict)
+    lives: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({"node": self.node, "beat": self.beat,
-                           "dead": {str(k): v for k, v in self.dead.items()}})
+                           "dead": {str(k): v for k, v in self.dead.items()},
+                           "lives": {str(k): v for k, v in self.lives.items()}})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> NodeStatus:
         st = _typed(cls, text, "node status")
-        ok = all(isinstance(k, str) and k.isdecimal() and type(v) is int
-                 for k, v in st.dead.items())
-        if not ok:
-            raise RendezvousError(f"node status has a bad 'dead' map: {st.dead!r}; expected "
-                                  "worker rank -> integer exit code")
-        return cls(st.node, st.beat, {int(k): v for k, v in st.dead.items()})
+        return cls(st.node, st.beat, _rank_ints(st.dead, "dead", "integer exit code"),
+                   _rank_ints(st.lives, "lives", "process count >= 0"))
+
+
+def _rank_ints(raw: dict, name: str, what: str) -> dict[int, int]:
+    ok = all(isinstance(k, str) and k.isdecimal() and type(v) is int for k, v in raw.items())
+    if not ok or (name == "lives" and any(v < 0 for v in raw.values())):
+        raise RendezvousError(f"node status has a bad {name!r} map: {raw!r}; expected "
+                              f"worker rank -> {what}")
+    return {int(k): v for k, v in raw.items()}
+
+
+@dataclass(frozen=True)
+class Successor:
+    """Node 0's order to a node: start rank ``rank``'s process number ``life`` (a planned
+    departure's successor), on the address its predecessor bound, from round ``start``."""
+
+    rank: int
+    life: int
+    addr: str
+    start: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Successor:
+        return _typed(cls, text, "successor order")
 
 
 _TYPES = {"int": int, "str": str, "dict": dict, "tuple[str, ...]": list}
@@ -209,11 +235,26 @@ class Rendezvous:
         check_agreement(infos)
         return infos
 
-    def beat(self, dead: dict[int, int]) -> None:
-        """This node is alive; ``dead``: exit codes of its workers that ended early."""
+    def beat(self, dead: dict[int, int], lives: dict[int, int] | None = None) -> None:
+        """This node is alive; ``dead``: exit codes of its workers that ended early; ``lives``:
+        which process of each rank that is (``NodeStatus``)."""
         self.beats += 1
         self.store.set(f"status/{self.role.node_rank}",
-                       NodeStatus(self.role.node_rank, self.beats, dead).to_json())
+                       NodeStatus(self.role.node_rank, self.beats, dead, lives or {}).to_json())
+
+    def order_successor(self, order: Successor) -> None:
+        """Node 0: the node of ``order.rank`` is to start its next process."""
+        self.store.set(f"successor/{order.rank}/{order.life}", order.to_json())
+
+    def successor(self, rank: int, life: int) -> Successor | None:
+        """The order for ``rank``'s process number ``life``, once node 0 has given it."""
+        key = f"successor/{rank}/{life}"
+        if not self.store.check([key]):
+            return None
+        order = Successor.from_json(self.store.get(key))
+        if (order.rank, order.life) != (rank, life):
+            raise RendezvousError(f"the store's {key} is an order for {order.rank}/{order.life}")
+        return order
 
     def status(self, node: int) -> NodeStatus | None:
         key = f"status/{node}"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gasloc_emu import exitcodes
-from gasloc_emu.config import Config, ConfigError
+from gasloc_emu.config import Config
 from gasloc_emu.emulator.network import open_network
 from gasloc_emu.experiments import data as data_file
 from gasloc_emu.experiments.page import markdown_section, update_results_page
@@ -183,11 +183,6 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
     if dry_run:
         click.echo(describe_role(plan, role))
         return exitcodes.OK
-    if plan.world is not None and plan.world.churns:
-        # node 0 fixes events at a time for every host (its workers ask it at each round
-        # start), but a departure's process and its successor live on their own host
-        raise ConfigError("run.scenario: workers leave or join, which multi-node runs do not "
-                          "support yet; run it on one host, or drop the leave and join events")
     path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
     factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
         if role.is_master else None

@@ -209,9 +209,13 @@ class Supervisor:
         if start is None:
             s.gone = True
             return
+        self._start_successor(s, start)
+        s.ready, s.final, s.last_seen = None, None, time.monotonic()
+
+    def _start_successor(self, s: WorkerSlot, start: int) -> None:
+        """The departed worker's successor, on its address, from round ``start``."""
         s.proc = spawn_worker(self.dir, s.rank, s.device, self.network, self.security,
                               rejoin=(s.ready["addr"], start), zygote=self.zygote)
-        s.ready, s.final, s.last_seen = None, None, time.monotonic()
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
         return RunFailed(f"worker {s.rank} silent for {seconds:.0f} s {self._when(s)}")

@@ -82,19 +82,6 @@ def test_events_at_a_time_are_fixed_at_one_round_for_everyone(tmp_path, algo):
         assert again["final_eval_loss"] == summary["final_eval_loss"]
 
 
-def test_a_multi_node_run_refuses_a_leave_at_a_time_with_exit_2(tmp_path):
-    (tmp_path / "s.toml").write_text(
-        "[[event]]\ntype = 'leave'\nworker = 1\nat_s = 1.0\n")
-    result = CliRunner().invoke(main, [
-        "run", "--workers", "2", "--model", "tiny", "-R", "2", "--no-dashboard",
-        "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-        "--set", f"run.scenario={tmp_path / 's.toml'}", "--out", str(tmp_path / "r")],
-        catch_exceptions=True)
-    assert result.exit_code == 2, result.output
-    assert "workers leave or join, which multi-node runs do not support yet" in result.output
-    assert not (tmp_path / "r").exists()
-
-
 RUN_SCENARIO = """
 [[event]]
 type = "leave"

@@ -35,7 +35,7 @@ WALL_OVER_FLOOR = 3.0
 def hosts(tc_caps, tmp_path):
     """Run nodes on emulated hosts; returns hosts.py's RESULT (exit codes, output, leftovers)."""
     def run(nodes: list[dict], kill: dict | None = None, timeout_s: float = 150.0) -> dict:
-        args = {"hosts": 2, "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
+        args = {"hosts": len(nodes), "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
                 "log_dir": str(tmp_path)}
         proc = subprocess.run([sys.executable, str(HOSTS), json.dumps(args)], cwd=REPO,
                               capture_output=True, text=True, timeout=timeout_s + 60)
@@ -49,8 +49,8 @@ def _cli() -> list[str]:
     return [sys.executable, "-m", "gasloc_emu"]
 
 
-def _by_hand(rank: int, out: Path, *extra: str) -> dict:
-    argv = [*_cli(), "run", *BASE, "--nnodes", "2", "--node-rank", str(rank),
+def _by_hand(rank: int, out: Path, *extra: str, nnodes: int = 2) -> dict:
+    argv = [*_cli(), "run", *BASE, "--nnodes", str(nnodes), "--node-rank", str(rank),
             "--master-addr", MASTER, "--master-port", "29400", "--out", str(out), *extra]
     return {"host": rank, "argv": argv, "env": SECRET}
 
@@ -162,6 +162,37 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path)
     # within the by-hand test's bound: node 0's one worker has more CPU threads than simulate's
     assert ran.keys() == replayed.keys()
     assert all(ran[k] == pytest.approx(replayed[k], rel=1e-6) for k in ran)
+
+
+def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
+    """Three hosts with 1, 2 and 3 workers on random matchings; worker 4 (on the third host)
+    leaves at a time and joins again at a time: its node kills nothing itself, node 0 orders
+    its successor there. The run ends ok and `simulate --replay` gives its final loss."""
+    out, scenario = tmp_path / "rec", tmp_path / "churn.toml"
+    scenario.write_text("[[event]]\ntype = 'leave'\nworker = 4\nat_s = 0.3\n\n"
+                        "[[event]]\ntype = 'join'\nworker = 4\nat_s = 0.7\n")
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "10", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--scenario", str(scenario),
+                             # one CPU thread in every worker and in the replay, which sums in
+                             # the same order then (test_two_hosts_by_hand_equal_simulate)
+                             "--set", "run.threads_per_worker=1", "--set", "sim.batched=false",
+                             nnodes=3)
+                    for k in range(3)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["status"] == "ok", summary.get("error")
+    fixings = summary["membership"]["fixings"]
+    assert [f["index"] for f in fixings] == [0, 1] and fixings[0]["round"] < fixings[1]["round"]
+    worker4 = sorted(r for (w, r) in _losses(out) if w == 4)
+    assert len(worker4) < 10 and worker4[-1] == 9   # away for some rounds, back to the end
+    assert (tmp_path / "rec.node2" / "workers" / "worker4.log").exists()
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
+                             str(tmp_path / "replay")], capture_output=True, text=True)
+    assert replay.returncode == 0, replay.stderr
+    again = _summary(tmp_path / "replay")
+    assert again["final_eval_loss"] == pytest.approx(summary["final_eval_loss"], abs=1e-5)
+    assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
 
 
 def test_torchrun_launch(hosts, tmp_path):

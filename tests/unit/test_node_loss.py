@@ -20,12 +20,15 @@ class Store:
     def __init__(self, beats: int, how: str):
         self.beats, self.how, self.left = beats, how, False
 
-    def beat(self, dead):
+    def beat(self, dead, lives=None):
         self.beats -= 1
         if self.beats < 0 and self.how == "gone":
             raise RuntimeError("Connection reset by peer\nmore of torch's message")
 
     def ended(self):
+        return None
+
+    def successor(self, rank, life):
         return None
 
     def silent_s(self, node, now):
@@ -42,7 +45,7 @@ def test_a_lost_node_0_ends_this_nodes_run_and_its_workers(monkeypatch, tmp_path
                                                            error):
     procs = []
 
-    def spawn(run_dir, rank, device, network, security, zygote=None):
+    def spawn(run_dir, rank, device, network, security, rejoin=None, zygote=None):
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                       start_new_session=True))
         return procs[-1]
@@ -58,3 +61,29 @@ def test_a_lost_node_0_ends_this_nodes_run_and_its_workers(monkeypatch, tmp_path
     assert str(got.value) == error
     assert time.monotonic() - t0 < 5.0
     assert len(procs) == 2 and not [p.pid for p in procs if alive(p.pid)]
+
+
+def test_a_node_starts_the_successor_node_0_orders_for_a_departed_worker():
+    """A scenario's leave ended rank 3's process here; node 0 orders its next life: this node
+    starts it on the predecessor's address from the join round, once, and reports the life."""
+    class Order:
+        orders = {(3, 1): SimpleNamespace(rank=3, life=1, addr="tcp://198.18.0.2:40003",
+                                          start=6)}
+
+        def successor(self, rank, life):
+            return self.orders.get((rank, life))
+
+    class Proc:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    started = []
+    procs, lives = {2: Proc(None), 3: Proc(-9)}, {2: 0, 3: 0}
+    spawn = lambda rank, rejoin: started.append((rank, rejoin)) or Proc(None)  # noqa: E731
+    multinode._successors(Order(), procs, lives, spawn)
+    assert started == [(3, ("tcp://198.18.0.2:40003", 6))] and lives == {2: 0, 3: 1}
+    multinode._successors(Order(), procs, lives, spawn)   # alive now: nothing more
+    assert len(started) == 1 and procs[3].poll() is None

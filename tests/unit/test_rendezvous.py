@@ -21,6 +21,7 @@ from gasloc_emu.cluster.rendezvous import (
     NodeStatus,
     Rendezvous,
     RendezvousError,
+    Successor,
     check_agreement,
     config_diff,
     config_hash,
@@ -181,9 +182,9 @@ def test_node_status_round_trips_through_json(node, beat, dead):
 
 
 def test_node_status_json_has_string_ranks_and_dead_defaults_to_empty():
-    assert json.loads(NodeStatus(2, 7, {5: 137}).to_json()) == \
-        {"node": 2, "beat": 7, "dead": {"5": 137}}
-    assert NodeStatus.from_json('{"node": 1, "beat": 3}') == NodeStatus(1, 3, {})
+    assert json.loads(NodeStatus(2, 7, {5: 137}, {5: 1}).to_json()) == \
+        {"node": 2, "beat": 7, "dead": {"5": 137}, "lives": {"5": 1}}
+    assert NodeStatus.from_json('{"node": 1, "beat": 3}') == NodeStatus(1, 3, {}, {})
     assert NodeStatus(1, 3).dead == {} and NodeStatus(1, 3).dead is not NodeStatus(2, 3).dead
 
 
@@ -206,6 +207,21 @@ def test_node_status_json_has_string_ranks_and_dead_defaults_to_empty():
 def test_a_bad_node_status_is_refused_naming_what_is_wrong(text, match):
     with pytest.raises(RendezvousError, match=match):
         NodeStatus.from_json(text)
+
+
+def test_a_process_count_that_is_not_a_count_is_refused():
+    with pytest.raises(RendezvousError, match="bad 'lives' map"):
+        NodeStatus.from_json('{"node": 1, "beat": 2, "lives": {"1": -1}}')
+    assert NodeStatus.from_json('{"node": 1, "beat": 2, "lives": {"1": 2}}').lives == {1: 2}
+
+
+def test_a_successor_order_round_trips_and_is_checked():
+    order = Successor(4, 1, "tcp://198.18.0.3:40004", 6)
+    assert Successor.from_json(order.to_json()) == order
+    with pytest.raises(RendezvousError, match="successor order in the store has the wrong"):
+        Successor.from_json('{"rank": 4, "life": 1, "addr": "x"}')
+    with pytest.raises(RendezvousError, match="start = '6' is not a int"):
+        Successor.from_json('{"rank": 4, "life": 1, "addr": "x", "start": "6"}')
 
 
 @pytest.mark.parametrize("code", ["3.7", "true", '"3"'])
