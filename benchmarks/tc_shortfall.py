@@ -65,16 +65,39 @@ def kernel_view(wrap) -> dict:
                         for d in devs if d.get("ifname")}}
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> dict[str, int]:
+    """The machine's CPU time by kind so far (/proc/stat's first line, in clock ticks)."""
+    with open("/proc/stat") as f:
+        values = f.readline().split()[1:1 + len(CPU_FIELDS)]
+    return dict(zip(CPU_FIELDS, map(int, values), strict=True))
+
+
+def cpu_shares(before: dict, after: dict) -> dict[str, float]:
+    """Each kind's share of the CPU time between two ``cpu_times``: what else the machine did
+    while the links were probed (another process, softirq work, a hypervisor's steal)."""
+    delta = {k: after[k] - before[k] for k in CPU_FIELDS}
+    total = sum(delta.values()) or 1
+    return {k: round(v / total, 4) for k, v in delta.items()}
+
+
 def one_setup(net: NetConfig, seconds: float) -> dict:
     plan = build_link_plan(net, 4, seed=0)
     with NetworkSession(plan, choose_shaper("tc", probe())) as session:
+        before = cpu_times()
         rows = probe_links(session, seconds_per_link=seconds, parallel=True, pings=3)
+        cpu = cpu_shares(before, cpu_times())
         views = {str(r): kernel_view(lambda argv, r=r: session.wrap(r, argv)) for r in range(4)}
         views["host"] = kernel_view(lambda argv: argv)
     fast = [r["ratio"] for r in rows if r["configured_mbit"] == 20.0]
+    ratios = [r["ratio"] for r in rows]
     return {"ratios": {f"{r['src']}->{r['dst']}": r["ratio"] for r in rows},
             "short": bool(fast) and max(fast) < SHORT, "min_fast": min(fast, default=None),
-            "max_fast": max(fast, default=None), "kernel": views}
+            "max_fast": max(fast, default=None), "min_all": min(ratios), "max_all": max(ratios),
+            "within_5pct": all(0.95 <= x <= 1.05 for x in ratios), "cpu": cpu,
+            "kernel": views}
 
 
 def main() -> int:
@@ -92,7 +115,7 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(PROFILE)
     net = NetConfig(bw_profile=f.name, shaper="tc")
-    t0, shortfalls = time.monotonic(), 0
+    t0, shortfalls, run, longest = time.monotonic(), 0, 0, 0
     with open(args.out, "w") as out:
         for n in range(args.setups):
             if time.monotonic() - t0 > args.budget_s or shortfalls >= args.stop_after:
@@ -101,9 +124,17 @@ def main() -> int:
             shortfalls += rec["short"]
             out.write(json.dumps(rec) + "\n")
             out.flush()
-            print(f"set-up {n}: fast links {rec['min_fast']:.3f}-{rec['max_fast']:.3f}"
-                  f"{'  SHORT' if rec['short'] else ''}", flush=True)
-    print(f"{shortfalls} shortfall(s) in {n + 1} set-ups; details in {args.out}")
+            run = run + 1 if rec["within_5pct"] else 0
+            longest = max(longest, run)
+            cpu = rec["cpu"]
+            print(f"set-up {n}: fast links {rec['min_fast']:.3f}-{rec['max_fast']:.3f}, all "
+                  f"{rec['min_all']:.3f}-{rec['max_all']:.3f}; cpu idle {cpu['idle']:.2f} "
+                  f"softirq {cpu['softirq']:.2f} steal {cpu['steal']:.2f} other user+sys "
+                  f"{cpu['user'] + cpu['nice'] + cpu['system']:.2f}"
+                  f"{'  SHORT' if rec['short'] else ''}"
+                  f"{'' if rec['within_5pct'] else '  OUTSIDE 5%'}", flush=True)
+    print(f"{shortfalls} shortfall(s) in {n + 1} set-ups; longest run of consecutive set-ups "
+          f"with every link within 5 %: {longest}; details in {args.out}")
     return 0
 
 
