@@ -7,25 +7,32 @@ from __future__ import annotations
 from gasloc_emu.config import Config
 
 
-def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] | None = None):
+def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] | None = None,
+                        plays_links: bool = False):
     """The decision of a multi-node run from what each node lacks for tc ("" = nothing).
 
     ``auto`` takes tc when every node can, else the userspace shaper (naming the node that
     cannot); ``tc`` with a node that cannot is refused on every node before anything starts.
+    ``plays_links``: the scenario changes links during the run, which host tc does not apply
+    yet: ``auto`` takes the userspace shaper, ``tc`` is refused, before anything starts.
     """
     from netem.capabilities import CapabilityError, Decision
     if not shaped(cfg):
         why = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
         return Decision("none", "none", why)
     lacking = {k: why for k, why in (missing_by_node or {}).items() if why}
+    if plays_links:
+        lacking = {-1: "the scenario changes links during the run (link events, a trace or a "
+                       "partition), which host tc does not apply yet"}
     if cfg.net.shaper == "userspace":
         return _userspace(link_plan, "userspace shaper requested")
     if lacking:
         k, why = min(lacking.items())
+        where = "across hosts" if k < 0 else f"on node {k}"
         if cfg.net.shaper == "tc":
-            raise CapabilityError(f"net.shaper = 'tc' is not possible on node {k}: {why}; use "
+            raise CapabilityError(f"net.shaper = 'tc' is not possible {where}: {why}; use "
                                   "net.shaper = 'auto' or 'userspace'")
-        return _userspace(link_plan, f"auto: tc is not possible on node {k} ({why})")
+        return _userspace(link_plan, f"auto: tc is not possible {where} ({why})")
     from netem.hosttc import check_host_plan
     check_host_plan(link_plan)
     return Decision("tc", "release-queue", f"{'auto: ' if cfg.net.shaper == 'auto' else ''}"

@@ -101,6 +101,10 @@ def _gpu_count(want: str) -> int:
     return torch.cuda.device_count() if want != "cpu" else 0
 
 
+def _plays_links(plan: RunPlan) -> bool:
+    return plan.world is not None and plan.world.plays_links
+
+
 class Node:
     """What one node knows about the run once it has a role, keys, network and devices."""
 
@@ -110,7 +114,8 @@ class Node:
         self.security = security_for(cfg, secret)
         self.addr = route_address(role.master_addr, role.master_port)
         self.devices = worker_devices(cfg.run.device, local_worker_count(cfg, role))
-        self.network = HostNetwork(cfg, plan.link_plan, self.addr, len(self.devices))
+        self.network = HostNetwork(cfg, plan.link_plan, self.addr, len(self.devices),
+                                   _plays_links(plan))
         self.rdv: Rendezvous | None = None
         self.infos: list[NodeInfo] = []
 
@@ -421,7 +426,7 @@ def launch_cluster(plan: RunPlan, path: Path | None, role: NodeRole, *,
 def describe_role(plan: RunPlan, role: NodeRole) -> str:
     """What ``run --dry-run`` prints on one node of a multi-node run (nothing is started)."""
     cfg = plan.cfg
-    decision = multi_host_decision(cfg, plan.link_plan)
+    decision = multi_host_decision(cfg, plan.link_plan, plays_links=_plays_links(plan))
     store = "torchrun's agent store" if role.use_agent_store else (
         "hosted here" if role.is_master else "hosted by node 0")
     return (f"# node {role.node_rank} of {role.nnodes} (from {role.source}); store "

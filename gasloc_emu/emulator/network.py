@@ -172,8 +172,10 @@ class HostNetwork:
       well under a link's latency (NTP does a few ms); skew moves latency, never rates.
     """
 
-    def __init__(self, cfg: Config, link_plan, addr: str, local_workers: int):
+    def __init__(self, cfg: Config, link_plan, addr: str, local_workers: int,
+                 plays_links: bool = False):
         self.cfg, self.addr, self.link_plan = cfg, addr, link_plan
+        self.plays_links = plays_links  # the scenario changes links: tc is not taken
         self.plan = link_plan if shaped(cfg) else None
         self.tc_missing = _host_tc_missing() if self.plan is not None and \
             cfg.net.shaper in ("auto", "tc") else "not asked for"
@@ -198,7 +200,8 @@ class HostNetwork:
                local: list[int]) -> None:
         """The run's shaper from what every node can do (the same answer on every node), then
         this node's part of it. ``nodes``: (address, port base, workers) per node, in order."""
-        self.decision = multi_host_decision(self.cfg, self.link_plan, missing_by_node)
+        self.decision = multi_host_decision(self.cfg, self.link_plan, missing_by_node,
+                                            self.plays_links)
         rank = 0
         for addr, base, count in nodes:
             for i in range(count):
@@ -223,7 +226,8 @@ class HostNetwork:
 
     def change_links(self, changes: dict) -> None:
         """Under the userspace shaper the workers apply a scenario's link changes; host tc
-        classes are not changed by scenarios yet, so that is refused, never skipped."""
+        classes are not changed by scenarios yet, so tc is not taken for such a scenario
+        (``multi_host_decision``), and a change that comes anyway is an error, never skipped."""
         if changes and self.shaper == "tc":
             raise RuntimeError("a scenario's link changes on a multi-node tc network are not "
                                "applied yet; use net.shaper = 'userspace'")

@@ -213,6 +213,13 @@ class World:
         them)."""
         return self.links is not None and self.links.changes_links
 
+    @property
+    def plays_links(self) -> bool:
+        """Whether the network must change links during the run: link events, a link trace,
+        or a partition's cuts and restores."""
+        return self.links is not None and (bool(self.links.changes) or self.partitions
+                                           or self.links.timed is not None)
+
     def cut_edges(self, t: int) -> frozenset:
         """The undirected edges a partition cuts in round t."""
         return self.links.cut_edges(t) if self.links is not None else frozenset()

@@ -163,3 +163,35 @@ def test_the_round_link_model_times_each_message_by_its_round():
         clock.report(1, Recv((1, 0, rnd, "z")))
     clock.report(1, Done())
     assert clock.now_s == pytest.approx(2.0 + 4.0)   # round 2 at 4 Mbit/s, round 3 at 2
+
+
+@pytest.mark.parametrize(("scenario", "plays"), [
+    (None, False),
+    ("[[event]]\ntype = 'partition'\ngroups = [[0, 1], [2, 3]]\nround = 2\nend_round = 4\n",
+     True),
+    ("[[event]]\ntype = 'link'\nlink = [0, 1]\nround = 2\nrate_mbit = 5\n", True),
+    ("[[event]]\ntype = 'speed'\nworker = 1\nround = 2\nspeed = 0.5\n", False),
+])
+def test_a_multi_host_run_takes_tc_only_when_no_link_changes_during_the_run(
+        tmp_path, scenario, plays):
+    """Host tc does not change its classes mid-run: a scenario that would is given the
+    userspace shaper under auto, and refused under tc, before anything starts."""
+    from gasloc_emu.netplan import multi_host_decision
+    from gasloc_emu.plan import build_plan
+    from netem.capabilities import CapabilityError
+    sets = {"workers": 4, "run.rounds": 6, "net.bw_profile": "uniform", "net.rate_mbit": 10.0}
+    if scenario is not None:
+        (tmp_path / "s.toml").write_text(scenario)
+        sets["run.scenario"] = str(tmp_path / "s.toml")
+    plan = build_plan(C.resolve(overrides=sets), data=False)
+    got = plan.world is not None and plan.world.plays_links
+    assert got == plays
+    auto = multi_host_decision(plan.cfg, plan.link_plan, {0: "", 1: ""}, got)
+    assert auto.shaper == ("userspace" if plays else "tc")
+    tc = C.replace(plan.cfg, **{"net.shaper": "tc"})
+    if plays:
+        with pytest.raises(CapabilityError, match="not possible across hosts: the scenario "
+                                                  "changes links during the run"):
+            multi_host_decision(tc, plan.link_plan, {0: "", 1: ""}, got)
+    else:
+        assert multi_host_decision(tc, plan.link_plan, {0: "", 1: ""}, got).shaper == "tc"
