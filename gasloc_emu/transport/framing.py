@@ -18,6 +18,9 @@ Header keys (version 1):
     sent_at     float optional: when the sender handed the message to its transport
                 (time.time()); only ever used to measure links (``mailbox.LinkTally``), never
                 for control, because a sender may claim anything
+    seq         int   optional: the sender's count of messages to this receiver before this
+                one; a gap is messages that never arrived (``mailbox.Numbering``), such as
+                those libzmq cut at its size limit with the connection they were on
 
 Exact checks. With a ``schema`` (``schema.WireSchema``; the transport always passes one) the
 kind must be one the sender sends this receiver ("kind") and the shape exactly the one the
@@ -42,7 +45,8 @@ MAX_DIMS = 16
 # A version-1 header is about 100 bytes; anything much longer is not one of ours.
 MAX_HEADER_BYTES = 1024
 _REQUIRED_KEYS = frozenset({"v", "src", "round", "kind", "dtype", "shape", "nbytes"})
-_KNOWN_KEYS = _REQUIRED_KEYS | {"deliver_at", "sent_at"}
+_KNOWN_KEYS = _REQUIRED_KEYS | {"deliver_at", "sent_at", "seq"}
+MAX_SEQ = 1 << 62
 # optional float header keys: each must be a finite number when present
 _TIME_KEYS = ("deliver_at", "sent_at")
 # the dtypes a schema may name: the plane's values and compressed frames
@@ -51,11 +55,15 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.
 
 
 class FrameError(ValueError):
-    """A received message is malformed or unwanted; ``reason`` is a short code for drop counters."""
+    """A received message is malformed or unwanted; ``reason`` is a short code for drop counters.
+    ``numbered``: (src, seq) when the refused message's sender and number are known (its src a
+    peer, the connection's own on an authenticated plane), so that it is not also counted as
+    never arrived."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.numbered: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,7 @@ class Message:
     tensor: torch.Tensor
     deliver_at: float | None = None
     sent_at: float | None = None
+    seq: int | None = None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -75,8 +84,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 # -- encoding (our own, trusted tensors: errors are programming errors, hence ValueError)
 
 def encode(src: int, round: int, kind: str, tensor: torch.Tensor,
-           deliver_at: float | None = None,
-           sent_at: float | None = None) -> tuple[bytes, memoryview]:
+           deliver_at: float | None = None, sent_at: float | None = None,
+           seq: int | None = None) -> tuple[bytes, memoryview]:
     """Header bytes and a zero-copy view of ``tensor``'s memory, ready for ``send_multipart``.
 
     The view keeps ``tensor``'s storage alive, so the caller may drop its own reference; it must
@@ -89,6 +98,8 @@ def encode(src: int, round: int, kind: str, tensor: torch.Tensor,
     for name, value in (("deliver_at", deliver_at), ("sent_at", sent_at)):
         if value is not None:
             header[name] = float(value)
+    if seq is not None:
+        header["seq"] = int(seq)
     return msgpack.packb(header), _payload_view(tensor)
 
 
@@ -128,9 +139,36 @@ def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_n
         raise FrameError("frames", f"expected 2 frames, got {count}")
     header = _unpack_header(_buffer_of(frames[0]))
     _check_keys(header)
+    try:
+        return _decode_checked(header, frames, world_size, self_rank, dtype, max_numel,
+                               round_window, schema, authenticated_as)
+    except FrameError as exc:
+        exc.numbered = _numbered(header, world_size, self_rank, authenticated_as)
+        raise
+
+
+def _numbered(header: dict, world_size: int, self_rank: int,
+              authenticated_as: str | None) -> tuple[int, int] | None:
+    """(src, seq) of a refused message whose sender is a peer (the connection's, when it is
+    authenticated) and whose number is valid; else None."""
+    src, seq = header["src"], header.get("seq")
+    if not (_is_int(src) and 0 <= src < world_size and src != self_rank and _is_int(seq)
+            and 0 <= seq < MAX_SEQ):
+        return None
+    if authenticated_as is not None and authenticated_as != user_id(src):
+        return None
+    return src, seq
+
+
+def _decode_checked(header: dict, frames, world_size: int, self_rank: int, dtype: torch.dtype,
+                    max_numel: int, round_window: tuple[int, int], schema: WireSchema | None,
+                    authenticated_as: str | None) -> Message:
     _check_identity(header, world_size, self_rank, round_window)
     if authenticated_as is not None:
         _check_sender(header["src"], authenticated_as)
+    seq = header.get("seq")
+    if seq is not None and (not _is_int(seq) or not 0 <= seq < MAX_SEQ):
+        raise FrameError("seq", f"seq {seq!r} is not an int in [0, {MAX_SEQ})")
     wire = None
     if schema is None:
         shape, numel = _check_shape(header, dtype, max_numel)
@@ -144,7 +182,8 @@ def decode(frames, *, world_size: int, self_rank: int, dtype: torch.dtype, max_n
         _check_codec(schema, tensor, wire.values)
     at, sent = header.get("deliver_at"), header.get("sent_at")
     return Message(header["src"], header["round"], header["kind"], tensor,
-                   None if at is None else float(at), None if sent is None else float(sent))
+                   None if at is None else float(at), None if sent is None else float(sent),
+                   seq)
 
 
 def _buffer_of(frame) -> memoryview:

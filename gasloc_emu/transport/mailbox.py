@@ -171,9 +171,10 @@ class Mailbox:
         else:
             heapq.heappush(self._pending, (release_s, next(self._seq), msg))
 
-    def refuse(self, reason: str) -> None:
-        """Count a message dropped for ``reason`` (also those framing refused to decode)."""
-        self._drops[reason] += 1
+    def refuse(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` messages dropped for ``reason`` (also those framing refused to
+        decode, and those that never arrived)."""
+        self._drops[reason] += count
 
     def _refusal(self, msg: Message) -> str | None:
         if not 0 <= msg.src < self.world_size or msg.src == self.rank:
@@ -311,6 +312,25 @@ def _check_config(rank: int, world_size: int, max_rounds_ahead: int, bounds: Pee
         raise ValueError(f"max_rounds_ahead must be an int >= 1, got {max_rounds_ahead!r}")
     if not isinstance(bounds, PeerBounds):
         raise TypeError(f"bounds must be a PeerBounds, got {type(bounds).__name__}")
+
+
+class Numbering:
+    """Per sender: the number its next message should carry (``framing``'s ``seq``). A message
+    numbered past it means the ones between never arrived: libzmq cut them at its size limit
+    (MAXMSGSIZE), with the connection they were on, before they existed here. The first message
+    seen from a sender sets its count (a joiner hears senders mid-stream), and a number below
+    the count starts it again (the sender is a successor, counting from 0)."""
+
+    def __init__(self):
+        self._next: dict[int, int] = {}
+
+    def note(self, src: int, seq: int | None) -> int:
+        """Messages from ``src`` that never arrived before this one numbered ``seq``."""
+        if seq is None:
+            return 0
+        expected = self._next.get(src)
+        self._next[src] = seq + 1
+        return 0 if expected is None or seq < expected else seq - expected
 
 
 @dataclass

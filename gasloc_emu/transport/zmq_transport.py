@@ -60,7 +60,15 @@ import zmq
 from gasloc_emu.transport import auth, framing
 from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportError
 from gasloc_emu.transport.framing import FrameError
-from gasloc_emu.transport.mailbox import Key, LinkUse, Mailbox, PeerBounds, RecvLinks, Shaping
+from gasloc_emu.transport.mailbox import (
+    Key,
+    LinkUse,
+    Mailbox,
+    Numbering,
+    PeerBounds,
+    RecvLinks,
+    Shaping,
+)
 from gasloc_emu.transport.schema import WireSchema
 from gasloc_emu.transport.zmq_sockets import DataSockets, check_tcp_addr
 
@@ -103,6 +111,8 @@ class ZmqTransport(TransportBase):
         # before TransportBase zeroes ``dropped``, which the mailbox counts
         self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
         self.link_log = RecvLinks()  # what the messages taken say about their links
+        self.numbering = Numbering()   # each sender's message count: gaps never arrived
+        self._numbers: dict[int, int] = {}  # this worker's messages so far, per peer
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
         self.link_ports = link_ports
@@ -172,9 +182,11 @@ class ZmqTransport(TransportBase):
         nbytes = tensor.numel() * tensor.element_size()
         sent_at = time.time()  # one instant for the stamp and the receiver's link measurement
         deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, sent_at)
-        frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at, sent_at)
+        seq = self._numbers.get(peer, 0)
+        frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at, sent_at, seq)
         self._wait_until(lambda: _try_send(sock, frames),
                          f"room to send {kind!r} of round {round_idx} to worker {peer}", sock)
+        self._numbers[peer] = seq + 1
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         self._check_open()
@@ -317,9 +329,18 @@ class ZmqTransport(TransportBase):
                                  round_window=self.mailbox.window(), schema=self.schema,
                                  authenticated_as=user)
         except FrameError as exc:
+            if exc.numbered is not None:
+                self._count_lost(self.numbering.note(*exc.numbered))
             self.mailbox.refuse(exc.reason)
             return
+        self._count_lost(self.numbering.note(msg.src, msg.seq))
         self.mailbox.accept(msg, arrival_s)
+
+    def _count_lost(self, n: int) -> None:
+        """Messages their sender numbered but that never arrived (cut by libzmq's size limit
+        with their connection): dropped, reason "lost"."""
+        if n:
+            self.mailbox.refuse("lost", n)
 
     # -- lifecycle
 

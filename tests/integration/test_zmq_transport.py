@@ -403,6 +403,35 @@ def test_an_oversized_frame_is_cut_off_by_libzmq_and_the_transport_carries_on():
         ctx.term()
 
 
+def test_a_numbered_message_cut_at_the_size_limit_is_counted_as_lost():
+    """A peer's frame over MAXMSGSIZE never exists here (libzmq drops its connection), but the
+    sender's next message, after it reconnects, is numbered past it: one "lost" drop."""
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.PUSH)
+    try:
+        with _local_pair(model_numel=1000, max_numel=1000) as (_, b):
+            peer.connect(b.address)
+            peer.send_multipart(framing.encode(0, 0, "z", torch.ones(1000), seq=0))
+            assert torch.equal(b.recv(0, 0, "z"), torch.ones(1000))
+            peer.send_multipart(framing.encode(0, 1, "z", torch.ones(1001), seq=1))  # cut
+            time.sleep(0.3)   # libzmq reads and cuts it; the PUSH socket reconnects
+            peer.send_multipart(framing.encode(0, 1, "z", torch.full((1000,), 2.0), seq=2))
+            assert torch.equal(b.recv(0, 1, "z"), torch.full((1000,), 2.0))
+            assert b.counters()["drop_reasons"] == {"lost": 1}
+    finally:
+        peer.close(linger=0)
+        ctx.term()
+
+
+def test_a_pair_numbers_its_messages_and_loses_none():
+    with _local_pair() as (a, b):
+        for r in range(3):
+            a.send(1, r, "z", torch.full((10,), float(r)))
+        assert [float(b.recv(0, r, "z")[0]) for r in range(3)] == [0.0, 1.0, 2.0]
+        assert b.numbering.note(0, 3) == 0 and a._numbers == {1: 3}
+        assert b.counters()["drop_reasons"] == {}
+
+
 # -- authenticated planes (ZAP): who may connect, and who a message is really from
 
 def _security(mode: str = "plain", workers: int = 2) -> auth.Security:

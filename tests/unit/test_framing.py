@@ -383,3 +383,25 @@ def test_a_header_naming_anyone_but_the_authenticated_peer_is_spoofed(user):
     frames = _frames(_valid_header(shape=[6]))
     assert _strict_reason(frames, authenticated_as=user) == "spoofed"
     assert _strict(frames).src == 1  # an unauthenticated plane cannot tell
+
+
+# -- numbering
+
+def test_a_message_keeps_its_number_and_a_bad_number_is_refused():
+    assert _decode(_frames(_valid_header(seq=7))).seq == 7
+    assert _decode(_frames(_valid_header())).seq is None
+    for bad in (-1, 1.0, True, framing.MAX_SEQ, "3"):
+        assert _reason(_frames(_valid_header(seq=bad))) == "seq"
+
+
+@pytest.mark.parametrize(("header", "user", "numbered"), [
+    (_valid_header(seq=4, round=99), None, (1, 4)),       # refused (round), but numbered
+    (_valid_header(seq=4, shape=[9]), "w1", (1, 4)),      # its connection is worker 1's
+    (_valid_header(seq=4, shape=[9]), "w2", None),        # spoofed: not counted for worker 1
+    (_valid_header(seq=4, src=0, shape=[9]), None, None),  # from itself: no peer
+    (_valid_header(seq=-4, shape=[9]), None, None),       # no valid number
+])
+def test_a_refused_message_says_whose_number_it_was(header, user, numbered):
+    with pytest.raises(FrameError) as info:
+        _decode(_frames(header), authenticated_as=user)
+    assert info.value.numbered == numbered

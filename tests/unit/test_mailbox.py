@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu.transport.framing import Message
-from gasloc_emu.transport.mailbox import Mailbox, PeerBounds
+from gasloc_emu.transport.mailbox import Mailbox, Numbering, PeerBounds
 from gasloc_emu.transport.zmq_transport import Shaping as ReexportedShaping
 from gasloc_emu.transport.zmq_transport import ZmqTransport, _peer_bounds
 from netem.userspace import MAX_QUEUE_S, RELEASE_SLACK_S, LinkShaper, shaping_from_spec
@@ -464,3 +464,24 @@ def test_the_transport_passes_its_bounds_to_the_mailbox():
 def test_the_transport_refuses_a_byte_bound_below_one_model():
     with pytest.raises(ValueError, match=r"max_bytes_per_peer 39 .* allowed: >= 40"):
         ZmqTransport(0, 2, "tcp://127.0.0.1:0", max_numel=10, max_bytes_per_peer=39)
+
+
+# -- numbering: messages a sender numbered that never arrived
+
+def test_numbering_counts_the_gap_before_a_message():
+    n = Numbering()
+    assert n.note(2, 0) == 0 and n.note(2, 1) == 0
+    assert n.note(2, 4) == 2          # 2 and 3 never arrived
+    assert n.note(2, 5) == 0 and n.note(3, 7) == 0   # each sender apart; a first one sets it
+    assert n.note(2, None) == 0       # an unnumbered message says nothing
+    assert n.note(2, 0) == 0 and n.note(2, 2) == 1   # a successor counts from 0 again
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=60))
+def test_numbering_counts_exactly_the_messages_removed_after_the_first(arrived):
+    """Any subset of a sender's stream arrives in order: the lost count is what is missing
+    between the first and the last that arrived."""
+    n, seen = Numbering(), [k for k, ok in enumerate(arrived) if ok]
+    lost = sum(n.note(0, k) for k in seen)
+    assert lost == (seen[-1] - seen[0] + 1 - len(seen) if seen else 0)
