@@ -145,12 +145,13 @@ def _links_table(snap: Snapshot) -> Table:
              if snap.links_in_use > len(snap.links) else "links (longest at their rate first)")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
-    for name in ("link", "configured", "last 3 s", "moved", "busy", ""):
+    for name in ("link", "configured", "sending at", "last 3 s", "moved", "busy", ""):
         table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in snap.links:
         busy = f"{lk.busy_s:.1f} s" if lk.configured_mbit else "-"
-        table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit), fmt.mbit(lk.mbit_now),
-                      fmt.nbytes(lk.bytes), busy, f"{lk.dst} waits" if lk.waited else "")
+        table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit),
+                      fmt.mbit(lk.sending_mbit), fmt.mbit(lk.mbit_now), fmt.nbytes(lk.bytes),
+                      busy, f"{lk.dst} waits" if lk.waited else "")
     return table
 
 

@@ -80,6 +80,9 @@ class LinkView:
     mbit_now: float | None
     bytes: int
     waited: bool = False  # dst waits for src now
+    # its messages' bytes over their transfer times so far: the rate while it carries one
+    # (links.json's training goodput), whatever share of the time it is idle
+    sending_mbit: float | None = None
 
     @property
     def busy_s(self) -> float:
@@ -297,8 +300,10 @@ class DashboardState:
 
     def _on_links(self, row: dict, now: float) -> None:
         for link in row.get("links", ()):
+            goodput = link.get("training_goodput_mbit")
             view = LinkView(link["src"], link["dst"], link.get("configured_mbit"),
-                            link.get("mbit_now"), int(link.get("bytes") or 0))
+                            link.get("mbit_now"), int(link.get("bytes") or 0),
+                            sending_mbit=goodput if fmt.finite(goodput) else None)
             self._links[(view.src, view.dst)] = view
             miss = _link_miss(view, link.get("ok"), link.get("training_goodput_mbit"))
             if miss:

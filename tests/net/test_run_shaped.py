@@ -177,3 +177,45 @@ def test_int8_moves_a_quarter_of_the_bytes_and_its_rounds_shrink_as_predicted(tc
     # both runs carry the same few tens of ms a round that the link model leaves out
     assert t_none - t_int8 == pytest.approx(p_none - p_int8, rel=0.15)
     assert t_int8 < 0.5 * t_none
+
+
+def test_a_saturated_5_mbit_link_reads_its_rate_on_the_dashboard_and_in_links_json(
+        tc_caps, tmp_path):
+    """A ring of 4 whose links carry the tiny model (482 kB: 0.77 s at 5 Mbit/s) every round
+    (10 ms of compute a round): every reading of the dashboard's "sending at" (the rate while
+    the link carries a message) on every ring link is 4.5-5.5 Mbit/s, and links.json's goodput
+    while training is within 5 % of 5 Mbit/s. Its "last 3 s" (what arrived in the window) is
+    lower: the link idles while its ends compute and wait, and arrivals come a whole 0.77 s
+    message at a time."""
+    from contextlib import contextmanager
+
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.dashboard_state import DashboardState, Header
+    from gasloc_emu.report.records import new_run_dir
+    cfg = resolve(overrides={
+        "topology.name": "ring", "workers": 4, "run.rounds": 10, "algo.local_steps": 1,
+        "compute.step_time_s": 0.01, "net.bw_profile": "uniform", "net.rate_mbit": 5.0,
+        "net.probe": False, "model.preset": "tiny", "data.max_corpus_mb": 1,
+        "run.eval_every": 100, "run.dashboard": "off", "net.shaper": "tc"})
+    seen: list[tuple[float, list[dict]]] = []
+
+    @contextmanager
+    def capture(devices, shaper):
+        yield lambda ev: seen.append((time.monotonic(), ev["links"])) \
+            if ev.get("kind") == "links" else None
+
+    out = tmp_path / "r"
+    result = launch(build_plan(cfg), new_run_dir(cfg, out), progress_factory=capture)
+    assert result.code == 0, result.summary
+    ring = {(a, (a + 1) % 4) for a in range(4)} | {((a + 1) % 4, a) for a in range(4)}
+    state = DashboardState(Header(workers=4, rounds=10), top_links=8)
+    readings = []
+    for _, links in seen:
+        state.update({"kind": "links", "links": links})
+        readings += [(lk.src, lk.dst, lk.sending_mbit) for lk in state.snapshot().links
+                     if (lk.src, lk.dst) in ring and lk.sending_mbit is not None]
+    assert {(s, d) for s, d, _ in readings} == ring and len(readings) >= 3 * len(ring), seen
+    off = [r for r in readings if not 4.5 <= r[2] <= 5.5]
+    assert not off, off
+    for lk in load(out, "links.json")["links"]:
+        assert lk["training_goodput_mbit"] == pytest.approx(5.0, rel=0.05), lk

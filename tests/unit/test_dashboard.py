@@ -21,7 +21,7 @@ SNAP = Snapshot(
     workers=(WorkerView(0, "cuda:0", 7, 70, 3.41234, 18250.0, "computing"),
              WorkerView(1, "cuda:1", 7, 64, 3.5, 950.0, "waiting", peer=2),
              WorkerView(2, "cpu", 6, 60, None, None, "failed")),
-    links=(LinkView(2, 1, 5.0, 0.0, 2_000_000, waited=True),
+    links=(LinkView(2, 1, 5.0, 0.0, 2_000_000, waited=True, sending_mbit=4.96),
            LinkView(0, 1, 50.0, 48.7, 12_345_678)),
     links_in_use=6, train_mean=3.456, train_std=0.044, eval_loss=3.5012, eval_round=6,
     consensus=0.1234, train_history=(5.0, 4.5, 4.0, 3.8, 3.6, 3.5), eval_history=(4.2, 3.9, 3.5012),
@@ -39,10 +39,10 @@ worker   device   round   step   train loss   tokens/s   state
      2   cpu       6/20     60            -          -   failed
 
 links (2 of 6, longest at their rate)
-link    configured      last 3 s      moved    busy
-─────────────────────────────────────────────────────────────
-2→1     5.0 Mbit/s    0.0 Mbit/s    2.00 MB   3.2 s   1 waits
-0→1    50.0 Mbit/s   48.7 Mbit/s   12.35 MB   2.0 s
+link    configured   sending at      last 3 s      moved    busy
+──────────────────────────────────────────────────────────────────────────
+2→1     5.0 Mbit/s   5.0 Mbit/s    0.0 Mbit/s    2.00 MB   3.2 s   1 waits
+0→1    50.0 Mbit/s            -   48.7 Mbit/s   12.35 MB   2.0 s
 
 train loss 3.4560 ± 0.0440  eval loss 3.5012 (round 6)  consensus 0.1234
 train █▆▃▂▁▁  5.0000 → 3.5000
