@@ -268,12 +268,16 @@ def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
     running anything); with ``report``, write its section, plots and data into that page."""
     name = Path(from_data or preset).stem
     out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
+    # with a page, finished runs are kept beside it until the data file is written, so that a
+    # sweep can be committed part-way and resumed in another checkout
+    kept = Path(report).parent / "results" / f"{name}.partial.jsonl" if report else None
     if from_data:
         header, rows = data_file.read(Path(from_data))
         result = build_report(header, rows, out_dir)
     else:
         result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms),
-                           command=_sweep_line(preset, out, arms, report))
+                           command=_sweep_line(preset, out, arms, report),
+                           kept=None if arms else kept)
     click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")
     if report:
         page = Path(report)
@@ -281,6 +285,8 @@ def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
         command = result.get("command") or _sweep_line(result["preset"], out, arms, report)
         update_results_page(page, name, markdown_section(name, result, command,
                                                          f"results/{name}.png"))
+        if kept is not None and not from_data and not arms:
+            kept.unlink(missing_ok=True)   # its rows are in the data file now
         click.echo(f"report: {page}")
     return 0
 

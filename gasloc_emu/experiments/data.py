@@ -11,6 +11,7 @@ from it alone.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -65,3 +66,44 @@ def read(path: Path, kind: str = "sweep") -> tuple[dict, list[dict]]:
     header = dict(items[0])
     header.pop("kind")
     return header, runs
+
+
+class KeptRows:
+    """A sweep's finished runs as data rows, one JSON line each, appended as each run ends
+    (``docs/results/<name>.partial.jsonl`` beside the page): a sweep cut short, or carried to a
+    fresh checkout where its run folders are gone, resumes from them. A row is reused only for
+    the same run (its folder tag and phase) with the same resolved config (``config_sha``); the
+    file goes when the sweep's data file is written. A line cut short by a kill is skipped."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.rows = path, {}
+        if path is None or not path.exists():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                d = json.loads(line)
+                self.rows[(d["tag"], d["phase"], d["config_sha"])] = d["row"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+
+    def get(self, tag: str, phase: str, sha: str) -> dict | None:
+        return self.rows.get((tag, phase, sha))
+
+    def add(self, tag: str, phase: str, sha: str, row: dict) -> None:
+        self.rows[(tag, phase, sha)] = row
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps({"tag": tag, "phase": phase, "config_sha": sha, "row": row},
+                               sort_keys=True, separators=(",", ":")) + "\n")
+
+    def remove(self) -> None:
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
+
+
+def config_sha(config_text: str, mode: str, predict: bool) -> str:
+    """What a kept row must match: the run's resolved config (as TOML), its mode, and whether
+    the simulator's prediction was taken beside it."""
+    return hashlib.sha256(f"{mode}|{predict}|{config_text}".encode()).hexdigest()[:20]

@@ -44,6 +44,7 @@ import numpy as np
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes
+from gasloc_emu.config_toml import to_toml
 from gasloc_emu.experiments import data, stats
 from gasloc_emu.experiments.plots import plot_sweep, plot_tuning
 from gasloc_emu.experiments.spec import (
@@ -98,12 +99,25 @@ def failed_runs(rows: list[dict]) -> int:
 class _Runner:
     """Runs of one sweep: each made (or reused) in its folder and read back as a data row."""
 
-    def __init__(self, preset: Path, spec: SweepSpec, out: Path, log):
+    def __init__(self, preset: Path, spec: SweepSpec, out: Path, log,
+                 kept: data.KeptRows | None = None):
         self.preset, self.spec, self.out, self.log = preset, spec, out, log
+        self.kept = kept if kept is not None else data.KeptRows(None)
 
     def row(self, arm: Arm, phase: str, seed: int, point: tuple) -> dict:
         tag = _run_tag(arm, seed, point)
         cfg = arm_config(self.preset, arm, seed, self.spec.settings(point, arm))
+        sha = data.config_sha(to_toml(cfg), self.spec.mode, self.spec.predict)
+        kept = self.kept.get(tag, phase, sha)
+        if kept is not None:
+            self.log(f"  {tag}: kept from an earlier sweep")
+            return kept
+        row = self._run(cfg, tag, arm, phase, seed, point)
+        self.kept.add(tag, phase, sha, row)
+        return row
+
+    def _run(self, cfg: C.Config, tag: str, arm: Arm, phase: str, seed: int,
+             point: tuple) -> dict:
         d = run_one(cfg, self.out / tag, self.spec.mode)
         row = data.run_row(d, arm, phase, seed, point, self.spec.mode)
         if self.spec.predict and phase == data.REPORT:   # the simulator's word beside it
@@ -144,10 +158,11 @@ def _run_tag(arm: Arm, seed: int, point: tuple) -> str:
 
 
 def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, ...] = (),
-              command: str = "") -> dict:
+              command: str = "", kept: Path | None = None) -> dict:
     """Every chosen arm over the preset's seeds (and more where a verdict is close); writes
     the data file, results.json and the plots under ``out`` and returns the report.
-    ``command``: the command line, kept in the data file for the section to show."""
+    ``command``: the command line, kept in the data file for the section to show. ``kept``:
+    where finished runs' rows are appended and reused from (``data.KeptRows``)."""
     preset, out = Path(preset), Path(out)
     spec = load_spec(preset)
     chosen = [a for a in spec.arms if not arms or a.name in arms]
@@ -155,7 +170,7 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
         for point in spec.grid(a):
             arm_config(preset, a, spec.seeds[0], spec.settings(point, a))
     out.mkdir(parents=True, exist_ok=True)
-    t0, runner = time.time(), _Runner(preset, spec, out, log)
+    t0, runner = time.time(), _Runner(preset, spec, out, log, data.KeptRows(kept))
     results = []
     for a in chosen:
         log(f"arm {a.name}")

@@ -144,6 +144,27 @@ def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
         assert (a["tuned"], a["final_eval_loss"]) == (b["tuned"], b["final_eval_loss"])
 
 
+def test_a_sweep_resumes_from_kept_rows_without_its_run_folders(tmp_path):
+    """Rows kept as runs finish carry a sweep to a fresh checkout (no run folders): the same
+    runs are not run again, the report is the same; a changed preset setting runs anew."""
+    preset = tmp_path / "mini.toml"
+    preset.write_text(MINI.replace("seeds = [0, 1]", "seeds = [0]").replace(
+        "tune_values = [0.001, 0.003]", "tune_values = [0.001]"))
+    kept = tmp_path / "results" / "mini.partial.jsonl"
+    first = sweep.run_sweep(preset, tmp_path / "a", log=lambda *_: None, kept=kept)
+    assert len(kept.read_text().splitlines()) == first["runs"]
+    with kept.open("a") as f:
+        f.write('{"tag": "cut short')   # a line a kill cut off is skipped
+    said = []
+    again = sweep.run_sweep(preset, tmp_path / "b", log=said.append, kept=kept)
+    assert not (tmp_path / "b" / "g-s0-0.001").exists()   # nothing ran
+    assert sum("kept from an earlier sweep" in line for line in said) == first["runs"]
+    assert _section(again) == _section(first)
+    preset.write_text(preset.read_text().replace("local_steps = 2", "local_steps = 3"))
+    sweep.run_sweep(preset, tmp_path / "c", log=lambda *_: None, kept=kept)
+    assert (tmp_path / "c" / "g-s0-0.001" / "summary.json").exists()   # another config: run
+
+
 def test_tune_seeds_that_are_also_reported_are_refused(tmp_path):
     preset = tmp_path / "reused.toml"
     preset.write_text(MINI.replace("seeds = [0, 1]", "seeds = [0, 1]\ntune_seeds = [1]"))
