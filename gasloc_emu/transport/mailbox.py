@@ -124,6 +124,7 @@ class Mailbox:
         self._seen: dict[int, set[tuple[int, str]]] = defaultdict(set)  # round -> {(src, kind)}
         self._usage = [[0, 0] for _ in range(world_size)]  # per src: [messages, bytes]
         self._drops: dict[str, int] = defaultdict(int)
+        self.numbering = Numbering()   # each sender's message count: gaps never arrived
         # bytes per source that became available here, cumulative: what each link delivered
         # (a userspace-shaped message counts when its release time comes, not on arrival)
         # (a list: another thread copies it while this one adds to it)
@@ -170,6 +171,13 @@ class Mailbox:
             self._hold(msg, arrival_s if release_s is None else max(arrival_s, release_s))
         else:
             heapq.heappush(self._pending, (release_s, next(self._seq), msg))
+
+    def numbered(self, src: int, seq: int | None) -> None:
+        """A message ``src`` numbered ``seq`` came in, kept or not: those its sender numbered
+        before it that never did are dropped, reason "lost" (``Numbering``)."""
+        lost = self.numbering.note(src, seq)
+        if lost:
+            self.refuse("lost", lost)
 
     def refuse(self, reason: str, count: int = 1) -> None:
         """Count ``count`` messages dropped for ``reason`` (also those framing refused to

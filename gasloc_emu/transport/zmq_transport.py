@@ -64,7 +64,6 @@ from gasloc_emu.transport.mailbox import (
     Key,
     LinkUse,
     Mailbox,
-    Numbering,
     PeerBounds,
     RecvLinks,
     Shaping,
@@ -111,7 +110,6 @@ class ZmqTransport(TransportBase):
         # before TransportBase zeroes ``dropped``, which the mailbox counts
         self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
         self.link_log = RecvLinks()  # what the messages taken say about their links
-        self.numbering = Numbering()   # each sender's message count: gaps never arrived
         self._numbers: dict[int, int] = {}  # this worker's messages so far, per peer
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
@@ -123,12 +121,9 @@ class ZmqTransport(TransportBase):
         self._closed = False
         self._background: _BackgroundReduce | None = None  # an overlapped All-Reduce
         self.connect(peer_addrs or {})
-        # libzmq drops the connection of a peer that sends a bigger frame, before allocating it
-        frame_limit = max(max_numel * dtype.itemsize, framing.MAX_HEADER_BYTES)
-        if security is not None and security.mode == "curve":
-            frame_limit += CURVE_FRAME_OVERHEAD  # the limit applies to the encrypted frame
         self._sockets = DataSockets(rank, world_size, self.bind_addr, link_ports=link_ports,
-                                    security=security, frame_limit=frame_limit, ctx=ctx)
+                                    security=security, ctx=ctx,
+                                    frame_limit=_frame_limit(max_numel, dtype, security))
         self.address = self._sockets.address
         self._pull = self._sockets.pull
         self._rx: _ArrivalStamper | None = None
@@ -330,17 +325,11 @@ class ZmqTransport(TransportBase):
                                  authenticated_as=user)
         except FrameError as exc:
             if exc.numbered is not None:
-                self._count_lost(self.numbering.note(*exc.numbered))
+                self.mailbox.numbered(*exc.numbered)
             self.mailbox.refuse(exc.reason)
             return
-        self._count_lost(self.numbering.note(msg.src, msg.seq))
+        self.mailbox.numbered(msg.src, msg.seq)
         self.mailbox.accept(msg, arrival_s)
-
-    def _count_lost(self, n: int) -> None:
-        """Messages their sender numbered but that never arrived (cut by libzmq's size limit
-        with their connection): dropped, reason "lost"."""
-        if n:
-            self.mailbox.refuse("lost", n)
 
     # -- lifecycle
 
@@ -440,6 +429,15 @@ def _try_send(sock: zmq.Socket, frames) -> bool:
     except zmq.Again:
         return False
     return True
+
+
+def _frame_limit(max_numel: int, dtype: torch.dtype, security: auth.Security | None) -> int:
+    """libzmq's MAXMSGSIZE: it drops the connection of a peer that sends a bigger frame,
+    before allocating it."""
+    limit = max(max_numel * dtype.itemsize, framing.MAX_HEADER_BYTES)
+    if security is not None and security.mode == "curve":
+        limit += CURVE_FRAME_OVERHEAD  # the limit applies to the encrypted frame
+    return limit
 
 
 def _peer_bounds(model_bytes: int, world_size: int, max_rounds_ahead: int,

@@ -428,7 +428,7 @@ def test_a_pair_numbers_its_messages_and_loses_none():
         for r in range(3):
             a.send(1, r, "z", torch.full((10,), float(r)))
         assert [float(b.recv(0, r, "z")[0]) for r in range(3)] == [0.0, 1.0, 2.0]
-        assert b.numbering.note(0, 3) == 0 and a._numbers == {1: 3}
+        assert b.mailbox.numbering.note(0, 3) == 0 and a._numbers == {1: 3}
         assert b.counters()["drop_reasons"] == {}
 
 
