@@ -249,15 +249,9 @@ class A2CiD2(OuterAlgorithm):
         self.x_tilde.add_(gap, alpha=self.alpha_tilde)
         theta.add_(gap, alpha=0.5)
 
-    def exchange(self, peer: int, label: int, theta: torch.Tensor, t: float) -> None:
-        """One pairwise communication at time ``t`` (gradient-step units), with no time
-        passing between the send and the mix: send, take, mix."""
-        self.send_half(peer, label, theta, t)
-        self.mix(theta, self.take(peer, label), t)
-
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
-        raise RuntimeError("a2cid2 has no rounds: its worker loop calls exchange() after "
-                           "each step (asyncloop)")
+        raise RuntimeError("a2cid2 has no rounds: its worker loops (async_worker, async_sim) "
+                           "run its steps and exchanges side by side")
 
     def peers(self, round_idx: int) -> list[int]:
         return []
