@@ -186,7 +186,9 @@ class AsyncSim:
         if lane.steps_left > 0 or lane.requests_left > 0:
             return
         waited_s = sum(b - a for a, b in lane.log.spans)   # the transfers: receives wait on them
-        for stats in slot_rows(self.workers[w], lane.log, lane.before, waited_s):
+        worker = self.workers[w]
+        for stats in slot_rows(worker, lane.log, lane.before, worker.transport.counters(),
+                               waited_s):
             self.emit_row(w, stats)
         if lane.slot + 1 < self.slots.count(self.cfg.run.rounds):
             self.at(self.now_s, w, "slot")

@@ -100,7 +100,7 @@ def run_async(worker: Worker, rounds: int, t0: float, ask_peer, report) -> bool:
             if not went:
                 return False
             after = worker.transport.counters()
-            for stats in slot_rows(worker, log, before, after["wait_s"] - before["wait_s"]):
+            for stats in slot_rows(worker, log, before, after, after["wait_s"] - before["wait_s"]):
                 report(stats)
     return True
 
@@ -154,10 +154,12 @@ def _communication_lane(worker: Worker, n: int, slot: int, lock, clock: _RunCloc
     return True
 
 
-def slot_rows(worker: Worker, log: SlotLog, before: dict, wait_s: float) -> list[RoundStats]:
-    """The slot's metrics rows, one per step; its exchanges, bytes and ``wait_s`` (the time
-    its receives waited) on the last."""
-    rows, after = [], worker.transport.counters()
+def slot_rows(worker: Worker, log: SlotLog, before: dict, after: dict,
+              wait_s: float) -> list[RoundStats]:
+    """The slot's metrics rows, one per step; its exchanges, bytes (the transport's counters
+    ``before`` and ``after`` the slot) and ``wait_s`` (the time its receives waited) on the
+    last."""
+    rows = []
     for i, (loss, compute_s, overruns, ratio, span, step) in enumerate(log.steps):
         last = i == len(log.steps) - 1
         worker.check_finite(step - 1, loss)
