@@ -163,15 +163,23 @@ def _alive_counts(plan) -> Callable[[int], int] | None:
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False,
                 overwrite: bool = False, role=None, secret_file: str | None = None) -> int:
-    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.emulator.zygote import Zygote
     if role is not None and role.multi:
         return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
-    plan = _plan(cfg, data=not dry_run)
-    # refused before anything runs
-    path = None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
-    result = launch(plan, path, dry_run=dry_run,
-                    progress_factory=lambda devices, shaper: make_progress(plan, devices, shaper),
-                    log=lambda line: click.echo(line, err=True))
+    # the workers' zygote imports torch on another core while this process plans the run
+    zygote = None if dry_run else Zygote().start()
+    try:
+        from gasloc_emu.emulator.launcher import launch
+        plan = _plan(cfg, data=not dry_run)
+        # refused before anything runs
+        path = None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
+        result = launch(plan, path, dry_run=dry_run, zygote=zygote,
+                        progress_factory=lambda devices, shaper: make_progress(plan, devices,
+                                                                               shaper),
+                        log=lambda line: click.echo(line, err=True))
+    finally:
+        if zygote is not None:
+            zygote.close()
     return _report(result)
 
 

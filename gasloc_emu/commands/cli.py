@@ -28,23 +28,27 @@ def friendly_errors(fn):
     """Bad input becomes one line on stderr and exit 2, never a traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from gasloc_emu.cluster.roles import ClusterError
-        from gasloc_emu.topology import TopologyError
-        from gasloc_emu.training.data import DataError
         try:
             return fn(*args, **kwargs)
-        except (C.ConfigError, TopologyError, DataError, RecordError, ClusterError,
-                *_netem_errors()) as exc:
-            _fail(str(exc))
         except KeyboardInterrupt:
             _fail("interrupted", exitcodes.INTERRUPTED)
+        except Exception as exc:
+            if isinstance(exc, _input_errors()):
+                _fail(str(exc))
+            raise
     return wrapper
 
 
-def _netem_errors() -> tuple[type, ...]:
+def _input_errors() -> tuple[type, ...]:
+    """The errors that mean bad input; imported only once one was raised (the corpus's
+    module imports torch, which ``run`` leaves to the workers' zygote while it plans)."""
+    from gasloc_emu.cluster.roles import ClusterError
+    from gasloc_emu.topology import TopologyError
+    from gasloc_emu.training.data import DataError
     from netem.capabilities import CapabilityError
     from netem.profiles import ProfileError
-    return ProfileError, CapabilityError
+    return C.ConfigError, TopologyError, DataError, RecordError, ClusterError, ProfileError, \
+        CapabilityError
 
 
 def _local_steps(value: str | None):

@@ -22,6 +22,7 @@ from gasloc_emu.emulator.network import open_network
 from gasloc_emu.emulator.processes import remove_stale_socket_dirs
 from gasloc_emu.emulator.supervisor import Supervisor
 from gasloc_emu.emulator.tally import link_bytes
+from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import used_pairs
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
@@ -64,12 +65,15 @@ def _stderr(line: str) -> None:
 
 
 def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
-           progress_factory=None, log: Log = _stderr) -> LaunchResult:
+           progress_factory=None, log: Log = _stderr,
+           zygote: Zygote | None = None) -> LaunchResult:
     """``gasloc-emu run`` of a ``RunPlan``: build the network, run the workers, keep the
     record in ``path`` (made by ``records.new_run_dir``; unused for a dry run).
 
-    Whatever goes wrong once the record exists (a worker, the launcher itself, Ctrl-C, a full
-    disk) ends with a summary.json that has a status and the error, where the disk allows.
+    ``zygote``: the workers' zygote, when the caller started it early (else the supervisor
+    starts one). Whatever goes wrong once the record exists (a worker, the launcher itself,
+    Ctrl-C, a full disk) ends with a summary.json that has a status and the error, where the
+    disk allows.
     """
     with ExitStack() as stack:
         cfg = plan.cfg
@@ -79,14 +83,16 @@ def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
         remove_stale_socket_dirs()
         rec = stack.enter_context(records.RunRecord(path, cfg))
         try:
-            code, summary = _launch(plan, path, rec, network, stack, progress_factory, log)
+            code, summary = _launch(plan, path, rec, network, stack, progress_factory, log,
+                                    zygote)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, the record says so
             code, summary = outcome(exc)
             _last_words(rec, summary | {"mode": "run"} | network.describe_summary())
     return LaunchResult(code, summary, path)
 
 
-def _launch(plan, path, rec, network, stack, progress_factory, log) -> tuple[int, dict]:
+def _launch(plan, path, rec, network, stack, progress_factory, log,
+            zygote) -> tuple[int, dict]:
     cfg = plan.cfg
     devices = worker_devices(cfg.run.device, cfg.workers)
     warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
@@ -95,7 +101,7 @@ def _launch(plan, path, rec, network, stack, progress_factory, log) -> tuple[int
         prog = stack.enter_context(progress_factory([d.label for d in devices], network.shaper))
         for text in warnings:
             prog({"kind": "warning", "text": text})
-    return supervise(Supervisor(plan, path, rec, network, devices, prog))
+    return supervise(Supervisor(plan, path, rec, network, devices, prog, zygote=zygote))
 
 
 def outcome(exc: BaseException) -> tuple[int, dict]:

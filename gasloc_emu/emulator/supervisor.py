@@ -64,10 +64,11 @@ class Supervisor:
     def __init__(self, plan: RunPlan, run_dir: Path, rec: records.RunRecord, network,
                  devices: list[DeviceAssignment], progress=None, *,
                  security: auth.Security | None = None,
-                 endpoints: tuple[str, str] | None = None):
+                 endpoints: tuple[str, str] | None = None, zygote: Zygote | None = None):
         """``security``: the run's keys (default: fresh ones, one host); ``endpoints``: where
         the control plane binds (default: ipc:// sockets in the run folder; tcp:// with port 0
-        for a multi-node run, read back after binding)."""
+        for a multi-node run, read back after binding); ``zygote``: one the caller started
+        (default: started here)."""
         cfg = plan.cfg
         self.plan, self.cfg, self.dir, self.rec, self.network = plan, cfg, run_dir, rec, network
         self.devices, self.progress = devices, progress
@@ -93,7 +94,7 @@ class Supervisor:
         self.lanes = LaneTally(cfg.workers) if self.pairer is not None else None
         # workers forked from a process that imported torch already; started now, it
         # imports while the launcher sets up
-        self.zygote = Zygote().start()
+        self.zygote = (zygote or Zygote()).start()
 
     def _clock(self) -> float | None:
         """Seconds since the run's start; None before it."""
