@@ -108,9 +108,11 @@ def _plays_links(plan: RunPlan) -> bool:
 class Node:
     """What one node knows about the run once it has a role, keys, network and devices."""
 
-    def __init__(self, plan: RunPlan, role: NodeRole, secret: bytes):
+    def __init__(self, plan: RunPlan, role: NodeRole, secret: bytes,
+                 zygote: Zygote | None = None):
         cfg = plan.cfg
         self.plan, self.cfg, self.role = plan, cfg, role
+        self.zygote = zygote or Zygote()   # this node's workers are forked from it
         self.security = security_for(cfg, secret)
         self.addr = route_address(role.master_addr, role.master_port)
         self.devices = worker_devices(cfg.run.device, local_worker_count(cfg, role))
@@ -184,7 +186,8 @@ class ClusterSupervisor(Supervisor):
     def __init__(self, run_dir: Path, rec: records.RunRecord, node: Node):
         any_port = f"tcp://{node.addr}:0"
         super().__init__(node.plan, run_dir, rec, node.network, node.devices,
-                         security=node.security, endpoints=(any_port, any_port))
+                         security=node.security, endpoints=(any_port, any_port),
+                         zygote=node.zygote)
         self.node = node
         self.next_beat_s = 0.0
         self.lives = [0] * self.cfg.workers  # which process of each rank runs now
@@ -347,7 +350,7 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
 
 def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
     """This node's workers from start to exit; how node 0 says the run ended."""
-    zygote = Zygote()
+    zygote = node.zygote
     devices = dict(zip(node.ranks, node.devices, strict=True))
 
     def spawn(rank: int, rejoin: tuple[str, int] | None = None):
@@ -363,8 +366,7 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
         return end
     finally:
         reap([p for p in procs.values() if p.poll() is None], 0.0)
-        if zygote is not None:
-            zygote.close()
+        zygote.close()
 
 
 def _watch(node: Node, procs: dict, master: NodeInfo, spawn) -> dict:
@@ -409,10 +411,11 @@ def agent_dir(cfg: Config, out: str | None, node: int, label: str = "run") -> Pa
 
 def launch_cluster(plan: RunPlan, path: Path | None, role: NodeRole, *,
                    secret_file: str | None, out: str | None = None, progress_factory=None,
-                   log: Log, env=os.environ) -> LaunchResult:
-    """``gasloc-emu run`` on one node of a multi-node run; node 0 gets the record's ``path``."""
+                   log: Log, env=os.environ, zygote: Zygote | None = None) -> LaunchResult:
+    """``gasloc-emu run`` on one node of a multi-node run; node 0 gets the record's ``path``.
+    ``zygote``: this node's workers' zygote, when the caller started it early."""
     cfg = plan.cfg
-    node = Node(plan, role, load_secret(secret_file, env))
+    node = Node(plan, role, load_secret(secret_file, env), zygote)
     if role.is_master:
         return _run_master(node, path, progress_factory, log)
     try:

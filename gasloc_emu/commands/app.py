@@ -186,16 +186,23 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
 def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role,
               secret_file: str | None) -> int:
     """One node of a multi-node run; node 0 keeps the record and shows the dashboard."""
-    from gasloc_emu.cluster.multinode import describe_role, launch_cluster
-    plan = _plan(cfg, data=not dry_run)
+    from gasloc_emu.emulator.zygote import Zygote
     if dry_run:
-        click.echo(describe_role(plan, role))
+        from gasloc_emu.cluster.multinode import describe_role
+        click.echo(describe_role(_plan(cfg, data=False), role))
         return exitcodes.OK
-    path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
-    factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
-        if role.is_master else None
-    result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
-                            progress_factory=factory, log=lambda line: click.echo(line, err=True))
+    zygote = Zygote().start()   # imports torch while this node plans and meets the others
+    try:
+        from gasloc_emu.cluster.multinode import launch_cluster
+        plan = _plan(cfg, data=True)
+        path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
+        factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
+            if role.is_master else None
+        result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
+                                progress_factory=factory, zygote=zygote,
+                                log=lambda line: click.echo(line, err=True))
+    finally:
+        zygote.close()
     if not role.is_master:  # node 0 has the record and prints the summary
         return result.code
     return _report(result)
