@@ -8,8 +8,12 @@ runs read every 20 Mbit/s link at 0.88-0.93 of its rate together (docs/NETWORK.m
 problems"). Each set-up here is built fresh, probed, and then described from the kernel's side
 before it is torn down: every qdisc and class with its statistics (bytes, packets, drops,
 overlimits, requeues, tokens, ctokens, quantum), and each device's GSO/TSO limits and queue
-length, in every namespace and on the host. One JSON line per set-up goes to --out, with the
-per-link ratios and a ``short`` flag (every fast link under 0.95); the loop stops after
+length, in every namespace and on the host; and each sender's kernel account of the window
+(``netem.tcpinfo``: the share of it spent sending, idle because its process wrote nothing, or
+held back by its receiver's window or its own send buffer). With --burst-ms A,B,... the
+set-ups take the HTB bursts in turn (side by side, as the host's steal time comes and goes).
+One JSON line per set-up goes to --out, with the per-link ratios and a ``short`` flag (every
+fast link under 0.95); the loop stops after
 --setups set-ups, at the first --stop-after shortfalls, or when --budget-s runs out. Run it on
 an otherwise idle host: a busy CPU makes its own shortfall.
 """
@@ -26,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gasloc_emu.config import NetConfig
+from netem import commands
 from netem.capabilities import choose_shaper, probe
 from netem.namespaces import NetworkSession, reexec_in_userns
 from netem.probe import probe_links
@@ -83,6 +88,14 @@ def cpu_shares(before: dict, after: dict) -> dict[str, float]:
     return {k: round(v / total, 4) for k, v in delta.items()}
 
 
+def held_back(senders: dict) -> dict[str, float]:
+    """The largest share of the window any sender spent in each state that is not sending:
+    idle (its process wrote nothing), limited by its receiver's window or its own buffer."""
+    known = [v for v in senders.values() if v]
+    return {k: max((v[k] for v in known), default=float("nan"))
+            for k in ("idle", "rwnd_limited", "sndbuf_limited")}
+
+
 def one_setup(net: NetConfig, seconds: float) -> dict:
     plan = build_link_plan(net, 4, seed=0)
     with NetworkSession(plan, choose_shaper("tc", probe())) as session:
@@ -94,10 +107,22 @@ def one_setup(net: NetConfig, seconds: float) -> dict:
     fast = [r["ratio"] for r in rows if r["configured_mbit"] == 20.0]
     ratios = [r["ratio"] for r in rows]
     return {"ratios": {f"{r['src']}->{r['dst']}": r["ratio"] for r in rows},
+            "senders": {f"{r['src']}->{r['dst']}": r.get("sender") for r in rows},
             "short": bool(fast) and max(fast) < SHORT, "min_fast": min(fast, default=None),
             "max_fast": max(fast, default=None), "min_all": min(ratios), "max_all": max(ratios),
             "within_5pct": all(0.95 <= x <= 1.05 for x in ratios), "cpu": cpu,
             "kernel": views}
+
+
+def summary_line(rec: dict) -> str:
+    cpu, held = rec["cpu"], held_back(rec["senders"])
+    return (f"set-up {rec['setup']} (burst {rec['burst_ms']:g} ms): fast links "
+            f"{rec['min_fast']:.3f}-{rec['max_fast']:.3f}, all {rec['min_all']:.3f}-"
+            f"{rec['max_all']:.3f}; senders idle up to {held['idle']:.3f}, receiver-limited up "
+            f"to {held['rwnd_limited']:.3f}, buffer-limited up to {held['sndbuf_limited']:.3f}; "
+            f"cpu idle {cpu['idle']:.2f} softirq {cpu['softirq']:.2f} steal {cpu['steal']:.2f} "
+            f"other user+sys {cpu['user'] + cpu['nice'] + cpu['system']:.2f}"
+            f"{'  SHORT' if rec['short'] else ''}{'' if rec['within_5pct'] else '  OUTSIDE 5%'}")
 
 
 def main() -> int:
@@ -107,7 +132,12 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=3600.0)
     parser.add_argument("--stop-after", type=int, default=3, help="shortfalls to collect")
     parser.add_argument("--out", default="tc-shortfall.jsonl")
+    parser.add_argument("--burst-ms", default=None,
+                        help="HTB bursts to take in turn, in ms of each class's rate "
+                             "(default: the product's netem.commands.BURST_S)")
     args = parser.parse_args()
+    bursts_s = ([float(x) / 1e3 for x in args.burst_ms.split(",")] if args.burst_ms
+                else [commands.BURST_S])
     # tc needs namespaces of our own, as the launcher's: re-run inside a user namespace
     if not reexec_in_userns(sys.argv[1:], entry=[sys.executable, os.path.abspath(__file__)]):
         print("user namespaces do not work here: no tc set-up to build", file=sys.stderr)
@@ -115,26 +145,26 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(PROFILE)
     net = NetConfig(bw_profile=f.name, shaper="tc")
-    t0, shortfalls, run, longest = time.monotonic(), 0, 0, 0
+    t0, shortfalls = time.monotonic(), 0
+    run = {b: 0 for b in bursts_s}       # per burst: set-ups in a row with every link within 5 %
+    longest = dict(run)
     with open(args.out, "w") as out:
         for n in range(args.setups):
             if time.monotonic() - t0 > args.budget_s or shortfalls >= args.stop_after:
                 break
-            rec = one_setup(net, args.seconds) | {"setup": n, "t_s": time.monotonic() - t0}
+            commands.BURST_S = bursts_s[n % len(bursts_s)]   # burst_args reads it per call
+            rec = one_setup(net, args.seconds) | {"setup": n, "t_s": time.monotonic() - t0,
+                                                  "burst_ms": commands.BURST_S * 1e3}
             shortfalls += rec["short"]
             out.write(json.dumps(rec) + "\n")
             out.flush()
-            run = run + 1 if rec["within_5pct"] else 0
-            longest = max(longest, run)
-            cpu = rec["cpu"]
-            print(f"set-up {n}: fast links {rec['min_fast']:.3f}-{rec['max_fast']:.3f}, all "
-                  f"{rec['min_all']:.3f}-{rec['max_all']:.3f}; cpu idle {cpu['idle']:.2f} "
-                  f"softirq {cpu['softirq']:.2f} steal {cpu['steal']:.2f} other user+sys "
-                  f"{cpu['user'] + cpu['nice'] + cpu['system']:.2f}"
-                  f"{'  SHORT' if rec['short'] else ''}"
-                  f"{'' if rec['within_5pct'] else '  OUTSIDE 5%'}", flush=True)
+            burst = commands.BURST_S
+            run[burst] = run[burst] + 1 if rec["within_5pct"] else 0
+            longest[burst] = max(longest[burst], run[burst])
+            print(summary_line(rec), flush=True)
+    runs = ", ".join(f"{b * 1e3:g} ms: {n}" for b, n in longest.items())
     print(f"{shortfalls} shortfall(s) in {n + 1} set-ups; longest run of consecutive set-ups "
-          f"with every link within 5 %: {longest}; details in {args.out}")
+          f"with every link within 5 % (by burst) {runs}; details in {args.out}")
     return 0
 
 

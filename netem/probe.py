@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 
+from netem import tcpinfo
 from netem.userspace import ReleaseQueue, shaping_from_spec
 
 # kind, src, job, send time, deliver_at (NaN: none), payload bytes
@@ -111,6 +112,7 @@ class _Agent:
         self.shaper = shaping_from_spec(spec, rank)
         self.rq = ReleaseQueue(self.shaper)
         self.records: dict[int, dict[int, dict[str, list]]] = {}
+        self.sent: dict[int, dict[str, dict | None]] = {}   # job -> peer -> tcpinfo.shares
         self.lock = threading.Lock()
         self.listener = socket.create_server((host, 0), backlog=256)
         for target in (self._accept_loop, self._release_loop):
@@ -148,6 +150,7 @@ class _Agent:
     def run_job(self, job: dict) -> dict:
         with self.lock:
             self.records[job["id"]] = {int(s): {"lat": [], "bulk": []} for s in job["expect"]}
+            self.sent[job["id"]] = {}
         errors: list[str] = []
         senders = [threading.Thread(target=self._send, args=(job, int(j), t, errors), daemon=True)
                    for j, t in job["targets"].items()]
@@ -157,8 +160,8 @@ class _Agent:
         for th in senders:
             th.join(timeout=5.0)
         with self.lock:
-            recs = self.records.pop(job["id"])
-        return {"rank": self.rank, "errors": errors,
+            recs, sent = self.records.pop(job["id"]), self.sent.pop(job["id"])
+        return {"rank": self.rank, "errors": errors, "tx": sent,
                 "rx": {str(s): _summarise(r, job["times"]) for s, r in recs.items()}}
 
     def _send(self, job: dict, peer: int, target: dict, errors: list[str]) -> None:
@@ -196,13 +199,23 @@ class _Agent:
             sock.sendall(buf)
 
     def _bulk(self, sock: socket.socket, job: dict, peer: int, target: dict) -> None:
-        size, budget = target["msg_bytes"], target["max_bytes"]
+        size, budget, times = target["msg_bytes"], target["max_bytes"], job["times"]
         buf, sent = bytearray(HDR.size + size), 0
-        time.sleep(max(0.0, job["times"]["bulk"] - time.time()))
-        while time.time() < job["times"]["stop"] and sent < budget:
+        time.sleep(max(0.0, times["bulk"] - time.time()))
+        # the kernel's account of this sender over the window the receiver measures
+        lo = times["bulk"] + warmup_s(times["end"] - times["bulk"])
+        first = last = None
+        while time.time() < times["stop"] and sent < budget:
             self._frame(buf, BULK, job["id"], peer, size)
             sock.sendall(buf)
             sent += size
+            now = time.time()
+            if first is None and now >= lo:
+                first = tcpinfo.read(sock)
+            if last is None and now >= times["end"]:
+                last = tcpinfo.read(sock)
+        with self.lock:
+            self.sent[job["id"]][str(peer)] = tcpinfo.shares(first, last)
 
 
 def goodput_mbit(points: list[tuple[float, int]], lo: float, hi: float) -> float:
@@ -377,7 +390,8 @@ def _run_round(plan, session, agents, ports, job_id, pairs, pings, seconds) -> l
     errors = [e for r in results.values() for e in r["errors"]]
     if errors:
         raise ProbeError("; ".join(errors))
-    return [_row(plan, s, d, results[d]["rx"][str(s)]) for s, d in pairs]
+    return [_row(plan, s, d, results[d]["rx"][str(s)]) | {"sender": results[s]["tx"].get(str(d))}
+            for s, d in pairs]
 
 
 if __name__ == "__main__":
