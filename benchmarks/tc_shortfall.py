@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gasloc_emu.config import NetConfig
 from netem import commands
 from netem.capabilities import choose_shaper, probe
+from netem.hoststat import cpu_shares, cpu_times
 from netem.namespaces import NetworkSession, reexec_in_userns
 from netem.probe import probe_links
 from netem.profiles import build_link_plan
@@ -68,24 +69,6 @@ def kernel_view(wrap) -> dict:
             "classes": {d["ifname"]: _json(wrap(["tc", "-s", "-d", "-j", "class", "show",
                                                  "dev", d["ifname"]]))
                         for d in devs if d.get("ifname")}}
-
-
-CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
-def cpu_times() -> dict[str, int]:
-    """The machine's CPU time by kind so far (/proc/stat's first line, in clock ticks)."""
-    with open("/proc/stat") as f:
-        values = f.readline().split()[1:1 + len(CPU_FIELDS)]
-    return dict(zip(CPU_FIELDS, map(int, values), strict=True))
-
-
-def cpu_shares(before: dict, after: dict) -> dict[str, float]:
-    """Each kind's share of the CPU time between two ``cpu_times``: what else the machine did
-    while the links were probed (another process, softirq work, a hypervisor's steal)."""
-    delta = {k: after[k] - before[k] for k in CPU_FIELDS}
-    total = sum(delta.values()) or 1
-    return {k: round(v / total, 4) for k, v in delta.items()}
 
 
 def held_back(senders: dict) -> dict[str, float]:

@@ -36,6 +36,7 @@ import threading
 import time
 
 from netem import tcpinfo
+from netem.hoststat import cpu_shares, cpu_times
 from netem.userspace import ReleaseQueue, shaping_from_spec
 
 # kind, src, job, send time, deliver_at (NaN: none), payload bytes
@@ -383,6 +384,7 @@ def probe_links(session, pairs: list[tuple[int, int]] | None = None, seconds_per
 
 def _run_round(plan, session, agents, ports, job_id, pairs, pings, seconds) -> list[dict]:
     jobs = _job(plan, session, ports, job_id, pairs, pings, seconds)
+    before = cpu_times()
     for rank, job in jobs.items():
         agents[rank].send(job)
     deadline = next(iter(jobs.values()))["times"]["report"] + 10.0
@@ -390,7 +392,10 @@ def _run_round(plan, session, agents, ports, job_id, pairs, pings, seconds) -> l
     errors = [e for r in results.values() for e in r["errors"]]
     if errors:
         raise ProbeError("; ".join(errors))
-    return [_row(plan, s, d, results[d]["rx"][str(s)]) | {"sender": results[s]["tx"].get(str(d))}
+    cpu = cpu_shares(before, cpu_times())
+    # who held each link back: its sender's kernel account, and the host's steal meanwhile
+    return [_row(plan, s, d, results[d]["rx"][str(s)])
+            | {"sender": results[s]["tx"].get(str(d)), "host_steal": cpu and cpu["steal"]}
             for s, d in pairs]
 
 

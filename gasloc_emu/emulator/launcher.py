@@ -27,6 +27,7 @@ from gasloc_emu.netplan import used_pairs
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
 from gasloc_emu.training.devices import worker_devices
+from netem.hoststat import STEAL_NOTABLE
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
@@ -141,10 +142,19 @@ def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
     rows = network.probe(pairs)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
                 f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
-                f"{r['configured_latency_ms']} ms" for r in rows if not r["ok"]]
+                f"{r['configured_latency_ms']} ms{_steal_note(r)}" for r in rows if not r["ok"]]
     for text in warnings:
         log(f"warning: {text}")
     return warnings
+
+
+def _steal_note(row: dict) -> str:
+    """Why a link may read short: the hypervisor took the host's CPUs (docs/NETWORK.md)."""
+    steal = row.get("host_steal")
+    if steal is None or steal < STEAL_NOTABLE:
+        return ""
+    return (f" (the hypervisor took {steal:.0%} of this host's CPU time meanwhile: a shaper "
+            f"whose timers run late falls behind its rate)")
 
 
 def supervise(sup: Supervisor) -> tuple[int, dict]:

@@ -1,6 +1,8 @@
 """Shaped links carry what they are configured to carry: goodput within 5 %, latency within 2 ms."""
 from __future__ import annotations
 
+from netem.hoststat import STEAL_NOTABLE
+
 
 def _table(rows: list[dict]) -> str:
     return "\n".join(f"{r['src']}->{r['dst']}: configured {r['configured_mbit']} Mbit/s, measured "
@@ -21,13 +23,14 @@ def test_goodput_within_5pct_with_traffic_in_both_directions(tc_caps, scenario, 
     rows = res["rows"]
     assert len(rows) == 12                                   # all 12 directed links at once
     assert {r["configured_mbit"] for r in rows} == {5.0, 20.0}
-    # OPEN PROBLEM: in some set-ups every 20 Mbit/s link reads 0.88-0.93 together while the
-    # 5 Mbit/s ones stay exact. It comes with the hypervisor's steal time (HTB's 1 ms bucket
-    # loses the credit of a late dequeue; docs/NETWORK.md, "Known problems") and is not fixed
-    # yet; until it is, the fast links are held to 15 % and the slow ones to 5 %.
-    low = {5.0: 0.95, 20.0: 0.85}
+    # Every link within 5 %, unless the hypervisor took the CPUs meanwhile: then the fast links
+    # fall behind together (0.88-0.93 at 10-19 % steal; HTB's 1 ms bucket loses the credit of
+    # a late dequeue: docs/NETWORK.md, "Known problems", not fixed) and are held to 15 %.
+    steal = max(r["host_steal"] or 0.0 for r in rows)   # None: no /proc/stat here
+    low = {5.0: 0.95, 20.0: 0.95 if steal < STEAL_NOTABLE else 0.85}
     bad = [r for r in rows if not low[r["configured_mbit"]] <= r["ratio"] <= 1.05]
-    assert not bad, "links off:\n" + _table(bad) + "\nall:\n" + _table(rows)
+    assert not bad, (f"links off (host steal {steal:.1%}):\n" + _table(bad) + "\nall:\n"
+                     + _table(rows))
 
 
 def test_one_way_latency_within_2ms(tc_caps, scenario):

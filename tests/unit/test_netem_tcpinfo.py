@@ -1,4 +1,5 @@
-"""The kernel's account of a sender (netem.tcpinfo) on loopback: who held it back."""
+"""The kernel's account of a sender (netem.tcpinfo) on loopback: who held it back; and the
+host's steal time (netem.hoststat), which the probe's warnings name."""
 from __future__ import annotations
 
 import socket
@@ -55,3 +56,17 @@ def test_shares_need_two_readings_in_order():
     assert tcpinfo.shares(a, b) == {"sending": 0.45, "rwnd_limited": 0.1,
                                     "sndbuf_limited": 0.05, "idle": 0.4, "retransmits": 3}
     assert tcpinfo.shares(None, b) is None and tcpinfo.shares(b, a) is None
+
+
+def test_the_host_steal_share_is_read_from_proc_stat_and_named_in_a_probe_warning(tmp_path):
+    from gasloc_emu.emulator.launcher import _steal_note
+    from netem import hoststat
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 0 0 10 40 0 0\ncpu0 1 2 3\n")
+    before = hoststat.cpu_times(str(stat))
+    stat.write_text("cpu  200 0 100 1000 0 0 10 190 0 0\n")
+    shares = hoststat.cpu_shares(before, hoststat.cpu_times(str(stat)))
+    assert shares["steal"] == 0.3 and shares["user"] == 0.2 and sum(shares.values()) == 1.0
+    assert hoststat.cpu_times(str(tmp_path / "none")) is None
+    assert "took 30% of this host's CPU time" in _steal_note({"host_steal": shares["steal"]})
+    assert _steal_note({"host_steal": 0.01}) == "" and _steal_note({}) == ""
