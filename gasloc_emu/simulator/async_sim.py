@@ -31,7 +31,14 @@ from gasloc_emu.config import Config
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.summary import final_summary
-from gasloc_emu.training.async_worker import SlotLog, begin_step, end_step, slot_rows, time_units
+from gasloc_emu.training.async_worker import (
+    SlotLog,
+    StepLog,
+    begin_step,
+    end_step,
+    slot_rows,
+    time_units,
+)
 from gasloc_emu.training.pairing import Pairer
 from gasloc_emu.training.worker import RoundStats, Worker
 from gasloc_emu.transport.base import TransportBase, TransportError
@@ -126,7 +133,7 @@ class AsyncSim:
         worker, lane = self.workers[w], self.lanes[w]
         end_step(worker, time_units(worker, self.now_s))
         loss, step_s, start_s = lane.step
-        lane.log.steps.append((loss, step_s, 0, 0.0, [start_s, self.now_s], worker.step))
+        lane.log.steps.append(StepLog(loss, step_s, 0, 0.0, [start_s, self.now_s], worker.step))
         lane.step, lane.steps_left = None, lane.steps_left - 1
         if lane.steps_left > 0:
             self.step_begins(w)

@@ -72,13 +72,24 @@ def transport_limits(model_bytes: int) -> dict:
             "max_bytes_per_peer": 2 * model_bytes}
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """One gradient step's account on one worker."""
+
+    loss: float
+    compute_s: float
+    overruns: int
+    overrun_ratio: float     # its worst overrun against the nominal step time
+    span_s: list[float]      # [start, end] on the run's clock
+    step: int                # the worker's step count after it
+
+
 @dataclass
 class SlotLog:
-    """One slot's account on one worker: its steps (loss, compute seconds, overruns, worst
-    overrun ratio, span, step count after it) and its exchanges (partners, spans, seconds
+    """One slot's account on one worker: its steps and its exchanges (partners, spans, seconds
     from each request to its exchange's end)."""
 
-    steps: list[tuple] = field(default_factory=list)
+    steps: list[StepLog] = field(default_factory=list)
     peers: list[int] = field(default_factory=list)
     spans: list[list[float]] = field(default_factory=list)
     comm_s: float = 0.0
@@ -128,8 +139,8 @@ def _gradient_lane(worker: Worker, n: int, lock, clock: _RunClock, log: SlotLog)
         with lock:
             end_step(worker, clock.units())
         worker.overruns += phase.overruns
-        log.steps.append((loss, phase.elapsed_s(), phase.overruns, phase.worst_ratio,
-                          [start_s, clock.s()], worker.step))
+        log.steps.append(StepLog(loss, phase.elapsed_s(), phase.overruns, phase.worst_ratio,
+                                 [start_s, clock.s()], worker.step))
 
 
 def _communication_lane(worker: Worker, n: int, slot: int, lock, clock: _RunClock, ask_peer,
@@ -160,16 +171,17 @@ def slot_rows(worker: Worker, log: SlotLog, before: dict, after: dict,
     ``before`` and ``after`` the slot) and ``wait_s`` (the time its receives waited) on the
     last."""
     rows = []
-    for i, (loss, compute_s, overruns, ratio, span, step) in enumerate(log.steps):
+    for i, st in enumerate(log.steps):
         last = i == len(log.steps) - 1
-        worker.check_finite(step - 1, loss)
+        worker.check_finite(st.step - 1, st.loss)
         rows.append(RoundStats(
-            worker=worker.rank, round=step - 1, step=step, train_loss=loss, compute_s=compute_s,
+            worker=worker.rank, round=st.step - 1, step=st.step, train_loss=st.loss,
+            compute_s=st.compute_s,
             comm_s=log.comm_s if last else 0.0, wait_s=wait_s if last else 0.0,
             bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]) if last else 0,
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]) if last else 0,
             peers=list(log.peers) if last else [], steps=1, speed=worker.compute.speed,
-            overruns=overruns, overrun_ratio=ratio, step_span_s=span,
+            overruns=st.overruns, overrun_ratio=st.overrun_ratio, step_span_s=st.span_s,
             exchange_spans_s=[list(x) for x in log.spans] if last else None))
     return rows
 
