@@ -46,7 +46,8 @@ def _check_record(summary: dict, run_dir, rate_com: float = 1.0) -> None:
         [(w, k) for w in range(4) for k in range(STEPS)]
     assert all(len(r["peers"]) <= max(1, rate_com) for r in rows)
     evals = _evals(run_dir)
-    # from step 10 to 40: 0.28-0.4 in run (its pairings follow the host's timing), 0.4 simulated
+    # from step 10 to 40: 0.44-0.45 simulated; 0.28 in one run beside a busy sweep (its pairings
+    # follow the host's timing)
     assert evals[-1] < evals[0] - 0.2 and summary["final_eval_loss"] < evals[0]
 
 
