@@ -11,6 +11,7 @@ import pytest
 
 from gasloc_emu.cluster import multinode
 from gasloc_emu.emulator.errors import RunFailed
+from gasloc_emu.emulator.zygote import Zygote
 
 
 class Store:
@@ -53,7 +54,7 @@ def test_a_lost_node_0_ends_this_nodes_run_and_its_workers(monkeypatch, tmp_path
     monkeypatch.setattr(multinode, "spawn_worker", spawn)
     monkeypatch.setattr(multinode, "BEAT_S", 0.05)
     node = SimpleNamespace(ranks=range(2, 4), devices=[None, None], network=None,
-                           security=None, rdv=Store(beats=3, how=how),
+                           security=None, rdv=Store(beats=3, how=how), zygote=Zygote(),
                            cfg=SimpleNamespace(run=SimpleNamespace(heartbeat_timeout_s=4.0)))
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as got:
