@@ -33,6 +33,7 @@ from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
 from gasloc_emu.training.model import count_parameters
 from gasloc_emu.training.pairing import Pairer
 from gasloc_emu.transport import auth, control
+from netem.hoststat import cpu_shares, cpu_times
 
 READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
 
@@ -79,6 +80,7 @@ class Supervisor:
         self.ctl_addr, self.hb_addr = self.plane.ctl_addr, self.plane.hb_addr
         self.slots: list[WorkerSlot] = []
         self.t0 = 0.0
+        self.cpu_at_t0: dict | None = None   # the host's CPU time by kind when training began
         self.link_meter = LinkMeter()
         self.goodput = Goodput()  # what each link delivered while training (links.json)
         # what every worker's messages must agree with: ranks, rounds, the model's size
@@ -129,6 +131,7 @@ class Supervisor:
         """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
         self.scenario.change_links(0)   # round 0's, before anything is sent
         self.t0 = time.time()
+        self.cpu_at_t0 = cpu_times()
         for s in self.slots:
             self._tell_start(s.rank)
         self.rec.write_json("workers.json", [self._worker_row(s) for s in self.slots])
@@ -272,6 +275,8 @@ class Supervisor:
         ``control_drops``, and the pairings and scenario blocks."""
         out = run_summary(self.plan, self.slots, wall_s)
         out["control_drops"] = self.control_drops_total()
+        # what else took the host's CPUs meanwhile: a hypervisor's steal slows shaped links
+        out["host_cpu"] = cpu_shares(self.cpu_at_t0, cpu_times())
         if self.pairer is not None:
             out["asynchronous"] = self.pairer.record() | self.lanes.record() | \
                 self.plan.algo.pairing_constants(self.cfg.algo, self.plan.topology)

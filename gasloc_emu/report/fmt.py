@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from netem.hoststat import STEAL_NOTABLE
+
 
 def finite(v) -> bool:
     """A real, finite number (bools and None are not)."""
@@ -47,7 +49,18 @@ def summary_lines(summary: dict, record_path) -> list[str]:
             f"consensus {_num(summary.get('consensus_distance'))}  "
             f"wall {_num(summary.get('wall_s'))}s"
             + (f"  predicted wall {_num(predicted)}s" if predicted is not None else ""),
-            f"run record: {record_path}"] + _overrun_lines(summary.get("compute"))
+            f"run record: {record_path}"] + _overrun_lines(summary.get("compute")) \
+        + _steal_lines(summary.get("host_cpu"))
+
+
+def _steal_lines(shares) -> list[str]:
+    """One warning line when the hypervisor took a notable share of the host's CPU time during
+    the run (``host_cpu`` of summary.json): shaped links then fall behind their rates."""
+    steal = shares.get("steal") if isinstance(shares, dict) else None
+    if not finite(steal) or steal < STEAL_NOTABLE:
+        return []
+    return [f"warning: the hypervisor took {steal:.0%} of this host's CPU time during the run; "
+            "shaped links and step times may have run slow (docs/NETWORK.md, \"Known problems\")"]
 
 
 def _overrun_lines(block) -> list[str]:

@@ -103,6 +103,8 @@ def test_run_matches_simulate(tmp_path, arm):
     assert s_run["status"] == "ok" and s_run["mode"] == "run"
     assert s_run["final_eval_loss"] == s_sim["final_eval_loss"]
     assert set(s_sim) <= set(s_run)  # the same record keys, and more
+    # the host's CPU time by kind while it ran (a hypervisor's steal would slow shaped links)
+    assert sum(s_run["host_cpu"].values()) == pytest.approx(1.0, abs=1e-3)
     links = json.loads((tmp_path / "run" / "links.json").read_text())["links"]
     assert sum(lk["bytes"] for lk in links) == s_run["bytes_sent_total"] > 0
 

@@ -70,3 +70,12 @@ def test_the_host_steal_share_is_read_from_proc_stat_and_named_in_a_probe_warnin
     assert hoststat.cpu_times(str(tmp_path / "none")) is None
     assert "took 30% of this host's CPU time" in _steal_note({"host_steal": shares["steal"]})
     assert _steal_note({"host_steal": 0.01}) == "" and _steal_note({}) == ""
+
+
+def test_a_run_that_lost_cpu_time_to_its_hypervisor_ends_with_a_warning():
+    from gasloc_emu.report.fmt import summary_lines
+    base = {"final_eval_loss": 2.5, "consensus_distance": 0.1, "wall_s": 10.0}
+    stolen = summary_lines(base | {"host_cpu": {"steal": 0.17, "idle": 0.5}}, "runs/x")
+    assert stolen[-1].startswith("warning: the hypervisor took 17% of this host's CPU time")
+    assert len(summary_lines(base | {"host_cpu": {"steal": 0.01}}, "runs/x")) == 2
+    assert len(summary_lines(base, "runs/x")) == 2
