@@ -1,7 +1,8 @@
 """A link changed while the network stands: 0 -> 1 measured at 20 Mbit/s, changed in place to
 5 Mbit/s with ``netem.live.link_change_commands`` (``tc class change``: the filters and leaf
 queues set up with the network stay), measured again; then cut (its leaf queues closed) and
-restored to 20 Mbit/s, measured a third time. Every rate within 5 %.
+restored to 20 Mbit/s, measured a third time. Every rate within 5 % (the 20 Mbit/s readings
+15 % below while the hypervisor takes 5 % or more of the host's CPU time: the tc shortfall).
 
 The test runs this file as a script, ``python test_link_change.py '<json>'``, which does what the
 launcher does (re-exec into its own user namespace, ``NetworkSession``), measures with
@@ -18,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from netem.hoststat import STEAL_NOTABLE
+
 REPO = Path(__file__).resolve().parents[2]
 BEFORE_MBIT, AFTER_MBIT = 20.0, 5.0
 DOWN_CAP_MBIT = 100.0
@@ -28,9 +31,11 @@ _UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 
 # ---------------------------------------------------------------- the script (in the namespace)
 
-def _measure(session) -> float:
+def _measure(session, steals: list[float]) -> float:
+    """The link's goodput; the host's steal share meanwhile is appended to ``steals``."""
     from netem.probe import probe_links
     rows = probe_links(session, pairs=[(0, 1)], seconds_per_link=SECONDS, pings=1)
+    steals.append(rows[0]["host_steal"] or 0.0)
     return rows[0]["measured_mbit"]
 
 
@@ -68,11 +73,12 @@ def _scenario(args: dict) -> dict:
     from netem.profiles import build_link_plan
     plan = build_link_plan(NetConfig(bw_profile=args["profile"]), 2, 0)
     decision = choose_shaper("tc", probe())
+    steals: list[float] = []
     with NetworkSession(plan, decision) as session:
-        before = _measure(session)
+        before = _measure(session, steals)
         change = link_change_commands(plan, session.topo, decision, 0, 1, rate_mbit=AFTER_MBIT)
         run_commands(change)
-        after = _measure(session)
+        after = _measure(session, steals)
         out = {"before_mbit": before, "after_mbit": after, "classes": _classes(session),
                "commands": [str(c) for c in change]}
         # the same change, kept by the LiveLinks a run with more than one change holds
@@ -82,8 +88,8 @@ def _scenario(args: dict) -> dict:
         run_commands(live.change(0, 1, rate_mbit=0))
         out["cut_leaf_limits"] = _leaf_limits(session)
         run_commands(live.change(0, 1, rate_mbit=BEFORE_MBIT))
-        out["restored_mbit"] = _measure(session)
-        return out
+        out["restored_mbit"] = _measure(session, steals)
+        return out | {"steal": max(steals)}
 
 
 def main(argv: list[str]) -> int:
@@ -118,12 +124,15 @@ def test_a_link_changed_in_place_carries_its_new_rate(tc_caps, tmp_path):
     res = _run({"profile": str(path)})
     before, after, restored = res["before_mbit"], res["after_mbit"], res["restored_mbit"]
     report = (f"measured {before} Mbit/s before, {after} after, {restored} after a cut and a "
-              f"restore; commands: {res['commands']}")
-    assert abs(before / BEFORE_MBIT - 1) <= TOLERANCE, report
+              f"restore (host steal up to {res['steal']:.1%}); commands: {res['commands']}")
+    # a 20 Mbit/s link falls behind while the hypervisor takes the CPUs (HTB's 1 ms bucket:
+    # docs/NETWORK.md, "Known problems"); then it is held to 15 % below, as in test_shaping
+    low = 1 - (TOLERANCE if res["steal"] < STEAL_NOTABLE else 0.15)
+    assert low <= before / BEFORE_MBIT <= 1 + TOLERANCE, report
     assert abs(after / AFTER_MBIT - 1) <= TOLERANCE, report
     assert res["same_as_live"], report
     assert res["cut_leaf_limits"] == [0, 0], res     # a cut: both leaves drop everything
-    assert abs(restored / BEFORE_MBIT - 1) <= TOLERANCE, report
+    assert low <= restored / BEFORE_MBIT <= 1 + TOLERANCE, report
     # every class that enforces 0 -> 1 was changed: tc reads back the new ceil (L2-corrected)
     want_bps = AFTER_MBIT * 1e6 * 1514 / 1448
     kinds = ("egress", "ifb") if with_ifb else ("egress",)
