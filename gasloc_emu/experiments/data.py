@@ -68,12 +68,26 @@ def read(path: Path, kind: str = "sweep") -> tuple[dict, list[dict]]:
     return header, runs
 
 
+FINISHED = ("ok", "diverged")   # how a run ends by itself; any other status ended it from outside
+
+
+def finished_record(run_dir: Path) -> bool:
+    """Whether a run folder holds a run that ended by itself (ok, or diverged: what its settings
+    do), which a sweep reuses; not one a failure ended (a timeout, a killed worker, a full disk,
+    Ctrl-C), which says nothing about its settings and is run again."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status") in FINISHED
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
 class KeptRows:
     """A sweep's finished runs as data rows, one JSON line each, appended as each run ends
     (``docs/results/<name>.partial.jsonl`` beside the page): a sweep cut short, or carried to a
     fresh checkout where its run folders are gone, resumes from them. A row is reused only for
-    the same run (its folder tag and phase) with the same resolved config (``config_sha``); the
-    file goes when the sweep's data file is written. A line cut short by a kill is skipped."""
+    the same run (its folder tag and phase) with the same resolved config (``config_sha``), and
+    only if it ended by itself (``FINISHED``); the file goes when the sweep's data file is
+    written. A line cut short by a kill is skipped."""
 
     def __init__(self, path: Path | None):
         self.path, self.rows = path, {}
@@ -82,8 +96,9 @@ class KeptRows:
         for line in path.read_text().splitlines():
             try:
                 d = json.loads(line)
-                self.rows[(d["tag"], d["phase"], d["config_sha"])] = d["row"]
-            except (json.JSONDecodeError, KeyError, TypeError):
+                if d["row"].get("status", "ok") in FINISHED:
+                    self.rows[(d["tag"], d["phase"], d["config_sha"])] = d["row"]
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                 continue
 
     def get(self, tag: str, phase: str, sha: str) -> dict | None:

@@ -64,10 +64,10 @@ from gasloc_emu.report.records import new_run_dir
 
 def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
     """One run of the sweep, in the simulator or the emulator; returns its record folder."""
-    if (out / "summary.json").exists():
+    if data.finished_record(out):
         return out  # resumable: a finished run is not repeated
     if out.exists():
-        shutil.rmtree(out)  # a run cut short: start it again from nothing
+        shutil.rmtree(out)  # a run cut short or failed: start it again from nothing
     # these load torch, which reading and reporting results does not need
     from gasloc_emu.plan import build_plan
     from gasloc_emu.training.worker import Diverged

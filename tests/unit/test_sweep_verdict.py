@@ -123,3 +123,25 @@ def test_a_close_verdict_gets_more_seeds_for_every_arm_of_its_group(gap, more):
     sweep._more_seeds_where_close(runner, results)
     seeds = [[r["seed"] for r in res.runs] for res in results]
     assert seeds == ([[0, 1, 2, 3, 4]] * 2 if more else [[0, 1, 2]] * 2)
+
+
+def test_a_sweep_reuses_runs_that_ended_by_themselves_and_reruns_failed_ones(tmp_path):
+    """A run a timeout, a kill or a full disk ended says nothing about its settings: resuming
+    runs it again (its folder and its kept row are not taken); ok and diverged runs are kept."""
+    import json
+
+    from gasloc_emu.experiments import data
+    for status, reused in (("ok", True), ("diverged", True), ("failed", False),
+                           ("stopped", False), ("error", False)):
+        run = tmp_path / status
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"status": status}))
+        assert data.finished_record(run) is reused, status
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "summary.json").write_text('{"status": "o')   # cut short by a kill
+    assert not data.finished_record(tmp_path / "cut") and not data.finished_record(tmp_path)
+    kept = data.KeptRows(tmp_path / "kept.jsonl")
+    for tag, status in (("a", "ok"), ("b", "failed"), ("c", "diverged")):
+        kept.add(tag, "tune", "sha", {"status": status})
+    again = data.KeptRows(tmp_path / "kept.jsonl")
+    assert [again.get(t, "tune", "sha") is not None for t in "abc"] == [True, False, True]
