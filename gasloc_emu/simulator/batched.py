@@ -101,10 +101,10 @@ class BatchedInner:
                 self._compute(group)
                 self.ready.add(t)
                 hub.cond.notify_all()
-            elif not hub.cond.wait_for(lambda: t in self.ready or hub.error is not None,
-                                       hub.timeout_s):
-                raise TransportError(f"worker {worker.rank} waited {hub.timeout_s:.0f} s for "
-                                     f"the others' inner phase of round {t}")
+            elif not hub.wait_until(lambda: t in self.ready):
+                raise TransportError(f"worker {worker.rank} waited for the others' inner phase "
+                                     f"of round {t} while no worker moved for "
+                                     f"{hub.timeout_s:.0f} s")
             if t not in self.ready:
                 raise TransportError(f"worker {worker.rank}: simulation aborted ({hub.error})")
             del group[worker.rank]

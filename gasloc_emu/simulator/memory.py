@@ -17,6 +17,7 @@ the lane that started when the All-Reduce was started, alongside the compute in 
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -35,6 +36,9 @@ from gasloc_emu.simulator.virtual_clock import (
 from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportError
 
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
+
+WAIT_SLICE_S = 1.0         # a waiting worker looks at the others' progress this often
+SUSPENDED_AFTER_S = 30.0   # a slice this much longer than asked: the process was suspended
 
 
 class Hub:
@@ -55,11 +59,35 @@ class Hub:
                                   lanes_per_worker=2 if background else 1,
                                   timed_self=timed_self, timed_world=timed_world)
         self.timeout_s = timeout_s
+        self.progress = 0   # every message and clock report: what a wait's patience counts from
         self.error: BaseException | None = None
         # for the stall check: who waits for which message, who hangs (since which round), who ended
         self.waiting: dict[int, tuple] = {}
         self.hung: dict[int, int] = {}
         self.done: set[int] = set()
+
+    def report(self, lane: int, op) -> None:
+        """Hand one operation to the clock (the caller holds ``cond``); it counts as progress."""
+        self.progress += 1
+        self.clock.report(lane, op)
+
+    def wait_until(self, done) -> bool:
+        """Wait on ``cond`` (held) until ``done()`` or an error; False once no worker has made
+        progress for ``timeout_s``. Only time this process ran counts: a slice that took far
+        longer than asked means it was suspended (Ctrl-Z, SIGSTOP), and a long compute by
+        another worker does not run the patience out as long as some worker moves."""
+        idle_s, seen = 0.0, self.progress
+        while not (done() or self.error is not None):
+            t0 = time.monotonic()
+            self.cond.wait(WAIT_SLICE_S)
+            took = time.monotonic() - t0
+            if self.progress != seen:
+                idle_s, seen = 0.0, self.progress
+            elif took < SUSPENDED_AFTER_S:
+                idle_s += took
+            if idle_s >= self.timeout_s:
+                return False
+        return True
 
     def abort(self, exc: BaseException) -> None:
         """Wake every waiting worker so that the whole simulation stops with ``exc``."""
@@ -112,8 +140,8 @@ class InMemoryTransport(TransportBase):
             return super().start_all_reduce_mean(round_idx, tensor, members, reduce)
         fork = (self.bg_lane, self.rank, round_idx, "fork")
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Send(fork, 0))
-            self.hub.clock.report(self.bg_lane, Recv(fork))
+            self.hub.report(self.rank, Send(fork, 0))
+            self.hub.report(self.bg_lane, Recv(fork))
         return _DeferredReduce(self, round_idx, tensor, members, reduce)
 
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:
@@ -124,26 +152,26 @@ class InMemoryTransport(TransportBase):
                 raise TransportError(f"worker {self.rank} sent {kind!r} of round {round_idx} "
                                      f"to worker {peer} twice")
             hub.mail[key] = tensor
-            hub.clock.report(self.lane, Send(self._clock_key(key),
+            hub.report(self.lane, Send(self._clock_key(key),
                                              tensor.numel() * tensor.element_size()))
             hub.cond.notify_all()
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         hub, key = self.hub, (self.rank, peer, round_idx, kind)
         with hub.cond:
-            hub.clock.report(self.lane, Recv(self._clock_key(key)))
+            hub.report(self.lane, Recv(self._clock_key(key)))
             hub.waiting[self.rank] = key
             try:
                 hub.check_stalled()
-                ok = hub.cond.wait_for(lambda: key in hub.mail or hub.error is not None,
-                                       hub.timeout_s)
+                ok = hub.wait_until(lambda: key in hub.mail)
             finally:
                 del hub.waiting[self.rank]
             if hub.error is not None:
                 raise TransportError(f"worker {self.rank}: simulation aborted ({hub.error})")
             if not ok:
-                raise TransportError(f"worker {self.rank} waited {hub.timeout_s:.0f} s for "
-                                     f"{kind!r} of round {round_idx} from worker {peer}")
+                raise TransportError(f"worker {self.rank} waited for {kind!r} of round "
+                                     f"{round_idx} from worker {peer} while no worker moved for "
+                                     f"{hub.timeout_s:.0f} s")
             return hub.mail.pop(key)
 
     def counters(self) -> dict:
@@ -160,18 +188,18 @@ class InMemoryTransport(TransportBase):
         shared with the others computing at once), or ``dedicated`` (a nominal time, on the
         worker's own emulated device)."""
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Compute(seconds, dedicated))
+            self.hub.report(self.rank, Compute(seconds, dedicated))
 
     def idle(self, seconds: float) -> None:
         """Stand still for ``seconds`` of virtual time (a pause, a failure detection's wait):
         like a nominal compute it takes its time whatever else runs, but it is not compute."""
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Compute(seconds, dedicated=True, idle=True))
+            self.hub.report(self.rank, Compute(seconds, dedicated=True, idle=True))
 
     def end_round(self, row: dict) -> None:
         """Hand a finished round's row to the clock, which emits it with its virtual times."""
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Mark(row))
+            self.hub.report(self.rank, Mark(row))
 
     def start_round(self, round_idx: int) -> None:
         """Tell the clock this worker starts ``round_idx`` and wait until its replay is here:
@@ -189,21 +217,20 @@ class InMemoryTransport(TransportBase):
     def _clock_wait(self, op, reached, what: str) -> None:
         hub, lane = self.hub, self.hub.clock.lanes[self.rank]
         with hub.cond:
-            hub.clock.report(self.rank, op)
+            hub.report(self.rank, op)
             hub.cond.notify_all()
-            ok = hub.cond.wait_for(lambda: reached(lane) or hub.error is not None,
-                                   hub.timeout_s)
+            ok = hub.wait_until(lambda: reached(lane))
             if hub.error is not None:
                 raise TransportError(f"worker {self.rank}: simulation aborted ({hub.error})")
             if not ok:
-                raise TransportError(f"worker {self.rank} waited {hub.timeout_s:.0f} s for the "
-                                     f"virtual clock to reach {what}")
+                raise TransportError(f"worker {self.rank} waited for the virtual clock to reach "
+                                     f"{what} while no worker moved for {hub.timeout_s:.0f} s")
 
     def finish(self) -> None:
         with self.hub.cond:
-            self.hub.clock.report(self.rank, Done())
+            self.hub.report(self.rank, Done())
             if self.hub.background:
-                self.hub.clock.report(self.bg_lane, Done())
+                self.hub.report(self.bg_lane, Done())
             self.hub.done.add(self.rank)
             self.hub.check_stalled()  # the workers left may be waiting for this one
 
@@ -227,6 +254,6 @@ class _DeferredReduce(PendingReduce):
             tp.lane = rank
         done = (rank, bg, self.round_idx, "joined")
         with tp.hub.cond:
-            tp.hub.clock.report(bg, Send(done, 0))
-            tp.hub.clock.report(rank, Recv(done))
+            tp.hub.report(bg, Send(done, 0))
+            tp.hub.report(rank, Recv(done))
         return mean
