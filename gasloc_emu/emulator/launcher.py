@@ -26,8 +26,8 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import used_pairs
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
+from gasloc_emu.report.fmt import stolen
 from gasloc_emu.training.devices import worker_devices
-from netem.hoststat import STEAL_NOTABLE
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
 
@@ -150,11 +150,10 @@ def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
 
 def _steal_note(row: dict) -> str:
     """Why a link may read short: the hypervisor took the host's CPUs (docs/NETWORK.md)."""
-    steal = row.get("host_steal")
-    if steal is None or steal < STEAL_NOTABLE:
+    phrase = stolen(row.get("host_steal"))
+    if phrase is None:
         return ""
-    return (f" (the hypervisor took {steal:.0%} of this host's CPU time meanwhile: a shaper "
-            f"whose timers run late falls behind its rate)")
+    return f" ({phrase} meanwhile: a shaper whose timers run late falls behind its rate)"
 
 
 def supervise(sup: Supervisor) -> tuple[int, dict]:

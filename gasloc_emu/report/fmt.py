@@ -53,14 +53,22 @@ def summary_lines(summary: dict, record_path) -> list[str]:
         + _steal_lines(summary.get("host_cpu"))
 
 
+def stolen(steal) -> str | None:
+    """"the hypervisor took N% of this host's CPU time" when a steal share (of /proc/stat's CPU
+    time, ``netem.hoststat``) is notable, else None."""
+    if not finite(steal) or steal < STEAL_NOTABLE:
+        return None
+    return f"the hypervisor took {steal:.0%} of this host's CPU time"
+
+
 def _steal_lines(shares) -> list[str]:
     """One warning line when the hypervisor took a notable share of the host's CPU time during
     the run (``host_cpu`` of summary.json): shaped links then fall behind their rates."""
-    steal = shares.get("steal") if isinstance(shares, dict) else None
-    if not finite(steal) or steal < STEAL_NOTABLE:
+    phrase = stolen(shares.get("steal") if isinstance(shares, dict) else None)
+    if phrase is None:
         return []
-    return [f"warning: the hypervisor took {steal:.0%} of this host's CPU time during the run; "
-            "shaped links and step times may have run slow (docs/NETWORK.md, \"Known problems\")"]
+    return [f"warning: {phrase} during the run; shaped links and step times may have run slow "
+            "(docs/NETWORK.md, \"Known problems\")"]
 
 
 def _overrun_lines(block) -> list[str]:
