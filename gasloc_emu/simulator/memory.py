@@ -38,7 +38,9 @@ from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportErr
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
 
 WAIT_SLICE_S = 1.0         # a waiting worker looks at the others' progress this often
-SUSPENDED_AFTER_S = 30.0   # a slice this much longer than asked: the process was suspended
+# a slice that took this long or more was not waiting on others' progress: the process was
+# suspended, or a worker held the turn lock all along computing; either way it is not counted
+SUSPENDED_AFTER_S = 30.0
 
 
 class Hub:
@@ -73,9 +75,9 @@ class Hub:
 
     def wait_until(self, done) -> bool:
         """Wait on ``cond`` (held) until ``done()`` or an error; False once no worker has made
-        progress for ``timeout_s``. Only time this process ran counts: a slice that took far
-        longer than asked means it was suspended (Ctrl-Z, SIGSTOP), and a long compute by
-        another worker does not run the patience out as long as some worker moves."""
+        progress for ``timeout_s``. A slice of ``SUSPENDED_AFTER_S`` or more is not counted (the
+        process was suspended, Ctrl-Z or SIGSTOP, or a worker computed that long holding the
+        turn lock), and any worker's progress starts the patience again."""
         idle_s, seen = 0.0, self.progress
         while not (done() or self.error is not None):
             t0 = time.monotonic()
