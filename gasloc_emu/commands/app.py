@@ -1,6 +1,7 @@
 """The bodies of the CLI commands: build what a command needs, run it, print the outcome."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -167,8 +168,7 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
     if role is not None and role.multi:
         return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
     # the workers' zygote imports torch on another core while this process plans the run
-    zygote = None if dry_run else Zygote().start()
-    try:
+    with contextlib.nullcontext() if dry_run else Zygote() as zygote:
         from gasloc_emu.emulator.launcher import launch
         plan = _plan(cfg, data=not dry_run)
         # refused before anything runs
@@ -177,9 +177,6 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
                         progress_factory=lambda devices, shaper: make_progress(plan, devices,
                                                                                shaper),
                         log=lambda line: click.echo(line, err=True))
-    finally:
-        if zygote is not None:
-            zygote.close()
     return _report(result)
 
 
@@ -191,8 +188,7 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
         from gasloc_emu.cluster.multinode import describe_role
         click.echo(describe_role(_plan(cfg, data=False), role))
         return exitcodes.OK
-    zygote = Zygote().start()   # imports torch while this node plans and meets the others
-    try:
+    with Zygote() as zygote:   # imports torch while this node plans and meets the others
         from gasloc_emu.cluster.multinode import launch_cluster
         plan = _plan(cfg, data=True)
         path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
@@ -201,8 +197,6 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
         result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
                                 progress_factory=factory, zygote=zygote,
                                 log=lambda line: click.echo(line, err=True))
-    finally:
-        zygote.close()
     if not role.is_master:  # node 0 has the record and prints the summary
         return result.code
     return _report(result)

@@ -77,6 +77,12 @@ class Zygote:
             threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
         return self
 
+    def __enter__(self) -> Zygote:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def spawn(self, argv: list[str], env: dict[str, str], log: str, append: bool,
               netns: str | None = None) -> Forked:
         """Fork a worker running ``python -m gasloc_emu.emulator.worker_process ARGV``, in the
