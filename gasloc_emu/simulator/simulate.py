@@ -31,6 +31,8 @@ from gasloc_emu.training.model import build_model
 from gasloc_emu.training.worker import Diverged, Worker
 from gasloc_emu.transport.faults import InjectedFault, plan_from_config, with_fault
 
+STOP_GRACE_S = 30.0  # how long Ctrl-C waits for the worker threads to reach their next message
+
 # progress(worker, round_stats_dict) is called after every round of every worker
 Progress = Callable[[dict], None]
 
@@ -87,6 +89,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
                 th.join()
         except KeyboardInterrupt:
             hub.abort(KeyboardInterrupt())  # the workers stop at their next message
+            _join_for(threads, STOP_GRACE_S)
             rec.summary({"status": "stopped", "error": "interrupted (Ctrl-C)",
                          "mode": "simulate"})
             raise
@@ -252,6 +255,15 @@ def check_departure(cfg: Config, rank: int, t: int) -> None:
 
 class WorkerLost(RuntimeError):
     """A worker left and the configuration says the run cannot go on without it."""
+
+
+def _join_for(threads: list[threading.Thread], grace_s: float) -> None:
+    """Wait up to ``grace_s`` in all for the workers to stop: a worker thread still inside a
+    torch kernel when the interpreter exits has its C++ state torn down under it, and the
+    process then aborts (SIGABRT, "terminate called") instead of exiting with its own code."""
+    deadline = time.monotonic() + grace_s
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
 
 
 def _worker_loop(life: _Life, hub: Hub, rounds: int) -> None:
