@@ -332,7 +332,7 @@ def crossover_command(preset: str | None, out: str | None, report: str | None,
         header, rows = X.run_crossover(preset, out_dir, log=click.echo)
         data_file.write(out_dir / "data.jsonl", header, rows, kind=X.KIND)
     out_dir.mkdir(parents=True, exist_ok=True)
-    X.plot_map(header["spec"], X.ratio_grid(header["spec"], rows), out_dir / "map.png")
+    X.plot_map(header["spec"], rows, out_dir / "map.png")
     click.echo(f"map: {out_dir / 'map.png'}")
     if report:
         page = Path(report)

@@ -1,16 +1,22 @@
 """The crossover map: at a given link rate and step time, which algorithm reaches the target loss
 first, and by how much.
 
-A preset's ``[crossover]`` table names two arms (a candidate and a baseline), a grid of link
-rates (uniform links, Mbit/s) and nominal step times (s), and a target loss. Rounds here are
-synchronous and the links change when messages arrive, never what they carry, so an arm's loss
-after round r is the same at every grid point (each grid run checks it). The map is made so:
+A preset's ``[crossover]`` table names its arms (a candidate, the baseline, then any further
+candidates, each set against the baseline), a grid of link rates (uniform links, Mbit/s) and
+nominal step times (s), and a target loss. The map is made so:
 
-1. one full simulation per arm finds the rounds to the target (an evaluation every round);
-2. at every grid point, each arm is simulated for exactly that many rounds, and the simulator's
-   clock at the end is its time to the target;
-3. a few points (``check``) run in the emulator too, with real processes over shaped links, and
-   their measured time is set beside the prediction.
+1. one simulation per arm at the grid's fastest point (an evaluation every round) finds its
+   rounds to the target;
+2. an arm with rounds is synchronous, and the links change when its messages arrive, never what
+   they carry, so its loss after round r is the same at every grid point (each grid run checks
+   it): every point simulates exactly those rounds, and the clock at the end is its time to the
+   target. An arm without rounds (``has_rounds = False``: asynchronous pairwise gossip) pairs by
+   the links' timing, so its loss differs from point to point: every point simulates up to
+   ``BUDGET`` times the probe's steps with an evaluation every step, and its time is that of the
+   first evaluation at or below the target;
+3. a few points (``check``) run in the emulator too, with real processes over shaped links, for
+   the rounds (or steps) the simulator took there, and the measured time and loss are set beside
+   the prediction.
 
 The data file (docs/results/<name>.jsonl) holds every run; ``section`` rebuilds the section of
 docs/RESULTS.md from it alone.
@@ -37,12 +43,13 @@ class CrossoverSpec:
     rates_mbit: tuple[float, ...]
     step_times_s: tuple[float, ...]
     target_loss: float
-    arms: tuple[Arm, Arm]                         # candidate, baseline
+    arms: tuple[Arm, ...]                         # candidate, baseline, further candidates
     checks: tuple[tuple[float, float], ...] = ()  # (rate_mbit, step_time_s) run in the emulator
     seed: int = 0
 
 
 KIND = "crossover"  # its data file's header kind (``data.write``)
+BUDGET = 1.5        # an arm without rounds runs up to this many times its probe's steps
 _KEYS = {"title", "rates_mbit", "step_times_s", "target_loss", "arm", "check", "seed"}
 
 
@@ -55,9 +62,9 @@ def load_crossover(path: str | Path) -> CrossoverSpec:
         raise C.ConfigError(f"{path}: unknown crossover keys {sorted(unknown)}; known: "
                             f"{sorted(_KEYS)}")
     arms = raw.get("arm", [])
-    if len(arms) != 2:
-        raise C.ConfigError(f"{path}: crossover needs exactly 2 [[crossover.arm]] (candidate, "
-                            f"then baseline), got {len(arms)}")
+    if len(arms) < 2:
+        raise C.ConfigError(f"{path}: crossover needs 2 or more [[crossover.arm]] (candidate, "
+                            f"baseline, then any further candidates), got {len(arms)}")
     rates, steps = _positive(path, raw, "rates_mbit"), _positive(path, raw, "step_times_s")
     checks = tuple((float(r), float(s)) for r, s in raw.get("check", []))
     outside = [c for c in checks if c[0] not in rates or c[1] not in steps]
@@ -78,15 +85,29 @@ def _positive(path, raw: dict, key: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def point_overrides(rate_mbit: float, step_s: float, rounds: int) -> dict:
+def point_overrides(rate_mbit: float, step_s: float, rounds: int, eval_every: int = 0) -> dict:
+    """A grid point's settings: evaluated at the end only, or every ``eval_every`` rounds."""
     return {"net.bw_profile": "uniform", "net.rate_mbit": rate_mbit, "net.probe": False,
-            "compute.step_time_s": step_s, "run.rounds": rounds, "run.eval_every": rounds}
+            "compute.step_time_s": step_s, "run.rounds": rounds,
+            "run.eval_every": eval_every or rounds}
+
+
+def first_at_target(row: dict, target: float) -> tuple[int | None, float | None, float | None]:
+    """(rounds, time, loss) at the first evaluation at or below ``target``; Nones if never."""
+    return next(((int(r), t, v) for r, t, v in row["curve"] if v is not None and v <= target),
+                (None, None, None))
 
 
 def rounds_to_target(row: dict, target: float) -> tuple[int | None, float | None]:
     """(rounds, loss) at the first evaluation at or below ``target``; (None, None) if never."""
-    return next(((int(r), v) for r, _, v in row["curve"] if v is not None and v <= target),
-                (None, None))
+    rounds, _, loss = first_at_target(row, target)
+    return rounds, loss
+
+
+def has_rounds(preset: Path, arm: Arm, seed: int) -> bool:
+    """Whether the arm's algorithm is synchronous (its own trait, ``has_rounds``)."""
+    from gasloc_emu.algorithms import registry  # loads torch, which reading results does not
+    return registry.load(arm_config(preset, arm, seed).algo.name).has_rounds
 
 
 class _Maker:
@@ -101,31 +122,40 @@ class _Maker:
         self.log(f"  {arm.name}-{tag}: loss {last[2]}, {last[1]} s")
         return row | {"tag": tag, "time_s": last[1], "loss": last[2]}
 
-    def arm(self, arm: Arm) -> tuple[list[dict], int | None]:
-        """The probe and the grid of one arm, and its rounds to the target."""
+    def arm(self, arm: Arm) -> list[dict]:
+        """The probe and the grid of one arm."""
         rate, step = self.spec.rates_mbit[-1], self.spec.step_times_s[0]
+        timed = has_rounds(self.preset, arm, self.spec.seed)
         probe = self.run(arm, "probe", {"run.eval_every": 1} | _net(rate, step), "simulate")
         rounds, _ = rounds_to_target(probe, self.spec.target_loss)
-        rows = [probe | {"phase": "probe"}]
+        rows = [probe | {"phase": "probe", "timed": timed}]
         if rounds is None:
-            return rows, None
+            return rows
+        budget = rounds if timed else math.ceil(BUDGET * rounds)
         for rate in self.spec.rates_mbit:
             for step in self.spec.step_times_s:
-                rows.append(self.point(arm, rate, step, rounds, "simulate"))
-        return rows, rounds
+                rows.append(self.point(arm, rate, step, budget, timed, "simulate"))
+        return rows
 
-    def checks(self, arm: Arm, rounds: int | None) -> list[dict]:
+    def checks(self, arm: Arm, rows: list[dict]) -> list[dict]:
         """The emulator's runs (after every simulation, so that a busy host can be quietened
-        for them alone)."""
-        if rounds is None:
-            return []
-        return [self.point(arm, rate, step, rounds, "run") for rate, step in self.spec.checks]
+        for them alone), each for the rounds or steps its grid point took to the target."""
+        took = {(r["rate_mbit"], r["step_time_s"]): (r["rounds_to_target"], r["timed"])
+                for r in rows if r.get("phase") == "grid" and r["arm"] == arm.name}
+        return [self.point(arm, rate, step, *took[rate, step], "run")
+                for rate, step in self.spec.checks
+                if took.get((rate, step), (None,))[0] is not None]
 
-    def point(self, arm: Arm, rate: float, step: float, rounds: int, mode: str) -> dict:
+    def point(self, arm: Arm, rate: float, step: float, rounds: int, timed: bool,
+              mode: str) -> dict:
         tag = f"{rate:g}mbit-{step:g}s" + ("-run" if mode == "run" else "")
-        row = self.run(arm, tag, point_overrides(rate, step, rounds), mode)
+        to_target = not timed and mode == "simulate"  # evaluated every step, time at the target
+        row = self.run(arm, tag, point_overrides(rate, step, rounds, int(to_target)), mode)
+        if to_target:
+            rounds, time_s, loss = first_at_target(row, self.spec.target_loss)
+            row |= {"time_s": time_s, "loss": loss}
         return row | {"phase": "check" if mode == "run" else "grid", "rate_mbit": rate,
-                      "step_time_s": step, "rounds_to_target": rounds}
+                      "step_time_s": step, "rounds_to_target": rounds, "timed": timed}
 
 
 def _net(rate: float, step: float) -> dict:
@@ -138,11 +168,10 @@ def run_crossover(preset: str | Path, out: str | Path, log=print) -> tuple[dict,
     spec, t0 = load_crossover(preset), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     maker = _Maker(preset, spec, out, log)
-    made = [maker.arm(arm) for arm in spec.arms]
-    rows = [r for arm_rows, _ in made for r in arm_rows]
+    rows = [r for arm in spec.arms for r in maker.arm(arm)]
     if spec.checks:
         log("emulator checks (timed: keep the host otherwise idle)")
-    rows += [r for arm, (_, n) in zip(spec.arms, made, strict=True) for r in maker.checks(arm, n)]
+    rows += [r for arm in spec.arms for r in maker.checks(arm, rows)]
     header = {"preset": str(preset), "spec": spec_dict(spec),
               "machine": machine(), "seconds": time.perf_counter() - t0,
               "command": f"gasloc-emu crossover {preset} --report docs/RESULTS.md"}
@@ -156,12 +185,25 @@ def spec_dict(spec: CrossoverSpec) -> dict:
             "checks": [list(c) for c in spec.checks], "seed": spec.seed}
 
 
-def ratio_grid(spec: dict, rows: list[dict]) -> np.ndarray:
-    """Time to the target of the candidate over the baseline's: rows step times, columns
-    rates; NaN where either did not reach it."""
-    cand, base = (a["name"] for a in spec["arms"])
-    times = {(r["arm"], r["rate_mbit"], r["step_time_s"]): r["time_s"]
-             for r in rows if r.get("phase") == "grid"}
+def baseline(spec: dict) -> str:
+    return spec["arms"][1]["name"]
+
+
+def candidates(spec: dict) -> list[str]:
+    """Every arm set against the baseline: the first, then those after the baseline."""
+    names = [a["name"] for a in spec["arms"]]
+    return [names[0], *names[2:]]
+
+
+def _times(rows: list[dict]) -> dict:
+    return {(r["arm"], r["rate_mbit"], r["step_time_s"]): r["time_s"]
+            for r in rows if r.get("phase") == "grid"}
+
+
+def ratio_grid(spec: dict, rows: list[dict], cand: str | None = None) -> np.ndarray:
+    """Time to the target of ``cand`` (default the first arm) over the baseline's: rows step
+    times, columns rates; NaN where either did not reach it."""
+    cand, base, times = cand or candidates(spec)[0], baseline(spec), _times(rows)
     grid = np.full((len(spec["step_times_s"]), len(spec["rates_mbit"])), math.nan)
     for i, step in enumerate(spec["step_times_s"]):
         for j, rate in enumerate(spec["rates_mbit"]):
@@ -169,6 +211,20 @@ def ratio_grid(spec: dict, rows: list[dict]) -> np.ndarray:
             if a is not None and b:
                 grid[i, j] = a / b
     return grid
+
+
+def first_grid(spec: dict, rows: list[dict]) -> list[list[str | None]]:
+    """Per step time and rate, the arm that reaches the target first (None: no arm does)."""
+    times, names = _times(rows), [a["name"] for a in spec["arms"]]
+    out = []
+    for step in spec["step_times_s"]:
+        line = []
+        for rate in spec["rates_mbit"]:
+            reached = [(times[n, rate, step], n) for n in names
+                       if times.get((n, rate, step)) is not None]
+            line.append(min(reached)[1] if reached else None)
+        out.append(line)
+    return out
 
 
 def crossover_rates(spec: dict, grid: np.ndarray) -> list[float | None]:
@@ -187,12 +243,20 @@ def crossover_rates(spec: dict, grid: np.ndarray) -> list[float | None]:
     return out
 
 
-def plot_map(spec: dict, grid: np.ndarray, path: Path) -> None:
+def plot_map(spec: dict, rows: list[dict], path: Path) -> None:
+    """One heat map per candidate against the baseline, side by side."""
     from gasloc_emu.report.compare import matplotlib_figure
     Figure, FigureCanvasAgg = matplotlib_figure()
-    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    cands = candidates(spec)
+    fig = Figure(figsize=(7.5 * len(cands), 4.8), layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    for ax, cand in zip(np.atleast_1d(fig.subplots(1, len(cands))), cands, strict=True):
+        _map_panel(fig, ax, spec, ratio_grid(spec, rows, cand), cand)
+    fig.suptitle("\n".join(textwrap.wrap(spec["title"], 90 * len(cands))), fontsize=9)
+    fig.savefig(path, dpi=110)
+
+
+def _map_panel(fig, ax, spec: dict, grid: np.ndarray, cand: str) -> None:
     x, y = np.log10(spec["rates_mbit"]), np.log10(spec["step_times_s"])
     mesh = ax.pcolormesh(x, y, np.log2(grid), cmap="RdBu_r", vmin=-2, vmax=2, shading="nearest")
     if np.nanmin(grid) < 1 < np.nanmax(grid):
@@ -205,30 +269,29 @@ def plot_map(spec: dict, grid: np.ndarray, path: Path) -> None:
     ax.set_yticks(y, [f"{s:g}" for s in spec["step_times_s"]])
     ax.set_xlabel("link rate (Mbit/s, every link)")
     ax.set_ylabel("step time (s)")
-    cand, base = (a["name"] for a in spec["arms"])
     fig.colorbar(mesh, ax=ax, label=f"log2 of time to loss {spec['target_loss']:g}: "
-                                    f"{cand} / {base}")
-    ax.set_title("\n".join(textwrap.wrap(spec["title"], 90)), fontsize=9)
-    fig.savefig(path, dpi=110)
+                                    f"{cand} / {baseline(spec)}")
 
 
 def section(header: dict, rows: list[dict]) -> str:
     """The section of docs/RESULTS.md, from the data file alone."""
     spec = header["spec"]
-    grid = ratio_grid(spec, rows)
-    cand, base = (a["name"] for a in spec["arms"])
     lines = [f"## {spec['title']}", "",
              f"Command: `{header['command']}`", "",
-             _method(spec, rows), "",
-             f"Time to eval loss {spec['target_loss']:g} of {cand} over {base}'s, on the "
-             "simulator's clock (below 1: " + cand + " first):", "",
-             *_ratio_table(spec, grid), "",
-             f"![crossover](results/{Path(header['preset']).stem}.png)", "",
-             _crossing_line(spec, grid), ""]
+             _method(spec, rows), ""]
+    for cand in candidates(spec):
+        grid = ratio_grid(spec, rows, cand)
+        lines += [f"Time to eval loss {spec['target_loss']:g} of {cand} over "
+                  f"{baseline(spec)}'s, on the simulator's clock (below 1: {cand} first):", "",
+                  *_ratio_table(spec, grid), "", _crossing_line(spec, grid, cand), ""]
+    if len(spec["arms"]) > 2:
+        lines += ["First to the target:", "", *_first_table(spec, rows), ""]
+    lines += [f"![crossover](results/{Path(header['preset']).stem}.png)", ""]
     checks = [r for r in rows if r.get("phase") == "check"]
     if checks:
-        lines += ["Checked in the emulator (processes over shaped links; the time at the end of "
-                  "the target round):", "", *_check_table(rows, checks), ""]
+        lines += ["Checked in the emulator (processes over shaped links, for the rounds or steps "
+                  "the simulator took to the target there; the time at their end):", "",
+                  *_check_table(rows, checks), ""]
     m = header["machine"]
     lines.append(f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
                  f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {len(rows)} runs took "
@@ -237,23 +300,47 @@ def section(header: dict, rows: list[dict]) -> str:
 
 
 def _method(spec: dict, rows: list[dict]) -> str:
-    probes = {r["arm"]: rounds_to_target(r, spec["target_loss"])
-              for r in rows if r.get("phase") == "probe"}
-    said = "; ".join(f"{arm} {n} rounds (loss {v:.4f})" if n else f"{arm} never"
-                     for arm, (n, v) in probes.items())
-    return (f"Seed {spec['seed']}. Rounds to the target, from one run per arm with an "
-            f"evaluation every round: {said}. Every grid point runs each arm for exactly "
-            "those rounds on uniform links at the rate, with the nominal step time; "
-            + _same_losses(rows) + " (the links change when messages arrive, never what they "
-            "carry).")
+    probes = [r for r in rows if r.get("phase") == "probe"]
+    said = "; ".join(_probe_words(r, spec["target_loss"]) for r in probes)
+    text = (f"Seed {spec['seed']}. To the target, from one run per arm at "
+            f"{spec['rates_mbit'][-1]:g} Mbit/s and {spec['step_times_s'][0]:g} s steps with an "
+            f"evaluation every round (every step for an arm without rounds): {said}.")
+    if any(r.get("timed", True) for r in probes):
+        text += (" Every grid point runs each arm with rounds for exactly those rounds on "
+                 "uniform links at the rate, with the nominal step time; " + _same_losses(rows)
+                 + " (the links change when messages arrive, never what they carry).")
+    for r in probes:
+        if not r.get("timed", True):
+            text += " " + _to_target_words(r["arm"], rows)
+    return text
+
+
+def _probe_words(row: dict, target: float) -> str:
+    n, v = rounds_to_target(row, target)
+    unit = "rounds" if row.get("timed", True) else "steps"
+    return f"{row['arm']} {n} {unit} (loss {v:.4f})" if n else f"{row['arm']} never"
+
+
+def _to_target_words(arm: str, rows: list[dict]) -> str:
+    """How an arm without rounds was timed, and what it took."""
+    grid = [r for r in rows if r.get("phase") == "grid" and r["arm"] == arm]
+    took = [r["rounds_to_target"] for r in grid if r["rounds_to_target"] is not None]
+    budget = max((r["rounds"] or 0 for r in grid), default=0)
+    span = f"{min(took)}" if took and min(took) == max(took) else f"{min(took, default=0)} to " \
+        f"{max(took, default=0)}"
+    reach = (f"it reached the target at {len(took)} of {len(grid)} points, after {span} steps"
+             if took else "it reached it at no point")
+    return (f"{arm} has no rounds: its pairings, and so its losses, follow the links' timing, "
+            f"so every grid point runs it for {budget} steps with an evaluation every step, "
+            f"and its time is that of the first evaluation at or below the target; {reach}.")
 
 
 def _same_losses(rows: list[dict]) -> str:
-    """Whether every grid run ended on its probe's loss at that round, as it should."""
+    """Whether every timed grid run ended on its probe's loss at that round, as it should."""
     probe = {r["arm"]: {int(n): v for n, _, v in r["curve"]}
              for r in rows if r.get("phase") == "probe"}
-    gaps = [abs(r["loss"] - probe[r["arm"]][r["rounds_to_target"]])
-            for r in rows if r.get("phase") == "grid" and r["loss"] is not None]
+    gaps = [abs(r["loss"] - probe[r["arm"]][r["rounds_to_target"]]) for r in rows
+            if r.get("phase") == "grid" and r.get("timed", True) and r["loss"] is not None]
     if gaps and max(gaps) == 0.0:
         return "its loss there is the probe's at every point, to the last bit"
     return f"its loss there differs from the probe's by up to {max(gaps, default=0):.2e}"
@@ -269,24 +356,38 @@ def _ratio_table(spec: dict, grid: np.ndarray) -> list[str]:
     return rows
 
 
-def _crossing_line(spec: dict, grid: np.ndarray) -> str:
-    cand, base = (a["name"] for a in spec["arms"])
+def _first_table(spec: dict, rows: list[dict]) -> list[str]:
+    head = "| step time \\ rate (Mbit/s) | " + " | ".join(f"{r:g}" for r in spec["rates_mbit"])
+    out = [head + " |", "| --- " * (len(spec["rates_mbit"]) + 1) + "|"]
+    for step, names in zip(spec["step_times_s"], first_grid(spec, rows), strict=True):
+        out.append(f"| {step:g} s | " + " | ".join(n or "-" for n in names) + " |")
+    return out
+
+
+def _crossing_line(spec: dict, grid: np.ndarray, cand: str) -> str:
     parts = []
     for step, rate in zip(spec["step_times_s"], crossover_rates(spec, grid), strict=True):
         parts.append(f"{step:g} s: " + (f"{rate:.3g} Mbit/s" if rate else "none in the grid"))
     return (f"The crossover line (ratio 1, log-interpolated between grid rates; {cand} first on "
-            f"one side, {base} on the other), per step time: " + "; ".join(parts) + ".")
+            f"one side, {baseline(spec)} on the other), per step time: " + "; ".join(parts)
+            + ".")
 
 
 def _check_table(rows: list[dict], checks: list[dict]) -> list[str]:
-    predicted = {(r["arm"], r["rate_mbit"], r["step_time_s"]): r["time_s"]
+    predicted = {(r["arm"], r["rate_mbit"], r["step_time_s"]): r
                  for r in rows if r.get("phase") == "grid"}
-    out = ["| arm | rate (Mbit/s) | step time (s) | predicted s | measured s | measured / "
-           "predicted |", "| --- | --- | --- | --- | --- | --- |"]
+    out = ["| arm | rate (Mbit/s) | step time (s) | rounds or steps | predicted s | measured s "
+           "| measured / predicted | loss predicted | loss measured |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in checks:
-        p = predicted.get((r["arm"], r["rate_mbit"], r["step_time_s"]))
-        ratio = f"{r['time_s'] / p:.3f}" if p and r["time_s"] else "-"
+        p = predicted.get((r["arm"], r["rate_mbit"], r["step_time_s"]), {})
+        p_s, m_s = p.get("time_s"), r["time_s"]
+        ratio = f"{m_s / p_s:.3f}" if p_s and m_s else "-"
         out.append(f"| {r['arm']} | {r['rate_mbit']:g} | {r['step_time_s']:g} | "
-                   f"{p if p is None else round(p, 2)} | "
-                   f"{r['time_s'] if r['time_s'] is None else round(r['time_s'], 2)} | {ratio} |")
+                   f"{r['rounds_to_target']} | {_fmt(p_s, 2)} | {_fmt(m_s, 2)} | {ratio} | "
+                   f"{_fmt(p.get('loss'), 4)} | {_fmt(r['loss'], 4)} |")
     return out
+
+
+def _fmt(v: float | None, digits: int) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"

@@ -1,5 +1,6 @@
-"""The crossover map from its runs: the ratio grid, where it crosses 1, the preset's checks, and
-the section rebuilt from a data file alone."""
+"""The crossover map from its runs: the ratio grid, where it crosses 1, which arm is first, an
+arm without rounds timed at its target, the preset's checks, and the section rebuilt from a
+data file alone."""
 from __future__ import annotations
 
 import math
@@ -56,8 +57,54 @@ def test_the_section_says_what_the_runs_say():
     text = X.section(header, rows())
     assert "g 4 rounds (loss 2.9000); d 3 rounds (loss 2.9000)" in text
     assert "to the last bit" in text
-    assert "| g | 10 | 0.1 | 7.2 | 4.4 | 0.611 |" in text  # predicted 4 (1 + 8 / 10) s
+    # predicted 4 (1 + 8 / 10) s, its 4 rounds, and both losses
+    assert "| g | 10 | 0.1 | 4 | 7.20 | 4.40 | 0.611 | 2.9000 | 2.9000 |" in text
     assert "![crossover](results/x.png)" in text
+    assert "has no rounds" not in text and "First to the target" not in text
+
+
+A_SPEC = SPEC | {"arms": SPEC["arms"] + [{"name": "a", "sets": {}}]}
+
+
+def a_rows() -> list[dict]:
+    """A third arm without rounds: it paid 0.5 s a step plus 16/rate an exchange and reached the
+    target after 5 to 7 steps, except at 1 Mbit/s with 0.01 s steps, where it never did."""
+    out = []
+    for step in SPEC["step_times_s"]:
+        for j, rate in enumerate(SPEC["rates_mbit"]):
+            n = 5 + j
+            reached = (rate, step) != (1.0, 0.01)
+            out.append(grid_row("a", rate, step, n * (5 * step + 16 / rate) if reached else None)
+                       | {"timed": False, "rounds": 9, "rounds_to_target": n if reached else None,
+                          "loss": 2.95 if reached else None})
+    probe = {"phase": "probe", "arm": "a", "timed": False, "curve": [[5, 0.1, 2.95]]}
+    return rows() + out + [probe]
+
+
+def test_an_arm_without_rounds_gets_its_own_map_and_the_first_table():
+    grid = X.ratio_grid(A_SPEC, a_rows(), "a")
+    assert math.isnan(grid[0, 0])  # never reached: left out, not a ratio
+    assert grid[1, 2] == pytest.approx(7 * (0.5 + 0.16) / (3 * (1 + 0.24)))
+    first = X.first_grid(A_SPEC, a_rows())
+    times = {(r["arm"], r["rate_mbit"], r["step_time_s"]): r["time_s"] for r in a_rows()
+             if r.get("phase") == "grid" and r["time_s"] is not None}
+    for i, step in enumerate(SPEC["step_times_s"]):
+        for j, rate in enumerate(SPEC["rates_mbit"]):
+            best = min((t, arm) for (arm, r, s), t in times.items() if (r, s) == (rate, step))
+            assert first[i][j] == best[1]
+    assert X.candidates(A_SPEC) == ["g", "a"] and X.baseline(A_SPEC) == "d"
+
+
+def test_the_section_says_how_an_arm_without_rounds_was_timed():
+    header = {"spec": A_SPEC, "command": "c", "preset": "runs/x.toml", "seconds": 60.0,
+              "machine": {"platform": "p", "cpus": 2, "python": "3", "torch": "2", "gpu": None}}
+    text = X.section(header, a_rows())
+    assert "g 4 rounds (loss 2.9000); d 3 rounds (loss 2.9000); a 5 steps (loss 2.9500)" in text
+    assert ("a has no rounds" in text and "runs it for 9 steps" in text
+            and "reached the target at 5 of 6 points, after 5 to 7 steps" in text)
+    assert "to the last bit" in text  # the timed arms' grid losses are still checked alone
+    assert "Time to eval loss 3 of a over d's" in text and "First to the target:" in text
+    assert X.section(header, a_rows()).count("The crossover line") == 2
 
 
 def test_a_preset_is_checked_where_it_is_read(tmp_path):
@@ -72,4 +119,7 @@ def test_a_preset_is_checked_where_it_is_read(tmp_path):
         X.load_crossover(path)
     path.write_text(base.replace("[1, 10]", "[0, 10]"))
     with pytest.raises(C.ConfigError, match="rates_mbit"):
+        X.load_crossover(path)
+    path.write_text(base.replace('[[crossover.arm]]\nname = "b"\n', ""))
+    with pytest.raises(C.ConfigError, match="2 or more"):
         X.load_crossover(path)
