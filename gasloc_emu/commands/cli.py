@@ -455,8 +455,9 @@ def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: st
 @friendly_errors
 def crossover(preset: str | None, out: str | None, report: str | None,
               from_data: str | None) -> None:
-    """At each link rate and step time of a preset's grid, which of two algorithms reaches the
-    target loss first (simulated; a few points checked in the emulator)."""
+    """At each link rate and step time of a preset's grid, which of its algorithms reaches the
+    target loss first, each against a baseline (simulated; a few points checked in the
+    emulator)."""
     if (preset is None) == (from_data is None):
         raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
     from gasloc_emu.commands.app import crossover_command
