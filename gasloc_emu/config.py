@@ -331,6 +331,11 @@ class SimConfig(_Validated):
     batched: bool = setting(False, "simulate only: each round's inner steps of every worker as "
                                    "one batched computation; faster, equal to the per-worker "
                                    "path to float rounding (not to the bit, so not to run).")
+    jitter: float = setting(0.0, "simulate, algorithms without rounds (a2cid2): each step and "
+                                 "each transfer takes its modelled time times (1 + jitter * u), "
+                                 "u uniform in [0, 1) from the run's seed, as on a real host; 0: "
+                                 "exact times, whose ties pair workers as no host does "
+                                 "(docs/ALGORITHM.md).", lo=0.0, hi=1.0)
 
 
 CODECS = ("none", "bf16", "int8", "int4", "topk", "randk")

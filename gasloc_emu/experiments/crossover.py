@@ -134,28 +134,39 @@ class _Maker:
         budget = rounds if timed else math.ceil(BUDGET * rounds)
         for rate in self.spec.rates_mbit:
             for step in self.spec.step_times_s:
-                rows.append(self.point(arm, rate, step, budget, timed, "simulate"))
+                rows.append(self.point(arm, rate, step, budget, timed))
         return rows
 
     def checks(self, arm: Arm, rows: list[dict]) -> list[dict]:
         """The emulator's runs (after every simulation, so that a busy host can be quietened
         for them alone), each for the rounds or steps its grid point took to the target."""
-        took = {(r["rate_mbit"], r["step_time_s"]): (r["rounds_to_target"], r["timed"])
+        grid = {(r["rate_mbit"], r["step_time_s"]): r
                 for r in rows if r.get("phase") == "grid" and r["arm"] == arm.name}
-        return [self.point(arm, rate, step, *took[rate, step], "run")
-                for rate, step in self.spec.checks
-                if took.get((rate, step), (None,))[0] is not None]
+        return [self.check(arm, grid[point]) for point in self.spec.checks
+                if grid.get(point, {}).get("rounds_to_target") is not None]
 
-    def point(self, arm: Arm, rate: float, step: float, rounds: int, timed: bool,
-              mode: str) -> dict:
-        tag = f"{rate:g}mbit-{step:g}s" + ("-run" if mode == "run" else "")
-        to_target = not timed and mode == "simulate"  # evaluated every step, time at the target
-        row = self.run(arm, tag, point_overrides(rate, step, rounds, int(to_target)), mode)
-        if to_target:
+    def point(self, arm: Arm, rate: float, step: float, rounds: int, timed: bool) -> dict:
+        """A grid point on the simulator: a timed arm for exactly ``rounds``; an arm without
+        rounds for up to ``rounds`` steps, evaluated every step, timed at its target."""
+        row = self.run(arm, f"{rate:g}mbit-{step:g}s",
+                       point_overrides(rate, step, rounds, 1 if not timed else 0), "simulate")
+        if not timed:
             rounds, time_s, loss = first_at_target(row, self.spec.target_loss)
             row |= {"time_s": time_s, "loss": loss}
-        return row | {"phase": "check" if mode == "run" else "grid", "rate_mbit": rate,
-                      "step_time_s": step, "rounds_to_target": rounds, "timed": timed}
+        return row | {"phase": "grid", "rate_mbit": rate, "step_time_s": step,
+                      "rounds_to_target": rounds, "timed": timed}
+
+    def check(self, arm: Arm, grid: dict) -> dict:
+        """A grid point in the emulator, run as long as its simulation was (so that an arm
+        without rounds is not timed at its run's end, where neighbours stop pairing), and
+        evaluated where that reached the target."""
+        rate, step, n = grid["rate_mbit"], grid["step_time_s"], grid["rounds_to_target"]
+        row = self.run(arm, f"{rate:g}mbit-{step:g}s-run",
+                       point_overrides(rate, step, grid["rounds"], n), "run")
+        at = next((p for p in row["curve"] if p[0] == n), [n, None, None])
+        return row | {"phase": "check", "rate_mbit": rate, "step_time_s": step,
+                      "rounds_to_target": n, "timed": grid["timed"], "time_s": at[1],
+                      "loss": at[2]}
 
 
 def _net(rate: float, step: float) -> dict:
@@ -293,9 +304,10 @@ def section(header: dict, rows: list[dict]) -> str:
                   "the simulator took to the target there; the time at their end):", "",
                   *_check_table(rows, checks), ""]
     m = header["machine"]
+    run_s = sum(r.get("run_wall_s") or 0.0 for r in rows)  # not the last call's: runs resume
     lines.append(f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
                  f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {len(rows)} runs took "
-                 f"{header['seconds'] / 60:.1f} min of wall-clock.")
+                 f"{run_s / 60:.1f} min of wall-clock, one after another.")
     return "\n".join(lines)
 
 

@@ -13,8 +13,10 @@ A worker is in at most one exchange, so a link carries one message at a time and
 queues. Events are handled in order of virtual time, so with nominal step times a run is
 deterministic. Events at the same time (equal nominal step times make many) are taken in a
 random order drawn from the run's seed: taken by worker id, a ring of equal workers would pair
-0-1, 2-3, ... every time and never mix across those pairs. ``run.rounds`` is the number of
-gradient steps per worker; a metrics row is written per step, a slot's exchanges on its last.
+0-1, 2-3, ... every time and never mix across those pairs. Real processes have no such ties:
+``sim.jitter`` lengthens each step and transfer by a seeded share, as a host does (``Jitter``).
+``run.rounds`` is the number of gradient steps per worker; a metrics row is written per step,
+a slot's exchanges on its last.
 """
 from __future__ import annotations
 
@@ -66,6 +68,22 @@ class PostTransport(TransportBase):
         return self.now()
 
 
+class Jitter:
+    """``sim.jitter``: a modelled time lengthened by a seeded share of up to ``share``. Real
+    steps and transfers never take exactly their nominal time; with exact times, workers whose
+    steps and transfers are alike all end together, and the seeded order of those ties pairs
+    them afresh every slot, where real processes keep finding the partner they finished with
+    (docs/ALGORITHM.md). ``share`` 0 draws nothing: the event order is the exact one."""
+
+    def __init__(self, share: float, seed: int):
+        self.share, self.rng = share, np.random.default_rng([seed, 0x717E4])
+
+    def of(self, t_s: float) -> float:
+        if self.share == 0.0 or t_s == 0.0:
+            return t_s
+        return t_s * (1.0 + self.share * float(self.rng.random()))
+
+
 @dataclass
 class Lanes:
     """One worker's current slot: its gradient lane's step in flight and steps left, its
@@ -92,6 +110,7 @@ class AsyncSim:
         self.now_s = 0.0
         self.queue: list[tuple] = []  # (time, tie-break, worker, what, extra)
         self.rng = np.random.default_rng([cfg.seed, 0xE7E7])
+        self.jitter = Jitter(cfg.sim.jitter, cfg.seed)
         self.lanes = [Lanes() for _ in range(cfg.workers)]
         self.ended = [False] * cfg.workers
 
@@ -125,7 +144,7 @@ class AsyncSim:
         """The backward pass on x as it is now; the update lands when the step's time is up."""
         worker = self.workers[w]
         loss, measured_s = begin_step(worker)
-        step_s = worker.compute.step_s(measured_s)
+        step_s = self.jitter.of(worker.compute.step_s(measured_s))
         self.lanes[w].step = (loss, step_s, self.now_s)
         self.at(self.now_s + step_s, w, "step")
 
@@ -152,7 +171,8 @@ class AsyncSim:
 
     def exchange(self, a: int, b: int, label: int) -> None:
         """Both send x at the pairing's time; each mixes when the slower direction is in."""
-        end = self.now_s + max(self.transfer_s(a, b), self.transfer_s(b, a))
+        end = self.now_s + max(self.jitter.of(self.transfer_s(a, b)),
+                               self.jitter.of(self.transfer_s(b, a)))
         for me, peer in ((a, b), (b, a)):
             w = self.workers[me]
             w.algo.send_half(peer, label, w.theta, time_units(w, self.now_s))
@@ -247,4 +267,4 @@ def _total(workers: list[Worker], key: str) -> int:
     return sum(sum(w.transport.counters()[key].values()) for w in workers)
 
 
-__all__ = ["AsyncSim", "PostTransport", "simulate_async"]
+__all__ = ["AsyncSim", "Jitter", "PostTransport", "simulate_async"]

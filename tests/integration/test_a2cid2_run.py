@@ -84,3 +84,24 @@ def test_run_a2cid2_exchanges_while_it_steps_at_its_rate(tmp_path, rate_com):
     # the exchanges happen while the same worker's step runs (sequentially this would be 0)
     rec = summary["asynchronous"]
     assert rec["exchange_s"] > 0 and rec["overlap_share"] > 0.5, rec
+
+
+def test_jitter_lets_partners_that_end_together_pair_again_as_real_processes_do(tmp_path):
+    # exchanges (0.38 s at 10 Mbit/s) outlast the 0.05 s steps: with exact times all four
+    # workers end every slot together and the seeded order of the ties draws a matching afresh;
+    # lengthened by up to 5 %, partners end together apart from the others and pair again
+    shaped = {"net.bw_profile": "uniform", "net.rate_mbit": 10.0, "net.probe": False}
+    pairs = {}
+    for jitter in (0.0, 0.05):
+        cfg = C.replace(_cfg(), **shaped, **{"sim.jitter": jitter})
+        summary = simulate(build_plan(cfg), tmp_path / str(jitter))
+        pairs[jitter] = sorted(summary["asynchronous"]["pairings"].values(), reverse=True)
+        rows = [json.loads(x) for x in (tmp_path / str(jitter) / "metrics.jsonl").read_text()
+                .splitlines()]
+        spans = [r["step_span_s"][1] - r["step_span_s"][0] for r in rows]
+        assert min(spans) >= 0.05 - 1e-9 and max(spans) <= 0.05 * (1 + jitter) + 1e-9
+    assert pairs[0.0][0] + pairs[0.0][1] < 0.7 * STEPS * 2   # two matchings, about half each
+    assert pairs[0.05][0] + pairs[0.05][1] > 0.9 * STEPS * 2  # one matching, kept
+    again = simulate(build_plan(C.replace(_cfg(), **shaped, **{"sim.jitter": 0.05})),
+                     tmp_path / "again")
+    assert sorted(again["asynchronous"]["pairings"].values(), reverse=True) == pairs[0.05]

@@ -17,7 +17,8 @@ SPEC = {"title": "t", "rates_mbit": [1.0, 10.0, 100.0], "step_times_s": [0.01, 0
 
 def grid_row(arm: str, rate: float, step: float, time_s: float | None) -> dict:
     return {"phase": "grid", "arm": arm, "rate_mbit": rate, "step_time_s": step,
-            "time_s": time_s, "loss": 2.9, "rounds_to_target": 4 if arm == "g" else 3}
+            "time_s": time_s, "loss": 2.9, "rounds_to_target": 4 if arm == "g" else 3,
+            "run_wall_s": 6.0}
 
 
 def rows() -> list[dict]:
@@ -60,6 +61,7 @@ def test_the_section_says_what_the_runs_say():
     # predicted 4 (1 + 8 / 10) s, its 4 rounds, and both losses
     assert "| g | 10 | 0.1 | 4 | 7.20 | 4.40 | 0.611 | 2.9000 | 2.9000 |" in text
     assert "![crossover](results/x.png)" in text
+    assert "its 15 runs took 1.3 min" in text  # 13 runs of 6 s, not the header's 60 s
     assert "has no rounds" not in text and "First to the target" not in text
 
 
