@@ -7,6 +7,10 @@ namespace (as the launcher does) and skips tc, saying why, where that is impossi
 is one link measured alone (``probe_links``, 1 -> 0 then 0 -> 1 is not needed: links are
 independent); the all-to-all rows run every directed link of the ``skewed`` profile at once and
 report the spread of the per-link ratios. Target for tc: 0.95-1.05 up to 1 Gbit/s.
+
+Two readings of each link: ``ratio``, the receiver's (its process timestamps what it reads),
+and, under tc, ``acked``: the sender's kernel (TCP_INFO's acknowledged bytes over its own
+window, which a receiver process starved of CPU cannot skew; ``netem.tcpinfo``).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ def single_link_rows(rates: list[float], shapers: list[str], seconds: float) -> 
             row = _measure(shaper, net, 2, seconds, [(0, 1)])[0]
             out.append({"case": "1 link", "shaper": shaper, "configured_mbit": rate,
                         "measured_mbit": row["measured_mbit"], "ratio": row["ratio"],
+                        "acked": _spread(acked_ratios([row], shaper)),
                         "latency_ms": row["measured_latency_ms"]})
     return out
 
@@ -53,17 +58,33 @@ def all_to_all_rows(workers: int, shapers: list[str], seconds: float) -> list[di
         out.append({"case": f"{workers}x{workers - 1} flows, skewed 50/5", "shaper": shaper,
                     "configured_mbit": "50/5",
                     "measured_mbit": round(sum(r["measured_mbit"] for r in rows), 1),
-                    "ratio": f"{min(ratios):.3f} / {statistics.median(ratios):.3f} / "
-                             f"{max(ratios):.3f}",
+                    "ratio": _spread(ratios), "acked": _spread(acked_ratios(rows, shaper)),
                     "latency_ms": round(statistics.median(r["measured_latency_ms"] for r in rows),
                                         3)})
     return out
 
 
+def acked_ratios(rows: list[dict], shaper: str) -> list[float]:
+    """Each link's rate as its sender's kernel saw it acknowledged, over its configured rate;
+    none for the userspace shaper, which holds messages after the receiver's kernel has them."""
+    if shaper != "tc":
+        return []
+    return [r["sender"]["acked_mbit"] / r["configured_mbit"] for r in rows
+            if (r.get("sender") or {}).get("acked_mbit") is not None and r["configured_mbit"]]
+
+
+def _spread(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    if len(ratios) == 1:
+        return f"{ratios[0]:.3f}"
+    return f"{min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}"
+
+
 def print_table(rows: list[dict]) -> None:
     head = ("case", "shaper", "configured Mbit/s", "measured Mbit/s", "ratio (min/median/max)",
-            "latency ms")
-    keys = ("case", "shaper", "configured_mbit", "measured_mbit", "ratio", "latency_ms")
+            "acked", "latency ms")
+    keys = ("case", "shaper", "configured_mbit", "measured_mbit", "ratio", "acked", "latency_ms")
     cells = [head] + [tuple(str(r[k]) for k in keys) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     for n, c in enumerate(cells):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 _INFO_BYTES = 232                 # enough for every field read here
 _TOTAL_RETRANS = struct.Struct("=I")
 _TOTAL_RETRANS_AT = 100           # tcpi_total_retrans
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120             # tcpi_bytes_acked (4.1 and later)
 _CHRONO = struct.Struct("=QQQ")   # tcpi_busy_time, tcpi_rwnd_limited, tcpi_sndbuf_limited (us)
 _CHRONO_AT = 168
 
@@ -34,6 +36,7 @@ class Chrono:
     rwnd_limited_us: int     # of that, held back by the receiver's window
     sndbuf_limited_us: int   # of that, held back by the send buffer
     total_retrans: int       # segments retransmitted
+    bytes_acked: int = 0     # bytes the receiver's kernel has acknowledged
 
 
 def read(sock: socket.socket) -> Chrono | None:
@@ -47,13 +50,16 @@ def read(sock: socket.socket) -> Chrono | None:
         return None
     busy, rwnd, sndbuf = _CHRONO.unpack_from(raw, _CHRONO_AT)
     (retrans,) = _TOTAL_RETRANS.unpack_from(raw, _TOTAL_RETRANS_AT)
-    return Chrono(time.monotonic(), busy, rwnd, sndbuf, retrans)
+    (acked,) = _BYTES_ACKED.unpack_from(raw, _BYTES_ACKED_AT)
+    return Chrono(time.monotonic(), busy, rwnd, sndbuf, retrans, acked)
 
 
 def shares(first: Chrono | None, last: Chrono | None) -> dict | None:
     """How the time between two readings divides: ``sending`` (data queued, not limited by
     either buffer), ``rwnd_limited``, ``sndbuf_limited`` and ``idle`` (nothing queued: the
-    application wrote too little), each a share of the interval; and the retransmits in it."""
+    application wrote too little), each a share of the interval; the retransmits in it; and
+    ``acked_mbit``, the rate at which the receiver's kernel acknowledged bytes: the link's
+    goodput timed by the sender's kernel, which a busy receiver process cannot skew."""
     if first is None or last is None or last.at_s <= first.at_s:
         return None
     window_us = (last.at_s - first.at_s) * 1e6
@@ -64,4 +70,5 @@ def shares(first: Chrono | None, last: Chrono | None) -> dict | None:
             "rwnd_limited": round(rwnd / window_us, 4),
             "sndbuf_limited": round(sndbuf / window_us, 4),
             "idle": round(max(0.0, window_us - busy) / window_us, 4),
-            "retransmits": last.total_retrans - first.total_retrans}
+            "retransmits": last.total_retrans - first.total_retrans,
+            "acked_mbit": round((last.bytes_acked - first.bytes_acked) * 8 / window_us, 4)}

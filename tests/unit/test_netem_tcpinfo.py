@@ -15,7 +15,7 @@ WINDOW_S = 0.6
 
 def _sender_shares(pause_s: float, read_pause_s: float) -> dict:
     """Send for WINDOW_S to a sink that pauses ``read_pause_s`` after each read, pausing
-    ``pause_s`` after each write; the shares of the window."""
+    ``pause_s`` after each write; the shares of the window, and the bytes written in it."""
     srv = socket.create_server(("127.0.0.1", 0))
 
     def sink() -> None:
@@ -26,6 +26,7 @@ def _sender_shares(pause_s: float, read_pause_s: float) -> dict:
 
     reader = threading.Thread(target=sink)
     reader.start()
+    written = 0
     with socket.create_connection(srv.getsockname()) as sock:
         first = tcpinfo.read(sock)
         if first is None:
@@ -33,11 +34,14 @@ def _sender_shares(pause_s: float, read_pause_s: float) -> dict:
         end = time.monotonic() + WINDOW_S
         while time.monotonic() < end:
             sock.sendall(b"\0" * (1 << 14))
+            written += 1 << 14
             time.sleep(pause_s)
+        time.sleep(0.05)  # loopback acknowledges within microseconds; the last write's too
         last = tcpinfo.read(sock)
     reader.join(timeout=30)
     srv.close()
-    return tcpinfo.shares(first, last)
+    return tcpinfo.shares(first, last) | {"written_mbit": written * 8 / 1e6 /
+                                          (last.at_s - first.at_s)}
 
 
 def test_a_sender_that_writes_little_is_idle():
@@ -50,11 +54,17 @@ def test_a_receiver_that_reads_slowly_limits_its_sender():
     assert got["rwnd_limited"] > 0.5 and got["idle"] < 0.1, got
 
 
+def test_the_acknowledged_rate_is_what_the_sender_wrote_over_the_window():
+    got = _sender_shares(pause_s=0.01, read_pause_s=0.0)  # 16 KiB every 10 ms at most
+    assert got["acked_mbit"] == pytest.approx(got["written_mbit"], rel=1e-3), got
+
+
 def test_shares_need_two_readings_in_order():
-    a = tcpinfo.Chrono(1.0, 0, 0, 0, 0)
-    b = tcpinfo.Chrono(2.0, 600_000, 100_000, 50_000, 3)
+    a = tcpinfo.Chrono(1.0, 0, 0, 0, 0, 1_000)
+    b = tcpinfo.Chrono(2.0, 600_000, 100_000, 50_000, 3, 2_501_000)
     assert tcpinfo.shares(a, b) == {"sending": 0.45, "rwnd_limited": 0.1,
-                                    "sndbuf_limited": 0.05, "idle": 0.4, "retransmits": 3}
+                                    "sndbuf_limited": 0.05, "idle": 0.4, "retransmits": 3,
+                                    "acked_mbit": 20.0}
     assert tcpinfo.shares(None, b) is None and tcpinfo.shares(b, a) is None
 
 
