@@ -20,6 +20,16 @@ def _sim_workers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("sim-worker")]
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler for the test: a shell that starts a job in the background
+    sets SIGINT to be ignored, and the signal would then never stop the run."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_interrupt_returns_only_once_every_worker_thread_has_stopped(tmp_path):
     cfg = C.resolve(overrides={"workers": 8, "model.preset": "tiny", "run.rounds": 5000,
                                "algo.local_steps": 2, "topology.name": "ring",
