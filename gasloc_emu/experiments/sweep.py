@@ -63,11 +63,14 @@ from gasloc_emu.report.records import new_run_dir
 
 
 def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
-    """One run of the sweep, in the simulator or the emulator; returns its record folder."""
-    if data.finished_record(out):
+    """One run of the sweep, in the simulator or the emulator; returns its record folder. A
+    finished run of the same resolved config is reused; any other is made again."""
+    if mode == "run":
+        cfg = C.replace(cfg, **{"run.dashboard": "off"})
+    if data.finished_record(out) and _recorded_config(out) == to_toml(cfg):
         return out  # resumable: a finished run is not repeated
     if out.exists():
-        shutil.rmtree(out)  # a run cut short or failed: start it again from nothing
+        shutil.rmtree(out)  # cut short, failed, or made with other settings: start afresh
     # these load torch, which reading and reporting results does not need
     from gasloc_emu.plan import build_plan
     from gasloc_emu.training.worker import Diverged
@@ -78,11 +81,17 @@ def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
             simulate(build_plan(cfg), out)
     else:
         from gasloc_emu.emulator.launcher import launch
-        result = launch(build_plan(C.replace(cfg, **{"run.dashboard": "off"})),
-                        new_run_dir(cfg, out, overwrite=True))
+        result = launch(build_plan(cfg), new_run_dir(cfg, out, overwrite=True))
         if result.code not in (exitcodes.OK, exitcodes.DIVERGED):
             raise RuntimeError(f"run failed ({result.error}): see {out}/summary.json")
     return out
+
+
+def _recorded_config(out: Path) -> str | None:
+    try:
+        return (out / "config.toml").read_text()
+    except OSError:
+        return None
 
 
 def final_loss(row: dict) -> float:

@@ -142,6 +142,11 @@ def test_a_sweep_reuses_finished_runs_and_redoes_cut_short_ones(tmp_path):
     # redone from nothing, same seed: same losses
     for a, b in zip(again["rows"], first["rows"], strict=True):
         assert (a["tuned"], a["final_eval_loss"]) == (b["tuned"], b["final_eval_loss"])
+    # a finished run made with other settings than the preset's now is made again
+    preset.write_text(preset.read_text().replace("rounds = 3", "rounds = 2"))
+    sweep.run_sweep(preset, out, log=lambda *_: None)
+    assert (out / "g-s0-0.001" / "metrics.jsonl").stat().st_mtime_ns != stamp
+    assert json.loads((out / "g-s0-0.001" / "summary.json").read_text())["rounds"] == 2
 
 
 def test_a_sweep_resumes_from_kept_rows_without_its_run_folders(tmp_path):
