@@ -431,7 +431,8 @@ def _report_options(example: str):
 @main.command()
 @click.argument("preset", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Where the runs go (default runs/sweep-<preset>); finished runs are reused.")
+              help="Where the runs go (default runs/sweep-<preset>); a finished run with the "
+                   "same settings is reused.")
 @click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
 @_report_options("docs/results/h1-search.jsonl")
 @friendly_errors
@@ -449,8 +450,8 @@ def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: st
 @main.command()
 @click.argument("preset", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--out", type=click.Path(file_okay=False),
-              help="Where the runs go (default runs/crossover-<preset>); finished runs are "
-                   "reused.")
+              help="Where the runs go (default runs/crossover-<preset>); a finished run with "
+                   "the same settings is reused.")
 @_report_options("docs/results/crossover.jsonl")
 @friendly_errors
 def crossover(preset: str | None, out: str | None, report: str | None,
