@@ -359,20 +359,21 @@ def _same_losses(rows: list[dict]) -> str:
 
 
 def _ratio_table(spec: dict, grid: np.ndarray) -> list[str]:
-    head = "| step time \\ rate (Mbit/s) | " + " | ".join(f"{r:g}" for r in spec["rates_mbit"])
-    rows = [head + " |", "| --- " * (len(spec["rates_mbit"]) + 1) + "|"]
-    for step, values in zip(spec["step_times_s"], grid, strict=True):
-        cells = ["-" if math.isnan(v) else (f"**{v:.2f}**" if v < 1 else f"{v:.2f}")
-                 for v in values]
-        rows.append(f"| {step:g} s | " + " | ".join(cells) + " |")
-    return rows
+    return _grid_table(spec, [["-" if math.isnan(v) else (f"**{v:.2f}**" if v < 1 else
+                                                           f"{v:.2f}") for v in values]
+                              for values in grid])
 
 
 def _first_table(spec: dict, rows: list[dict]) -> list[str]:
+    return _grid_table(spec, [[n or "-" for n in names] for names in first_grid(spec, rows)])
+
+
+def _grid_table(spec: dict, cells: list[list[str]]) -> list[str]:
+    """A markdown table over the grid: a row per step time, a column per rate."""
     head = "| step time \\ rate (Mbit/s) | " + " | ".join(f"{r:g}" for r in spec["rates_mbit"])
     out = [head + " |", "| --- " * (len(spec["rates_mbit"]) + 1) + "|"]
-    for step, names in zip(spec["step_times_s"], first_grid(spec, rows), strict=True):
-        out.append(f"| {step:g} s | " + " | ".join(n or "-" for n in names) + " |")
+    for step, line in zip(spec["step_times_s"], cells, strict=True):
+        out.append(f"| {step:g} s | " + " | ".join(line) + " |")
     return out
 
 
