@@ -338,10 +338,10 @@ def _to_target_words(arm: str, rows: list[dict]) -> str:
     grid = [r for r in rows if r.get("phase") == "grid" and r["arm"] == arm]
     took = [r["rounds_to_target"] for r in grid if r["rounds_to_target"] is not None]
     budget = max((r["rounds"] or 0 for r in grid), default=0)
-    span = f"{min(took)}" if took and min(took) == max(took) else f"{min(took, default=0)} to " \
-        f"{max(took, default=0)}"
-    reach = (f"it reached the target at {len(took)} of {len(grid)} points, after {span} steps"
-             if took else "it reached it at no point")
+    reach = "it reached it at no point"
+    if took:
+        span = f"{min(took)}" if min(took) == max(took) else f"{min(took)} to {max(took)}"
+        reach = f"it reached the target at {len(took)} of {len(grid)} points, after {span} steps"
     return (f"{arm} has no rounds: its pairings, and so its losses, follow the links' timing, "
             f"so every grid point runs it for {budget} steps with an evaluation every step, "
             f"and its time is that of the first evaluation at or below the target; {reach}.")
