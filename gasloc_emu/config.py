@@ -234,6 +234,12 @@ class TopologyConfig(_Validated):
 
 SHAPERS = ("auto", "tc", "userspace", "none")
 
+# How a link's delay, jitter and loss reach the packets (netem.delay keeps the same names; a
+# unit test keeps the two equal).
+DELAY_MODES = ("auto", "netem", "packet-line", "release-queue")
+JITTER_DISTS = ("normal", "uniform", "pareto", "paretonormal")
+CONGESTION_CONTROLS = ("", "cubic", "reno", "bbr")
+
 # The named bandwidth profiles; netem.profiles.NAMED is the list it builds (a unit test keeps
 # the two equal; config stays free of netem imports).
 BW_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
@@ -255,14 +261,58 @@ class NetConfig(_Validated):
                                          "two-cluster.", lo=0.001, hi=100_000.0)
     latency_ms: float = setting(0.0, "One-way latency added to every link, in ms.",
                                 lo=0.0, hi=10_000.0)
-    jitter_ms: float = setting(0.0, "Latency jitter in ms (netem only).", lo=0.0, hi=10_000.0)
-    loss_pct: float = setting(0.0, "Packet loss in percent (netem only).", lo=0.0, hi=100.0)
+    jitter_ms: float = setting(0.0, "Latency jitter in ms (netem or the packet line); at most "
+                                     "the latency unless net.reorder_pct > 0.",
+                               lo=0.0, hi=10_000.0)
+    jitter_dist: str = setting("normal", "Distribution of the jitter's draws (netem's tables).",
+                               choices=JITTER_DISTS)
+    loss_pct: float = setting(0.0, "Random packet loss in percent, below 100 (netem or the "
+                                   "packet line).", lo=0.0, hi=100.0)
+    reorder_pct: float = setting(0.0, "Share of packets in percent sent at once, overtaking the "
+                                      "delayed ones (0: packets keep their order).",
+                                 lo=0.0, hi=100.0)
+    ge_p_pct: float = setting(0.0, "Bursty loss (Gilbert-Elliott): per-packet chance in percent "
+                                   "of going from the good state to the bad one (0: off).",
+                              lo=0.0, hi=100.0)
+    ge_r_pct: float = setting(0.0, "Bursty loss: per-packet chance in percent of leaving the "
+                                   "bad state.", lo=0.0, hi=100.0)
+    ge_bad_loss_pct: float = setting(100.0, "Bursty loss: share of packets lost in the bad "
+                                            "state.", lo=0.0, hi=100.0)
+    queue_pkts: int = setting(1000, "Bottleneck queue of every link in packets (the shaper's "
+                                    "leaf queue; tail drop).", lo=1, hi=1_000_000)
+    delay: str = setting("auto", "How delay, jitter and loss act on packets: auto (netem where "
+                                 "the kernel has it, else the packet line), netem, packet-line "
+                                 "(a userspace delay line between the namespaces: TCP sees the "
+                                 "delay), release-queue (the receiver holds messages: TCP does "
+                                 "not see the delay; not faithful to TCP).", choices=DELAY_MODES)
     probe: bool = setting(True, "Measure every link training uses before it starts (shaped "
                                 "runs); configured vs measured goes into links.json.")
     mtu: int = setting(1500, "MTU of the emulated links.", lo=576, hi=65535)
     link_trace: str = setting("", "Link trace (CSV: time_s,src,dst,rate_mbit[,latency_ms]) "
                                   "replayed over the run: measured bandwidth over time; empty: "
                                   "none.")
+
+
+@dataclass(frozen=True)
+class TcpConfig(_Validated):
+    """The senders' TCP on every link (a profile's [tcp] table and links override it where
+    these are left at their defaults)."""
+
+    _section = "tcp."
+    congestion_control: str = setting("", "Congestion control of every sender: cubic, reno, bbr "
+                                          "('' keeps the host's; set per route, so any the "
+                                          "kernel has).", choices=CONGESTION_CONTROLS)
+    slow_start_after_idle: int = setting(-1, "tcp_slow_start_after_idle in every worker's "
+                                             "namespace: 1 (the kernel's default) restarts the "
+                                             "window after an idle RTO, 0 keeps it, -1 leaves the "
+                                             "namespace's default.", choices=(-1, 0, 1))
+    rmem_max_bytes: int = setting(0, "The largest receive buffer TCP autotuning may use "
+                                     "(tcp_rmem's maximum; 0: the default).",
+                                  lo=0, hi=2**31 - 1)
+    wmem_max_bytes: int = setting(0, "The largest send buffer (tcp_wmem's maximum; 0: the "
+                                     "default).", lo=0, hi=2**31 - 1)
+    init_cwnd: int = setting(0, "Initial congestion window in segments (the route's initcwnd; "
+                                "0: the kernel's 10).", lo=0, hi=1000)
 
 
 @dataclass(frozen=True)
@@ -389,6 +439,7 @@ class Config(_Validated):
     model: ModelConfig = field(default_factory=ModelConfig, metadata={})
     data: DataConfig = field(default_factory=DataConfig, metadata={})
     net: NetConfig = field(default_factory=NetConfig, metadata={})
+    tcp: TcpConfig = field(default_factory=TcpConfig, metadata={})
     compute: ComputeConfig = field(default_factory=ComputeConfig, metadata={})
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
     comm: CommConfig = field(default_factory=CommConfig, metadata={})

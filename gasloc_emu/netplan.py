@@ -58,7 +58,7 @@ def used_pairs(cfg: Config, topo) -> list[tuple[int, int]]:
 def shaping_decision(cfg: Config):
     """The shaper decision for a shaped run; raises before anything is created."""
     from netem.capabilities import choose_shaper, probe
-    return choose_shaper(cfg.net.shaper, probe())
+    return choose_shaper(cfg.net.shaper, probe(), delay=cfg.net.delay)
 
 def shaped(cfg: Config) -> bool:
     return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
@@ -72,7 +72,7 @@ def check_network(cfg: Config):
     record would state a network the workers never saw.
     """
     from netem.profiles import ProfileError, build_link_plan
-    link_plan = build_link_plan(cfg.net, cfg.workers, cfg.seed)
+    link_plan = build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp)
     if cfg.net.shaper != "none":
         return link_plan
     given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in ("bw_profile", "latency_ms",

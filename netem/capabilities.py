@@ -17,10 +17,14 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 
+from netem import delay as delay_modes
+
 PROBE_TIMEOUT_S = 20.0
-FEATURES = ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress", "mirred")
+FEATURES = ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress", "mirred",
+            "packet")
 # Without these the tc shaper cannot build its topology or its per-link classes.
 TC_REQUIRED = ("veth", "bridge", "htb", "pfifo", "u32")
 
@@ -42,6 +46,8 @@ t netem tc qdisc add dev gpv1 root handle 1: netem delay 1ms
 t ingress tc qdisc add dev lo handle ffff: ingress
 t mirred tc filter add dev lo parent ffff: protocol ip prio 1 u32 match u32 0 0 \
   action mirred egress redirect dev lo
+t packet "$GASLOC_PROBE_PYTHON" -c 'import socket; socket.socket(socket.AF_PACKET, \
+  socket.SOCK_RAW, 0x0300).close()'
 """
 
 
@@ -91,12 +97,19 @@ class Decision:
     """The shaper chosen for a run, the delay mechanism, and why (printed and recorded)."""
 
     shaper: str                # 'tc' | 'userspace' | 'none'
-    delay: str                 # 'netem' | 'release-queue' | 'none'
-    reason: str
+    delay: str                 # a netem.delay mode: 'netem' | 'packet-line' | 'release-queue' |
+    reason: str                # 'none'
     caps: Capabilities | None = None
 
+    @property
+    def delay_mode(self) -> delay_modes.DelayMode:
+        """What the delay mode can do (``netem.delay``)."""
+        return delay_modes.MODES[self.delay]
+
     def as_dict(self) -> dict:
-        out = {"shaper": self.shaper, "delay": self.delay, "reason": self.reason}
+        out = {"shaper": self.shaper, "delay": self.delay, "reason": self.reason,
+               "delay_faithful_to_tcp": self.delay_mode.faithful_to_tcp,
+               "delay_by": self.delay_mode.where}
         if self.caps is not None:
             out["capabilities"] = self.caps.as_dict()
         return out
@@ -108,7 +121,8 @@ def _run(argv: list[str], script: str | None = None) -> tuple[int, str]:
     """Exit status and combined output of a short command; 127 when it cannot start."""
     try:
         proc = subprocess.run(argv, input=script, capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S)
+                              timeout=PROBE_TIMEOUT_S,
+                              env=os.environ | {"GASLOC_PROBE_PYTHON": sys.executable})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 127, str(exc)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
@@ -175,33 +189,44 @@ def probe() -> Capabilities:
 SHAPERS = ("auto", "tc", "userspace", "none")
 
 
-def _tc_decision(caps: Capabilities, why: str) -> Decision:
-    if caps.has("netem"):
-        return Decision("tc", "netem", f"{why}; delay, jitter and loss by netem", caps)
-    return Decision("tc", "release-queue",
-                    f"{why}; this kernel has no netem ({caps.errors.get('netem', 'not found')}), "
-                    "so latency is added by the receiver's release queue", caps)
+def _tc_decision(caps: Capabilities, why: str, delay: str) -> Decision:
+    try:
+        m, how = delay_modes.choose(delay, caps)
+    except delay_modes.DelayModeError as exc:
+        raise CapabilityError(str(exc)) from None
+    return Decision("tc", m.name, f"{why}; {how}", caps)
 
 
-def choose_shaper(requested: str, caps: Capabilities) -> Decision:
+def choose_shaper(requested: str, caps: Capabilities, delay: str = "auto") -> Decision:
     """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on
-    request."""
+    request. ``delay`` (``net.delay``): how tc's links are delayed (``netem.delay.choose``); the
+    userspace shaper has only the release queue, and refuses any other explicit request."""
     if requested not in SHAPERS:
         raise CapabilityError(f"net.shaper = {requested!r} is not allowed; expected one of "
                               f"{', '.join(SHAPERS)}")
+    if delay not in delay_modes.REQUESTS:
+        raise CapabilityError(f"net.delay = {delay!r} is not allowed; expected one of "
+                              f"{', '.join(delay_modes.REQUESTS)}")
     if requested == "none":
         return Decision("none", "none", "shaping off (net.shaper = none)", caps)
     if requested == "userspace":
-        return Decision("userspace", "release-queue",
-                        "userspace shaper requested: sender pacing + receiver release queue", caps)
+        return _userspace_decision(caps, delay, "userspace shaper requested")
     missing = caps.tc_missing()
     if requested == "tc":
         if missing:
             raise CapabilityError(f"net.shaper = 'tc' is not possible here: {missing}; "
                                   "use net.shaper = 'auto' or 'userspace'")
-        return _tc_decision(caps, "tc requested and available")
+        return _tc_decision(caps, "tc requested and available", delay)
     if missing:
-        return Decision("userspace", "release-queue",
-                        f"auto: tc is not possible here ({missing}); using the userspace shaper",
-                        caps)
-    return _tc_decision(caps, "auto: network namespaces and htb work")
+        return _userspace_decision(
+            caps, delay, f"auto: tc is not possible here ({missing}); using the userspace shaper")
+    return _tc_decision(caps, "auto: network namespaces and htb work", delay)
+
+
+def _userspace_decision(caps: Capabilities, delay: str, why: str) -> Decision:
+    if delay not in ("auto", "release-queue"):
+        raise CapabilityError(f"net.delay = {delay!r} needs the tc shaper's namespaces, and this "
+                              f"run has the userspace shaper ({why}); use net.delay = 'auto'")
+    return Decision("userspace", "release-queue",
+                    f"{why}: sender pacing + receiver release queue (latency not seen by TCP)",
+                    caps)

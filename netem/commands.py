@@ -54,8 +54,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from netem import delay as delay_modes
+from netem import tcpsettings
 from netem.capabilities import CapabilityError, Decision
-from netem.profiles import RATE_RANGE_MBIT, LinkPlan
+from netem.profiles import DEFAULT_QUEUE_PKTS, RATE_RANGE_MBIT, LinkPlan
 
 WORKER_DEV = "eth0"
 
@@ -65,7 +67,7 @@ BRIDGE_DEV = "br0"
 
 PREFIX_LEN = 15                 # 198.18.0.0/15
 
-LEAF_LIMIT_PKTS = 1000          # pfifo limit; see the module docstring
+LEAF_LIMIT_PKTS = DEFAULT_QUEUE_PKTS   # pfifo limit; see the module docstring
 
 ACK_MAX_IP_BYTES = 128          # "small packet" = IP total length below this
 
@@ -168,26 +170,42 @@ class NetTopology:
         return f"p{rank}"
 
 
-def topology_commands(topo: NetTopology) -> list[Command]:
-    """Namespaces, the bridge, and one veth per worker into it, all links up."""
+def topology_commands(topo: NetTopology, bridge: bool = True) -> list[Command]:
+    """Namespaces, the switch, and one veth per worker into it, all links up.
+
+    ``bridge``: the switch is the kernel's bridge. Without it the ports stand alone in the
+    switch namespace and the packet delay line (``netem.packetline``) forwards between them."""
     sw, mtu = topo.switch_ns, topo.mtu
     out = [cmd(None, f"namespace {ns}", "ip", "netns", "add", ns) for ns in topo.namespaces()]
-    out += [cmd(sw, "switch loopback up", "ip", "link", "set", "lo", "up"),
-            cmd(sw, "the switch", "ip", "link", "add", BRIDGE_DEV, "mtu", mtu, "type", "bridge"),
-            cmd(sw, "switch up", "ip", "link", "set", BRIDGE_DEV, "up")]
+    out.append(cmd(sw, "switch loopback up", "ip", "link", "set", "lo", "up"))
+    if bridge:
+        out += [cmd(sw, "the switch", "ip", "link", "add", BRIDGE_DEV, "mtu", mtu, "type",
+                    "bridge"),
+                cmd(sw, "switch up", "ip", "link", "set", BRIDGE_DEV, "up")]
     for k in range(topo.workers):
-        out += _worker_link_commands(topo, k)
+        out += _worker_link_commands(topo, k, bridge)
     return out
 
 
-def _worker_link_commands(topo: NetTopology, k: int) -> list[Command]:
-    ns, sw, port = topo.worker_ns(k), topo.switch_ns, topo.port_dev(k)
+def _port_up(topo: NetTopology, k: int, bridge: bool) -> Command:
+    sw, port = topo.switch_ns, topo.port_dev(k)
+    if bridge:
+        return cmd(sw, f"plug worker {k} into the bridge", "ip", "link", "set", port, "master",
+                    BRIDGE_DEV, "up")
+    # promiscuous: the line's packet socket takes every frame the worker sends, whatever its
+    # destination MAC address
+    return cmd(sw, f"worker {k}'s port up for the packet line", "ip", "link", "set", port,
+                "promisc", "on", "up")
+
+
+def _worker_link_commands(topo: NetTopology, k: int, bridge: bool = True) -> list[Command]:
+    ns, port = topo.worker_ns(k), topo.port_dev(k)
     return [
         cmd(ns, f"worker {k} loopback up", "ip", "link", "set", "lo", "up"),
         cmd(ns, f"worker {k} veth into the switch", "ip", "link", "add", WORKER_DEV, "mtu",
-             topo.mtu, "type", "veth", "peer", "name", port, "mtu", topo.mtu, "netns", sw),
-        cmd(sw, f"plug worker {k} into the bridge", "ip", "link", "set", port, "master",
-             BRIDGE_DEV, "up"),
+             topo.mtu, "type", "veth", "peer", "name", port, "mtu", topo.mtu, "netns",
+             topo.switch_ns),
+        _port_up(topo, k, bridge),
         cmd(ns, f"worker {k} address", "ip", "addr", "add",
              f"{topo.address(k)}/{PREFIX_LEN}", "dev", WORKER_DEV),
         cmd(ns, f"worker {k} link up", "ip", "link", "set", WORKER_DEV, "up"),
@@ -229,6 +247,7 @@ class Flow:
     peer: int
     address: str
     rate_mbit: float
+    queue_pkts: int = LEAF_LIMIT_PKTS     # the bulk leaf's limit: the link's bottleneck queue
 
 
 @dataclass(frozen=True)
@@ -308,7 +327,7 @@ def _flow_commands(t: Tree, parent: str, index: int, flow: Flow,
     """The link class of one peer, its ACK and bulk children, their leaves and filters."""
     minor = link_classid(index)
     return link_classes(t, parent, index, flow, cap_bps) + [
-        leaf_command(t, minor + 1), leaf_command(t, minor + 2),
+        leaf_command(t, minor + 1), leaf_command(t, minor + 2, limit_pkts=flow.queue_pkts),
         _filter(t, 1, flow.address, minor + 1, small=True),
         _filter(t, 2, flow.address, minor + 2, small=False),
     ]
@@ -348,7 +367,8 @@ def egress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
                  rates: dict[tuple[int, int], float] | None = None) -> Tree:
     """Worker ``rank``'s egress tree; ``rates`` (goodput Mbit/s, 0 = cut) replace the plan's."""
     rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
-    flows = tuple(Flow(j, topo.address(j), rate((rank, j))) for j in peers_of(plan, rank))
+    flows = tuple(Flow(j, topo.address(j), rate((rank, j)), plan.links[(rank, j)].queue_pkts)
+                  for j in peers_of(plan, rank))
     return Tree(topo.worker_ns(rank), WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
 
 
@@ -398,16 +418,27 @@ def ingress_commands(plan: LinkPlan, topo: NetTopology, rank: int) -> list[Comma
 
 
 def netem_args(link, rate_bps: int, mtu: int) -> list[str]:
-    """netem's arguments; its queue holds every packet in flight over the delay (ACK-sized worst
-    case)."""
+    """netem's arguments (tc-netem(8)); its queue holds every packet in flight over the delay
+    (ACK-sized worst case). Bursty loss is netem's 4-state-less ``gemodel p r 1-h``; with both a
+    random and a bursty loss netem keeps only one, so the packet line is used for that mix."""
     delay_s = (link.latency_ms + link.jitter_ms) / 1e3
     limit = LEAF_LIMIT_PKTS + math.ceil(rate_bps / 8 * delay_s / 64)
     args = ["delay", f"{link.latency_ms:g}ms"]
     if link.jitter_ms:
-        args.append(f"{link.jitter_ms:g}ms")
-    if link.loss_pct:
+        args += [f"{link.jitter_ms:g}ms", "distribution", link.jitter_dist]
+    if link.reorder_pct:
+        args += ["reorder", f"{link.reorder_pct:g}%"]
+    if link.ge_p_pct:
+        args += ["loss", "gemodel", f"{link.ge_p_pct:g}%", f"{link.ge_r_pct:g}%",
+                 f"{link.ge_bad_loss_pct:g}%"]
+    elif link.loss_pct:
         args += ["loss", f"{link.loss_pct:g}%"]
     return args + ["limit", str(limit)]
+
+
+def _netem_shape(link) -> tuple:
+    return (link.latency_ms, link.jitter_ms, link.loss_pct, link.jitter_dist, link.reorder_pct,
+            link.ge_p_pct, link.ge_r_pct, link.ge_bad_loss_pct)
 
 
 def delay_layout(plan: LinkPlan, rank: int, per_sender: bool = False) -> str:
@@ -421,9 +452,9 @@ def delay_layout(plan: LinkPlan, rank: int, per_sender: bool = False) -> str:
     links = [plan.links[(j, rank)] for j in peers_of(plan, rank)]
     if per_sender and links:
         return "tree"
-    if not any(link.latency_ms or link.jitter_ms or link.loss_pct for link in links):
+    if not any(link.impaired for link in links):
         return "none"
-    shapes = {(link.latency_ms, link.jitter_ms, link.loss_pct) for link in links}
+    shapes = {_netem_shape(link) for link in links}
     return "root" if len(shapes) == 1 else "tree"
 
 
@@ -463,45 +494,103 @@ def _delay_class(topo: NetTopology, rank: int, index: int, link) -> list[Command
     ]
 
 
-def check_supported(plan: LinkPlan, decision: Decision) -> None:
-    """Refuse, before anything exists, what the chosen shaper cannot do."""
+def check_supported(plan: LinkPlan, decision: Decision, host_tcp=None) -> None:
+    """Refuse, before anything exists, what the chosen shaper and delay mode cannot do.
+
+    ``host_tcp``: the host's TCP (``tcpsettings.read_host()``), to refuse a congestion control
+    its kernel lacks; None reads it when the plan sets TCP."""
     if decision.shaper == "none" or not plan.shaped:
         return
     caps = decision.caps
-    for attr in ("jitter_ms", "loss_pct"):
-        if plan.max_of(attr) and not (decision.shaper == "tc" and decision.delay == "netem"):
-            raise CapabilityError(
-                f"net.{attr} = {plan.max_of(attr):g} needs the netem qdisc, and this run has "
-                f"shaper {decision.shaper!r} with delay {decision.delay!r}; set net.{attr} = 0 "
-                "or run where the kernel has netem")
+    try:
+        delay_modes.check_plan(plan, decision.delay_mode, decision.shaper)
+    except delay_modes.DelayModeError as exc:
+        raise CapabilityError(str(exc)) from None
+    if decision.shaper != "tc":
+        _check_namespace_only(plan, decision)
     if decision.shaper == "tc" and plan.has_caps("down") and caps is not None:
         missing = [f for f in ("ifb", "ingress", "mirred") if not caps.has(f)]
         if missing:
             raise CapabilityError(f"download caps (down_mbit) need {', '.join(missing)}, which "
                                   f"this kernel lacks: {caps.errors.get(missing[0], '')}")
+    _check_tcp(plan, host_tcp)
+
+
+def _check_namespace_only(plan: LinkPlan, decision: Decision) -> None:
+    """A bottleneck queue lives in the tc shaper's leaves. (TCP settings without namespaces are
+    the host's: compared with it and warned about, ``netem.namespaces.tcp_record``.)"""
+    queues = {link.queue_pkts for link in plan.links.values()} - {LEAF_LIMIT_PKTS}
+    if queues:
+        raise CapabilityError(f"net.queue_pkts = {min(queues)} needs the tc shaper (its leaf "
+                              f"queues), and this run has shaper {decision.shaper!r}; leave it "
+                              f"at {LEAF_LIMIT_PKTS} or use net.shaper = 'tc'")
+
+
+def _check_tcp(plan: LinkPlan, host_tcp) -> None:
+    settings = [link.tcp for link in plan.links.values() if not link.tcp.is_default]
+    if not settings:
+        return
+    host = host_tcp if host_tcp is not None else tcpsettings.read_host()
+    try:
+        tcpsettings.check_possible(settings, host)
+        for k in range(plan.workers):
+            tcpsettings.check_one_sender(k, {j: plan.links[(k, j)].tcp
+                                             for j in peers_of(plan, k)})
+    except tcpsettings.TcpSettingsError as exc:
+        raise CapabilityError(str(exc)) from None
+
+
+def tcp_commands(plan: LinkPlan, topo: NetTopology, rank: int, host_tcp) -> list[Command]:
+    """Worker ``rank``'s TCP as its links ask (``netem.tcpsettings``): sysctls of its namespace,
+    then the route to every peer with the congestion control and initial window, and a /32
+    route for each peer whose link differs from the rest."""
+    peers = peers_of(plan, rank)
+    if not peers:
+        return []
+    ns, per_peer = topo.worker_ns(rank), {j: plan.links[(rank, j)].tcp for j in peers}
+    common = max(per_peer.values(), key=list(per_peer.values()).count)
+    out = [cmd(ns, f"worker {rank}: {name} = {value}", "sh", "-c",
+                f"printf '%s\\n' '{value}' > /proc/sys/net/ipv4/{name}")
+           for name, value in tcpsettings.sysctl_writes(common, host_tcp)]
+    if common.route_args():
+        out.append(cmd(ns, f"worker {rank}: TCP to every peer", "ip", "route", "replace",
+                        f"198.18.0.0/{PREFIX_LEN}", "dev", WORKER_DEV, *common.route_args()))
+    for j, settings in per_peer.items():
+        if settings != common and settings.route_args():
+            out.append(cmd(ns, f"worker {rank}: TCP to worker {j}", "ip", "route", "replace",
+                            f"{topo.address(j)}/32", "dev", WORKER_DEV, *settings.route_args()))
+    return out
 
 
 def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
                   per_sender_delay: bool = False,
-                  gso_floor_mbit: Mapping[int, float] | None = None) -> list[Command]:
+                  gso_floor_mbit: Mapping[int, float] | None = None,
+                  host_tcp=None) -> list[Command]:
     """Every command that builds the run's network, in order; [] unless the shaper is tc.
 
     ``per_sender_delay``: one netem per sender on every switch port (``delay_layout``), for runs
     that will change latencies of single links (``LiveLinks`` must be told the same).
     ``gso_floor_mbit``: per worker, the slowest rate its links will be changed to during the
-    run (``egress_commands``; ``LiveLinks`` must be told the same)."""
+    run (``egress_commands``; ``LiveLinks`` must be told the same). ``host_tcp``: the host's
+    TCP (``tcpsettings.read_host``), read when the plan sets TCP and this is None."""
     if topo.workers != plan.workers:
         raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
-    check_supported(plan, decision)
+    check_supported(plan, decision, host_tcp)
     if decision.shaper != "tc":
         return []
-    out = topology_commands(topo)
+    mode = decision.delay_mode
+    # the packet line only where a link has something for it to do: a rate alone is tc's
+    out = topology_commands(topo, bridge=not (mode.replaces_bridge and plan.impaired))
     if not plan.shaped:
         return out
+    if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
+        host_tcp = tcpsettings.read_host()
     for k in range(plan.workers):
         floor = (gso_floor_mbit or {}).get(k, math.inf)
         out += egress_commands(plan, topo, k, floor) + ingress_commands(plan, topo, k)
-        if decision.delay == "netem":
+        if host_tcp is not None:
+            out += tcp_commands(plan, topo, k, host_tcp)
+        if mode.kernel_qdisc:
             out += delay_commands(plan, topo, k, per_sender_delay)
     return out
 

@@ -119,7 +119,7 @@ class LiveLinks:
         if v == self._latency_ms[(src, dst)]:
             return v                                # nothing to change (e.g. a restore)
         where = f"latency_ms = {v:g} on link {src}->{dst}"
-        if self.decision.delay != "netem":
+        if not self.decision.delay_mode.kernel_qdisc:
             why = self.decision.caps.errors.get("netem", "") if self.decision.caps else ""
             raise CapabilityError(
                 f"{where} needs the netem qdisc, which this run's tc shaper does not have (delay "
@@ -184,7 +184,7 @@ class LiveLinks:
 
         netem's limit follows the rate, so a rate change alone may change it too."""
         layout = delay_layout(self.plan, dst, self.per_sender_delay)
-        if self.decision.delay != "netem" or layout == "none":
+        if not self.decision.delay_mode.kernel_qdisc or layout == "none":
             return None
         sw, dev, mtu = self.topo.switch_ns, self.topo.port_dev(dst), self.topo.mtu
         link = replace(self.plan.links[(src, dst)], latency_ms=self._latency_ms[(src, dst)])

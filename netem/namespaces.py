@@ -29,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from netem import tcpsettings
 from netem.capabilities import CapabilityError, Decision, in_user_namespace, userns_works
 from netem.commands import (
     NETNS_RE,
@@ -39,6 +40,7 @@ from netem.commands import (
     teardown_commands,
 )
 from netem.profiles import LinkPlan
+from netem.tcpsettings import TcpSettings
 from netem.userspace import shaping_from_spec, spec_for
 
 ENV_FLAG = "GASLOC_EMU_IN_USERNS"
@@ -136,7 +138,7 @@ def reexec_in_userns(argv: list[str], env_flag: str = ENV_FLAG,
         return False
     sys.stdout.flush()
     sys.stderr.flush()
-    env = dict(os.environ, **{env_flag: "1"})
+    env = dict(os.environ, **{env_flag: "1"}, **tcpsettings.host_snapshot_env())
     cmd = reexec_argv(argv, entry)
     os.execvpe(cmd[0], cmd, env)
     raise AssertionError("unreachable: execvpe returned")
@@ -247,8 +249,9 @@ class NetworkSession:
 
     def __init__(self, plan: LinkPlan, decision: Decision, run_id: str | None = None,
                  dry_run: bool = False, env_flag: str = ENV_FLAG,
-                 gso_floor_mbit: dict[int, float] | None = None):
+                 gso_floor_mbit: dict[int, float] | None = None, seed: int = 0):
         self.plan, self.decision, self.dry_run, self.env_flag = plan, decision, dry_run, env_flag
+        self.seed = seed            # of the packet line's draws (jitter, loss), per link
         # per worker, the slowest rate a scenario will give its links (plan_commands, LiveLinks)
         self.gso_floor_mbit = gso_floor_mbit or {}
         self.run_id = run_id or new_run_id()
@@ -264,6 +267,8 @@ class NetworkSession:
             _free_loopback_ports(plan.workers)
         self.executed: list[Command] = []
         self.removed: list[str] = []
+        self.line = None            # netem.lineproc.PacketLineProcess, when the line delays
+        self.line_stats: dict | None = None
 
     def _choose_mode(self) -> str:
         if self.decision.shaper != "tc":
@@ -325,15 +330,40 @@ class NetworkSession:
             return
         try:
             run_commands(self.commands, done=self.executed.append)
+            if self.decision.delay_mode.replaces_bridge and self.plan.shaped \
+                    and self.plan.impaired:
+                self._start_line()
         except BaseException:
             self.close(raise_errors=False)
             raise
+
+    def _start_line(self) -> None:
+        from netem.lineproc import PacketLineProcess
+        self.line = PacketLineProcess(self.plan, self.topo, self.seed)
+        self.line.start()
+
+    def set_line_latency(self, src: int, dst: int, latency_ms: float) -> None:
+        """A link's new one-way latency, for the packet line (its other impairments stay)."""
+        if self.line is None:
+            raise NamespaceError("no packet line runs in this session to change a latency of")
+        self.line.set_latency(src, dst, latency_ms)
+
+    def packet_line_stats(self) -> dict | None:
+        """The packet line's counters (per link: forwarded, lost, queue drops; release
+        lateness), now or as it ended; None without a line."""
+        if self.line is not None:
+            return self.line.stats()
+        return self.line_stats
 
     def _created_namespaces(self) -> list[str]:
         return [c.argv[3] for c in self.executed if c.argv[:3] == ("ip", "netns", "add")]
 
     def close(self, raise_errors: bool = True) -> None:
-        """Kill what still runs in our namespaces, then delete them (veths, qdiscs go with them)."""
+        """Stop the packet line, kill what still runs in our namespaces, then delete them
+        (veths, qdiscs go with them)."""
+        if self.line is not None:
+            self.line.close()
+            self.line_stats, self.line = self.line.final, None
         created = set(self._created_namespaces())
         if not created:
             return
@@ -352,13 +382,38 @@ class NetworkSession:
 
     # -- records
 
+    def tcp_record(self) -> dict:
+        """The host's TCP and what each worker's connections get (``netem.tcpsettings``): set
+        in the workers' namespaces under tc; the host's own, compared with what was asked,
+        where the workers share the launcher's namespace."""
+        host = tcpsettings.read_original_host()
+        links = self.plan.links.values()
+        asked = [link.tcp for link in links if not link.tcp.is_default]
+        if self.topo is None:
+            return {"host": host.as_dict(), "set_in": "the host (no worker namespaces): "
+                    "compared, not changed", "differs": tcpsettings.differences(asked, host)}
+        inner = tcpsettings.read_host()    # a namespace made here starts as the workers' did
+        base = tcpsettings.HostTcp(host.congestion_control, host.available, host.allowed,
+                                   tcpsettings.NETNS_DEFAULT_SSAI, inner.rmem, inner.wmem)
+        out = {"host": host.as_dict(), "set_in": "each worker's network namespace"}
+        kinds = {link.tcp for link in links}
+        if len(kinds) <= 1:     # the common case: one TCP on every link, said once
+            return out | {"every_link": tcpsettings.effective(next(iter(kinds), TcpSettings()),
+                                                              base)}
+        return out | {"links": [{"src": s, "dst": d, **tcpsettings.effective(link.tcp, base)}
+                                for (s, d), link in sorted(self.plan.links.items())]}
+
     def dry_run_text(self) -> str:
         head = [f"# shaper: {self.decision.shaper} ({self.decision.reason})",
                 f"# delay: {self.decision.delay}; mode: {self.mode}; run id: {self.run_id}"]
         if not self.commands:
             return "\n".join(head + ["# nothing to create"])
+        line = ([f"ip netns exec {self.topo.switch_ns} {sys.executable} -m netem.packetline "
+                 "SPEC.json   # the packet delay line: every link's delay, jitter and loss"]
+                if self.decision.delay_mode.replaces_bridge and self.plan.shaped
+                and self.plan.impaired else [])
         teardown = [f"# on exit: {c}" for c in teardown_commands(self.topo)] if self.topo else []
-        return "\n".join(head + [str(c) for c in self.commands] + teardown)
+        return "\n".join(head + [str(c) for c in self.commands] + line + teardown)
 
     def describe(self, include_commands: bool = True) -> dict:
         """For the run record: decision, capabilities, configured links, addresses, commands run.

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netem.tcpsettings import TcpSettings, TcpSettingsError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -62,7 +64,10 @@ SKEWED_FRACTION = 0.10      # share of worker pairs that are slow in ``skewed``
 LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
 RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
 LATENCY_RANGE_MS = (0.0, 10_000.0)
-LOSS_RANGE_PCT = (0.0, 100.0)
+LOSS_RANGE_PCT = (0.0, 100.0)        # loss_pct < 100: a link that drops everything is a cut
+JITTER_DISTS = ("normal", "uniform", "pareto", "paretonormal")   # netem's names
+QUEUE_RANGE_PKTS = (1, 1_000_000)
+DEFAULT_QUEUE_PKTS = 1000            # the HTB leaves' pfifo limit (netem/commands.py)
 
 LinkModel = Callable[[int, int, int], "tuple[float, float]"]
 
@@ -86,6 +91,15 @@ def _check_range(what: str, value: Any, lo: float, hi: float, *, open_lo: bool =
     return v
 
 
+def _check_loss(what: str, value: Any) -> float:
+    """A loss share in [0, 100): a link that loses every packet is a cut, not a loss."""
+    v = _check_range(what, value, *LOSS_RANGE_PCT)
+    if v >= LOSS_RANGE_PCT[1]:
+        raise ProfileError(f"{what} = {value!r} is out of range; expected a value in "
+                           f"[0, {LOSS_RANGE_PCT[1]:g}) (100 % loss is a cut: use a partition)")
+    return v
+
+
 def _check_rate(what: str, value: Any) -> float:
     return _check_range(what, value, 0.0, RATE_RANGE_MBIT[1], open_lo=True)
 
@@ -104,7 +118,17 @@ def _check_worker(what: str, value: Any, workers: int) -> int:
 @dataclass(frozen=True)
 class Link:
     """One directed link src -> dst. ``rate_mbit`` is goodput: what an application moves per
-    second."""
+    second. The rest impairs its packets, before TCP sees them (netem or the packet line):
+
+    - ``latency_ms`` one-way delay; ``jitter_ms`` its spread, drawn from ``jitter_dist``;
+      packets keep their order unless ``reorder_pct`` > 0, so jitter larger than the delay is
+      refused without it (netem would reorder; a FIFO line would just clip the draws);
+    - ``loss_pct`` independent random loss; ``ge_p_pct`` / ``ge_r_pct`` a Gilbert-Elliott
+      channel of bursty loss (good -> bad and bad -> good per packet, ``ge_bad_loss_pct`` lost
+      in the bad state; netem's ``loss gemodel p r 1-h``);
+    - ``queue_pkts`` the bottleneck queue (the sender's shaping leaf, tail drop);
+    - ``tcp`` the sender's TCP on this link (``netem.tcpsettings``).
+    """
 
     src: int
     dst: int
@@ -112,6 +136,13 @@ class Link:
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     loss_pct: float = 0.0
+    jitter_dist: str = "normal"
+    reorder_pct: float = 0.0
+    ge_p_pct: float = 0.0
+    ge_r_pct: float = 0.0
+    ge_bad_loss_pct: float = 100.0
+    queue_pkts: int = DEFAULT_QUEUE_PKTS
+    tcp: TcpSettings = TcpSettings()
 
     def __post_init__(self) -> None:
         name = f"link {self.src}->{self.dst}"
@@ -120,7 +151,53 @@ class Link:
         _check_rate(f"{name} rate_mbit", self.rate_mbit)
         _check_range(f"{name} latency_ms", self.latency_ms, *LATENCY_RANGE_MS)
         _check_range(f"{name} jitter_ms", self.jitter_ms, *LATENCY_RANGE_MS)
-        _check_range(f"{name} loss_pct", self.loss_pct, *LOSS_RANGE_PCT)
+        _check_loss(f"{name} loss_pct", self.loss_pct)
+        self._check_impairments(name)
+
+    def _check_impairments(self, name: str) -> None:
+        if self.jitter_dist not in JITTER_DISTS:
+            raise ProfileError(f"{name} jitter_dist = {self.jitter_dist!r} is not allowed; "
+                               f"expected one of {', '.join(JITTER_DISTS)}")
+        _check_range(f"{name} reorder_pct", self.reorder_pct, 0.0, 100.0)
+        if self.jitter_ms > self.latency_ms and not self.reorder_pct:
+            raise ProfileError(
+                f"{name} jitter_ms = {self.jitter_ms:g} is out of range; expected a value in "
+                f"[0, {self.latency_ms:g}] (the link's latency_ms) while packets keep their "
+                "order: set reorder_pct > 0 to allow reordering, or a latency at least the "
+                "jitter")
+        _check_loss(f"{name} ge_p_pct", self.ge_p_pct)
+        _check_range(f"{name} ge_r_pct", self.ge_r_pct, 0.0, 100.0)
+        _check_range(f"{name} ge_bad_loss_pct", self.ge_bad_loss_pct, 0.0, 100.0)
+        if self.ge_p_pct and not self.ge_r_pct:
+            raise ProfileError(f"{name} ge_r_pct = 0 is out of range with ge_p_pct = "
+                               f"{self.ge_p_pct:g}; expected a value in (0, 100] (a bad state "
+                               "that is never left is a cut link)")
+        q = self.queue_pkts
+        if isinstance(q, bool) or not isinstance(q, int) or \
+                not QUEUE_RANGE_PKTS[0] <= q <= QUEUE_RANGE_PKTS[1]:
+            raise ProfileError(f"{name} queue_pkts = {q!r} is out of range; expected an "
+                               f"integer in [{QUEUE_RANGE_PKTS[0]}, {QUEUE_RANGE_PKTS[1]}]")
+
+    @property
+    def impaired(self) -> bool:
+        """Whether anything beyond the rate acts on this link's packets."""
+        return bool(self.latency_ms or self.jitter_ms or self.loss_pct or self.reorder_pct
+                    or self.ge_p_pct)
+
+    @property
+    def lossy(self) -> bool:
+        return bool(self.loss_pct or self.ge_p_pct)
+
+    def mean_loss_pct(self) -> float:
+        """The long-run share of packets lost: random loss and the Gilbert-Elliott channel's
+        stationary loss, p / (p + r) of packets in the bad state times its loss (RFC 6534 sec.
+        on the simple Gilbert model; independent of each other)."""
+        ge = 0.0
+        if self.ge_p_pct:
+            p, r = self.ge_p_pct / 100, self.ge_r_pct / 100
+            ge = p / (p + r) * self.ge_bad_loss_pct / 100
+        random_loss = self.loss_pct / 100
+        return 100 * (1 - (1 - random_loss) * (1 - ge))
 
 
 @dataclass(frozen=True)
@@ -169,6 +246,11 @@ class LinkPlan:
         """Whether any worker has an ``up`` or ``down`` cap."""
         return any(getattr(c, f"{kind}_mbit") is not None for c in self.caps.values())
 
+    @property
+    def impaired(self) -> bool:
+        """Whether any link has more than a rate (delay, jitter, loss, reordering)."""
+        return any(link.impaired for link in self.links.values())
+
     def max_of(self, attr: str) -> float:
         """The largest latency_ms / jitter_ms / loss_pct over all links (0 when unshaped)."""
         return max((getattr(link, attr) for link in self.links.values()), default=0.0)
@@ -194,7 +276,8 @@ class LinkPlan:
         """One row per directed link, in (src, dst) order, for display and the run record."""
         return [{"src": s, "dst": d, "rate_mbit": link.rate_mbit,
                  "effective_mbit": self.effective_rate_mbit(s, d), "latency_ms": link.latency_ms,
-                 "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct}
+                 "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct,
+                 **_extra_columns(link)}
                 for (s, d), link in sorted(self.links.items())]
 
     def describe(self) -> dict:
@@ -203,6 +286,21 @@ class LinkPlan:
                 for k, c in sorted(self.caps.items())}
         return {"profile": self.profile, "workers": self.workers, "shaped": self.shaped,
                 "note": self.note, "mtu": self.mtu, "links": self.table(), "caps": caps}
+
+
+def _extra_columns(link: Link) -> dict:
+    """A link's impairments and TCP beyond rate, latency, jitter and loss, where they are not
+    the defaults (so the rows of a plain profile stay as they were)."""
+    out = {}
+    defaults = Link(0, 1, 1.0)
+    for name in ("jitter_dist", "reorder_pct", "ge_p_pct", "ge_r_pct", "ge_bad_loss_pct",
+                 "queue_pkts"):
+        if getattr(link, name) != getattr(defaults, name):
+            out[name] = getattr(link, name)
+    if not link.tcp.is_default:
+        out["tcp"] = {k: v for k, v in link.tcp.as_dict().items()
+                      if v != getattr(defaults.tcp, k)}
+    return out
 
 
 # ---------------------------------------------------------------- named profiles
@@ -256,21 +354,43 @@ _NAMED_BUILDERS = {"uniform": _uniform_rates, "skewed": _skewed_rates,
                    "lognormal": _lognormal_rates}
 
 
-def _links_from_pairs(net, rates: dict[tuple[int, int], float]) -> dict[tuple[int, int], Link]:
-    """Both directions of every undirected pair, with the run's latency, jitter and loss."""
+_IMPAIRMENTS = ("latency_ms", "jitter_ms", "loss_pct", "jitter_dist", "reorder_pct",
+                "ge_p_pct", "ge_r_pct", "ge_bad_loss_pct", "queue_pkts")
+
+
+def _net_impairments(net) -> dict:
+    """The run's impairment settings (net.*) every link gets unless a profile file says
+    otherwise; settings a caller's ``net`` lacks keep the Link's defaults."""
+    return {k: getattr(net, k) for k in _IMPAIRMENTS if hasattr(net, k)}
+
+
+def run_tcp(tcp) -> TcpSettings:
+    """The run's ``tcp.*`` section (a config.TcpConfig or None) as link settings."""
+    if tcp is None:
+        return TcpSettings()
+    try:
+        return TcpSettings(**{k: getattr(tcp, k) for k in TcpSettings.__dataclass_fields__})
+    except TcpSettingsError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def _links_from_pairs(net, rates: dict[tuple[int, int], float],
+                      tcp: TcpSettings) -> dict[tuple[int, int], Link]:
+    """Both directions of every undirected pair, with the run's impairments and TCP."""
     links = {}
+    values = _net_impairments(net)
     for (i, j), rate in rates.items():
         for s, d in ((i, j), (j, i)):
-            links[(s, d)] = Link(s, d, rate, net.latency_ms, net.jitter_ms, net.loss_pct)
+            links[(s, d)] = Link(s, d, rate, **values, tcp=tcp)
     return links
 
 
 # ---------------------------------------------------------------- file profiles
 
-_DEFAULT_KEYS = {"rate_mbit", "latency_ms", "jitter_ms", "loss_pct"}
-_LINK_KEYS = {"src", "dst", "rate_mbit", "latency_ms", "jitter_ms", "loss_pct", "symmetric"}
+_DEFAULT_KEYS = {"rate_mbit", *_IMPAIRMENTS}
+_LINK_KEYS = {"src", "dst", "symmetric", "tcp", *_DEFAULT_KEYS}
 _WORKER_KEYS = {"id", "up_mbit", "down_mbit"}
-_TOP_KEYS = {"default", "link", "worker"}
+_TOP_KEYS = {"default", "link", "worker", "tcp"}
 
 
 def _read_profile_file(path: Path) -> dict:
@@ -303,19 +423,29 @@ def _check_list(where: str, value: Any) -> list:
 
 
 def _file_defaults(net, data: dict, where: str) -> dict:
-    """The [default] table merged over the run's net.* values."""
+    """The [default] table merged over the run's net.* values (each checked by ``Link``)."""
     table = check_keys(f"{where} [default]", data.get("default", {}), _DEFAULT_KEYS)
-    checks = {"rate_mbit": lambda w, v: _check_rate(w, v),
-              "latency_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
-              "jitter_ms": lambda w, v: _check_range(w, v, *LATENCY_RANGE_MS),
-              "loss_pct": lambda w, v: _check_range(w, v, *LOSS_RANGE_PCT)}
-    base = {"rate_mbit": net.rate_mbit, "latency_ms": net.latency_ms,
-            "jitter_ms": net.jitter_ms, "loss_pct": net.loss_pct}
-    return base | {k: checks[k](f"{where} [default] {k}", v) for k, v in table.items()}
+    base = {"rate_mbit": net.rate_mbit, **_net_impairments(net)}
+    merged = base | dict(table)
+    try:
+        Link(0, 1, **merged)
+    except ProfileError as exc:
+        raise ProfileError(f"{where} [default] {str(exc).removeprefix('link 0->1 ')}") from None
+    return merged
 
 
-def _file_links(net, data: dict, workers: int, where: str) -> dict[tuple[int, int], Link]:
-    default = _file_defaults(net, data, where)
+def _file_tcp(data: dict, where: str, run: TcpSettings) -> TcpSettings:
+    """The file's [tcp] table, with the run's tcp.* settings over it where they are set."""
+    try:
+        table = TcpSettings.from_table(f"{where} [tcp]", data.get("tcp", {}))
+    except TcpSettingsError as exc:
+        raise ProfileError(str(exc)) from None
+    return table.merged(run)
+
+
+def _file_links(net, data: dict, workers: int, where: str,
+                tcp: TcpSettings) -> dict[tuple[int, int], Link]:
+    default = _file_defaults(net, data, where) | {"tcp": tcp}
     values = {(i, j): dict(default) for i in range(workers) for j in range(workers) if i != j}
     seen: set[tuple[int, int]] = set()
     for k, entry in enumerate(_check_list("link", data.get("link", []))):
@@ -340,8 +470,21 @@ def _apply_link_entry(where: str, entry: Any, values: dict, seen: set, workers: 
         if key in seen:
             raise ProfileError(f"{where}: link {key[0]}->{key[1]} is set twice")
         seen.add(key)
-        Link(key[0], key[1], **(values[key] | update))   # validate with the entry's name in view
-        values[key].update(update)
+        link_update = dict(update)
+        if "tcp" in entry:
+            link_update["tcp"] = _link_tcp(where, entry["tcp"], values[key]["tcp"])
+        Link(key[0], key[1], **(values[key] | link_update))   # validate with its name in view
+        values[key].update(link_update)
+
+
+def _link_tcp(where: str, table: Any, base: TcpSettings) -> TcpSettings:
+    """A link's ``tcp = {...}`` over the file's and run's TCP."""
+    if not isinstance(table, dict):
+        raise ProfileError(f"{where} tcp must be a table, got {table!r}")
+    try:
+        return base.merged(TcpSettings.from_table(f"{where} tcp", table))
+    except TcpSettingsError as exc:
+        raise ProfileError(str(exc)) from None
 
 
 def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
@@ -360,10 +503,10 @@ def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
     return caps
 
 
-def _plan_from_file(net, workers: int, path: Path) -> LinkPlan:
+def _plan_from_file(net, workers: int, path: Path, tcp: TcpSettings) -> LinkPlan:
     where = f"profile {path.name}"
     data = check_keys(where, _read_profile_file(path), _TOP_KEYS)
-    links = _file_links(net, data, workers, where)
+    links = _file_links(net, data, workers, where, _file_tcp(data, where, tcp))
     caps = _file_caps(data, workers, where)
     return LinkPlan(workers, links, caps, profile=str(path), note=f"file {path}", mtu=net.mtu)
 
@@ -374,26 +517,28 @@ def is_file_profile(name: str) -> bool:
     return name.endswith((".toml", ".json"))
 
 
-def build_link_plan(net, workers: int, seed: int) -> LinkPlan:
-    """The link plan of ``net.bw_profile`` for ``workers`` workers (see the module docstring)."""
+def build_link_plan(net, workers: int, seed: int, tcp=None) -> LinkPlan:
+    """The link plan of ``net.bw_profile`` for ``workers`` workers (see the module docstring);
+    ``tcp``: the run's ``tcp.*`` section (None: the hosts' TCP)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ProfileError(f"workers = {workers!r} is out of range; expected an integer >= 1")
     name = net.bw_profile
     if not name:
         return _unshaped_plan(net, workers)
+    run = run_tcp(tcp)
     if is_file_profile(name):
-        return _plan_from_file(net, workers, Path(name))
+        return _plan_from_file(net, workers, Path(name), run)
     if name not in _NAMED_BUILDERS:
         raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
                            f"{', '.join(NAMED)}, or a path to a .toml or .json file")
     rates, note = _NAMED_BUILDERS[name](net, workers, seed)
-    return LinkPlan(workers, _links_from_pairs(net, rates), {}, profile=name, note=note,
+    return LinkPlan(workers, _links_from_pairs(net, rates, run), {}, profile=name, note=note,
                     mtu=net.mtu)
 
 
 def _unshaped_plan(net, workers: int) -> LinkPlan:
-    for attr in ("latency_ms", "jitter_ms", "loss_pct"):
-        if getattr(net, attr):
+    for attr in ("latency_ms", "jitter_ms", "loss_pct", "reorder_pct", "ge_p_pct"):
+        if getattr(net, attr, 0):
             raise ProfileError(f"net.{attr} = {getattr(net, attr)!r} needs a bandwidth profile "
                                "(net.bw_profile is empty, so there are no links to put it on); "
                                "set net.bw_profile = 'uniform' with a large net.rate_mbit")

@@ -255,7 +255,7 @@ def spec_for(plan, decision) -> dict | None:
         return None
     if decision.shaper == "userspace":
         mode = "userspace"
-    elif (decision.shaper == "tc" and decision.delay == "release-queue"
+    elif (decision.shaper == "tc" and decision.delay_mode.at_receiver
           and plan.max_of("latency_ms")):
         mode = "delay-only"
     else:

@@ -351,20 +351,34 @@ def compute_show_command(cfg: Config) -> None:
     _echo_lines(profile_lines(cfg, _plan(cfg, data=False).compute))
 
 
+_OPTIONAL_COLUMNS = (("jitter_ms", "jitter ms"), ("loss_pct", "loss %"),
+                     ("reorder_pct", "reorder %"), ("ge_p_pct", "burst p %"),
+                     ("ge_r_pct", "burst r %"), ("queue_pkts", "queue pkts"))
+
+
 def netem_show_command(cfg: Config) -> None:
     plan, decision = _plan(cfg, data=False).link_plan, shaping_decision(cfg)
     table = Table(title=f"profile {plan.profile!r}, {plan.workers} workers"
                         + (f" ({plan.note})" if getattr(plan, "note", "") else ""))
-    for col in ("link", "rate Mbit/s", "effective Mbit/s", "latency ms"):
+    rows = plan.table()
+    # a column for each impairment some link has, so a plain profile shows four columns
+    extra = [(k, name) for k, name in _OPTIONAL_COLUMNS if any(k in r and r[k] for r in rows)]
+    tcp = any("tcp" in r for r in rows)
+    for col in ("link", "rate Mbit/s", "effective Mbit/s", "latency ms",
+                *(name for _, name in extra), *(("tcp",) if tcp else ())):
         table.add_column(col, justify="right")
-    for row in plan.table():
+    for row in rows:
+        cells = [f"{row.get(k, 0):g}" for k, _ in extra]
+        tcp_cell = [", ".join(f"{k} {v}" for k, v in row.get("tcp", {}).items())] if tcp else []
         table.add_row(f"{row['src']}→{row['dst']}", f"{row['rate_mbit']:g}",
-                      f"{row['effective_mbit']:g}", f"{row['latency_ms']:g}")
+                      f"{row['effective_mbit']:g}", f"{row['latency_ms']:g}", *cells, *tcp_cell)
     console = _console(120)
     console.print(table)
     for k, c in sorted(plan.caps.items()):
         console.print(f"worker {k}: up {c.up_mbit or '-'} Mbit/s, down {c.down_mbit or '-'} Mbit/s")
-    console.print(f"shaper here: {decision.shaper} (delay: {decision.delay}) - {decision.reason}")
+    faithful = "" if decision.delay_mode.faithful_to_tcp else " - not faithful to TCP"
+    console.print(f"shaper here: {decision.shaper} (delay: {decision.delay}{faithful}) - "
+                  f"{decision.reason}")
 
 
 def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int:

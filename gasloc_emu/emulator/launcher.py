@@ -92,6 +92,19 @@ def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
     return LaunchResult(code, summary, path)
 
 
+def shaper_label(network) -> str:
+    """The shaper and how its delay reaches the packets, for the dashboard's header: a delay
+    TCP does not see is said so there, where the user looks."""
+    session = getattr(network, "session", None)
+    decision = getattr(network, "decision", None) or getattr(session, "decision", None)
+    plan = getattr(network, "plan", None) or getattr(session, "plan", None)
+    if decision is None or plan is None or not plan.shaped or not plan.max_of("latency_ms"):
+        return network.shaper
+    mode = decision.delay_mode
+    return f"{network.shaper}, delay {mode.name}" + (
+        "" if mode.faithful_to_tcp else " (not seen by TCP)")
+
+
 def _launch(plan, path, rec, network, stack, progress_factory, log,
             zygote) -> tuple[int, dict]:
     cfg = plan.cfg
@@ -99,7 +112,8 @@ def _launch(plan, path, rec, network, stack, progress_factory, log,
     warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
     prog = None
     if progress_factory is not None:
-        prog = stack.enter_context(progress_factory([d.label for d in devices], network.shaper))
+        prog = stack.enter_context(progress_factory([d.label for d in devices],
+                                                    shaper_label(network)))
         for text in warnings:
             prog({"kind": "warning", "text": text})
     return supervise(Supervisor(plan, path, rec, network, devices, prog, zygote=zygote))

@@ -93,10 +93,11 @@ class ShapedNetwork:
         self._live = None   # netem.live.LiveLinks, made at the first change under tc
 
     def change_links(self, changes: dict) -> None:
-        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)} with tc, in
-        place (``netem.live.LiveLinks``); under the userspace shaper the workers apply
-        them. Latency changes under tc without netem are the receivers' (their release
-        queue), so only rates go to tc then."""
+        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)}: rates with tc, in
+        place (``netem.live.LiveLinks``); latencies where the delay mode puts them: netem's
+        qdiscs (tc too), the packet line (``session.set_line_latency``), or the receivers'
+        release queues (the workers apply those). Under the userspace shaper the workers
+        apply everything."""
         if self.shaper != "tc" or not changes:
             return
         from netem.live import LiveLinks
@@ -104,12 +105,14 @@ class ShapedNetwork:
         if self._live is None:
             s = self.session
             self._live = LiveLinks(s.plan, s.topo, s.decision, gso_floor_mbit=s.gso_floor_mbit)
-        netem = self.session.decision.delay == "netem"
+        mode = self.session.decision.delay_mode
         cmds = []
         for (src, dst), (rate, latency) in sorted(changes.items()):
             rate = rate if rate is not None else self._live.rate_mbit(src, dst)
             cmds += self._live.change(src, dst, rate_mbit=rate,
-                                      latency_ms=latency if netem else None)
+                                      latency_ms=latency if mode.kernel_qdisc else None)
+            if mode.replaces_bridge and latency is not None:
+                self.session.set_line_latency(src, dst, latency)
         run_commands(cmds)
 
     def bind_address(self, rank: int) -> str:
@@ -140,8 +143,9 @@ class ShapedNetwork:
     def describe_summary(self) -> dict:
         d = self.session.decision
         return {"shaper": d.shaper, "shaper_reason": d.reason, "delay": d.delay,
+                "delay_faithful_to_tcp": d.delay_mode.faithful_to_tcp,
                 "netns_mode": self.session.mode, "bw_profile": self.cfg.net.bw_profile,
-                "profile": self.session.plan.profile}
+                "profile": self.session.plan.profile, "tcp": self.session.tcp_record()}
 
     def links_record(self, link_bytes: list[dict]) -> dict:
         """Configured vs measured per directed link, with the bytes training moved on it."""
@@ -156,8 +160,12 @@ class ShapedNetwork:
                    "configured_latency_ms": link.latency_ms, "bytes": moved.get("bytes", 0),
                    "raw_bytes": moved.get("raw_bytes", 0)}
             rows.append(row | {k: v for k, v in probed.get((src, dst), {}).items() if k not in row})
-        return {"shaper": self.shaper, "network": self.session.describe(include_commands=False),
-                "links": rows}
+        out = {"shaper": self.shaper, "network": self.session.describe(include_commands=False),
+               "links": rows}
+        line = self.session.packet_line_stats()
+        if line is not None:
+            out["packet_line"] = line
+        return out
 
 class HostNetwork:
     """One node's side of a multi-node run: its workers bind the host's address (the one on the
@@ -250,9 +258,10 @@ class HostNetwork:
 
     def describe_summary(self) -> dict:
         out = {"shaper": self.shaper, "shaper_reason": self.decision.reason,
-               "bw_profile": self.cfg.net.bw_profile}
+               "bw_profile": self.cfg.net.bw_profile, "tcp": host_tcp_record(self.plan)}
         if self.plan is not None:
-            out |= {"delay": self.decision.delay, "profile": self.plan.profile}
+            out |= {"delay": self.decision.delay, "profile": self.plan.profile,
+                    "delay_faithful_to_tcp": self.decision.delay_mode.faithful_to_tcp}
         return out
 
     def links_record(self, link_bytes: list[dict]) -> dict:
@@ -262,6 +271,21 @@ class HostNetwork:
         if self.tc is not None:
             out["tc"] = self.tc.describe()
         return out
+
+def host_tcp_record(plan) -> dict:
+    """This host's TCP as its workers' connections get it (they run in the host's namespace):
+    what it has, and what the plan asked for that it does not (a host's TCP is its owner's, so
+    it is read and compared, never changed)."""
+    from netem.tcpsettings import effective, read_host
+    host = read_host()
+    out = {"host": host.as_dict(), "differs": []}
+    if plan is not None:
+        asked = {link.tcp for link in plan.links.values() if not link.tcp.is_default}
+        for settings in sorted(asked, key=repr):
+            got, want = effective(type(settings)(), host), effective(settings, host)
+            out["differs"] += [{"setting": k, "asked": v, "host": got[k]}
+                               for k, v in want.items() if got[k] != v]
+    return out
 
 def _host_tc_missing() -> str:
     """Why tc cannot shape this host's interfaces ("" when it can)."""
@@ -318,5 +342,6 @@ def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
     plan, decision = link_plan, shaping_decision(cfg)
     # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
     floor = links.slowest_mbit() if links is not None else {}
-    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor) as session:
+    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor,
+                        seed=cfg.seed) as session:
         yield ShapedNetwork(cfg, session)

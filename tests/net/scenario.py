@@ -41,8 +41,9 @@ def _hold(session: NetworkSession, args: dict) -> None:
         children.append(subprocess.Popen(argv, preexec_fn=die_with_parent))
     time.sleep(0.3)   # let ip netns exec hand over to python
     inodes = {ns: os.stat(f"/run/netns/{ns}").st_ino for ns in session.topo.namespaces()}
+    line = session.line.proc.pid if session.line is not None else None
     _result({"pid": os.getpid(), "children": [c.pid for c in children], "netns_inodes": inodes,
-             "run_id": session.run_id, "mode": session.mode})
+             "run_id": session.run_id, "mode": session.mode, "packet_line": line})
     time.sleep(args.get("hold_s", 60.0))
 
 
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
     if args["action"] == "syntax":
         _syntax(plan, args)
         return 0
-    decision = choose_shaper(args.get("shaper", "tc"), probe())
+    decision = choose_shaper(args.get("shaper", "tc"), probe(), delay=net.delay)
     with NetworkSession(plan, decision, args.get("run_id")) as session:
         {"probe": _probe, "hold": _hold}[args["action"]](session, args)
     return 0

@@ -25,4 +25,5 @@ def test_probe_detects_in_a_scratch_namespace_and_is_cached(tc_caps):
     assert all(caps.errors.get(f) for f, ok in caps.features.items() if not ok)
     decision = C.choose_shaper("auto", caps)
     assert decision.shaper == "tc"
-    assert decision.delay == ("netem" if caps.has("netem") else "release-queue")
+    assert decision.delay == ("netem" if caps.has("netem") else
+                              "packet-line" if caps.has("packet") else "release-queue")

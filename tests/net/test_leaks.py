@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from needs import root_or_unavailable
 
 from netem.namespaces import clean_leftovers
@@ -92,6 +93,19 @@ def test_kill9_of_userns_launcher_leaves_nothing(tc_caps, scenario, alive):
     inodes = set(info["netns_inodes"].values())
     assert _wait_until(lambda: not _references(inodes)), _references(inodes)
     assert _host_state() == before          # no namespace name, link or qdisc on the host
+
+
+def test_kill9_of_a_launcher_with_a_packet_line_leaves_nothing(tc_caps, scenario, alive):
+    if not tc_caps.has("packet"):
+        pytest.skip("no raw packet sockets here: no packet line to leave behind")
+    before = _host_state()
+    info = _hold_and_kill(scenario, alive, {"reexec": True, "net": {
+        "bw_profile": "uniform", "rate_mbit": 20.0, "latency_ms": 10.0, "delay": "packet-line"}})
+    assert info["packet_line"] is not None
+    assert _wait_until(lambda: not alive(info["packet_line"])), "the packet line survived"
+    inodes = set(info["netns_inodes"].values())
+    assert _wait_until(lambda: not _references(inodes)), _references(inodes)
+    assert _host_state() == before
 
 
 def test_kill9_of_root_launcher_is_cleaned_by_clean_leftovers(tc_caps, scenario, alive):

@@ -53,11 +53,14 @@ def test_bad_profiles_fail_before_anything_is_created(root, tmp_path, name):
 
 def test_what_the_kernel_cannot_do_fails_before_anything_is_created(root):
     if root.has("netem"):
-        pytest.skip("this kernel has netem, so jitter is possible")
-    plan = build_link_plan(NetConfig(bw_profile="uniform", jitter_ms=5.0), 3, 0)
+        pytest.skip("this kernel has netem, so the netem delay mode is possible")
+    plan = build_link_plan(NetConfig(bw_profile="uniform", latency_ms=5.0, jitter_ms=5.0), 3, 0)
     before = _host_netns()
+    with pytest.raises(CapabilityError, match="net.delay = 'netem' is not possible here"):
+        NetworkSession(plan, choose_shaper("tc", root, delay="netem"), secrets.token_hex(3))
     with pytest.raises(CapabilityError, match="jitter"):
-        NetworkSession(plan, choose_shaper("tc", root), secrets.token_hex(3))
+        NetworkSession(plan, choose_shaper("tc", root, delay="release-queue"),
+                       secrets.token_hex(3))
     assert _host_netns() == before
 
 

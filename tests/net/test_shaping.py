@@ -40,9 +40,11 @@ def test_one_way_latency_within_2ms(tc_caps, scenario):
                         "net": {"bw_profile": "uniform", "rate_mbit": 20.0, "latency_ms": 20.0},
                         "seconds": 0.5, "parallel": True, "pings": 20})
     rows = res["rows"]
-    # netem where the kernel has it, else the receiver's release queue: detected, not assumed
-    assert res["describe"]["decision"]["delay"] == ("netem" if tc_caps.has("netem")
-                                                    else "release-queue")
+    # netem where the kernel has it, else the packet line, else the receiver's release queue:
+    # detected, not assumed
+    expected = ("netem" if tc_caps.has("netem") else
+                "packet-line" if tc_caps.has("packet") else "release-queue")
+    assert res["describe"]["decision"]["delay"] == expected
     assert len(rows) == 12
     bad = [r for r in rows if abs(r["measured_latency_ms"] - 20.0) > 2.0]
     assert not bad, "latency off by more than 2 ms:\n" + _table(bad)

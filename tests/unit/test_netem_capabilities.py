@@ -29,10 +29,31 @@ def test_auto_prefers_tc_with_netem_when_present():
     assert (d.shaper, d.delay) == ("tc", "netem")
 
 
-def test_auto_uses_the_release_queue_without_netem():
+def test_auto_uses_the_packet_line_without_netem():
     d = choose_shaper("auto", caps(netem=False))
+    assert (d.shaper, d.delay) == ("tc", "packet-line")
+    assert d.delay_mode.faithful_to_tcp and "packet delay line" in d.reason
+
+
+def test_auto_uses_the_release_queue_without_netem_or_packet_sockets_and_says_so():
+    d = choose_shaper("auto", caps(netem=False, packet=False))
     assert (d.shaper, d.delay) == ("tc", "release-queue")
-    assert "no netem (netem is unknown)" in d.reason
+    assert "netem needs netem: netem is unknown" in d.reason
+    assert "packet-line needs packet: packet is unknown" in d.reason
+    assert not d.delay_mode.faithful_to_tcp and d.as_dict()["delay_faithful_to_tcp"] is False
+    assert "not faithful to TCP" in d.reason
+
+
+def test_a_delay_mode_on_request_is_used_or_refused_in_one_line():
+    assert choose_shaper("tc", caps(), delay="packet-line").delay == "packet-line"
+    assert choose_shaper("auto", caps(), delay="release-queue").delay == "release-queue"
+    with pytest.raises(CapabilityError, match="net.delay = 'netem' is not possible here: netem "
+                                              "needs netem: netem is unknown"):
+        choose_shaper("tc", caps(netem=False), delay="netem")
+    with pytest.raises(CapabilityError, match="net.delay = 'fast' is not allowed"):
+        choose_shaper("tc", caps(), delay="fast")
+    with pytest.raises(CapabilityError, match="needs the tc shaper's namespaces"):
+        choose_shaper("userspace", caps(), delay="packet-line")
 
 
 def test_auto_falls_back_to_userspace_and_says_why():

@@ -235,14 +235,17 @@ def test_per_link_delay_jitter_loss_is_a_tree_per_sender(tmp_path):
 
 # ---------------------------------------------------------------- what cannot be done
 
-def test_jitter_and_loss_need_netem():
-    for net in ({"jitter_ms": 2.0}, {"loss_pct": 1.0}):
+def test_jitter_and_loss_need_a_delay_mode_on_packets():
+    line = Decision("tc", "packet-line", "t", caps(netem=False))
+    for net in ({"jitter_ms": 2.0, "latency_ms": 5.0}, {"loss_pct": 1.0},
+                {"reorder_pct": 1.0, "latency_ms": 5.0}, {"ge_p_pct": 1.0, "ge_r_pct": 20.0}):
         plan = plan_of(**net)
-        with pytest.raises(CapabilityError, match="needs the netem qdisc"):
+        with pytest.raises(CapabilityError, match="needs a delay mode that acts on packets"):
             plan_commands(plan, NetTopology("ab", 4), TC_QUEUE)
         with pytest.raises(CapabilityError):
             check_supported(plan, Decision("userspace", "release-queue", "t"))
         assert plan_commands(plan, NetTopology("ab", 4), TC_NETEM)
+        assert plan_commands(plan, NetTopology("ab", 4), line)
 
 
 def test_download_caps_need_ifb_and_mirred(tmp_path):

@@ -1,0 +1,901 @@
+"""A userspace packet delay line: the switch of the emulated network, for kernels without netem.
+
+    ip netns exec gl<run>-sw python -m netem.packetline SPEC.json
+
+It runs inside the switch namespace in place of the bridge: the ports ``p<k>`` (the switch ends
+of the workers' veths) are up but enslaved to nothing, and this process moves every frame
+between them. IPv4 frames go to the port of their destination address after the directed
+link's rules (``netem.impair``: delay, jitter, reordering, loss, queue) have decided, so TCP's
+segments and its ACKs are really delayed, jittered and lost before any TCP sees them: the
+senders' congestion control, ACK clocking and timers see the emulated path.
+
+How it reads and writes frames
+------------------------------
+One ``AF_PACKET``/``SOCK_RAW`` socket per port, bound to the port with ``ETH_P_ALL``:
+
+- ``PACKET_IGNORE_OUTGOING``: the socket does not see what this process (or the port's own
+  IPv6 neighbour discovery) transmits on the port, only what the worker sent.
+- ``PACKET_VNET_HDR`` on receive and send (net/packet/af_packet.c, ``packet_rcv_vnet`` and
+  ``packet_snd_vnet_parse``; include/linux/virtio_net.h). A veth carries TCP's GSO
+  super-packets (up to 64 KiB, many wire packets) whose checksums are left for "the device" to
+  fill in (CHECKSUM_PARTIAL: the TCP checksum field holds only the pseudo-header's sum). Each
+  frame comes with a 10-byte ``struct virtio_net_hdr`` that says so (GSO type and size, where
+  the checksum starts); sent back unchanged it gives the kernel the same skb: it accepts a
+  frame larger than the MTU and the receiving TCP gets correct checksums. Without it (measured
+  on this kernel, 6.18) the raw copy of a SYN reaches the receiver with a wrong checksum and is
+  dropped, and a GSO frame longer than the MTU is refused with EMSGSIZE: nothing connects.
+- ``SO_TIMESTAMPNS``: the kernel stamps each frame when the port received it (CLOCK_REALTIME,
+  in the ancillary data of ``recvmsg``), so a frame read late is not delayed more: its release
+  time is computed from the stamp.
+
+Forwarding
+----------
+- IPv4 unicast: by destination address (``198.18.H.L`` -> its rank) to that rank's port; the
+  link is (the rank of the port it came in on, that rank). Unknown destinations and frames
+  that would go back out of their own port are dropped (counted).
+- ARP, broadcast and multicast frames, and every non-IPv4 frame (IPv6 neighbour discovery),
+  are flooded to the other ports at once, undelayed: a WAN has no ARP across it, it resolves
+  next hops on each LAN, so ARP is no traffic of the emulated links; delaying it would only
+  hold the first packet of every flow for a resolution that a routed path does not do. The
+  data plane must be IPv4: IPv6 would cross unimpaired.
+- Never trusted: frames too short, or with a malformed IPv4 header, are counted and dropped,
+  and nothing in a frame can stop the loop.
+
+GSO and loss
+------------
+A GSO super-packet is many wire packets: losing it as one unit would lose tens of consecutive
+segments, which no real link does and which TCP recovers from very differently. Loss is decided
+per segment (``LinkLine.admit_gso``). When none is lost (at 1 % loss, ~2/3 of 44-segment
+frames) the frame leaves whole; otherwise a TCP/IPv4 frame is cut into its segments here, as
+the kernel's tcp_gso_segment would (sequence numbers, IP ids, FIN/PSH on the last segment only,
+CWR on the first only, full IP and TCP checksums in software), and only the survivors are sent.
+Other GSO types (UDP GSO, IPv6) are decided as one unit (rare on this data plane; counted as
+``gso_unsplit``). The survivors of one frame share one delay draw (one burst on the wire).
+
+Timing
+------
+One event loop: epoll over the port sockets, the control pipe (stdin) and a signal pipe, and a
+heap of due releases. epoll's timeout is whole milliseconds (rounded up), so the loop wakes
+up to a millisecond early and sleeps the rest with ``time.sleep`` (a high-resolution timer;
+the timer slack is set to 1 us). Each release's lateness (actual send - scheduled release) is
+recorded; the stats give its p50/p99/max. Automatic garbage collection is off (the loop builds
+no reference cycles), so no collector pause delays a release.
+
+Memory is bounded: each link's queue (``Impairment.queue_limits``, tail drop) and a global cap
+over every link (``PacketLineSpec.global_limit_bytes``, default 256 MiB, counting a 256-byte
+cost per held frame for the objects around its bytes).
+
+Control and files
+-----------------
+stdin takes JSON lines; each gets one JSON line on stdout:
+
+- ``{"op": "set", "src": 0, "dst": 1, "delay_ms": 20, ...}``: change fields of one link's
+  impairment live (the rest stay); what is held keeps its release time.
+- ``{"op": "stats"}``: write the stats file now (the reply carries them too).
+
+EOF on stdin means the parent is gone: write stats and exit 0; so do SIGTERM and SIGINT. The
+process also dies with its parent (PR_SET_PDEATHSIG). ``ready_path`` is written (atomically)
+once every socket is open; ``stats_path`` at exit and on request (atomically).
+
+Not done: correlation of the random draws (netem's ``delay 10ms 2ms 25%``), duplication,
+corruption, a rate (the workers' HTB shapes), IPv6.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import gc
+import heapq
+import ipaddress
+import json
+import math
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from netem.impair import ByteBudget, Impairment, ImpairmentError, LinkLine
+
+SPEC_VERSION = 1
+
+# linux/socket.h, linux/if_packet.h, linux/if_ether.h, linux/prctl.h
+SOL_PACKET = 263
+PACKET_VNET_HDR = 15
+PACKET_IGNORE_OUTGOING = 23
+SO_TIMESTAMPNS = 35                  # SCM_TIMESTAMPNS: struct timespec, CLOCK_REALTIME
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+ETH_P_ALL = 0x0003
+PR_SET_PDEATHSIG = 1
+PR_SET_TIMERSLACK = 29
+
+# include/uapi/linux/virtio_net.h
+VNET_HDR = struct.Struct("<BBHHHH")  # flags, gso_type, hdr_len, gso_size, csum_start, csum_offset
+VNET_LEN = VNET_HDR.size             # 10
+GSO_NONE, GSO_TCPV4 = 0, 1
+GSO_ECN = 0x80
+NO_OFFLOAD_VNET = bytes(VNET_LEN)    # complete checksums, no GSO
+
+ETH_LEN = 14
+IPV4_MIN_LEN = 20
+ETHERTYPE_IPV4 = b"\x08\x00"
+TIMESPEC = struct.Struct("=qq")
+TCP_FIN, TCP_PSH, TCP_CWR = 0x01, 0x08, 0x80
+
+RECV_BUF_BYTES = 256 * 1024          # a 64 KiB GSO frame and then some
+ANC_BUF_BYTES = socket.CMSG_SPACE(TIMESPEC.size)
+SOCK_BUF_BYTES = 32 << 20            # asked for; the kernel caps it at net.core.[rw]mem_max x 2
+BATCH_FRAMES = 64                    # frames read from one socket per wakeup before releasing
+WAKE_EARLY_S = 0.0002                # epoll wakes this much before a release at least
+DEFAULT_GLOBAL_LIMIT_BYTES = 256 << 20
+PER_FRAME_COST_BYTES = 256
+TIMER_SLACK_NS = 1000
+
+DEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")   # IFNAMSIZ 16 with the NUL
+
+
+class SpecError(ValueError):
+    """A packet line spec is malformed or names a value out of range."""
+
+
+# ---------------------------------------------------------------- the spec
+
+class Port(NamedTuple):
+    """One switch port: the worker's rank, the port device (``p<k>``), the worker's IPv4."""
+
+    rank: int
+    dev: str
+    address: str
+
+
+def _check_port(p: Any) -> Port:
+    if not isinstance(p, (list, tuple)) or len(p) != 3:
+        raise SpecError(f"port {p!r} is not [rank, dev, ipv4 address]")
+    rank, dev, address = p
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= 65_534:
+        raise SpecError(f"port rank = {rank!r} is out of range; expected an integer in "
+                        "[0, 65534]")
+    if not isinstance(dev, str) or not DEV_RE.match(dev):
+        raise SpecError(f"port dev = {dev!r} is not a device name (1-15 of [A-Za-z0-9_.:-])")
+    try:
+        ipaddress.IPv4Address(address)
+    except (ipaddress.AddressValueError, ValueError, TypeError):
+        raise SpecError(f"port address = {address!r} is not an IPv4 address") from None
+    return Port(rank, dev, str(address))
+
+
+def _unique(what: str, values: list) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise SpecError(f"port {what} {v!r} appears twice; every port needs its own")
+        seen.add(v)
+
+
+@dataclass(frozen=True)
+class PacketLineSpec:
+    """What one packet line forwards: its ports, the impairment of each directed link (links
+    not listed get ``default``), the seed of every link's draws, and where its files go."""
+
+    ports: tuple[Port, ...]
+    links: Mapping[tuple[int, int], Impairment] = field(default_factory=dict)
+    default: Impairment = Impairment()
+    seed: int = 0
+    stats_path: str | None = None
+    ready_path: str | None = None
+    global_limit_bytes: int = DEFAULT_GLOBAL_LIMIT_BYTES
+    version: int = SPEC_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != SPEC_VERSION:
+            raise SpecError(f"version = {self.version!r} is not supported; expected "
+                            f"{SPEC_VERSION}")
+        ports = tuple(_check_port(p) for p in self.ports)
+        if not ports:
+            raise SpecError("ports = [] is empty; a packet line needs at least one port")
+        object.__setattr__(self, "ports", ports)
+        for what, i in (("rank", 0), ("dev", 1), ("address", 2)):
+            _unique(what, [p[i] for p in ports])
+        object.__setattr__(self, "links", dict(self.links))
+        ranks = {p.rank for p in ports}
+        for key, imp in self.links.items():
+            self._check_link(key, imp, ranks)
+        if not isinstance(self.default, Impairment):
+            raise SpecError(f"default = {self.default!r} is not an Impairment")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SpecError(f"seed = {self.seed!r} is not an integer")
+        for name in ("stats_path", "ready_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SpecError(f"{name} = {value!r} is not a path (a non-empty string or null)")
+        g = self.global_limit_bytes
+        if isinstance(g, bool) or not isinstance(g, int) or not (1 << 20) <= g <= (1 << 40):
+            raise SpecError(f"global_limit_bytes = {g!r} is out of range; expected an integer "
+                            f"in [{1 << 20}, {1 << 40}]")
+
+    @staticmethod
+    def _check_link(key: Any, imp: Any, ranks: set[int]) -> None:
+        if not isinstance(key, tuple) or len(key) != 2 or not all(k in ranks for k in key):
+            raise SpecError(f"link {key!r} is not a pair of port ranks (ports have "
+                            f"{sorted(ranks)})")
+        if key[0] == key[1]:
+            raise SpecError(f"link {key!r} goes from a port to itself")
+        if not isinstance(imp, Impairment):
+            raise SpecError(f"link {key!r}: {imp!r} is not an Impairment")
+
+    def impairment(self, src: int, dst: int) -> Impairment:
+        return self.links.get((src, dst), self.default)
+
+    # -- JSON
+
+    def to_json(self) -> dict:
+        return {"version": self.version,
+                "ports": [list(p) for p in self.ports],
+                "links": [{"src": s, "dst": d, "impairment": imp.to_json()}
+                          for (s, d), imp in sorted(self.links.items())],
+                "default": self.default.to_json(),
+                "seed": self.seed, "stats_path": self.stats_path,
+                "ready_path": self.ready_path, "global_limit_bytes": self.global_limit_bytes}
+
+    @classmethod
+    def from_json(cls, data: Any) -> PacketLineSpec:
+        if not isinstance(data, dict):
+            raise SpecError(f"a packet line spec is a JSON object, not {type(data).__name__}")
+        known = {"version", "ports", "links", "default", "seed", "stats_path", "ready_path",
+                 "global_limit_bytes"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"unknown spec field(s) {', '.join(unknown)}; expected some of "
+                            f"{', '.join(sorted(known))}")
+        if "ports" not in data:
+            raise SpecError("the spec has no ports")
+        try:
+            links = {_link_key(e): Impairment.from_json(e.get("impairment", {}))
+                     for e in _list("links", data.get("links", []))}
+            default = Impairment.from_json(data.get("default", {}))
+        except ImpairmentError as exc:
+            raise SpecError(str(exc)) from None
+        return cls(ports=tuple(_list("ports", data["ports"])), links=links, default=default,
+                   seed=data.get("seed", 0), stats_path=data.get("stats_path"),
+                   ready_path=data.get("ready_path"),
+                   global_limit_bytes=data.get("global_limit_bytes",
+                                               DEFAULT_GLOBAL_LIMIT_BYTES),
+                   version=data.get("version", SPEC_VERSION))
+
+    def save(self, path: str) -> None:
+        write_atomically(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> PacketLineSpec:
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"{path} is not JSON: {exc}") from None
+        return cls.from_json(data)
+
+
+def _list(what: str, value: Any) -> list:
+    if not isinstance(value, list):
+        raise SpecError(f"{what} = {value!r} is not a list")
+    return value
+
+
+def _link_key(entry: Any) -> tuple[int, int]:
+    if not isinstance(entry, dict) or "src" not in entry or "dst" not in entry:
+        raise SpecError(f"link {entry!r} is not an object with src, dst and impairment")
+    return entry["src"], entry["dst"]
+
+
+def spec_for_topology(topo: Any, links: Mapping[tuple[int, int], Impairment] | None = None,
+                      **kw: Any) -> PacketLineSpec:
+    """The spec of a ``netem.commands.NetTopology``: port ``p<k>`` and address of every
+    worker; ``kw`` are the other PacketLineSpec fields."""
+    ports = tuple(Port(k, topo.port_dev(k), topo.address(k)) for k in range(topo.workers))
+    return PacketLineSpec(ports=ports, links=dict(links or {}), **kw)
+
+
+def write_atomically(path: str, obj: Any) -> None:
+    """Write JSON to a temporary file next to ``path``, then rename it into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- frames (pure)
+
+def ones_sum(data: bytes) -> int:
+    """The 16-bit one's complement sum of ``data`` (RFC 1071), zero-padded to even length.
+
+    2^16 = 1 modulo 2^16 - 1, so the sum of the 16-bit words of a big-endian number is the
+    number itself modulo 0xffff (with 0xffff standing for a non-zero multiple): one C-speed
+    ``int.from_bytes`` instead of a loop over words.
+    """
+    if len(data) & 1:
+        data = bytes(data) + b"\x00"
+    n = int.from_bytes(data, "big")
+    s = n % 0xFFFF
+    return 0xFFFF if s == 0 and n else s
+
+
+def checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071) of ``data``, as it goes into a header."""
+    return ~ones_sum(data) & 0xFFFF
+
+
+class FrameInfo(NamedTuple):
+    """What the line needs of one IPv4 frame (offsets count the virtio header)."""
+
+    dst_ip: bytes
+    ip_off: int
+    l4_off: int
+    proto: int
+
+
+def parse_ipv4(frame: bytes) -> FrameInfo | None:
+    """The IPv4 header of a vnet-header-prefixed Ethernet frame; None when malformed."""
+    ip_off = VNET_LEN + ETH_LEN
+    if len(frame) < ip_off + IPV4_MIN_LEN:
+        return None
+    vihl = frame[ip_off]
+    ihl = (vihl & 0x0F) * 4
+    if vihl >> 4 != 4 or ihl < IPV4_MIN_LEN or len(frame) < ip_off + ihl:
+        return None
+    return FrameInfo(frame[ip_off + 16:ip_off + 20], ip_off, ip_off + ihl, frame[ip_off + 9])
+
+
+def gso_segments(frame: bytes, info: FrameInfo) -> tuple[int, int] | None:
+    """(segments, header bytes up to the payload) of a GSO frame, None when inconsistent."""
+    _, gso_type, _, gso_size, _, _ = VNET_HDR.unpack_from(frame)
+    if gso_size == 0:
+        return None
+    hdr_end = info.l4_off
+    if gso_type & ~GSO_ECN == GSO_TCPV4:
+        if info.proto != socket.IPPROTO_TCP or len(frame) < info.l4_off + 20:
+            return None
+        hdr_end += (frame[info.l4_off + 12] >> 4) * 4
+    elif info.proto == socket.IPPROTO_UDP:
+        hdr_end += 8
+    if hdr_end > len(frame) or (gso_type & ~GSO_ECN == GSO_TCPV4 and hdr_end < info.l4_off + 20):
+        return None
+    payload = len(frame) - hdr_end
+    return max(1, -(-payload // gso_size)), hdr_end
+
+
+def segment_tcp4(frame: bytes, info: FrameInfo, hdr_end: int,
+                 keep: Iterable[int]) -> list[bytes]:
+    """The segments ``keep`` (indices) of a TCP/IPv4 GSO frame, as the kernel's GSO would cut
+    them (net/ipv4/tcp_offload.c tcp_gso_segment, net/ipv4/af_inet.c inet_gso_segment): each
+    carries gso_size bytes of payload (the last the rest), seq advanced by that, the IP id
+    incremented per segment, FIN and PSH only on the last, CWR only on the first; both
+    checksums complete (RFC 791, RFC 793 pseudo-header), so the virtio header says no offload.
+    """
+    mss = VNET_HDR.unpack_from(frame)[3]
+    ip_off, l4_off = info.ip_off, info.l4_off
+    eth = frame[VNET_LEN:ip_off]
+    ip0, tcp0 = frame[ip_off:l4_off], frame[l4_off:hdr_end]
+    payload = memoryview(frame)[hdr_end:]
+    count = max(1, -(-len(payload) // mss))
+    ip_id0 = int.from_bytes(ip0[4:6], "big")
+    seq0 = int.from_bytes(tcp0[4:8], "big")
+    pseudo_addrs = ip0[12:20]
+    out = []
+    for i in sorted(set(keep)):
+        if not 0 <= i < count:
+            continue
+        data = bytes(payload[i * mss:(i + 1) * mss])
+        ip = bytearray(ip0)
+        ip[2:4] = (len(ip0) + len(tcp0) + len(data)).to_bytes(2, "big")
+        ip[4:6] = ((ip_id0 + i) & 0xFFFF).to_bytes(2, "big")
+        ip[10:12] = b"\x00\x00"
+        ip[10:12] = checksum(ip).to_bytes(2, "big")
+        tcp = bytearray(tcp0)
+        tcp[4:8] = ((seq0 + i * mss) & 0xFFFFFFFF).to_bytes(4, "big")
+        if i != count - 1:
+            tcp[13] &= ~(TCP_FIN | TCP_PSH) & 0xFF
+        if i != 0:
+            tcp[13] &= ~TCP_CWR & 0xFF
+        tcp[16:18] = b"\x00\x00"
+        seg_len = len(tcp) + len(data)
+        pseudo = pseudo_addrs + bytes((0, socket.IPPROTO_TCP)) + seg_len.to_bytes(2, "big")
+        tcp[16:18] = checksum(pseudo + tcp + data).to_bytes(2, "big")
+        out.append(NO_OFFLOAD_VNET + eth + bytes(ip) + bytes(tcp) + data)
+    return out
+
+
+# ---------------------------------------------------------------- lateness (pure)
+
+class Histogram:
+    """Bounded record of durations (seconds): 1 us bins up to 10 ms, 100 us bins up to 1 s,
+    the maximum kept exactly. Percentiles are bin upper edges (at most one bin high)."""
+
+    FINE_S, FINE_BINS = 1e-6, 10_000
+    COARSE_S, COARSE_BINS = 1e-4, 10_000
+
+    def __init__(self) -> None:
+        self.fine = [0] * self.FINE_BINS
+        self.coarse = [0] * self.COARSE_BINS
+        self.over = 0
+        self.count = 0
+        self.max_s = 0.0
+
+    def add(self, value_s: float) -> None:
+        v = value_s if value_s > 0 else 0.0
+        self.count += 1
+        if v > self.max_s:
+            self.max_s = v
+        i = int(v / self.FINE_S)
+        if i < self.FINE_BINS:
+            self.fine[i] += 1
+            return
+        j = int(v / self.COARSE_S)
+        if j < self.COARSE_BINS:
+            self.coarse[j] += 1
+        else:
+            self.over += 1
+
+    def percentile_s(self, q: float) -> float:
+        """The q-quantile (0 < q <= 1); 0 when empty."""
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for i, n in enumerate(self.fine):
+            seen += n
+            if seen >= rank:
+                return min(self.max_s, (i + 1) * self.FINE_S)
+        for j, n in enumerate(self.coarse):
+            seen += n
+            if seen >= rank:
+                return min(self.max_s, (j + 1) * self.COARSE_S)
+        return self.max_s
+
+    def summary_ms(self) -> dict:
+        return {"count": self.count,
+                "p50_ms": round(self.percentile_s(0.5) * 1e3, 4),
+                "p99_ms": round(self.percentile_s(0.99) * 1e3, 4),
+                "max_ms": round(self.max_s * 1e3, 4)}
+
+
+# ---------------------------------------------------------------- the process
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (also by kill -9), and a fine timer slack."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _set_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
+    """SO_*BUFFORCE needs CAP_NET_ADMIN in the initial user namespace; else the plain option,
+    which the kernel caps at net.core.[rw]mem_max (a global sysctl) and doubles."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+def open_port(dev: str) -> socket.socket:
+    """A raw packet socket on ``dev``: every frame the worker sent, with its virtio header and
+    the kernel's receive timestamp; not the ones we send."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # 0: receives nothing yet
+    try:
+        sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        _set_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, SOCK_BUF_BYTES)
+        _set_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, SOCK_BUF_BYTES)
+        sock.bind((dev, ETH_P_ALL))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _arrival_s(ancdata: list, fallback_s: float) -> tuple[float, bool]:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            return sec + nsec * 1e-9, True
+    return fallback_s, False
+
+
+FRAME_COUNTERS = ("received", "forwarded_frames", "flooded", "malformed", "truncated",
+                  "recv_errors", "unroutable", "hairpin", "no_timestamp", "send_errors",
+                  "gso_frames", "gso_split", "gso_unsplit", "control_errors")
+
+
+class PacketLine:
+    """The forwarder: ``open()`` the ports, ``run()`` until EOF on the control fd or a signal.
+
+    ``clock``: CLOCK_REALTIME in seconds (the kernel's receive stamps are on it)."""
+
+    def __init__(self, spec: PacketLineSpec, clock: Callable[[], float] = time.time,
+                 control_fd: int | None = 0, reply: Callable[[dict], None] | None = None):
+        self.spec, self.clock = spec, clock
+        self.control_fd = control_fd
+        self.reply = reply or _reply_stdout
+        self.budget = ByteBudget(spec.global_limit_bytes, PER_FRAME_COST_BYTES)
+        self.route = {socket.inet_aton(p.address): p.rank for p in spec.ports}
+        self.impairments: dict[tuple[int, int], Impairment] = dict(spec.links)
+        self.lines: dict[tuple[int, int], LinkLine] = {}
+        self.socks: dict[int, socket.socket] = {}
+        self.rank_of_fd: dict[int, int] = {}
+        self.heap: list = []
+        self.seq = 0
+        self.counts = dict.fromkeys(FRAME_COUNTERS, 0)
+        self.send_errnos: dict[str, int] = {}
+        self.late = Histogram()          # actual send - scheduled release
+        self.lag = Histogram()           # our read - the kernel's receive stamp
+        self.stop_reason: str | None = None
+        self.started_s = clock()
+        self._buf = bytearray(RECV_BUF_BYTES)
+        self._view = memoryview(self._buf)
+        self._control_tail = b""
+        self._epoll: select.epoll | None = None
+        self._wake_r = self._wake_w = -1
+
+    # -- set-up
+
+    def open(self) -> None:
+        for p in self.spec.ports:
+            sock = open_port(p.dev)
+            self.socks[p.rank] = sock
+            self.rank_of_fd[sock.fileno()] = p.rank
+        self._epoll = select.epoll()
+        for fd in self.rank_of_fd:
+            self._epoll.register(fd, select.EPOLLIN)
+        self._open_control()
+        if self.spec.ready_path:
+            write_atomically(self.spec.ready_path,
+                             {"version": SPEC_VERSION, "pid": os.getpid(),
+                              "ports": [list(p) for p in self.spec.ports],
+                              "time_s": self.clock()})
+
+    def _open_control(self) -> None:
+        if self.control_fd is None:
+            return
+        os.set_blocking(self.control_fd, False)
+        try:
+            self._epoll.register(self.control_fd, select.EPOLLIN)
+        except PermissionError:          # a regular file cannot be polled: read it, then EOF
+            self._read_control()
+
+    def install_signals(self) -> None:
+        """SIGTERM/SIGINT wake the loop through a pipe and stop it cleanly."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self._epoll.register(self._wake_r, select.EPOLLIN)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_reason = signal.Signals(signum).name
+
+    def line(self, src: int, dst: int) -> LinkLine:
+        key = (src, dst)
+        line = self.lines.get(key)
+        if line is None:
+            imp = self.impairments.get(key, self.spec.default)
+            line = LinkLine(imp, self.spec.seed, src, dst, budget=self.budget)
+            self.lines[key] = line
+        return line
+
+    # -- the loop
+
+    def run(self) -> str:
+        """Forward until stopped; the reason ('eof', 'SIGTERM', ...)."""
+        gc.disable()
+        poll, clock = self._epoll.poll, self.clock
+        while self.stop_reason is None:
+            self.release_due()
+            for fd, _ in poll(self._timeout_s(clock())):
+                self._on_ready(fd)
+        return self.stop_reason
+
+    def _timeout_s(self, now_s: float) -> float:
+        """epoll rounds its timeout up to whole ms: ask for whole ms that end before the next
+        release (minus WAKE_EARLY_S); under a ms, sleep the rest here and poll without
+        waiting."""
+        if not self.heap:
+            return 1.0
+        wait_s = self.heap[0][0] - now_s
+        whole_ms = math.floor((wait_s - WAKE_EARLY_S) * 1e3)
+        if whole_ms >= 1:
+            return (whole_ms - 0.5) / 1e3        # ceil(x - 0.5 ms) = x ms
+        if wait_s > 0:
+            time.sleep(wait_s)
+        return 0.0
+
+    def _on_ready(self, fd: int) -> None:
+        rank = self.rank_of_fd.get(fd)
+        if rank is not None:
+            self._drain(rank, self.socks[rank])
+        elif fd == self.control_fd:
+            self._read_control()
+        elif fd == self._wake_r:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 512)
+
+    def _drain(self, rank: int, sock: socket.socket) -> None:
+        recv, view, counts, clock = sock.recvmsg_into, self._view, self.counts, self.clock
+        bufs = [self._buf]
+        for _ in range(BATCH_FRAMES):
+            try:
+                nbytes, anc, flags, _addr = recv(bufs, ANC_BUF_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._count_errno("recv", exc)
+                return
+            now_s = clock()
+            counts["received"] += 1
+            if flags & socket.MSG_TRUNC:
+                counts["truncated"] += 1
+                continue
+            arrival_s, stamped = _arrival_s(anc, now_s)
+            if not stamped:
+                counts["no_timestamp"] += 1
+            self.lag.add(now_s - arrival_s)
+            self.on_frame(rank, bytes(view[:nbytes]), arrival_s)
+            heap = self.heap
+            if heap and heap[0][0] <= now_s:
+                self.release_due()       # a due release does not wait for the batch
+
+    # -- one frame
+
+    def on_frame(self, src: int, frame: bytes, arrival_s: float) -> None:
+        """Decide one frame from port ``src`` (vnet header included)."""
+        counts = self.counts
+        if len(frame) < VNET_LEN + ETH_LEN:
+            counts["malformed"] += 1
+            return
+        if frame[VNET_LEN] & 1 or frame[VNET_LEN + 12:VNET_LEN + 14] != ETHERTYPE_IPV4:
+            self._flood(src, frame)
+            return
+        info = parse_ipv4(frame)
+        if info is None:
+            counts["malformed"] += 1
+            return
+        dst = self.route.get(info.dst_ip)
+        if dst is None:
+            counts["unroutable"] += 1
+            return
+        if dst == src:
+            counts["hairpin"] += 1
+            return
+        if frame[1] == GSO_NONE:
+            line = self.line(src, dst)
+            release_s = line.admit(len(frame) - VNET_LEN, arrival_s)
+            if release_s is not None:
+                self._push(release_s, dst, frame, line, len(frame) - VNET_LEN, 1)
+            return
+        self._on_gso(src, dst, frame, info, arrival_s)
+
+    def _on_gso(self, src: int, dst: int, frame: bytes, info: FrameInfo,
+                arrival_s: float) -> None:
+        counts = self.counts
+        seg = gso_segments(frame, info)
+        if seg is None:
+            counts["malformed"] += 1
+            return
+        segments, hdr_end = seg
+        counts["gso_frames"] += 1
+        line = self.line(src, dst)
+        size = len(frame) - VNET_LEN
+        splittable = frame[1] & ~GSO_ECN == GSO_TCPV4
+        if not splittable:
+            counts["gso_unsplit"] += 1
+            release_s = line.admit(size, arrival_s)
+            if release_s is not None:
+                self._push(release_s, dst, frame, line, size, 1)
+            return
+        v = line.admit_gso(size, arrival_s, segments)
+        if v.release_s is None:
+            return
+        payload: bytes | tuple = frame
+        if v.lost:
+            counts["gso_split"] += 1
+            lost = set(v.lost)
+            payload = tuple(segment_tcp4(frame, info, hdr_end,
+                                         (i for i in range(segments) if i not in lost)))
+        self._push(v.release_s, dst, payload, line, v.held_bytes, v.held_pkts)
+
+    def _push(self, release_s: float, dst: int, payload, line: LinkLine, held_bytes: int,
+              held_pkts: int) -> None:
+        heap = self.heap
+        if (not heap or heap[0][0] > release_s) and release_s <= self.clock():
+            # already due and nothing due before it (a zero-delay link, a reordered packet):
+            # out now rather than after the rest of the batch is read
+            self._release(release_s, dst, payload, line, held_bytes, held_pkts)
+            return
+        self.seq += 1
+        heapq.heappush(self.heap, (release_s, self.seq, dst, payload, line, held_bytes,
+                                   held_pkts))
+
+    def _flood(self, src: int, frame: bytes) -> None:
+        self.counts["flooded"] += 1
+        for rank, sock in self.socks.items():
+            if rank != src:
+                self._send(sock, frame)
+
+    def _send(self, sock: socket.socket, frame: bytes) -> None:
+        try:
+            sock.send(frame)
+            self.counts["forwarded_frames"] += 1
+        except OSError as exc:
+            self._count_errno("send", exc)
+
+    def _count_errno(self, what: str, exc: OSError) -> None:
+        self.counts["send_errors" if what == "send" else "recv_errors"] += 1
+        name = f"{what}:{errno.errorcode.get(exc.errno, exc.errno)}"
+        self.send_errnos[name] = self.send_errnos.get(name, 0) + 1
+
+    def release_due(self) -> None:
+        """Send everything whose release time has come, in release order."""
+        heap, clock = self.heap, self.clock
+        while heap and heap[0][0] <= clock():
+            release_s, _, dst, payload, line, held_bytes, held_pkts = heapq.heappop(heap)
+            self._release(release_s, dst, payload, line, held_bytes, held_pkts)
+
+    def _release(self, release_s: float, dst: int, payload, line: LinkLine, held_bytes: int,
+                 held_pkts: int) -> None:
+        sock = self.socks[dst]
+        self.late.add(self.clock() - release_s)
+        if isinstance(payload, tuple):
+            for seg in payload:
+                self._send(sock, seg)
+        else:
+            self._send(sock, payload)
+        line.released(held_bytes, held_pkts)
+
+    # -- control
+
+    def _read_control(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.control_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if self._control_tail.strip():
+                    self._control_line(self._control_tail)
+                self._control_tail = b""
+                self.stop_reason = self.stop_reason or "eof"
+                self._unregister(self.control_fd)
+                return
+            *lines, self._control_tail = (self._control_tail + chunk).split(b"\n")
+            if len(self._control_tail) > 1 << 20:
+                self._control_tail = b""
+                self.counts["control_errors"] += 1
+            for raw in lines:
+                if raw.strip():
+                    self._control_line(raw)
+
+    def _unregister(self, fd: int) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._epoll.unregister(fd)
+
+    def _control_line(self, raw: bytes) -> None:
+        try:
+            msg = json.loads(raw)
+            answer = self.control(msg)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.counts["control_errors"] += 1
+            answer = {"ok": False, "error": str(exc)}
+        self.reply(answer)
+
+    def control(self, msg: Any) -> dict:
+        """One control message (a parsed JSON object); the reply."""
+        if not isinstance(msg, dict):
+            raise ValueError(f"a control message is a JSON object, not {msg!r}")
+        op = msg.get("op")
+        if op == "set":
+            return self._set(msg)
+        if op == "stats":
+            stats = self.stats()
+            if self.spec.stats_path:
+                write_atomically(self.spec.stats_path, stats)
+            return {"ok": True, "op": "stats", "stats": stats}
+        raise ValueError(f"op = {op!r} is unknown; expected 'set' or 'stats'")
+
+    def _set(self, msg: dict) -> dict:
+        src, dst = msg.get("src"), msg.get("dst")
+        ranks = set(self.socks) or {p.rank for p in self.spec.ports}
+        if src not in ranks or dst not in ranks or src == dst:
+            raise ValueError(f"link ({src!r}, {dst!r}) is not a pair of distinct port ranks "
+                             f"(ports have {sorted(ranks)})")
+        changes = {k: v for k, v in msg.items() if k not in ("op", "src", "dst")}
+        new = self.impairments.get((src, dst), self.spec.default).updated(changes)
+        self.impairments[(src, dst)] = new
+        self.line(src, dst).set_impairment(new)
+        return {"ok": True, "op": "set", "src": src, "dst": dst, "impairment": new.to_json()}
+
+    # -- stats
+
+    def stats(self) -> dict:
+        links = [{"src": s, "dst": d, "impairment": line.impairment.to_json(),
+                  "counters": line.counters.as_dict(), "held_pkts": line.held_pkts,
+                  "held_bytes": line.held_bytes}
+                 for (s, d), line in sorted(self.lines.items())]
+        return {"version": SPEC_VERSION, "pid": os.getpid(),
+                "uptime_s": round(self.clock() - self.started_s, 3),
+                "stop_reason": self.stop_reason, "frames": dict(self.counts),
+                "errors": dict(self.send_errnos), "held_frames": len(self.heap),
+                "budget": {"limit_bytes": self.budget.limit_bytes,
+                           "held_bytes": self.budget.held_bytes,
+                           "refused": self.budget.refused},
+                "late_release": self.late.summary_ms(),
+                "read_lag": self.lag.summary_ms(), "links": links}
+
+    def close(self) -> None:
+        if self.spec.stats_path:
+            write_atomically(self.spec.stats_path, self.stats())
+        for sock in self.socks.values():
+            sock.close()
+        if self._epoll is not None:
+            self._epoll.close()
+
+
+def _reply_stdout(answer: dict) -> None:
+    """One JSON line on stdout; dropped rather than blocking when nobody reads the pipe."""
+    with contextlib.suppress(OSError):      # BlockingIOError, BrokenPipeError included
+        os.write(1, (json.dumps(answer) + "\n").encode())
+
+
+def _stdout_nonblocking() -> None:
+    """A pipe nobody reads must not stall the loop; a terminal or file is left as it is."""
+    try:
+        if stat.S_ISFIFO(os.fstat(1).st_mode):
+            os.set_blocking(1, False)
+    except OSError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    die_with_parent()
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print(__doc__.split("\n\n")[0] + "\n\nusage: python -m netem.packetline SPEC.json",
+              file=sys.stderr)
+        return 2
+    try:
+        spec = PacketLineSpec.load(argv[0])
+    except (OSError, SpecError) as exc:
+        print(f"packetline: {exc}", file=sys.stderr)
+        return 2
+    _stdout_nonblocking()
+    line = PacketLine(spec)
+    try:
+        line.open()
+    except OSError as exc:
+        print(f"packetline: cannot open the ports: {exc}", file=sys.stderr)
+        return 1
+    line.install_signals()
+    try:
+        line.run()
+    finally:
+        line.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
