@@ -65,6 +65,26 @@ Memory is bounded: each link's queue (``Impairment.queue_limits``, tail drop) an
 over every link (``PacketLineSpec.global_limit_bytes``, default 256 MiB, counting a 256-byte
 cost per held frame for the objects around its bytes).
 
+Host settings
+-------------
+- Each port socket asks for a 32 MiB receive buffer. SO_RCVBUFFORCE needs CAP_NET_ADMIN in the
+  initial user namespace, so inside the launcher's user namespace the kernel caps the buffer
+  at 2 x net.core.rmem_max, a host-wide sysctl (4 MiB on this machine kind, so 8 MiB; many
+  distributions ship 208 KiB, which holds only a few 64 KiB GSO frames). Frames lost there
+  are counted per port (``socket_drops`` in the stats, PACKET_STATISTICS); raise rmem_max on
+  the host where they are not zero. ``rcvbuf_bytes`` in the ready file says what was granted.
+- Long delays need TCP windows of the bandwidth-delay product in the worker namespaces
+  (net.ipv4.tcp_rmem / tcp_wmem maximum, per namespace): 200 Mbit/s over 2 x 50 ms is 2.5 MB.
+- Nothing is needed in the switch namespace: it forwards nothing itself (no address on the
+  ports, ip_forward off), so frames for the workers go only through this process.
+
+Measured on this machine kind (2 cores, ``benchmarks/bench_packetline.py``, 10 ms each way,
+a 1 kHz UDP probe through the same line): one-way delay error p50 0.06-0.1 ms, p99 0.2-0.3 ms
+from 200 Mbit/s to 2.4 Gbit/s of aggregate TCP goodput (4 flows, HTB-shaped); the largest
+aggregate within +-1 ms at p99 was 2.4-4.3 Gbit/s over repeated runs (the line then takes
+0.5-0.8 of a core, half of it in the kernel, where the receivers' TCP runs inside its sends).
+Past that the line falls behind and the error grows (p99 9-26 ms at 3.2-4 Gbit/s in some runs).
+
 Control and files
 -----------------
 stdin takes JSON lines; each gets one JSON line on stdout:
@@ -111,6 +131,8 @@ SPEC_VERSION = 1
 SOL_PACKET = 263
 PACKET_VNET_HDR = 15
 PACKET_IGNORE_OUTGOING = 23
+PACKET_STATISTICS = 6
+TPACKET_STATS = struct.Struct("=II")  # struct tpacket_stats: tp_packets, tp_drops
 SO_TIMESTAMPNS = 35                  # SCM_TIMESTAMPNS: struct timespec, CLOCK_REALTIME
 SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
@@ -547,6 +569,8 @@ class PacketLine:
         self._buf = bytearray(RECV_BUF_BYTES)
         self._view = memoryview(self._buf)
         self._control_tail = b""
+        self._control_drains = True
+        self.kernel_drops: dict[int, int] = {}
         self._epoll: select.epoll | None = None
         self._wake_r = self._wake_w = -1
 
@@ -562,15 +586,23 @@ class PacketLine:
             self._epoll.register(fd, select.EPOLLIN)
         self._open_control()
         if self.spec.ready_path:
+            some = next(iter(self.socks.values()))
             write_atomically(self.spec.ready_path,
                              {"version": SPEC_VERSION, "pid": os.getpid(),
                               "ports": [list(p) for p in self.spec.ports],
+                              "rcvbuf_bytes": some.getsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_RCVBUF),
                               "time_s": self.clock()})
 
     def _open_control(self) -> None:
         if self.control_fd is None:
             return
-        os.set_blocking(self.control_fd, False)
+        mode = os.fstat(self.control_fd).st_mode
+        # a pipe or socket is read until empty; a terminal is left blocking (it is shared
+        # with the shell) and read once per wake-up
+        self._control_drains = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+        if self._control_drains:
+            os.set_blocking(self.control_fd, False)
         try:
             self._epoll.register(self.control_fd, select.EPOLLIN)
         except PermissionError:          # a regular file cannot be polled: read it, then EOF
@@ -790,6 +822,8 @@ class PacketLine:
             for raw in lines:
                 if raw.strip():
                     self._control_line(raw)
+            if not self._control_drains:
+                return
 
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -832,6 +866,16 @@ class PacketLine:
 
     # -- stats
 
+    def _kernel_drops(self) -> dict[str, int]:
+        """Frames each port's socket lost before we read them (its receive buffer was full):
+        PACKET_STATISTICS, which resets on every read, summed here."""
+        for rank, sock in self.socks.items():
+            with contextlib.suppress(OSError, AttributeError, struct.error):
+                raw = sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, TPACKET_STATS.size)
+                self.kernel_drops[rank] = (self.kernel_drops.get(rank, 0)
+                                           + TPACKET_STATS.unpack(raw)[1])
+        return {f"p{rank}": n for rank, n in sorted(self.kernel_drops.items())}
+
     def stats(self) -> dict:
         links = [{"src": s, "dst": d, "impairment": line.impairment.to_json(),
                   "counters": line.counters.as_dict(), "held_pkts": line.held_pkts,
@@ -845,7 +889,8 @@ class PacketLine:
                            "held_bytes": self.budget.held_bytes,
                            "refused": self.budget.refused},
                 "late_release": self.late.summary_ms(),
-                "read_lag": self.lag.summary_ms(), "links": links}
+                "read_lag": self.lag.summary_ms(),
+                "socket_drops": self._kernel_drops(), "links": links}
 
     def close(self) -> None:
         if self.spec.stats_path:
