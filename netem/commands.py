@@ -575,6 +575,8 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     TCP (``tcpsettings.read_host``), read when the plan sets TCP and this is None."""
     if topo.workers != plan.workers:
         raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
+    if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
+        host_tcp = tcpsettings.read_host()      # once, for the check and the commands
     check_supported(plan, decision, host_tcp)
     if decision.shaper != "tc":
         return []
@@ -583,8 +585,6 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     out = topology_commands(topo, bridge=not (mode.replaces_bridge and plan.impaired))
     if not plan.shaped:
         return out
-    if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
-        host_tcp = tcpsettings.read_host()
     for k in range(plan.workers):
         floor = (gso_floor_mbit or {}).get(k, math.inf)
         out += egress_commands(plan, topo, k, floor) + ingress_commands(plan, topo, k)
