@@ -63,6 +63,10 @@ def shaping_decision(cfg: Config):
 def shaped(cfg: Config) -> bool:
     return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
 
+# the network settings a run without a shaper would record but never apply
+UNAPPLIED_WITHOUT_SHAPER = ("bw_profile", "latency_ms", "jitter_ms", "loss_pct", "reorder_pct",
+                            "ge_p_pct")
+
 def check_network(cfg: Config):
     """The bandwidth profile's link plan (the run plan builds it here, once), refusing network
     settings that would be recorded but not applied.
@@ -72,15 +76,15 @@ def check_network(cfg: Config):
     record would state a network the workers never saw.
     """
     from netem.profiles import ProfileError, build_link_plan
-    link_plan = build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp)
-    if cfg.net.shaper != "none":
-        return link_plan
-    given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in ("bw_profile", "latency_ms",
-                                                              "jitter_ms", "loss_pct")
-             if getattr(cfg.net, k)]
-    if given:
-        raise ProfileError(f"{', '.join(given)} with net.shaper = 'none' would not be applied; "
-                           "drop it, or choose a shaper (auto, tc or userspace)")
+    if cfg.net.shaper == "none":
+        # checked before the plan, whose own checks (jitter within latency, ...) would
+        # otherwise name a smaller fault of settings that cannot apply at all
+        given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in UNAPPLIED_WITHOUT_SHAPER
+                 if getattr(cfg.net, k)]
+        if given:
+            raise ProfileError(f"{', '.join(given)} with net.shaper = 'none' would not be "
+                               "applied; drop it, or choose a shaper (auto, tc or userspace)")
+    return build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp)
 
 def sim_link_model(cfg: Config, link_plan, world=None):
     """The simulator's link model from the bandwidth profile, or None when unshaped.

@@ -565,14 +565,15 @@ def tcp_commands(plan: LinkPlan, topo: NetTopology, rank: int, host_tcp) -> list
 def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
                   per_sender_delay: bool = False,
                   gso_floor_mbit: Mapping[int, float] | None = None,
-                  host_tcp=None) -> list[Command]:
+                  host_tcp=None, delayed_later: bool = False) -> list[Command]:
     """Every command that builds the run's network, in order; [] unless the shaper is tc.
 
     ``per_sender_delay``: one netem per sender on every switch port (``delay_layout``), for runs
     that will change latencies of single links (``LiveLinks`` must be told the same).
     ``gso_floor_mbit``: per worker, the slowest rate its links will be changed to during the
     run (``egress_commands``; ``LiveLinks`` must be told the same). ``host_tcp``: the host's
-    TCP (``tcpsettings.read_host``), read when the plan sets TCP and this is None."""
+    TCP (``tcpsettings.read_host``), read when the plan sets TCP and this is None.
+    ``delayed_later``: a scenario will give some link a latency (``line_carries``)."""
     if topo.workers != plan.workers:
         raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
     if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
@@ -581,8 +582,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     if decision.shaper != "tc":
         return []
     mode = decision.delay_mode
-    # the packet line only where a link has something for it to do: a rate alone is tc's
-    out = topology_commands(topo, bridge=not (mode.replaces_bridge and plan.impaired))
+    out = topology_commands(topo, bridge=not line_carries(plan, decision, delayed_later))
     if not plan.shaped:
         return out
     for k in range(plan.workers):
@@ -593,6 +593,14 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
         if mode.kernel_qdisc:
             out += delay_commands(plan, topo, k, per_sender_delay)
     return out
+
+
+def line_carries(plan: LinkPlan, decision: Decision, delayed_later: bool = False) -> bool:
+    """Whether the packet line replaces the bridge: under a delay mode that puts it there, and
+    only where a link has something for it to do now (``plan.impaired``) or will have
+    (``delayed_later``: a scenario gives a link a latency); a rate alone is tc's."""
+    return (decision.delay_mode.replaces_bridge and plan.shaped
+            and (plan.impaired or delayed_later))
 
 
 def check_number(what: str, value: object, lo: float, hi: float, note: str = "") -> float:

@@ -36,6 +36,7 @@ from netem.commands import (
     Command,
     NetTopology,
     check_supported,
+    line_carries,
     plan_commands,
     teardown_commands,
 )
@@ -249,7 +250,8 @@ class NetworkSession:
 
     def __init__(self, plan: LinkPlan, decision: Decision, run_id: str | None = None,
                  dry_run: bool = False, env_flag: str = ENV_FLAG,
-                 gso_floor_mbit: dict[int, float] | None = None, seed: int = 0):
+                 gso_floor_mbit: dict[int, float] | None = None, seed: int = 0,
+                 delayed_later: bool = False):
         self.plan, self.decision, self.dry_run, self.env_flag = plan, decision, dry_run, env_flag
         self.seed = seed            # of the packet line's draws (jitter, loss), per link
         # per worker, the slowest rate a scenario will give its links (plan_commands, LiveLinks)
@@ -259,8 +261,11 @@ class NetworkSession:
         self.topo = (NetTopology(self.run_id, plan.workers, plan.mtu)
                      if self.mode != "loopback" else None)
         # both validate what the shaper cannot do, before anything exists
+        # the packet line runs when a link is impaired now or a scenario delays one later
+        self.runs_line = self.topo is not None and line_carries(plan, decision, delayed_later)
         self.commands = (plan_commands(plan, self.topo, decision,
-                                       gso_floor_mbit=self.gso_floor_mbit) if self.topo else [])
+                                       gso_floor_mbit=self.gso_floor_mbit,
+                                       delayed_later=delayed_later) if self.topo else [])
         check_supported(plan, decision)
         self.spec = spec_for(plan, decision)
         self.ports = [BASE_PORT + k for k in range(plan.workers)] if self.topo else \
@@ -330,8 +335,7 @@ class NetworkSession:
             return
         try:
             run_commands(self.commands, done=self.executed.append)
-            if self.decision.delay_mode.replaces_bridge and self.plan.shaped \
-                    and self.plan.impaired:
+            if self.runs_line:
                 self._start_line()
         except BaseException:
             self.close(raise_errors=False)
@@ -410,8 +414,7 @@ class NetworkSession:
             return "\n".join(head + ["# nothing to create"])
         line = ([f"ip netns exec {self.topo.switch_ns} {sys.executable} -m netem.packetline "
                  "SPEC.json   # the packet delay line: every link's delay, jitter and loss"]
-                if self.decision.delay_mode.replaces_bridge and self.plan.shaped
-                and self.plan.impaired else [])
+                if self.runs_line else [])
         teardown = [f"# on exit: {c}" for c in teardown_commands(self.topo)] if self.topo else []
         return "\n".join(head + [str(c) for c in self.commands] + line + teardown)
 

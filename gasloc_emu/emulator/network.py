@@ -111,7 +111,7 @@ class ShapedNetwork:
             rate = rate if rate is not None else self._live.rate_mbit(src, dst)
             cmds += self._live.change(src, dst, rate_mbit=rate,
                                       latency_ms=latency if mode.kernel_qdisc else None)
-            if mode.replaces_bridge and latency is not None:
+            if self.session.runs_line and latency is not None:
                 self.session.set_line_latency(src, dst, latency)
         run_commands(cmds)
 
@@ -342,6 +342,6 @@ def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
     plan, decision = link_plan, shaping_decision(cfg)
     # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
     floor = links.slowest_mbit() if links is not None else {}
-    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor,
-                        seed=cfg.seed) as session:
+    with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor, seed=cfg.seed,
+                        delayed_later=links is not None and links.delays) as session:
         yield ShapedNetwork(cfg, session)

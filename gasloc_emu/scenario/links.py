@@ -118,6 +118,15 @@ class LinkSchedule:
         return out
 
     @property
+    def delays(self) -> bool:
+        """Whether any event (by round or by time) gives a link a latency above zero, which
+        the delay mode must then carry though the profile had none (``line_carries``)."""
+        states = [state for changed in self.changes.values() for state in changed.values()]
+        if self.timed is not None:
+            states += [state for steps in self.timed.steps.values() for _, state in steps]
+        return any(latency for _, latency in states)
+
+    @property
     def changes_links(self) -> bool:
         """Whether any link's rate or latency changes (not only partitions' cuts)."""
         return self.timed is not None or any(

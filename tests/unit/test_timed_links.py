@@ -164,6 +164,16 @@ def test_timed_changes_alone_change_links():
     assert not LinkSchedule(only_part, 6).changes_links
 
 
+def test_delays_says_whether_any_event_gives_a_link_a_latency():
+    no_latency = lambda src, dst: (10.0, 0.0)  # noqa: E731
+    rate_only = Scenario((LinkEvent(round=2, links=((0, 1),), rate_mbit=3.0),), 2, 6)
+    assert not LinkSchedule(rate_only, 6, no_latency).delays
+    by_round = Scenario((LinkEvent(round=2, links=((0, 1),), latency_ms=20.0),), 2, 6)
+    assert LinkSchedule(by_round, 6, no_latency).delays
+    by_time = Scenario((LinkEvent(at_s=1.0, links=((0, 1),), latency_ms=20.0),), 2, 6)
+    assert LinkSchedule(by_time, 6, no_latency).delays
+
+
 def test_a_trace_alone_changes_links():
     trace = LinkTrace({(0, 1): (TracePoint(3.0, 2.0),)})
     links = LinkSchedule(Scenario((), 2, 6), 6, shaped_base, trace)
