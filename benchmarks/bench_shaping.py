@@ -1,6 +1,7 @@
 """Shaping accuracy: configured vs measured goodput per rate and shaper, and 8 workers all-to-all.
 
     python benchmarks/bench_shaping.py [--rates 1,5,50,200,1000] [--seconds 3] [--workers 8]
+        [--all-to-all-latency-ms 0,5]
 
 The tc rows need network namespaces: the script re-executes itself inside its own user
 namespace (as the launcher does) and skips tc, saying why, where that is impossible. Each row
@@ -49,19 +50,28 @@ def single_link_rows(rates: list[float], shapers: list[str], seconds: float) -> 
     return out
 
 
-def all_to_all_rows(workers: int, shapers: list[str], seconds: float) -> list[dict]:
+def all_to_all_rows(workers: int, shapers: list[str], seconds: float,
+                    latencies_ms: list[float]) -> list[dict]:
     out = []
     for shaper in shapers:
-        net = NetConfig(bw_profile="skewed", rate_mbit=50.0, slow_rate_mbit=5.0, shaper=shaper)
-        rows = _measure(shaper, net, workers, seconds, None)
-        ratios = [r["ratio"] for r in rows]
-        out.append({"case": f"{workers}x{workers - 1} flows, skewed 50/5", "shaper": shaper,
-                    "configured_mbit": "50/5",
-                    "measured_mbit": round(sum(r["measured_mbit"] for r in rows), 1),
-                    "ratio": _spread(ratios), "acked": _spread(acked_ratios(rows, shaper)),
-                    "latency_ms": round(statistics.median(r["measured_latency_ms"] for r in rows),
-                                        3)})
+        for latency in latencies_ms:
+            out.append(_all_to_all_row(workers, shaper, seconds, latency))
     return out
+
+
+def _all_to_all_row(workers: int, shaper: str, seconds: float, latency_ms: float) -> dict:
+    """One row; a latency under tc puts the delay mode's packets in the path (the packet
+    line where the kernel has no netem)."""
+    net = NetConfig(bw_profile="skewed", rate_mbit=50.0, slow_rate_mbit=5.0, shaper=shaper,
+                    latency_ms=latency_ms)
+    rows = _measure(shaper, net, workers, seconds, None)
+    delay = f", {latency_ms:g} ms by {choose_shaper(shaper, probe()).delay}" if latency_ms else ""
+    return {"case": f"{workers}x{workers - 1} flows, skewed 50/5{delay}", "shaper": shaper,
+            "configured_mbit": "50/5",
+            "measured_mbit": round(sum(r["measured_mbit"] for r in rows), 1),
+            "ratio": _spread([r["ratio"] for r in rows]),
+            "acked": _spread(acked_ratios(rows, shaper)),
+            "latency_ms": round(statistics.median(r["measured_latency_ms"] for r in rows), 3)}
 
 
 def acked_ratios(rows: list[dict], shaper: str) -> list[float]:
@@ -100,6 +110,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8,
                     help="workers of the all-to-all case (0: skip)")
     ap.add_argument("--shapers", default="tc,userspace")
+    ap.add_argument("--all-to-all-latency-ms", default="0,5",
+                    help="one all-to-all row per one-way latency, comma-separated")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     shapers = args.shapers.split(",")
@@ -116,7 +128,8 @@ def main() -> int:
     t = time.time()
     rows = single_link_rows([float(r) for r in args.rates.split(",")], shapers, args.seconds)
     if args.workers:
-        rows += all_to_all_rows(args.workers, shapers, args.seconds)
+        rows += all_to_all_rows(args.workers, shapers, args.seconds,
+                                [float(x) for x in args.all_to_all_latency_ms.split(",")])
     print(f"# {os.cpu_count()} cores, kernel {os.uname().release}, {time.time() - t:.0f} s; "
           f"delay: {choose_shaper('auto', probe()).delay}")
     print_table(rows)

@@ -287,6 +287,9 @@ class NetConfig(_Validated):
                                  "not see the delay; not faithful to TCP).", choices=DELAY_MODES)
     probe: bool = setting(True, "Measure every link training uses before it starts (shaped "
                                 "runs); configured vs measured goes into links.json.")
+    tcp_sample_s: float = setting(1.0, "Sample the senders' TCP (ss: RTT, cwnd, retransmits, who "
+                                        "held them back) in every worker namespace this often "
+                                        "during training (tc runs); 0: off.", lo=0.0, hi=60.0)
     mtu: int = setting(1500, "MTU of the emulated links.", lo=576, hi=65535)
     link_trace: str = setting("", "Link trace (CSV: time_s,src,dst,rate_mbit[,latency_ms]) "
                                   "replayed over the run: measured bandwidth over time; empty: "

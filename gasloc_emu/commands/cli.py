@@ -106,6 +106,10 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--shaper", "net.shaper"),
     ("--rate-mbit", "net.rate_mbit"),
     ("--latency-ms", "net.latency_ms"),
+    ("--jitter-ms", "net.jitter_ms"),
+    ("--loss-pct", "net.loss_pct"),
+    ("--delay", "net.delay"),
+    ("--tcp-cc", "tcp.congestion_control"),
     ("--compute-profile", "compute.profile"),
     ("--step-time-s", "compute.step_time_s"),
     ("--inner-budget-s", "compute.inner_budget_s"),
@@ -123,7 +127,8 @@ SIM_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--batched", "sim.batched"),
 )
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
-NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper")
+NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper",
+             "--delay")
 # The flags `compute show` takes: speeds need no model or network.
 COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--workers", "--seed")
 

@@ -110,6 +110,7 @@ def _launch(plan, path, rec, network, stack, progress_factory, log,
     cfg = plan.cfg
     devices = worker_devices(cfg.run.device, cfg.workers)
     warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
+    network.watch_tcp()     # from here to links.json: the senders' TCP during training
     prog = None
     if progress_factory is not None:
         prog = stack.enter_context(progress_factory([d.label for d in devices],

@@ -26,6 +26,9 @@ class LoopbackNetwork:
         if shaping:
             raise RuntimeError(f"link changes {shaping} on an unshaped network")
 
+    def watch_tcp(self) -> None:
+        """Nothing to sample: the workers share the host's namespace (``ShapedNetwork``)."""
+
     def bind_address(self, rank: int) -> str:
         return "tcp://127.0.0.1:0"  # the worker reports the port it got
 
@@ -91,6 +94,27 @@ class ShapedNetwork:
         self.shaper = session.decision.shaper
         self.probe_rows: list[dict] = []
         self._live = None   # netem.live.LiveLinks, made at the first change under tc
+        self._tcp = None    # netem.tcpsample.TcpSampler, while training runs
+
+    def watch_tcp(self) -> None:
+        """Sample the senders' TCP in every worker namespace from now until the record is
+        written (``links_record``); every ``net.tcp_sample_s`` seconds, off at 0. Only where
+        each worker has a namespace: in one namespace the sockets' addresses would not say
+        whose link they are."""
+        s = self.session
+        if not self.cfg.net.tcp_sample_s or s.topo is None or s.dry_run:
+            return
+        from netem.tcpsample import TcpSampler, run_ss
+        ranks = list(range(s.plan.workers))
+        self._tcp = TcpSampler(ranks, {s.address(r): r for r in ranks}, s.wrap, run_ss,
+                               interval_s=self.cfg.net.tcp_sample_s)
+        self._tcp.start()
+
+    def _tcp_summary(self) -> dict | None:
+        if self._tcp is None:
+            return None
+        self._tcp.stop()
+        return self._tcp.summary()
 
     def change_links(self, changes: dict) -> None:
         """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)}: rates with tc, in
@@ -160,8 +184,14 @@ class ShapedNetwork:
                    "configured_latency_ms": link.latency_ms, "bytes": moved.get("bytes", 0),
                    "raw_bytes": moved.get("raw_bytes", 0)}
             rows.append(row | {k: v for k, v in probed.get((src, dst), {}).items() if k not in row})
+        tcp = self._tcp_summary()
+        if tcp is not None:
+            for row in rows:
+                row["tcp_training"] = tcp["links"].get((row["src"], row["dst"]))
         out = {"shaper": self.shaper, "network": self.session.describe(include_commands=False),
                "links": rows}
+        if tcp is not None:
+            out["tcp_sampling"] = {k: tcp[k] for k in ("rounds", "interval_s", "error")}
         line = self.session.packet_line_stats()
         if line is not None:
             out["packet_line"] = line
@@ -195,6 +225,10 @@ class HostNetwork:
         self.bases: dict[int, tuple[str, int]] = {}
         self.tc = None
         self.spec = None
+
+    def watch_tcp(self) -> None:
+        """Not sampled across hosts yet: a node's workers share its namespace, so the sockets'
+        addresses would not say whose link they are (``ShapedNetwork.watch_tcp``)."""
 
     @property
     def shaper(self) -> str:

@@ -31,7 +31,8 @@ def _result(obj: dict) -> None:
 def _probe(session: NetworkSession, args: dict) -> None:
     rows = probe_links(session, pairs=args.get("pairs"), seconds_per_link=args.get("seconds", 2.0),
                        parallel=args.get("parallel", True), pings=args.get("pings", 10))
-    _result({"rows": rows, "describe": session.describe()})
+    _result({"rows": rows, "describe": session.describe(),
+             "packet_line": session.packet_line_stats()})
 
 
 def _hold(session: NetworkSession, args: dict) -> None:

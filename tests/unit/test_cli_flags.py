@@ -32,11 +32,13 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
              "--latency-ms", "--out", "--no-dashboard", "--set"}
 # flags added since; a new flag is listed here on purpose
 ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
-             "--link-trace", "--overlap", "--codec", "--codec-ratio"}
+             "--link-trace", "--overlap", "--codec", "--codec-ratio", "--jitter-ms",
+             "--loss-pct", "--delay", "--tcp-cc"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
              "--seed", "--shaper", "--set"}
+ADDED_NET = {"--delay"}
 
 
 def invoke(args: list[str]):
@@ -86,8 +88,8 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
     (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run"}),
     (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--replay"}),
     (("config",), TODAY_RUN | ADDED_RUN | {"--fields"}),
-    (("netem", "show"), TODAY_NET),
-    (("netem", "probe"), TODAY_NET | {"--topology", "--seconds"}),
+    (("netem", "show"), TODAY_NET | ADDED_NET),
+    (("netem", "probe"), TODAY_NET | ADDED_NET | {"--topology", "--seconds"}),
 ])
 def test_flag_spellings_did_not_change(cmd, expected):
     assert option_strings(command(*cmd)) - {"-h", "--help"} == expected
