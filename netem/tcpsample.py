@@ -140,6 +140,14 @@ class LinkTcp:
     def _delta(self, attr: str) -> float:
         return sum(getattr(self.last[k], attr) - getattr(self.first[k], attr) for k in self.last)
 
+    def now(self) -> dict:
+        """The latest sample, for the live view: RTT and cwnd now (the first connection with
+        an RTT), retransmitted segments so far."""
+        last = [v for v in self.last.values() if v.rtt_ms is not None]
+        return {"tcp_rtt_ms": last[0].rtt_ms if last else None,
+                "tcp_cwnd_segs": last[0].cwnd_segs if last else None,
+                "tcp_retrans_segs": int(self._delta("retrans_total"))}
+
     def summary(self) -> dict:
         busy = self._delta("busy_ms")
         rwnd, sndbuf = self._delta("rwnd_limited_ms"), self._delta("sndbuf_limited_ms")
@@ -239,6 +247,11 @@ class TcpSampler:
                     self.sample_once()
                 except Exception as exc:  # noqa: BLE001 - as in _loop
                     self.error = f"{type(exc).__name__}: {exc}"
+
+    def now(self) -> dict[tuple[int, int], dict]:
+        """Per link, ``LinkTcp.now`` (the dashboard's links panel)."""
+        with self._lock:
+            return {k: v.now() for k, v in self.links.items()}
 
     def summary(self) -> dict:
         """{"rounds", "interval_s", "error", "links": {(src, dst): LinkTcp.summary()}}."""

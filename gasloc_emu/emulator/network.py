@@ -29,6 +29,9 @@ class LoopbackNetwork:
     def watch_tcp(self) -> None:
         """Nothing to sample: the workers share the host's namespace (``ShapedNetwork``)."""
 
+    def tcp_now(self) -> dict:
+        return {}
+
     def bind_address(self, rank: int) -> str:
         return "tcp://127.0.0.1:0"  # the worker reports the port it got
 
@@ -109,6 +112,10 @@ class ShapedNetwork:
         self._tcp = TcpSampler(ranks, {s.address(r): r for r in ranks}, s.wrap, run_ss,
                                interval_s=self.cfg.net.tcp_sample_s)
         self._tcp.start()
+
+    def tcp_now(self) -> dict:
+        """Per link (src, dst): the senders' TCP as last sampled (RTT, cwnd, retransmits)."""
+        return self._tcp.now() if self._tcp is not None else {}
 
     def _tcp_summary(self) -> dict | None:
         if self._tcp is None:
@@ -229,6 +236,9 @@ class HostNetwork:
     def watch_tcp(self) -> None:
         """Not sampled across hosts yet: a node's workers share its namespace, so the sockets'
         addresses would not say whose link they are (``ShapedNetwork.watch_tcp``)."""
+
+    def tcp_now(self) -> dict:
+        return {}
 
     @property
     def shaper(self) -> str:

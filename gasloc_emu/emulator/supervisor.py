@@ -176,6 +176,9 @@ class Supervisor:
         self.scenario.fix_due(self.slots)
         rows = self.link_meter.rows(self.network.configured_mbit)
         if rows is not None and self.progress is not None:
+            tcp = self.network.tcp_now()
+            for row in rows:
+                row.update(tcp.get((row["src"], row["dst"]), {}))
             self.progress({"kind": "links", "links": self.goodput.add_to(rows)})
 
     def _check_health(self, done) -> None:

@@ -145,14 +145,22 @@ def _links_table(snap: Snapshot) -> Table:
              if snap.links_in_use > len(snap.links) else "links (longest at their rate first)")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   pad_edge=False)
-    for name in ("link", "configured", "sending at", "last 3 s", "moved", "busy", ""):
+    tcp = any(lk.rtt_ms is not None for lk in snap.links)   # sampled senders (tc runs)
+    names = ("link", "configured", "sending at", "last 3 s", "moved", "busy",
+             *(("rtt", "retrans") if tcp else ()), "")
+    for name in names:
         table.add_column(name, justify="left" if name in ("link", "") else "right")
     for lk in snap.links:
         busy = f"{lk.busy_s:.1f} s" if lk.configured_mbit else "-"
+        kernel = (_ms(lk.rtt_ms), "-" if lk.retrans_segs is None else str(lk.retrans_segs))
         table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit),
                       fmt.mbit(lk.sending_mbit), fmt.mbit(lk.mbit_now), fmt.nbytes(lk.bytes),
-                      busy, f"{lk.dst} waits" if lk.waited else "")
+                      busy, *(kernel if tcp else ()), f"{lk.dst} waits" if lk.waited else "")
     return table
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} ms"
 
 
 def _global_text(snap: Snapshot) -> Text:

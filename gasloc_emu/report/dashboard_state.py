@@ -83,6 +83,9 @@ class LinkView:
     # its messages' bytes over their transfer times so far: the rate while it carries one
     # (links.json's training goodput), whatever share of the time it is idle
     sending_mbit: float | None = None
+    # the sender's kernel as last sampled during training (tc runs; None elsewhere)
+    rtt_ms: float | None = None
+    retrans_segs: int | None = None
 
     @property
     def busy_s(self) -> float:
@@ -303,7 +306,9 @@ class DashboardState:
             goodput = link.get("training_goodput_mbit")
             view = LinkView(link["src"], link["dst"], link.get("configured_mbit"),
                             link.get("mbit_now"), int(link.get("bytes") or 0),
-                            sending_mbit=goodput if fmt.finite(goodput) else None)
+                            sending_mbit=goodput if fmt.finite(goodput) else None,
+                            rtt_ms=link.get("tcp_rtt_ms"),
+                            retrans_segs=link.get("tcp_retrans_segs"))
             self._links[(view.src, view.dst)] = view
             miss = _link_miss(view, link.get("ok"), link.get("training_goodput_mbit"))
             if miss:

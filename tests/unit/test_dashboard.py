@@ -150,6 +150,18 @@ def test_links_keep_the_latest_rates_and_show_the_top_k_by_bytes():
     assert snap.links_in_use == 3
 
 
+def test_the_senders_rtt_and_retransmits_show_when_sampled_and_only_then():
+    st = DashboardState(HEADER, start=0.0)
+    row = {"src": 0, "dst": 1, "configured_mbit": 50.0, "bytes": 10, "mbit_now": 40.0}
+    st.update({"kind": "links", "links": [row]}, now=1.0)
+    assert "rtt" not in as_text(D._links_table(st.snapshot(1.0)))
+    st.update({"kind": "links", "links": [row | {"tcp_rtt_ms": 100.66, "tcp_retrans_segs": 3}]},
+              now=2.0)
+    text = as_text(D._links_table(st.snapshot(2.0)))
+    assert "rtt" in text and "retrans" in text and "100.7 ms" in text
+    assert text.split("\n")[-2].split()[-1] == "3"
+
+
 def test_the_links_that_bound_the_run_come_first_and_say_who_waits():
     """Gossip moves the same bytes on every link: the slow ones are what every round waits
     for, so they lead the panel, marked while their receiver waits on them."""
