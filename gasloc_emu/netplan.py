@@ -86,7 +86,7 @@ def check_network(cfg: Config):
                                "applied; drop it, or choose a shaper (auto, tc or userspace)")
     return build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp)
 
-def sim_link_model(cfg: Config, link_plan, world=None):
+def sim_link_model(cfg: Config, link_plan, world=None, host=None):
     """The simulator's link model from the bandwidth profile, or None when unshaped.
 
     Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``; the virtual
@@ -94,12 +94,73 @@ def sim_link_model(cfg: Config, link_plan, world=None):
     events change rates or latencies gets a ``RoundLinkModel`` even without a profile (``run``
     then shapes with the userspace shaper, see ``open_network``). ``world``: the run's, when
     it has one).
+
+    Where TCP sees the latency (``tcp_sees_latency``: netem or the packet line) and some link
+    has a latency or loss, the model is a ``TcpLinkModel`` over the same plain model: each
+    directed link's message times follow its sender's TCP (``netem.tcpmodel``), with the
+    host's TCP (``host``: a ``tcpsettings.HostTcp``; None reads
+    ``tcpsettings.read_original_host()``) under the links' settings. Under the release queue,
+    or without latency and loss anywhere, the plain model stays, bit for bit.
     """
     if world is not None and world.changes_links:
-        return RoundLinkModel(world.links, link_caps(cfg, link_plan))
+        base = RoundLinkModel(world.links, link_caps(cfg, link_plan))
+        delays_later = bool(getattr(world.links, "delays", True))
+        if tcp_sees_latency(cfg) and (delays_later or _tcp_limited(link_plan)):
+            return TcpLinkModel.for_plan(link_plan, cfg, base=base, path_at=base.path_at,
+                                         host=host)
+        return base
     if not shaped(cfg):
         return None
+    if tcp_sees_latency(cfg) and _tcp_limited(link_plan):
+        return TcpLinkModel.for_plan(link_plan, cfg, host=host)
     return link_plan.link_model()
+
+
+def tcp_sees_latency(cfg) -> bool:
+    """Whether the delay mode ``run`` would use puts the latency (and loss) before the senders'
+    TCP (``netem.delay``: faithful to TCP and acting on packets: netem or the packet line), so
+    that slow start, the restart after idle and the window a round trip needs cost what they
+    cost over a wide-area link. The release queue (and the userspace shaper, which has only
+    that) holds messages after TCP delivered them: TCP never sees the delay.
+
+    An explicit ``net.delay`` is taken as asked (``run`` uses it or refuses to start); ``auto``
+    is what this host's probe gives (``shaping_decision``), and False where no shaper decision
+    is possible here (``run`` would refuse too). A config without ``net.delay`` (an older
+    record's) is today's model: False."""
+    from netem import delay as delay_modes
+    from netem.capabilities import CapabilityError
+    delay = getattr(cfg.net, "delay", None)
+    if delay is None or not shaped(cfg):
+        return False
+    if delay != "auto" and cfg.net.shaper != "userspace":
+        m = delay_modes.mode(delay)
+        return m.faithful_to_tcp and m.on_packets
+    try:
+        decision = shaping_decision(cfg)
+    except (CapabilityError, delay_modes.DelayModeError):
+        return False
+    m = decision.delay_mode
+    return decision.shaper == "tc" and m.faithful_to_tcp and m.on_packets
+
+
+def _tcp_limited(link_plan) -> bool:
+    """Whether any link has what makes TCP cost more than bytes / rate + latency: loss, or a
+    bandwidth-delay product beyond the window slow start has after its first round trip
+    (2 x the initial window). Below that a message, even after an idle restart, loses at most
+    one round's gap of under init_cwnd segments' time to TCP (8 Mbit/s over 20 ms: 5 ms), and
+    the plain model is kept, bit for bit, as it is without latency (the model's zero-RTT case
+    is the plain arithmetic exactly)."""
+    mss = link_plan.mtu - 52                      # IPv4 + TCP with timestamps
+    for (src, dst), link in link_plan.links.items():
+        if link.lossy:
+            return True
+        back = link_plan.links.get((dst, src))
+        rtt_s = (link.latency_ms + (back.latency_ms if back is not None else link.latency_ms)) / 1e3
+        bdp_segs = link_plan.effective_rate_mbit(src, dst) * 1e6 * rtt_s / 8 / mss
+        if bdp_segs > 2 * (link.tcp.init_cwnd or 10):
+            return True
+    return False
+
 
 def link_caps(cfg: Config, link_plan):
     """(src, dst) -> (src's uplink cap, dst's downlink cap) in Mbit/s, None for none."""
@@ -125,10 +186,156 @@ class RoundLinkModel:
 
     def at_round(self, src: int, dst: int, nbytes: int, round_idx: int,
                  now_s: float = 0.0) -> tuple[float, float]:
+        rate, latency_s = self.path_at(src, dst, round_idx, now_s)
+        wire_s = nbytes * 8 / (rate * 1e6) if rate is not None else 0.0
+        return wire_s, latency_s
+
+    def path_at(self, src: int, dst: int, round_idx: int,
+                now_s: float = 0.0) -> tuple[float | None, float]:
+        """(the rate in Mbit/s a flow gets, caps included, None when unshaped; the one-way
+        latency in s) in force for round ``round_idx`` at ``now_s``; LinkCut when cut."""
         rate, latency_ms = self.schedule.at(src, dst, round_idx, now_s)
         if rate == 0.0:
             raise LinkCut(f"a message of round {round_idx} from worker {src} to worker {dst}: "
                           "a partition cuts that link in that round")
         rates = [r for r in (rate, *self.caps(src, dst)) if r is not None]
-        wire_s = nbytes * 8 / (min(rates) * 1e6) if rates else 0.0
-        return wire_s, latency_ms / 1e3
+        return (min(rates) if rates else None), latency_ms / 1e3
+
+
+class TcpLinkModel:
+    """The virtual clock's link model where TCP sees the latency: one ``tcpmodel``
+    connection per directed link (src, dst), its window kept from message to message, so a
+    message after idle pays the restart, a first one slow start, a lossy link its response
+    function (``netem.tcpmodel``'s docstring has the rules and the kernel source they follow).
+
+    It composes, never copies, the plain arithmetic: ``base`` is the plain model (the plan's
+    ``link_model()`` or a scenario's ``RoundLinkModel``), and its stateless calls (``__call__``,
+    ``at_round``) are base's own, bit for bit. ``transfer`` is the TCP one, for a caller that
+    knows when each message starts (the virtual clock: the start of a message is when the
+    connection's idle time ends). ``path_at(src, dst, round_idx, now_s)`` gives the rate
+    (Mbit/s, None: unshaped) and the one-way latency (s) in force; the round-trip time of
+    src -> dst is its latency plus dst -> src's (the ACKs come back over the reverse link).
+    ``params_of(src, dst)``: the sender's ``TcpParams`` on that link. ``streams``: parallel
+    connections striping each message (``TcpConnection``'s ``streams``).
+
+    A link without round-trip time and loss (or unshaped) gets base's answer: over it TCP
+    costs the bytes at the rate. Jitter is left out (a mean of zero; its effect on the RTO
+    and reordering is not modelled)."""
+
+    def __init__(self, base, path_at, params_of, streams: int = 1):
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
+            raise ValueError(f"streams = {streams!r} is out of range; expected an integer in "
+                             "[1, 1024]")
+        self.base, self.path_at, self.streams = base, path_at, streams
+        self._params_of = params_of
+        self._params: dict[tuple[int, int], object] = {}
+        self._conns: dict[tuple[int, int], object] = {}
+        self._stats: dict[tuple[int, int], dict] = {}
+
+    @classmethod
+    def for_plan(cls, link_plan, cfg, base=None, path_at=None, host=None) -> TcpLinkModel:
+        """The model of a run's plan: each link's ``tcp`` (with ``cfg.tcp`` under it, read
+        field by field so that an older config without some field still works) over the
+        host's TCP, the plan's MTU, each link's mean loss and queue; ``cfg.comm.streams``
+        (1 without it). ``base`` / ``path_at``: the plain model and its paths (the plan's)."""
+        from netem.tcpmodel import params_for
+        from netem.tcpsettings import TcpSettings, read_original_host
+        host = read_original_host() if host is None else host
+        run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
+                             TcpSettings().as_dict().items()})
+
+        def params_of(src: int, dst: int):
+            from netem.commands import gso_segments
+            link = link_plan.links[(src, dst)]
+            # the sender's GSO packets, sized for its slowest link as tc sizes them
+            slowest = min(link_plan.effective_rate_mbit(src, j) for j in
+                          range(link_plan.workers) if j != src)
+            return params_for(run.merged(link.tcp), host, mtu=link_plan.mtu,
+                              loss_pct=min(link.mean_loss_pct(), 99.0),
+                              queue_pkts=link.queue_pkts,
+                              burst_segments=gso_segments(slowest, link_plan.mtu))
+
+        def plan_path(src: int, dst: int, round_idx: int, now_s: float):
+            if not link_plan.shaped:
+                return None, 0.0
+            return (link_plan.effective_rate_mbit(src, dst),
+                    link_plan.links[(src, dst)].latency_ms / 1e3)
+        streams = getattr(getattr(cfg, "comm", None), "streams", 1)
+        return cls(link_plan.link_model() if base is None else base,
+                   plan_path if path_at is None else path_at, params_of, streams)
+
+    def fresh(self) -> TcpLinkModel:
+        """The same links with no connection yet (each replay starts from new connections)."""
+        return type(self)(self.base, self.path_at, self._params_of, self.streams)
+
+    def params_of(self, src: int, dst: int):
+        key = (src, dst)
+        if key not in self._params:
+            self._params[key] = self._params_of(src, dst)
+        return self._params[key]
+
+    # -- the plain protocol: base's own numbers
+
+    def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
+        return self.base(src, dst, nbytes)
+
+    def at_round(self, src: int, dst: int, nbytes: int, round_idx: int,
+                 now_s: float = 0.0) -> tuple[float, float]:
+        at_round = getattr(self.base, "at_round", None)
+        if at_round is not None:
+            return at_round(src, dst, nbytes, round_idx, now_s)
+        return self.base(src, dst, nbytes)
+
+    # -- TCP
+
+    def transfer(self, src: int, dst: int, nbytes: int, start_s: float,
+                 round_idx: int = 0) -> tuple[float, float]:
+        """(wire s, latency s) of a message offered at ``start_s`` (virtual time) on src ->
+        dst: wire is until its last byte has left the sender's bottleneck (slow start, the
+        restart after idle, window limits and retransmissions included), latency the one-way
+        delay after that, as the plain protocol has them."""
+        rate, latency_s = self.path_at(src, dst, round_idx, start_s)
+        try:
+            _, back_s = self.path_at(dst, src, round_idx, start_s)
+        except LinkCut:
+            back_s = latency_s      # the ACKs' way is cut: take this direction's
+        rtt_s = latency_s + back_s
+        params = self.params_of(src, dst) if rate is not None else None
+        if rate is None or (rtt_s == 0 and params.loss_pct == 0):
+            return self.at_round(src, dst, nbytes, round_idx, start_s)
+        conn = self._connection(src, dst, params, rate, rtt_s)
+        tt = conn.transfer(nbytes, start_s)
+        st = self._stats[(src, dst)]
+        st["messages"] += 1
+        st["bytes"] += nbytes
+        st["restarts"] += tt.restarted
+        for part in ("total_s", "serialisation_s", "window_s", "retransmit_s"):
+            st[part] += getattr(tt, part)
+        return tt.wire_s, latency_s
+
+    def _connection(self, src: int, dst: int, params, rate: float, rtt_s: float):
+        from netem.tcpmodel import TcpConnection
+        key = (src, dst)
+        conn = self._conns.get(key)
+        if conn is None:
+            conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams)
+            self._stats[key] = {"messages": 0, "bytes": 0, "restarts": 0, "total_s": 0.0,
+                                "serialisation_s": 0.0, "window_s": 0.0,
+                                "retransmit_s": 0.0}
+        elif conn.path != (rate, rtt_s):
+            conn.set_path(rate, rtt_s)      # a scenario changed the link: the window stays
+        return conn
+
+    def record(self) -> dict:
+        """Per directed link that carried a message under the model: its TCP and what its
+        messages' times were made of (seconds summed over the messages)."""
+        out = {}
+        for (src, dst), st in sorted(self._stats.items()):
+            p = self.params_of(src, dst)
+            rate, rtt_s = self._conns[(src, dst)].path
+            out[f"{src}->{dst}"] = st | {
+                "congestion_control": p.congestion_control,
+                "slow_start_after_idle": p.slow_start_after_idle,
+                "init_cwnd_segments": p.init_cwnd_segments, "loss_pct": p.loss_pct,
+                "rate_mbit": rate, "rtt_ms": rtt_s * 1e3, "streams": self.streams}
+        return out

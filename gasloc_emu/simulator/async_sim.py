@@ -8,7 +8,9 @@ Each worker has two lanes that run side by side and meet at the end of each slot
   set, else the pass's measured time);
 - communication: ready for an exchange (``pairing.Pairer``); paired, both send x at once and
   each mixes what it received when the slower direction has arrived (the link model's wire time
-  plus latency; no time without a link model), the ODE taken up to then.
+  plus latency; no time without a link model; where TCP sees the latency,
+  ``netplan.TcpLinkModel`` times each direction as its connection would from the exchange's
+  start: slow start, the restart after an idle pause, loss), the ODE taken up to then.
 A worker is in at most one exchange, so a link carries one message at a time and nothing
 queues. Events are handled in order of virtual time, so with nominal step times a run is
 deterministic. Events at the same time (equal nominal step times make many) are taken in a
@@ -103,7 +105,9 @@ class AsyncSim:
     """The event loop over every worker's lanes."""
 
     def __init__(self, cfg: Config, workers: list[Worker], link_model, emit):
-        self.cfg, self.workers, self.link_model, self.emit = cfg, workers, link_model, emit
+        fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
+        self.link_model = fresh() if fresh is not None else link_model
+        self.cfg, self.workers, self.emit = cfg, workers, emit
         topo = workers[0].topology
         self.pairer = Pairer(cfg.workers, topo.possible_edges, cfg.seed)
         self.slots = Slots.of(cfg.algo.rate_com)
@@ -202,7 +206,9 @@ class AsyncSim:
         w = self.workers[src]
         channel, numel = w.algo.channel, w.theta.numel()
         nbytes = 4 * numel if channel is None else channel.codec.nbytes(numel)  # as it travels
-        wire_s, latency_s = self.link_model(src, dst, nbytes)
+        transfer = getattr(self.link_model, "transfer", None)    # TCP: when it starts
+        wire_s, latency_s = transfer(src, dst, nbytes, self.now_s) if transfer is not None \
+            else self.link_model(src, dst, nbytes)
         return wire_s + latency_s
 
     # -- the barrier

@@ -9,7 +9,11 @@ replays those reports as a discrete-event simulation:
   link, and takes ``bytes * 8 / rate`` plus the link's latency (the ``LinkModel``; a model with
   an ``at_round`` method, a scenario's ``netplan.RoundLinkModel``, gets the round in the
   message's key and the time it is sent, so a link event at round R times the messages of
-  rounds >= R, and one at a time those sent from then on);
+  rounds >= R, and one at a time those sent from then on; a model with a ``transfer`` method,
+  ``netplan.TcpLinkModel`` where TCP sees the latency, also gets the time the message starts
+  on its link, and times it as its link's TCP connection would: slow start, the restart
+  after idle, window limits and loss; a model with ``fresh`` is copied without its state
+  first, so each replay starts from new connections);
 - a receiver that needs a message before it has arrived waits, and uses no CPU meanwhile;
 - k workers computing at once share the machine as Linux's fair scheduler shares it among busy
   processes (processor sharing): each progresses at ``min(1, slots / k)`` seconds of work per
@@ -128,7 +132,9 @@ class VirtualClock:
             raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
         if lanes_per_worker not in (1, 2):
             raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
-        self.link_model, self.slots, self.emit = link_model, float(slots), emit
+        fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
+        self.link_model = fresh() if fresh is not None else link_model
+        self.slots, self.emit = float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque()) for _ in range(world_size * lanes_per_worker)]
         for rank, (timeline, speed) in (timed_self or {}).items():
@@ -247,8 +253,8 @@ class VirtualClock:
         src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
         arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
-            wire_s, latency_s = self._link(src, dst, op)
             start = max(self.now_s, self.link_free_s.get((src, dst), 0.0))
+            wire_s, latency_s = self._link(src, dst, op, start)
             self.link_free_s[(src, dst)] = start + wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
@@ -257,9 +263,15 @@ class VirtualClock:
         else:
             self.arrivals[op.key] = arrival
 
-    def _link(self, src: int, dst: int, op: Send) -> tuple[float, float]:
-        """(wire s, latency s) of one message; a model with ``at_round`` (a scenario's links
-        change by round or by time) gets the round in the message's key and the send time."""
+    def _link(self, src: int, dst: int, op: Send, start_s: float) -> tuple[float, float]:
+        """(wire s, latency s) of one message; a model with ``transfer`` (``netplan.
+        TcpLinkModel``: TCP sees the latency) gets the time the message starts on its link,
+        ``start_s`` (after the link's earlier messages: a connection's idle time ends then),
+        and the round; a model with ``at_round`` (a scenario's links change by round or by
+        time) gets the round in the message's key and the send time."""
+        transfer = getattr(self.link_model, "transfer", None)
+        if transfer is not None:
+            return transfer(src, dst, op.nbytes, start_s, op.key[2])
         at_round = getattr(self.link_model, "at_round", None)
         if at_round is not None:
             return at_round(src, dst, op.nbytes, op.key[2], self.now_s)

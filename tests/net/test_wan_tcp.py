@@ -84,12 +84,15 @@ def test_bbr_does_not_restart_after_idle(runs):
     assert statistics.median(times) < 0.5 * statistics.median(cubic)
 
 
-def test_the_senders_kernels_saw_the_round_trip_and_the_restart(runs):
+def test_the_senders_kernels_saw_the_round_trip(runs):
     _, _, _, links = runs["cubic"]
     assert links["tcp_sampling"]["error"] is None and links["tcp_sampling"]["rounds"] >= 3
     for row in links["links"]:
         tcp = row["tcp_training"]
         assert abs(tcp["rtt_ms_median"] - RTT_S * 1e3) <= 3.0, tcp
         assert tcp["retrans_segs"] == 0 and tcp["held_by"] == "path", tcp
-        # sampled mostly while idle: the window the restart left (at most twice the initial)
-        assert tcp["cwnd_segs_median"] <= 2 * INIT_CWND, tcp
+        # the window grew past the restart floor within an exchange. What it reads while idle
+        # says nothing: the kernel applies the restart lazily, on the next send after an RTO of
+        # idle (tcp_cwnd_restart from tcp_event_data_sent, net/ipv4/tcp_output.c); the restart
+        # itself is shown by the exchange times above.
+        assert tcp["cwnd_segs_max"] > 2 * INIT_CWND, tcp
