@@ -20,6 +20,7 @@ def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] 
     if not shaped(cfg):
         why = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
         return Decision("none", "none", why)
+    _check_multi_host_delay(cfg)
     lacking = {k: why for k, why in (missing_by_node or {}).items() if why}
     if plays_links:
         lacking = {-1: "the scenario changes links during the run (link events, a trace or a "
@@ -38,6 +39,21 @@ def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] 
     return Decision("tc", "release-queue", f"{'auto: ' if cfg.net.shaper == 'auto' else ''}"
                     "tc on every host's interfaces (HTB per directed link, matched on "
                     "destination address and port); latency by the receiver's release queue")
+
+def _check_multi_host_delay(cfg: Config) -> None:
+    """Across hosts the latency is held by the receivers (the release queue) whatever shaper
+    the hosts get: an explicit delay mode that acts on packets would be silently not applied,
+    so it is refused, naming the value and what is allowed."""
+    from netem import delay as delay_modes
+    requested = getattr(cfg.net, "delay", "auto")
+    if requested == "auto":
+        return
+    if not delay_modes.mode(requested).at_receiver:
+        allowed = [n for n in delay_modes.REQUESTS
+                   if n == "auto" or delay_modes.mode(n).at_receiver]
+        raise delay_modes.DelayModeError(
+            f"net.delay = {requested!r} is not possible across hosts: a multi-node run holds "
+            f"the latency at the receivers (release queue); expected one of {allowed}")
 
 def _userspace(link_plan, why: str):
     from netem.capabilities import Decision

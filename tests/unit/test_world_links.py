@@ -195,3 +195,23 @@ def test_a_multi_host_run_takes_tc_only_when_no_link_changes_during_the_run(
             multi_host_decision(tc, plan.link_plan, {0: "", 1: ""}, got)
     else:
         assert multi_host_decision(tc, plan.link_plan, {0: "", 1: ""}, got).shaper == "tc"
+
+
+@pytest.mark.parametrize("delay", ["packet-line", "netem"])
+def test_a_multi_host_run_refuses_a_delay_mode_on_packets(delay):
+    """Across hosts the receivers hold the latency: a packet delay asked for is refused,
+    naming it, rather than silently replaced by the release queue."""
+    from gasloc_emu.netplan import multi_host_decision
+    from gasloc_emu.plan import build_plan
+    from netem.delay import DelayModeError
+    sets = {"workers": 4, "run.rounds": 6, "net.bw_profile": "uniform", "net.rate_mbit": 10.0,
+            "net.latency_ms": 20.0}
+    plan = build_plan(C.resolve(overrides=sets), data=False)
+    assert multi_host_decision(plan.cfg, plan.link_plan, {0: "", 1: ""}).delay == \
+        "release-queue"
+    asked = C.replace(plan.cfg, **{"net.delay": delay})
+    with pytest.raises(DelayModeError, match=f"net.delay = '{delay}' is not possible across "
+                                             r"hosts.*\['auto', 'release-queue'\]"):
+        multi_host_decision(asked, plan.link_plan, {0: "", 1: ""})
+    rq = C.replace(plan.cfg, **{"net.delay": "release-queue"})
+    assert multi_host_decision(rq, plan.link_plan, {0: "", 1: ""}).shaper == "tc"
