@@ -325,7 +325,7 @@ class TcpLinkModel:
         st["messages"] += 1
         st["bytes"] += nbytes
         st["restarts"] += tt.restarted
-        for part in ("total_s", "serialisation_s", "window_s", "retransmit_s"):
+        for part in ("total_s", "serialisation_s", "propagation_s", "window_s", "retransmit_s"):
             st[part] += getattr(tt, part)
         return tt.wire_s, latency_s
 
@@ -336,8 +336,8 @@ class TcpLinkModel:
         if conn is None:
             conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams)
             self._stats[key] = {"messages": 0, "bytes": 0, "restarts": 0, "total_s": 0.0,
-                                "serialisation_s": 0.0, "window_s": 0.0,
-                                "retransmit_s": 0.0}
+                                "serialisation_s": 0.0, "propagation_s": 0.0,
+                                "window_s": 0.0, "retransmit_s": 0.0}
         elif conn.path != (rate, rtt_s):
             conn.set_path(rate, rtt_s)      # a scenario changed the link: the window stays
         return conn

@@ -102,7 +102,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
         summary = finish(plan, workers, time.perf_counter() - t_start,
                          sent=sum(_sent(life.transport) for life in lives),
                          raw=sum(_sent(life.transport, "raw_bytes_sent") for life in lives))
-        rec.write_json("links.json", {"shaper": "simulate", "links": _links(lives)})
+        rec.write_json("links.json", {"shaper": "simulate", "links": _links(lives),
+                                      **_tcp_model_record(hub.clock.link_model)})
         if world is not None:
             summary["membership"] = membership_summary(world)
         if predicts_wall(cfg, link_model):
@@ -111,6 +112,14 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
         summary["mode"] = "simulate"
         rec.summary(summary)
     return summary
+
+
+def _tcp_model_record(link_model) -> dict:
+    """Where messages were timed by their links' TCP (``netplan.TcpLinkModel``): per directed
+    link, what their times were made of (serialisation, the window and slow start,
+    retransmission, summed over the messages) and the restarts after idle; else nothing."""
+    record = getattr(link_model, "record", None)
+    return {"tcp_model": record()} if record is not None else {}
 
 
 class _TimedWorld:

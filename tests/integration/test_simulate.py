@@ -228,3 +228,28 @@ def test_diloco_pays_for_the_slow_links_every_round_and_gasloc_rarely(tmp_path):
     fast_s = step_s + model_bits / 50e6
     assert rounds["gasloc"][1] == pytest.approx(fast_s, abs=0.01), rounds
     assert sum(rounds["gasloc"]) < 0.5 * sum(rounds["diloco"]), rounds
+
+
+def test_where_tcp_sees_the_delay_each_link_records_what_its_messages_were_made_of(
+        run, tmp_path):
+    """Over 50 Mbit/s and 50 ms with the packet line, cubic restarts after each round's 2 s of
+    compute and bbr does not: the record's split (serialisation, propagation, window,
+    retransmission) adds up to each link's time, and the restarts make cubic's rounds longer."""
+    wan = {"workers": 2, "run.rounds": 3, "algo.local_steps": 20, "compute.step_time_s": 0.1,
+           "topology.name": "ring", "net.bw_profile": "uniform", "net.rate_mbit": 50.0,
+           "net.latency_ms": 50.0, "net.delay": "packet-line"}
+    walls = {}
+    for i, cc in enumerate(("cubic", "bbr")):
+        summary, _, _ = run(make_cfg(**wan, **{"tcp.congestion_control": cc,
+                                               "tcp.slow_start_after_idle": 1}))
+        walls[cc] = summary["predicted_wall_s"]
+        model = json.loads((tmp_path / f"run{i}" / "links.json").read_text())["tcp_model"]
+        assert sorted(model) == ["0->1", "1->0"]
+        for link in model.values():
+            assert link["messages"] == 3 and link["congestion_control"] == cc
+            parts = sum(link[k] for k in ("serialisation_s", "propagation_s", "window_s",
+                                          "retransmit_s"))
+            assert parts == pytest.approx(link["total_s"], rel=1e-9)
+            assert link["restarts"] == (2 if cc == "cubic" else 0)
+            assert link["propagation_s"] == pytest.approx(3 * 0.050)
+    assert walls["cubic"] > walls["bbr"] + 0.5      # 2 restarts x ~3 extra round trips

@@ -39,7 +39,7 @@ def slow_start_estimate_s(nbytes: int) -> float:
 def _run(tmp_path: Path, cc: str) -> tuple[list[float], int, dict, dict]:
     out = tmp_path / cc
     res = subprocess.run(
-        [sys.executable, "-m", "gasloc_emu", "run", "-n", "2", "--model", "tiny", "-R", "5",
+        [sys.executable, "-m", "gasloc_emu", "run", "-n", "2", "--model", "tiny", "-R", "4",
          "-H", "20", "--step-time-s", "0.1", "--topology", "ring", "--bw-profile", "uniform",
          "--rate-mbit", str(RATE_MBIT), "--latency-ms", str(ONE_WAY_S * 1e3),
          "--delay", "packet-line", "--tcp-cc", cc, "--no-probe", "--no-dashboard",
@@ -71,7 +71,7 @@ def test_a_cubic_message_after_idle_takes_the_slow_start_estimate(runs):
     assert summary["delay"] == "packet-line" and summary["delay_faithful_to_tcp"]
     assert summary["tcp"]["every_link"]["congestion_control"] == "cubic"
     estimate = slow_start_estimate_s(nbytes)
-    assert len(times) == 8 and estimate > 4 * (nbytes * 8 / (RATE_MBIT * 1e6) + ONE_WAY_S)
+    assert len(times) == 6 and estimate > 4 * (nbytes * 8 / (RATE_MBIT * 1e6) + ONE_WAY_S)
     off = [t for t in times if abs(t / estimate - 1) > 0.15]
     assert not off, f"estimate {estimate:.3f} s; measured {sorted(times)}"
 
