@@ -4,6 +4,8 @@ carry traffic, and the simulator's link model over the same plan.
 """
 from __future__ import annotations
 
+import functools
+
 from gasloc_emu.config import Config
 
 
@@ -121,13 +123,13 @@ def sim_link_model(cfg: Config, link_plan, world=None, host=None):
     if world is not None and world.changes_links:
         base = RoundLinkModel(world.links, link_caps(cfg, link_plan))
         delays_later = bool(getattr(world.links, "delays", True))
-        if tcp_sees_latency(cfg) and (delays_later or _tcp_limited(link_plan)):
+        if (delays_later or _tcp_limited(link_plan)) and tcp_sees_latency(cfg):
             return TcpLinkModel.for_plan(link_plan, cfg, base=base, path_at=base.path_at,
                                          host=host)
         return base
     if not shaped(cfg):
         return None
-    if tcp_sees_latency(cfg) and _tcp_limited(link_plan):
+    if _tcp_limited(link_plan) and tcp_sees_latency(cfg):   # the plan first: no probe
         return TcpLinkModel.for_plan(link_plan, cfg, host=host)
     return link_plan.link_model()
 
@@ -166,14 +168,15 @@ def _tcp_limited(link_plan) -> bool:
     one round's gap of under init_cwnd segments' time to TCP (8 Mbit/s over 20 ms: 5 ms), and
     the plain model is kept, bit for bit, as it is without latency (the model's zero-RTT case
     is the plain arithmetic exactly)."""
-    mss = link_plan.mtu - 52                      # IPv4 + TCP with timestamps
+    from netem.tcpmodel import DEFAULT_INIT_CWND, TCPIP_HEADER_BYTES
+    mss = link_plan.mtu - TCPIP_HEADER_BYTES
     for (src, dst), link in link_plan.links.items():
         if link.lossy:
             return True
         back = link_plan.links.get((dst, src))
         rtt_s = (link.latency_ms + (back.latency_ms if back is not None else link.latency_ms)) / 1e3
         bdp_segs = link_plan.effective_rate_mbit(src, dst) * 1e6 * rtt_s / 8 / mss
-        if bdp_segs > 2 * (link.tcp.init_cwnd or 10):
+        if bdp_segs > 2 * (link.tcp.init_cwnd or DEFAULT_INIT_CWND):
             return True
     return False
 
@@ -256,7 +259,9 @@ class TcpLinkModel:
         (1 without it). ``base`` / ``path_at``: the plain model and its paths (the plan's)."""
         from netem.tcpmodel import params_for
         from netem.tcpsettings import TcpSettings, read_original_host
-        host = read_original_host() if host is None else host
+        # the host's TCP is read when a link is first timed, not when the plan is built: a
+        # worker process of ``run`` builds the plan too and never times a message by it
+        host_tcp = functools.cache(read_original_host) if host is None else lambda: host
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 
@@ -266,7 +271,7 @@ class TcpLinkModel:
             # the sender's GSO packets, sized for its slowest link as tc sizes them
             slowest = min(link_plan.effective_rate_mbit(src, j) for j in
                           range(link_plan.workers) if j != src)
-            return params_for(run.merged(link.tcp), host, mtu=link_plan.mtu,
+            return params_for(run.merged(link.tcp), host_tcp(), mtu=link_plan.mtu,
                               loss_pct=min(link.mean_loss_pct(), 99.0),
                               queue_pkts=link.queue_pkts,
                               burst_segments=gso_segments(slowest, link_plan.mtu))
