@@ -18,27 +18,31 @@ def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] 
     ``plays_links``: the scenario changes links during the run, which host tc does not apply
     yet: ``auto`` takes the userspace shaper, ``tc`` is refused, before anything starts.
     """
-    from netem.capabilities import CapabilityError, Decision
+    from netem import shapers
+    from netem.capabilities import CapabilityError, Decision, fixed_delay_decision
     if not shaped(cfg):
-        why = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
+        why = "shaper = none" if shapers.turned_off(cfg.net.shaper) else "no bandwidth profile"
         return Decision("none", "none", why)
     _check_multi_host_delay(cfg)
     lacking = {k: why for k, why in (missing_by_node or {}).items() if why}
     if plays_links:
         lacking = {-1: "the scenario changes links during the run (link events, a trace or a "
                        "partition), which host tc does not apply yet"}
-    if cfg.net.shaper == "userspace":
-        return _userspace(link_plan, "userspace shaper requested")
-    if lacking:
-        k, why = min(lacking.items())
-        where = "across hosts" if k < 0 else f"on node {k}"
-        if cfg.net.shaper == "tc":
-            raise CapabilityError(f"net.shaper = 'tc' is not possible {where}: {why}; use "
-                                  "net.shaper = 'auto' or 'userspace'")
-        return _userspace(link_plan, f"auto: tc is not possible {where} ({why})")
+    k, missing = min(lacking.items()) if lacking else (0, "")
+    try:
+        kind, why = shapers.resolve(cfg.net.shaper, missing,
+                                    "across hosts" if k < 0 else f"on node {k}")
+    except shapers.ShaperError as exc:
+        raise CapabilityError(str(exc)) from None
+    if not kind.kernel_classes:
+        decision = fixed_delay_decision(kind, None, "auto", why)
+        from netem.commands import check_supported
+        check_supported(link_plan, decision)  # jitter and loss need netem: refused up front
+        return decision
     from netem.hosttc import check_host_plan
     check_host_plan(link_plan)
-    return Decision("tc", "release-queue", f"{'auto: ' if cfg.net.shaper == 'auto' else ''}"
+    auto = "auto: " if shapers.asked(cfg.net.shaper) is None else ""
+    return Decision("tc", "release-queue", f"{auto}"
                     "tc on every host's interfaces (HTB per directed link, matched on "
                     "destination address and port); latency by the receiver's release queue")
 
@@ -57,14 +61,6 @@ def _check_multi_host_delay(cfg: Config) -> None:
             f"net.delay = {requested!r} is not possible across hosts: a multi-node run holds "
             f"the latency at the receivers (release queue); expected one of {allowed}")
 
-def _userspace(link_plan, why: str):
-    from netem.capabilities import Decision
-    from netem.commands import check_supported
-    decision = Decision("userspace", "release-queue",
-                        why + ": sender pacing + receiver release queue")
-    check_supported(link_plan, decision)  # jitter and loss need netem: refused up front
-    return decision
-
 def used_pairs(cfg: Config, topo) -> list[tuple[int, int]]:
     """Directed links training will use: ring successors for DiLoCo, graph edges otherwise."""
     n = cfg.workers
@@ -79,7 +75,8 @@ def shaping_decision(cfg: Config):
     return choose_shaper(cfg.net.shaper, probe(), delay=cfg.net.delay)
 
 def shaped(cfg: Config) -> bool:
-    return bool(cfg.net.bw_profile) and cfg.net.shaper != "none"
+    from netem.shapers import turned_off
+    return bool(cfg.net.bw_profile) and not turned_off(cfg.net.shaper)
 
 # the network settings a run without a shaper would record but never apply
 UNAPPLIED_WITHOUT_SHAPER = ("bw_profile", "latency_ms", "jitter_ms", "loss_pct", "reorder_pct",
@@ -94,7 +91,8 @@ def check_network(cfg: Config):
     record would state a network the workers never saw.
     """
     from netem.profiles import ProfileError, build_link_plan
-    if cfg.net.shaper == "none":
+    from netem.shapers import turned_off
+    if turned_off(cfg.net.shaper):
         # checked before the plan, whose own checks (jitter within latency, ...) would
         # otherwise name a smaller fault of settings that cannot apply at all
         given = [f"net.{k} = {getattr(cfg.net, k)!r}" for k in UNAPPLIED_WITHOUT_SHAPER
@@ -146,11 +144,13 @@ def tcp_sees_latency(cfg) -> bool:
     is possible here (``run`` would refuse too). A config without ``net.delay`` (an older
     record's) is today's model: False."""
     from netem import delay as delay_modes
+    from netem import shapers
     from netem.capabilities import CapabilityError
     delay = getattr(cfg.net, "delay", None)
     if delay is None or not shaped(cfg):
         return False
-    if delay != "auto" and cfg.net.shaper != "userspace":
+    kind = shapers.asked(cfg.net.shaper)
+    if delay != "auto" and (kind is None or kind.carries(delay)):
         m = delay_modes.mode(delay)
         return m.faithful_to_tcp and m.on_packets
     try:
@@ -158,7 +158,7 @@ def tcp_sees_latency(cfg) -> bool:
     except (CapabilityError, delay_modes.DelayModeError):
         return False
     m = decision.delay_mode
-    return decision.shaper == "tc" and m.faithful_to_tcp and m.on_packets
+    return m.faithful_to_tcp and m.on_packets
 
 
 def _tcp_limited(link_plan) -> bool:

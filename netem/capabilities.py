@@ -21,6 +21,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from netem import delay as delay_modes
+from netem import shapers
 
 PROBE_TIMEOUT_S = 20.0
 FEATURES = ("veth", "bridge", "ifb", "htb", "pfifo", "u32", "tbf", "netem", "ingress", "mirred",
@@ -96,10 +97,15 @@ class Capabilities:
 class Decision:
     """The shaper chosen for a run, the delay mechanism, and why (printed and recorded)."""
 
-    shaper: str                # 'tc' | 'userspace' | 'none'
+    shaper: str                # a netem.shapers name: 'tc' | 'userspace' | 'none'
     delay: str                 # a netem.delay mode: 'netem' | 'packet-line' | 'release-queue' |
     reason: str                # 'none'
     caps: Capabilities | None = None
+
+    @property
+    def shaper_kind(self) -> shapers.Shaper:
+        """What the shaper does (``netem.shapers``)."""
+        return shapers.SHAPERS[self.shaper]
 
     @property
     def delay_mode(self) -> delay_modes.DelayMode:
@@ -186,7 +192,7 @@ def probe() -> Capabilities:
 
 # ---------------------------------------------------------------- choice
 
-SHAPERS = ("auto", "tc", "userspace", "none")
+SHAPERS = shapers.REQUESTS
 
 
 def _tc_decision(caps: Capabilities, why: str, delay: str) -> Decision:
@@ -199,34 +205,33 @@ def _tc_decision(caps: Capabilities, why: str, delay: str) -> Decision:
 
 def choose_shaper(requested: str, caps: Capabilities, delay: str = "auto") -> Decision:
     """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on
-    request. ``delay`` (``net.delay``): how tc's links are delayed (``netem.delay.choose``); the
-    userspace shaper has only the release queue, and refuses any other explicit request."""
-    if requested not in SHAPERS:
-        raise CapabilityError(f"net.shaper = {requested!r} is not allowed; expected one of "
-                              f"{', '.join(SHAPERS)}")
+    request (``netem.shapers.resolve``). ``delay`` (``net.delay``): how tc's links are delayed
+    (``netem.delay.choose``); a shaper without kernel classes carries only its own delay
+    modes, and refuses any other explicit request."""
     if delay not in delay_modes.REQUESTS:
         raise CapabilityError(f"net.delay = {delay!r} is not allowed; expected one of "
                               f"{', '.join(delay_modes.REQUESTS)}")
-    if requested == "none":
-        return Decision("none", "none", "shaping off (net.shaper = none)", caps)
-    if requested == "userspace":
-        return _userspace_decision(caps, delay, "userspace shaper requested")
-    missing = caps.tc_missing()
-    if requested == "tc":
-        if missing:
-            raise CapabilityError(f"net.shaper = 'tc' is not possible here: {missing}; "
-                                  "use net.shaper = 'auto' or 'userspace'")
-        return _tc_decision(caps, "tc requested and available", delay)
-    if missing:
-        return _userspace_decision(
-            caps, delay, f"auto: tc is not possible here ({missing}); using the userspace shaper")
-    return _tc_decision(caps, "auto: network namespaces and htb work", delay)
+    try:
+        kind, why = shapers.resolve(requested, caps.tc_missing())
+    except shapers.ShaperError as exc:
+        raise CapabilityError(str(exc)) from None
+    if kind.kernel_classes:
+        why = {"auto: tc is possible": "auto: network namespaces and htb work"}.get(why, why)
+        return _tc_decision(caps, why, delay)
+    if kind.shapes and shapers.asked(requested) is None:
+        why += "; using the userspace shaper"
+    return fixed_delay_decision(kind, caps, delay, why)
 
 
-def _userspace_decision(caps: Capabilities, delay: str, why: str) -> Decision:
-    if delay not in ("auto", "release-queue"):
+def fixed_delay_decision(kind: shapers.Shaper, caps: Capabilities | None, delay: str,
+                         why: str) -> Decision:
+    """The decision of a shaper that has one delay mode of its own (userspace: the release
+    queue; none: none): an explicit other ``delay`` is refused, naming the shaper's."""
+    own = kind.delay_modes[0]
+    if not kind.shapes:
+        return Decision(kind.name, own, why, caps)
+    if delay not in ("auto", own):
         raise CapabilityError(f"net.delay = {delay!r} needs the tc shaper's namespaces, and this "
-                              f"run has the userspace shaper ({why}); use net.delay = 'auto'")
-    return Decision("userspace", "release-queue",
-                    f"{why}: sender pacing + receiver release queue (latency not seen by TCP)",
-                    caps)
+                              f"run has the {kind.name} shaper ({why}); use net.delay = 'auto'")
+    unseen = "" if delay_modes.MODES[own].faithful_to_tcp else " (latency not seen by TCP)"
+    return Decision(kind.name, own, f"{why}: {kind.where}{unseen}", caps)

@@ -499,16 +499,17 @@ def check_supported(plan: LinkPlan, decision: Decision, host_tcp=None) -> None:
 
     ``host_tcp``: the host's TCP (``tcpsettings.read_host()``), to refuse a congestion control
     its kernel lacks; None reads it when the plan sets TCP."""
-    if decision.shaper == "none" or not plan.shaped:
+    kind = decision.shaper_kind
+    if not kind.shapes or not plan.shaped:
         return
     caps = decision.caps
     try:
-        delay_modes.check_plan(plan, decision.delay_mode, decision.shaper)
+        delay_modes.check_plan(plan, decision.delay_mode, kind.name)
     except delay_modes.DelayModeError as exc:
         raise CapabilityError(str(exc)) from None
-    if decision.shaper != "tc":
+    if not kind.kernel_classes:
         _check_namespace_only(plan, decision)
-    if decision.shaper == "tc" and plan.has_caps("down") and caps is not None:
+    elif plan.has_caps("down") and caps is not None:
         missing = [f for f in ("ifb", "ingress", "mirred") if not caps.has(f)]
         if missing:
             raise CapabilityError(f"download caps (down_mbit) need {', '.join(missing)}, which "
@@ -579,7 +580,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
         host_tcp = tcpsettings.read_host()      # once, for the check and the commands
     check_supported(plan, decision, host_tcp)
-    if decision.shaper != "tc":
+    if not decision.shaper_kind.namespaces:
         return []
     mode = decision.delay_mode
     out = topology_commands(topo, bridge=not line_carries(plan, decision, delayed_later))

@@ -116,8 +116,9 @@ def choose(requested: str, caps: Any) -> tuple[DelayMode, str]:
 
 
 def check_plan(plan, m: DelayMode, shaper: str) -> None:
-    """Refuse, before anything exists, an impairment the chosen mode cannot apply."""
-    if shaper == "none" or not plan.shaped:
+    """Refuse, before anything exists, an impairment the chosen mode cannot apply (``shaper``:
+    the run's, by name, for the message; a shaper that shapes nothing is not asked)."""
+    if not plan.shaped:
         return
     for attr in IMPAIRMENTS:
         value = plan.max_of(attr)

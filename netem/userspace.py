@@ -118,6 +118,12 @@ class LinkShaper:
         self.on_stamp: Callable[[int, float], None] | None = None
         self.on_release: Callable[[int, float], None] | None = None
 
+    @property
+    def paces(self) -> bool:
+        """Whether this worker paces its sends to the link rates (``userspace``), rather than
+        only holding what arrives for the latency while tc paces (``delay-only``)."""
+        return self.mode == "userspace"
+
     def stamp(self, peer: int, nbytes: int, now: float) -> float | None:
         """Sender side, just before sending ``nbytes`` to ``peer``: the delivery time, or None.
 
@@ -128,7 +134,7 @@ class LinkShaper:
         ``max_queue_s`` plus the message's own transfer and latency of the moment it is sent,
         the bound a receiver checks (``latest_release_s``).
         """
-        if self.mode != "userspace":
+        if not self.paces:
             return None
         self._check_peer(peer)
         if self.on_stamp is not None:
@@ -253,11 +259,10 @@ def spec_for(plan, decision) -> dict | None:
     userspace."""
     if not plan.shaped:
         return None
-    if decision.shaper == "userspace":
+    if decision.shaper_kind.paces_in_workers:
         mode = "userspace"
-    elif (decision.shaper == "tc" and decision.delay_mode.at_receiver
-          and plan.max_of("latency_ms")):
-        mode = "delay-only"
+    elif decision.delay_mode.at_receiver and plan.max_of("latency_ms"):
+        mode = "delay-only"    # tc shapes the rates, the workers hold the latency
     else:
         return None
     links = []

@@ -146,8 +146,7 @@ def _last_words(rec: records.RunRecord, summary: dict) -> str | None:
 def _probes(cfg: Config, network) -> bool:
     """Probe shaped links; not a network that starts unshaped (``ScenarioNetwork``: a link
     event's rate applies later, and an unshaped link has no target to miss)."""
-    return cfg.net.probe and network.shaper != "none" and not getattr(network, "unshaped_start",
-                                                                      False)
+    return cfg.net.probe and network.kind.shapes and not network.unshaped_start
 
 
 def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:

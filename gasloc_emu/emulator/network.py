@@ -8,12 +8,19 @@ from contextlib import contextmanager
 
 from gasloc_emu.config import Config
 from gasloc_emu.netplan import multi_host_decision, shaped, shaping_decision
+from netem import shapers
 
 
 class LoopbackNetwork:
     """Unshaped: every worker binds an ephemeral port on 127.0.0.1 and starts as it is."""
 
-    shaper = "none"
+    kind = shapers.SHAPERS["none"]
+    unshaped_start = False   # whether links start unshaped under a shaper (ScenarioNetwork)
+
+    @property
+    def shaper(self) -> str:
+        """The shaper's name, for the record, the dashboard and the logs."""
+        return self.kind.name
 
     def __init__(self, cfg: Config, reason: str = "no bandwidth profile"):
         self.cfg, self.reason = cfg, reason
@@ -51,11 +58,11 @@ class LoopbackNetwork:
         return f"# shaper: none ({self.reason}); nothing to create"
 
     def describe_summary(self) -> dict:
-        return {"shaper": "none", "shaper_reason": self.reason,
+        return {"shaper": self.shaper, "shaper_reason": self.reason,
                 "bw_profile": self.cfg.net.bw_profile}
 
     def links_record(self, link_bytes: list[dict]) -> dict:
-        return {"shaper": "none", "links": link_bytes}
+        return {"shaper": self.shaper, "links": link_bytes}
 
 class ScenarioNetwork(LoopbackNetwork):
     """No bandwidth profile, but a scenario whose link events change rates or latencies: the
@@ -63,7 +70,7 @@ class ScenarioNetwork(LoopbackNetwork):
     runs at 5 Mbit/s from then on, as the simulator's link model has it. Each worker applies
     its own links' changes (``worker_process``)."""
 
-    shaper = "userspace"
+    kind = shapers.SHAPERS["userspace"]
     unshaped_start = True   # nothing to probe before the first link event (launcher._probes)
 
     def __init__(self, cfg: Config):
@@ -81,20 +88,17 @@ class ScenarioNetwork(LoopbackNetwork):
         """The workers apply them (the launcher has no tc here)."""
 
     def dry_run_text(self) -> str:
-        return "# shaper: userspace (scenario link events); nothing to create"
-
-    def describe_summary(self) -> dict:
-        return super().describe_summary() | {"shaper": "userspace"}
-
-    def links_record(self, link_bytes: list[dict]) -> dict:
-        return {"shaper": "userspace", "links": link_bytes}
+        return f"# shaper: {self.shaper} (scenario link events); nothing to create"
 
 class ShapedNetwork:
     """A run over the netem package's network: tc in namespaces, or the userspace shaper."""
 
+    unshaped_start = False
+
     def __init__(self, cfg: Config, session):
         self.cfg, self.session = cfg, session
-        self.shaper = session.decision.shaper
+        self.kind = session.decision.shaper_kind
+        self.shaper = self.kind.name
         self.probe_rows: list[dict] = []
         self._live = None   # netem.live.LiveLinks, made at the first change under tc
         self._tcp = None    # netem.tcpsample.TcpSampler, while training runs
@@ -129,7 +133,7 @@ class ShapedNetwork:
         qdiscs (tc too), the packet line (``session.set_line_latency``), or the receivers'
         release queues (the workers apply those). Under the userspace shaper the workers
         apply everything."""
-        if self.shaper != "tc" or not changes:
+        if not self.kind.launcher_changes_links or not changes:
             return
         from netem.live import LiveLinks
         from netem.namespaces import run_commands
@@ -223,7 +227,7 @@ class HostNetwork:
         self.plays_links = plays_links  # the scenario changes links: tc is not taken
         self.plan = link_plan if shaped(cfg) else None
         self.tc_missing = _host_tc_missing() if self.plan is not None and \
-            cfg.net.shaper in ("auto", "tc") else "not asked for"
+            shapers.may_take(cfg.net.shaper, shapers.SHAPERS["tc"]) else "not asked for"
         # one port per sender for each local worker, found free now; used only with tc, which
         # needs every node able to do it
         self.port_base = _free_port_block(addr, local_workers * cfg.workers) \
@@ -240,13 +244,19 @@ class HostNetwork:
     def tcp_now(self) -> dict:
         return {}
 
+    unshaped_start = False
+
+    @property
+    def kind(self) -> shapers.Shaper | None:
+        return self.decision.shaper_kind if self.decision is not None else None
+
     @property
     def shaper(self) -> str:
         return self.decision.shaper if self.decision is not None else "undecided"
 
     @property
     def link_ports(self) -> bool:
-        return self.shaper == "tc"
+        return self.kind is not None and self.kind.ports_per_sender
 
     def decide(self, missing_by_node: dict[int, str], nodes: list[tuple[str, int, int]],
                local: list[int]) -> None:
@@ -261,7 +271,7 @@ class HostNetwork:
                 rank += 1
         from netem.userspace import spec_for
         self.spec = spec_for(self.plan, self.decision) if self.plan is not None else None
-        if self.shaper == "tc":
+        if self.kind.kernel_classes:
             from netem.hosttc import HostShaping, host_links, route_dev
             from netem.namespaces import new_run_id
             links = host_links(self.plan, local, self.bases, route_dev)
@@ -280,7 +290,7 @@ class HostNetwork:
         """Under the userspace shaper the workers apply a scenario's link changes; host tc
         classes are not changed by scenarios yet, so tc is not taken for such a scenario
         (``multi_host_decision``), and a change that comes anyway is an error, never skipped."""
-        if changes and self.shaper == "tc":
+        if changes and self.kind.kernel_classes:
             raise RuntimeError("a scenario's link changes on a multi-node tc network are not "
                                "applied yet; use net.shaper = 'userspace'")
 
@@ -367,7 +377,7 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     """
     if dry_run or not shaped(cfg):
         return
-    if shaping_decision(cfg).shaper == "tc":
+    if shaping_decision(cfg).shaper_kind.namespaces:
         from netem.namespaces import reexec_in_userns
         reexec_in_userns(argv)  # returns only when already inside, or when userns is unavailable
 
@@ -376,10 +386,11 @@ def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
     """The network of a run (``link_plan``, ``world``: the run plan's), undone on exit."""
     links = world.links if world is not None else None
     if not shaped(cfg):
-        if cfg.net.shaper != "none" and world is not None and world.changes_links:
+        off = shapers.turned_off(cfg.net.shaper)
+        if not off and world is not None and world.changes_links:
             yield ScenarioNetwork(cfg)
             return
-        reason = "shaper = none" if cfg.net.shaper == "none" else "no bandwidth profile"
+        reason = "shaper = none" if off else "no bandwidth profile"
         yield LoopbackNetwork(cfg, reason)
         return
     from netem.namespaces import NetworkSession

@@ -106,7 +106,7 @@ class Supervisor:
     def run(self) -> dict:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
         self.feed = event_feed(self.scenario.world, self.rec, self.progress,
-                               shaper=_applied_by(self.network.shaper))
+                               shaper=self.network.kind.changes_applied_by)
         self.launch_spec().write(self.dir)
         self.slots = self._spawn_all()
         self._await(lambda s: s.ready is not None, READY_TIMEOUT_S, "start")
@@ -304,14 +304,6 @@ def async_pairer(plan: RunPlan) -> Pairer | None:
         return None
     cfg = plan.cfg
     return Pairer(cfg.workers, plan.topology.possible_edges, cfg.seed)
-
-
-def _applied_by(shaper: str) -> str:
-    """Who applies a scenario's link changes under this shaper (events.jsonl's applied_by)."""
-    return {"tc": "tc: the launcher, when the first worker reports the round before",
-            "userspace": "userspace: each worker at its round start",
-            "none": "none: a partition's cuts are the algorithms' absent edges"
-            }.get(shaper, shaper)
 
 
 class LinkMeter:

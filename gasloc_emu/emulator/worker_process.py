@@ -440,8 +440,8 @@ class LinkApplier:
         self._timed_set: dict[tuple[int, int], tuple] = {}   # what a timed link was last set to
         if schedule.timed is not None:
             shaper.on_stamp = self._timed_tx
-            shaper.on_release = self._timed_rx if shaper.mode == "delay-only" else None
-        if shaper.mode == "userspace":
+            shaper.on_release = None if shaper.paces else self._timed_rx
+        if shaper.paces:
             self.receiving(10**9)
             self._bound_timed()
 

@@ -17,6 +17,7 @@ from gasloc_emu.scenario.fixing import TIMED_KINDS
 from gasloc_emu.scenario.links import edge_key
 from gasloc_emu.scenario.script import Scenario
 from gasloc_emu.scenario.trace import LinkTrace
+from netem.shapers import turned_off
 
 
 def churns(scenario: Scenario) -> bool:
@@ -99,7 +100,7 @@ def _check_timed_donors(scenario: Scenario) -> None:
 
 def check_with_config(scenario: Scenario, cfg, algo, trace: LinkTrace | None = None) -> None:
     """What a scenario (and a link trace) cannot be combined with (one line, exit 2)."""
-    if trace is not None and cfg.net.shaper == "none":
+    if trace is not None and turned_off(cfg.net.shaper):
         raise ScenarioError(f"{trace.source} with net.shaper = 'none' would not be applied; "
                             "choose net.shaper = 'auto' or 'userspace'")
     churn = churns(scenario)
@@ -123,7 +124,7 @@ def _check_partitions_for(scenario: Scenario, cfg, algo) -> None:
     group would have no ring (it reaches both sides, which cannot reach each other). Link
     events need a shaper."""
     for ev in scenario.events:
-        if isinstance(ev, LinkEvent) and cfg.net.shaper == "none":
+        if isinstance(ev, LinkEvent) and turned_off(cfg.net.shaper):
             raise ScenarioError(f"{scenario.source}: link event at {ev.when()} with "
                                 "net.shaper = 'none' would not be applied; choose net.shaper = "
                                 "'auto' or 'userspace'")

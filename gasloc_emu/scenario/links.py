@@ -207,7 +207,8 @@ def base_link(cfg, link_plan) -> Callable[[int, int], LinkState]:
     """(src, dst) -> (rate_mbit or None, latency_ms) of each link before any scenario event:
     the profile's link rate in ``link_plan`` (its caps apart, see ``netplan.link_caps``), or
     unshaped."""
-    if not cfg.net.bw_profile or cfg.net.shaper == "none":
+    from netem.shapers import turned_off
+    if not cfg.net.bw_profile or turned_off(cfg.net.shaper):
         return unshaped_link
     plan = link_plan
 

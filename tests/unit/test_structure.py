@@ -125,19 +125,58 @@ def _sizes():
 # the member what it can do. (module -> the registry it may name members of)
 NAME_BRANCH = re.compile(r"\.delay\s*[!=]=\s*[\"']")
 REGISTRIES = {"netem/delay.py"}
+# a shaper's name compared, or looked up in a literal: `shaper == "tc"`, `shaper in ("auto",`,
+# `{"tc": ...}[shaper]`, and the names a request may take
+SHAPER_NAMES = "(?:auto|tc|userspace|none)"
+SHAPER_BRANCH = re.compile(
+    r"shaper\w*\s*(?:[!=]=|(?:not\s+)?in)\s*[(\[{]?\s*[\"']"
+    rf"|[\"']{SHAPER_NAMES}[\"']\s*(?:[!=]=|(?:not\s+)?in)\s*[\w.]*shaper"
+    rf"|\{{\s*[\"']{SHAPER_NAMES}[\"']\s*:")
+SHAPER_REGISTRY = {"netem/shapers.py"}
+
+
+def _branches(rule: re.Pattern, registry: set[str]) -> list[str]:
+    return [f"{f.relative_to(ROOT)}:{i}" for pkg in PACKAGES
+            for f in sorted((ROOT / pkg).rglob("*.py"))
+            if str(f.relative_to(ROOT)) not in registry
+            for i, line in enumerate(f.read_text().splitlines(), 1) if rule.search(line)]
 
 
 def test_no_delay_mode_name_branches_outside_its_registry():
-    hits = [f"{f.relative_to(ROOT)}:{i}" for pkg in PACKAGES
-            for f in sorted((ROOT / pkg).rglob("*.py"))
-            if str(f.relative_to(ROOT)) not in REGISTRIES
-            for i, line in enumerate(f.read_text().splitlines(), 1) if NAME_BRANCH.search(line)]
+    hits = _branches(NAME_BRANCH, REGISTRIES)
     assert hits == [], "compare delay modes by what they can do (netem.delay): " + ", ".join(hits)
+
+
+def test_no_shaper_name_branches_outside_its_registry():
+    hits = _branches(SHAPER_BRANCH, SHAPER_REGISTRY)
+    assert hits == [], "ask a shaper what it does (netem.shapers): " + ", ".join(hits)
 
 
 def test_the_name_branch_rule_sees_a_branch():
     assert NAME_BRANCH.search('if decision.delay == "netem":')
     assert not NAME_BRANCH.search("if decision.delay_mode.kernel_qdisc:")
+
+
+@pytest.mark.parametrize("line", ['if decision.shaper == "tc":', "if cfg.net.shaper != 'none':",
+                                  'cfg.net.shaper in ("auto", "tc")',
+                                  'if "userspace" == network.shaper:',
+                                  'return {"tc": "the launcher", "none": "nobody"}[shaper]'])
+def test_the_shaper_rule_sees_a_branch(line):
+    assert SHAPER_BRANCH.search(line)
+
+
+@pytest.mark.parametrize("line", ["if decision.shaper_kind.kernel_classes:",
+                                  "return network.kind.shapes",
+                                  'Decision("tc", "release-queue", why)',
+                                  'out = {"shaper": self.shaper, "links": rows}'])
+def test_the_shaper_rule_passes_asking_the_shaper(line):
+    assert not SHAPER_BRANCH.search(line)
+
+
+def test_the_config_offers_the_shaper_requests_the_registry_knows():
+    from gasloc_emu import config
+    from netem import shapers
+    assert config.SHAPERS == shapers.REQUESTS
 
 
 def test_test_files_have_unique_basenames():
