@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
 from gasloc_emu.params import Params
+from netem import delay as netem_delay
+from netem import impair as netem_impair
+from netem import profiles as netem_profiles
+from netem import shapers as netem_shapers
+from netem import tcpsettings as netem_tcpsettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -232,17 +237,14 @@ class TopologyConfig(_Validated):
                         choices=("complete", "ring", "torus", "exponential", "expander"))
 
 
-SHAPERS = ("auto", "tc", "userspace", "none")
-
-# How a link's delay, jitter and loss reach the packets (netem.delay keeps the same names; a
-# unit test keeps the two equal).
-DELAY_MODES = ("auto", "netem", "packet-line", "release-queue")
-JITTER_DISTS = ("normal", "uniform", "pareto", "paretonormal")
-CONGESTION_CONTROLS = ("", "cubic", "reno", "bbr")
-
-# The named bandwidth profiles; netem.profiles.NAMED is the list it builds (a unit test keeps
-# the two equal; config stays free of netem imports).
-BW_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
+# The network's names are their registries' (netem sits below config and imports nothing of
+# gasloc_emu): the shapers, the delay modes, netem's jitter distributions, the congestion
+# controls a link may ask for ("" = the host's) and the named bandwidth profiles.
+SHAPERS = netem_shapers.REQUESTS
+DELAY_MODES = netem_delay.REQUESTS
+JITTER_DISTS = netem_impair.JITTER_DISTS
+CONGESTION_CONTROLS = ("", *netem_tcpsettings.CONGESTION_CONTROLS)
+BW_PROFILES = netem_profiles.NAMED
 
 
 @dataclass(frozen=True)

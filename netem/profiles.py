@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netem.impair import JITTER_DISTS  # netem's names, kept once, by the code that draws them
 from netem.tcpsettings import TcpSettings, TcpSettingsError
 
 if sys.version_info >= (3, 11):
@@ -65,7 +66,6 @@ LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
 RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
 LATENCY_RANGE_MS = (0.0, 10_000.0)
 LOSS_RANGE_PCT = (0.0, 100.0)        # loss_pct < 100: a link that drops everything is a cut
-JITTER_DISTS = ("normal", "uniform", "pareto", "paretonormal")   # netem's names
 QUEUE_RANGE_PKTS = (1, 1_000_000)
 DEFAULT_QUEUE_PKTS = 1000            # the HTB leaves' pfifo limit (netem/commands.py)
 
@@ -352,6 +352,7 @@ def _lognormal_rates(net, workers: int, seed: int) -> tuple[dict, str]:
 _NAMED_BUILDERS = {"uniform": _uniform_rates, "skewed": _skewed_rates,
                    "skewed-worker": _skewed_worker_rates, "two-cluster": _two_cluster_rates,
                    "lognormal": _lognormal_rates}
+assert tuple(_NAMED_BUILDERS) == NAMED, "every named profile has one builder, in NAMED's order"
 
 
 _IMPAIRMENTS = ("latency_ms", "jitter_ms", "loss_pct", "jitter_dist", "reorder_pct",

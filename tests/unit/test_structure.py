@@ -87,7 +87,7 @@ def test_the_graph_sees_function_local_imports():
 # only those below it, so data flows one way between concerns, not just between modules.
 LAYERS = ("__main__", "commands", "experiments", "testing", "cluster", "emulator", "simulator",
           "report", "plan", "netplan", "training", "algorithms", "comm", "scenario", "transport",
-          "topology", "netem", "plugins", "config_toml", "config", "params", "exitcodes")
+          "topology", "plugins", "config_toml", "config", "netem", "params", "exitcodes")
 
 
 def _layer(module: str) -> str:
@@ -173,10 +173,10 @@ def test_the_shaper_rule_passes_asking_the_shaper(line):
     assert not SHAPER_BRANCH.search(line)
 
 
-def test_the_config_offers_the_shaper_requests_the_registry_knows():
+def test_the_config_offers_the_shaper_requests_of_the_registry_not_a_copy():
     from gasloc_emu import config
     from netem import shapers
-    assert config.SHAPERS == shapers.REQUESTS
+    assert config.SHAPERS is shapers.REQUESTS
 
 
 def test_test_files_have_unique_basenames():
