@@ -400,9 +400,11 @@ CODECS = ("none", "bf16", "int8", "int4", "topk", "randk")
 class CommConfig(_Validated):
     _section = "comm."
     codec: str = setting("none", "What messages carry: none (float32 values), bf16, int8 or int4 "
-                                 "(block-wise scales), topk or randk (comm.ratio of the values); "
-                                 "lossy codecs keep error feedback (docs/ALGORITHM.md).",
-                         choices=CODECS)
+                                 "(block-wise scales), topk or randk (comm.ratio of the values), "
+                                 "a codec registered under the entry-point group "
+                                 "gasloc_emu.codecs or package.module:Class; lossy codecs keep "
+                                 "error feedback (docs/ALGORITHM.md).",
+                         names=CODECS)
     ratio: float = setting(0.01, "topk and randk: the share of values a message carries.",
                            lo=1e-6, hi=1.0)
     block_size: int = setting(256, "int8 and int4: values per block sharing one float32 "

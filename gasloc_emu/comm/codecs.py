@@ -20,6 +20,11 @@ frame views as its parts without a copy:
 A frame comes from the network, so ``check(frame, numel)`` says what is wrong with one that has
 the right length but impossible content (an index out of range or out of order); the
 transport drops such a frame as it drops one of the wrong shape.
+
+``comm.codec`` names a codec class through ``codec_class``, one path for all of them: a
+built-in (``BUILTIN``, the names of ``config.CODECS``), a name an installed package registers
+under the entry-point group ``gasloc_emu.codecs``, or ``package.module:Class``. The class
+builds itself from the ``comm.*`` settings with ``from_settings``.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from gasloc_emu import plugins
 from gasloc_emu.config import CODECS
 
 _F32 = 4
@@ -66,6 +72,12 @@ class Codec:
 
     def describe(self) -> str:
         return self.name
+
+    @classmethod
+    def from_settings(cls, ratio: float, block_size: int) -> Codec:
+        """The codec as ``comm.ratio`` and ``comm.block_size`` configure it (each class takes
+        what applies to it; a bad value is a ``ValueError`` naming it)."""
+        return cls()
 
 
 class BF16(Codec):
@@ -109,6 +121,10 @@ class BlockQuant(Codec):
 
     def describe(self) -> str:
         return f"{self.name} (blocks of {self.block_size})"
+
+    @classmethod
+    def from_settings(cls, ratio: float, block_size: int) -> Codec:
+        return cls(block_size)
 
     @torch.no_grad()
     def encode(self, x: torch.Tensor, salt: int = 0,
@@ -202,6 +218,10 @@ class Sparse(Codec):
     def describe(self) -> str:
         return f"{self.name} ({self.ratio:g} of the values)"
 
+    @classmethod
+    def from_settings(cls, ratio: float, block_size: int) -> Codec:
+        return cls(ratio)
+
 
 class TopK(Sparse):
     name = "topk"
@@ -285,15 +305,33 @@ class RandK(Sparse):
                                               frame[8:].view(torch.float32))
 
 
+BUILTIN: dict[str, type[Codec]] = {c.name: c for c in (BF16, Int8, Int4, TopK, RandK)}
+
+GROUP = "gasloc_emu.codecs"
+
+
+def codec_class(name: str) -> type[Codec]:
+    """The class ``comm.codec = name`` means: a built-in, a name registered under the
+    entry-point group ``gasloc_emu.codecs``, or ``package.module:Class`` (a one-line
+    ``ConfigError`` when it means none, or names something that is not a ``Codec``)."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if not plugins.is_path(name) and name not in plugins.registered(GROUP):
+        known = ", ".join([*CODECS, *sorted(plugins.registered(GROUP))])
+        raise plugins.PluginError(f"comm.codec = {name!r} is unknown; expected one of {known}, "
+                                  "or package.module:Class")
+    cls = plugins.load(name, GROUP, "comm.codec")
+    if not (isinstance(cls, type) and issubclass(cls, Codec)):
+        raise plugins.PluginError(f"comm.codec = {name!r} is {cls!r}, not a subclass of "
+                                  "gasloc_emu.comm.codecs.Codec")
+    return cls
+
+
 def make_codec(name: str, ratio: float = 0.01, block_size: int = 256) -> Codec | None:
     """The codec of ``comm.codec``; None for ``none`` (messages travel as float32, untouched)."""
     if name == "none":
         return None
-    builders = {"bf16": BF16, "int8": lambda: Int8(block_size), "int4": lambda: Int4(block_size),
-                "topk": lambda: TopK(ratio), "randk": lambda: RandK(ratio)}
-    if name not in builders:
-        raise ValueError(f"codec {name!r} is unknown; expected one of {', '.join(CODECS)}")
-    return builders[name]()
+    return codec_class(name).from_settings(ratio, block_size)
 
 
 def _padded(x: torch.Tensor, length: int) -> torch.Tensor:

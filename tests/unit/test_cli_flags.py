@@ -203,7 +203,8 @@ def sample(key: str) -> tuple[str, object]:
                "compute.profile": ("straggler", "straggler"),
                "run.scenario": ("/tmp/s.toml", "/tmp/s.toml"),
                "net.link_trace": ("/tmp/t.csv", "/tmp/t.csv"),
-               "algo.name": ("diloco", "diloco"), "model.preset": ("small", "small")}
+               "algo.name": ("diloco", "diloco"), "model.preset": ("small", "small"),
+               "comm.codec": ("int8", "int8")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):
