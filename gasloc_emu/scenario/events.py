@@ -1,5 +1,11 @@
 """The events of a scenario (link, partition, speed, pause, leave, join), each validated when
 made: exactly one trigger (a round or a time), values in range, errors that name the event.
+
+A scenario file's ``type`` names its class through ``event_type``: a built-in
+(``EVENT_TYPES``), a kind an installed package registers under the entry-point group
+``gasloc_emu.scenario_events``, or ``package.module:Class``. A kind of one's own is a
+``CompositeEvent``: it checks its own fields and ``expand``s into built-in events, which the
+scenario then checks and every runner plays as it plays those.
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gasloc_emu import plugins
 from gasloc_emu.config import ConfigError
 from netem.profiles import LATENCY_RANGE_MS, LOSS_RANGE_PCT, RATE_RANGE_MBIT
 
@@ -120,6 +127,25 @@ class _Event:
         """``round 4`` or ``30 s``."""
         return when_text(self.by_round, self.trigger)
 
+    @classmethod
+    def file_keys(cls) -> tuple[str, ...]:
+        """The keys an ``[[event]]`` table of this type may have besides ``type`` and its
+        trigger: the dataclass's fields."""
+        return tuple(f.name for f in dataclasses.fields(cls)
+                     if f.init and f.name not in ("round", "at_s"))
+
+    @classmethod
+    def required_keys(cls) -> tuple[str, ...]:
+        """The keys a table must have: the fields without a default."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.init
+                     and f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> _Event:
+        """The event of a table whose keys passed ``file_keys`` (``type`` left out)."""
+        return cls(**table)
+
 
 @dataclass(frozen=True, kw_only=True)
 class LinkEvent(_Event):
@@ -173,6 +199,28 @@ class LinkEvent(_Event):
         """The values this event sets, by name (rate_mbit, latency_ms, loss_pct)."""
         names = ("rate_mbit", "latency_ms", "loss_pct")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    @classmethod
+    def file_keys(cls) -> tuple[str, ...]:
+        return (*_LINK_FORMS, "rate_mbit", "latency_ms", "loss_pct")
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> LinkEvent:
+        """One of ``link``, ``links`` or ``worker`` into ``links``/``worker``."""
+        forms = [k for k in _LINK_FORMS if k in table]
+        if len(forms) != 1:
+            got = f"; got {' and '.join(forms)}" if forms else ""
+            raise ScenarioError("give exactly one of link = [src, dst], links = [[src, dst], "
+                                f"...] or worker = k{got}")
+        kwargs = dict(table)
+        if "link" in kwargs:
+            kwargs["links"] = (check_pair("link", kwargs.pop("link")),)
+        elif "links" in kwargs and not kwargs["links"]:
+            raise ScenarioError("links = [] names no link")
+        return cls(**kwargs)
+
+
+_LINK_FORMS = ("link", "links", "worker")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,8 +334,61 @@ class JoinEvent(_Event):
 
 Event = LinkEvent | PartitionEvent | SpeedEvent | PauseEvent | LeaveEvent | JoinEvent
 
-EVENT_TYPES: dict[str, type] = {cls.kind: cls for cls in (
+EVENT_TYPES: dict[str, type[_Event]] = {cls.kind: cls for cls in (
     LinkEvent, PartitionEvent, SpeedEvent, PauseEvent, LeaveEvent, JoinEvent)}
+
+GROUP = "gasloc_emu.scenario_events"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompositeEvent(_Event):
+    """An event kind of one's own: a frozen, keyword-only dataclass with a ``kind``, its fields
+    checked in ``_check`` (raise ``ScenarioError``) and ``expand``: the built-in events it
+    stands for. The scenario is checked, recorded and played as those events."""
+
+    def expand(self) -> tuple[Event, ...]:
+        raise NotImplementedError
+
+
+def known_kinds() -> list[str]:
+    """The built-in kinds, then the registered ones."""
+    return [*EVENT_TYPES, *sorted(set(plugins.registered(GROUP)) - set(EVENT_TYPES))]
+
+
+def event_type(kind: Any) -> type[_Event]:
+    """The class an ``[[event]]`` table's ``type`` means (a ``ScenarioError`` when it means
+    none): a built-in, a kind registered under ``gasloc_emu.scenario_events``, or
+    ``package.module:Class``, which must be a ``CompositeEvent``."""
+    if isinstance(kind, str) and kind in EVENT_TYPES:
+        return EVENT_TYPES[kind]
+    if not isinstance(kind, str) or not (plugins.is_path(kind)
+                                         or kind in plugins.registered(GROUP)):
+        raise ScenarioError(f"type = {kind!r} is not an event type; expected one of "
+                            f"{', '.join(known_kinds())}, or package.module:Class")
+    try:
+        cls = plugins.load(kind, GROUP, "type")
+    except plugins.PluginError as err:
+        raise ScenarioError(str(err)) from None
+    if not (isinstance(cls, type) and issubclass(cls, CompositeEvent)
+            and dataclasses.is_dataclass(cls)):
+        raise ScenarioError(f"type = {kind!r} is {cls!r}, not a dataclass subclassing "
+                            "gasloc_emu.scenario.events.CompositeEvent")
+    return cls
+
+
+def expand(ev: _Event) -> tuple[Event, ...]:
+    """The built-in events ``ev`` stands for: itself, or what a ``CompositeEvent`` expands to
+    (at least one, each a built-in event)."""
+    if not isinstance(ev, CompositeEvent):
+        return (ev,)
+    out = tuple(ev.expand())
+    builtin = tuple(EVENT_TYPES.values())
+    wrong = [e for e in out if type(e) not in builtin]
+    if not out or wrong:
+        got = repr(wrong[0]) if wrong else "nothing"
+        raise ScenarioError(f"{ev.kind} expands to {got}; it must expand to at least one "
+                            f"built-in event ({', '.join(EVENT_TYPES)})")
+    return out
 
 
 def named_workers(ev: Event) -> set[int]:

@@ -45,6 +45,10 @@ rounds) or ``at_s = T`` (T seconds since the run's start)::
     from_worker = 1          # optional: the neighbour whose parameters it starts from
 
 
+A ``type`` may also name a kind an installed package registers under the entry-point group
+``gasloc_emu.scenario_events``, or ``package.module:Class`` (``events.event_type``; how to
+write one: docs/EXTENDING.md); its keys are its class's fields.
+
 A link trace (``--link-trace FILE.csv``) replays measured bandwidth: the header is
 ``time_s,src,dst,rate_mbit`` or ``time_s,src,dst,rate_mbit,latency_ms``, one row per change of
 one directed link (a link keeps a row's values until its next row).
@@ -77,22 +81,8 @@ from pathlib import Path
 from typing import Any
 
 from gasloc_emu.config import load_toml
-from gasloc_emu.scenario.events import EVENT_TYPES, Event, ScenarioError, check_pair
+from gasloc_emu.scenario.events import Event, ScenarioError, event_type, known_kinds
 from gasloc_emu.scenario.script import Scenario
-
-_KEYS = {"link": ("link", "links", "worker", "rate_mbit", "latency_ms", "loss_pct"),
-         "partition": ("groups", "end_round", "end_s"),
-         "speed": ("worker", "speed"),
-         "pause": ("worker", "seconds"),
-         "leave": ("worker",),
-         "join": ("worker", "from_worker")}
-
-
-_REQUIRED = {"link": (), "partition": ("groups",), "speed": ("worker", "speed"),
-             "pause": ("worker", "seconds"), "leave": ("worker",), "join": ("worker",)}
-
-
-_LINK_FORMS = ("link", "links", "worker")
 
 
 def load_scenario(path: str | Path, workers: int, rounds: int) -> Scenario:
@@ -104,7 +94,7 @@ def load_scenario(path: str | Path, workers: int, rounds: int) -> Scenario:
     events = []
     for k, table in enumerate(tables, 1):
         kind = table.get("type") if isinstance(table, dict) else None
-        known = isinstance(kind, str) and kind in EVENT_TYPES
+        known = isinstance(kind, str) and kind in known_kinds()
         where = f"{source} event #{k}" + (f" ({kind})" if known else "")
         try:
             events.append(_event_from_table(table))
@@ -131,35 +121,16 @@ def _event_tables(source: str, data: dict) -> list:
 def _event_from_table(table: Any) -> Event:
     if not isinstance(table, dict):
         raise ScenarioError(f"{table!r} is not a table")
-    types = ", ".join(EVENT_TYPES)
     if "type" not in table:
-        raise ScenarioError(f"missing 'type'; expected one of {types}")
+        raise ScenarioError(f"missing 'type'; expected one of {', '.join(known_kinds())}")
     kind = table["type"]
-    if not isinstance(kind, str) or kind not in EVENT_TYPES:
-        raise ScenarioError(f"type = {kind!r} is not an event type; expected one of {types}")
-    allowed = {"type", "round", "at_s", *_KEYS[kind]}
+    cls = event_type(kind)
+    allowed = {"type", "round", "at_s", *cls.file_keys()}
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ScenarioError(f"unknown key {unknown[0]!r}; allowed for {kind}: "
                             f"{', '.join(sorted(allowed))}")
-    missing = [k for k in _REQUIRED[kind] if k not in table]
+    missing = [k for k in cls.required_keys() if k not in table]
     if missing:
         raise ScenarioError(f"missing {missing[0]!r}")
-    kwargs = {k: v for k, v in table.items() if k != "type"}
-    if kind == "link":
-        kwargs = _link_kwargs(kwargs)
-    return EVENT_TYPES[kind](**kwargs)
-
-
-def _link_kwargs(kwargs: dict) -> dict:
-    """One of ``link``, ``links`` or ``worker`` into LinkEvent's ``links``/``worker``."""
-    forms = [k for k in _LINK_FORMS if k in kwargs]
-    if len(forms) != 1:
-        got = f"; got {' and '.join(forms)}" if forms else ""
-        raise ScenarioError("give exactly one of link = [src, dst], links = [[src, dst], ...] "
-                            f"or worker = k{got}")
-    if "link" in kwargs:
-        kwargs["links"] = (check_pair("link", kwargs.pop("link")),)
-    elif "links" in kwargs and not kwargs["links"]:
-        raise ScenarioError("links = [] names no link")
-    return kwargs
+    return cls.from_table({k: v for k, v in table.items() if k != "type"})

@@ -17,6 +17,7 @@ from gasloc_emu.scenario.events import (
     PartitionEvent,
     ScenarioError,
     check_int,
+    expand,
     ids_text,
     named_workers,
     when_text,
@@ -28,7 +29,8 @@ class Scenario:
     """A validated timeline for ``workers`` workers and ``rounds`` rounds.
 
     ``events`` are checked at construction (errors name ``source``, each event's 1-based number
-    in ``events`` and its type); ``worker = k`` link events come out with their links expanded.
+    in ``events`` and its type); a ``CompositeEvent`` comes out as the built-in events it
+    expands to, and ``worker = k`` link events with their links expanded.
     ``round_events`` and ``time_events`` are the same events sorted by trigger (stable: in
     ``events`` order within a trigger). ``membership_trigger`` is the trigger kind of the leaves
     and joins (None without any).
@@ -49,6 +51,9 @@ class Scenario:
     time_members: tuple[tuple[float, frozenset[int]], ...] = field(init=False, repr=False)
     # ids below ``workers`` whose first leave or join is a join: new workers, absent until then
     newcomers: frozenset[int] = field(init=False)
+    # (number in the given events, kind) of each event once composite events are expanded:
+    # what the errors name, so that they point at the file's own event
+    origins: tuple[tuple[int, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -56,6 +61,7 @@ class Scenario:
             check_int("rounds", self.rounds, 1)
         except ScenarioError as err:
             raise ScenarioError(f"{self.source}: {err}") from None
+        self._expand()
         indexed = list(enumerate(self.events, 1))
         for i, ev in indexed:
             _check_rounds(self._where(i, ev), ev, self.rounds)
@@ -74,8 +80,25 @@ class Scenario:
         object.__setattr__(self, "members", tuple(members) if kind == "round" else ())
         object.__setattr__(self, "time_members", tuple(members) if kind == "at_s" else ())
 
+    def _expand(self) -> None:
+        events, origins = [], []
+        for n, ev in enumerate(self.events, 1):
+            try:
+                parts = expand(ev)
+            except ScenarioError as err:
+                raise ScenarioError(f"{self.source} event #{n} ({ev.kind}): {err}") from None
+            events += parts
+            origins += [(n, ev.kind)] * len(parts)
+        object.__setattr__(self, "events", tuple(events))
+        object.__setattr__(self, "origins", tuple(origins))
+
     def _where(self, index: int, ev: Event) -> str:
-        return f"{self.source} event #{index} ({ev.kind})"
+        n, kind = self.origins[index - 1]
+        return f"{self.source} event #{n} ({kind})"
+
+    def _ref(self, index: int) -> str:
+        """``event #N``: the given event that event ``index`` (1-based, expanded) came from."""
+        return f"event #{self.origins[index - 1][0]}"
 
     def membership_at(self, round_idx: int) -> frozenset[int]:
         """The workers alive at the start of round ``round_idx`` (after that round's leaves and
@@ -129,7 +152,7 @@ def _one_trigger_kind(sc: Scenario, indexed: list[tuple[int, Event]], types: tup
     for i, ev in chosen[1:]:
         first_i, first = chosen[0]
         if _kind(ev) != _kind(first):
-            raise ScenarioError(f"{sc._where(i, ev)}: uses {_kind(ev)} while event #{first_i} "
+            raise ScenarioError(f"{sc._where(i, ev)}: uses {_kind(ev)} while {sc._ref(first_i)} "
                                 f"uses {_kind(first)}; {what} must all use round or all use "
                                 "at_s, so that they can be ordered before the run")
     return _kind(chosen[0][1]) if chosen else None
@@ -148,7 +171,7 @@ def _check_partitions(sc: Scenario, indexed: list[tuple[int, Event]]) -> None:
     for (j, prev), (i, cur) in itertools.pairwise(parts):
         if prev.end is None or cur.trigger < prev.end:
             raise ScenarioError(f"{sc._where(i, cur)}: {_span(cur)} overlaps the partition of "
-                                f"event #{j} ({_span(prev)}); only one partition may be "
+                                f"{sc._ref(j)} ({_span(prev)}); only one partition may be "
                                 "active at a time")
 
 
@@ -234,7 +257,8 @@ class _Walk:
         if w in self.last and self.last[w][1].trigger == ev.trigger:
             j = self.last[w][0]
             raise ScenarioError(f"{where}: worker {w} already changes at {ev.when()} "
-                                f"(event #{j}); its leave and join need different triggers")
+                                f"({self.sc._ref(j)}); its leave and join need different "
+                                "triggers")
         problem = self._leave(i, ev) if isinstance(ev, LeaveEvent) else self._join(i, ev)
         if problem:
             raise ScenarioError(f"{where}: {problem}")
@@ -248,11 +272,12 @@ class _Walk:
         join = self._later(i, ev, JoinEvent)
         if w < self.next_id:
             j, prev = self.last[w]
-            then = f"; its join (event #{join[0]}) is only at {join[1].when()}" if join else ""
-            return f"worker {w} already left at {prev.when()} (event #{j}){then}"
+            then = f"; its join ({self.sc._ref(join[0])}) is only at {join[1].when()}" \
+                if join else ""
+            return f"worker {w} already left at {prev.when()} ({self.sc._ref(j)}){then}"
         if join:
             return (f"worker {w} leaves at {ev.when()}, before it joins at {join[1].when()} "
-                    f"(event #{join[0]})")
+                    f"({self.sc._ref(join[0])})")
         return f"worker {w} is not alive at {ev.when()} (alive: {ids_text(self.alive)})"
 
     def _join(self, i: int, ev: JoinEvent) -> str:
@@ -261,7 +286,7 @@ class _Walk:
             leave = self._later(i, ev, LeaveEvent)
             if leave:
                 return (f"worker {w} joins at {ev.when()}, before it leaves at "
-                        f"{leave[1].when()} (event #{leave[0]})")
+                        f"{leave[1].when()} ({self.sc._ref(leave[0])})")
             return f"worker {w} is already alive at {ev.when()}"
         if w > self.next_id:
             return (f"worker {w} cannot join at {ev.when()}: a new worker takes the next id, "
