@@ -1,0 +1,172 @@
+"""The worked examples of docs/EXTENDING.md, run as the doc says: each is one file under
+examples/extending/ (included in the doc verbatim) plus its entry-point registration, and goes
+through the real code path: the codec through the channel, the wire schema, framing and a
+short ``simulate``; the event kind through scenario loading and a short ``simulate`` of
+``tiny`` with nominal step times."""
+from __future__ import annotations
+
+import json
+import re
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+from test_channel import decode, frames, gossip_rounds, ring_mean, vec
+
+from gasloc_emu import config as C
+from gasloc_emu import plugins
+from gasloc_emu.comm import codecs
+from gasloc_emu.plan import build_plan
+from gasloc_emu.scenario import events
+from gasloc_emu.scenario.load import load_scenario
+from gasloc_emu.simulator.simulate import simulate
+from gasloc_emu.transport import framing
+from gasloc_emu.transport.schema import Wire, WireSchema
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "extending"
+N = 4  # test_channel's ring
+
+
+def _blocks(language: str) -> list[str]:
+    text = (ROOT / "docs" / "EXTENDING.md").read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+@pytest.mark.parametrize("name", ["fp16_codec.py", "slowdown_event.py"])
+def test_the_doc_shows_each_example_file_verbatim(name):
+    assert (EXAMPLES / name).read_text() in _blocks("python")
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The examples' folder importable and their entry points installed, as the doc's
+    ``[project.entry-points...]`` tables would install them (read from the doc)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    tables = "\n".join(_blocks("toml"))
+    eps = {group: {name: metadata.EntryPoint(name, value, group)
+                   for name, value in re.findall(rf'\[project\.entry-points\."{group}"\]\n'
+                                                 r'(\S+) = "([^"]+)"', tables)}
+           for group in (codecs.GROUP, events.GROUP)}
+    assert eps[codecs.GROUP] == {"fp16": metadata.EntryPoint("fp16", "fp16_codec:FP16",
+                                                             codecs.GROUP)}
+    assert set(eps[events.GROUP]) == {"slowdown"}
+    real = plugins.registered
+
+    def with_examples(group: str):
+        return {**real(group), **eps.get(group, {})}
+    monkeypatch.setattr(plugins, "registered", with_examples)
+
+
+# -- the codec
+
+def test_the_config_names_exactly_the_builtin_codecs():
+    assert ("none", *codecs.BUILTIN) == C.CODECS
+    assert all(name == cls.name for name, cls in codecs.BUILTIN.items())
+
+
+def test_the_codec_is_found_by_its_registered_name_and_by_path(registered):
+    fp16 = codecs.make_codec("fp16")
+    assert type(fp16).__name__ == "FP16" and fp16.nbytes(1001) == 2002
+    assert type(codecs.make_codec("fp16_codec:FP16")) is type(fp16)
+    with pytest.raises(C.ConfigError, match="'fp17' is unknown; expected one of none, .*fp16"):
+        codecs.make_codec("fp17")
+    with pytest.raises(C.ConfigError, match="not a subclass of gasloc_emu.comm.codecs.Codec"):
+        codecs.make_codec("fp16_codec:torch")
+
+
+def test_the_codec_round_trips_through_the_channel_ring_and_wire(registered):
+    x = vec(3, 1001) * 1e3
+    fp16 = codecs.make_codec("fp16")
+    assert torch.allclose(fp16.decode(fp16.encode(x), 1001), x, rtol=2 ** -11)
+    zs = [vec(r) for r in range(N)]           # gossip keeps the average
+    got = gossip_rounds("fp16", zs, rounds=2)
+    assert torch.allclose(torch.stack([got[r][0] for r in range(N)]).mean(0),
+                          torch.stack(zs).mean(0), atol=1e-5)
+    inputs = [vec(10 + r) for r in range(N)]  # the ring: same bits everywhere, nothing lost
+    ring = ring_mean("fp16", inputs)
+    assert all(torch.equal(ring[r][0][0], ring[0][0][0]) for r in range(N))
+    residuals = torch.stack([ring[r][1] for r in range(N)]).sum(0)
+    assert torch.allclose(ring[0][0][0] * N + residuals, torch.stack(inputs).sum(0), atol=1e-4)
+    s = WireSchema(1, N, 1000, codec=fp16, compressed=("z",))
+    assert s.wire_of(0, "z") == Wire("uint8", (2000,), 1000)
+    good = fp16.encode(vec(1, 1000))
+    assert torch.equal(decode(s, frames("z", good)).tensor, good)
+    bad = good.clone()
+    bad.view(torch.float16)[7] = float("nan")
+    with pytest.raises(framing.FrameError) as info:   # a peer's NaN is dropped on arrival
+        decode(s, frames("z", bad))
+    assert info.value.reason == "codec"
+
+
+def _cfg(**dotted) -> C.Config:
+    return C.resolve(overrides={
+        "workers": 3, "algo.local_steps": 2, "run.rounds": 3, "compute.step_time_s": 0.01,
+        "run.dashboard": "off", "net.probe": False} | dotted)
+
+
+def test_simulate_runs_with_the_registered_codec(registered, tmp_path):
+    simulate(build_plan(_cfg(**{"comm.codec": "fp16", "algo.name": "diloco"})), tmp_path / "sim")
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["comm"]["codec"] == "fp16"
+    assert summary["comm"]["bytes_sent_total"] == pytest.approx(
+        0.5 * summary["comm"]["raw_bytes_sent_total"], rel=1e-3)
+
+
+# -- the event kind
+
+SCENARIO = """
+[[event]]
+type = "{kind}"
+round = 1
+workers = [0, 2]
+speed = 0.5
+"""
+
+
+@pytest.mark.parametrize("kind", ["slowdown", "slowdown_event:Slowdown"])
+def test_the_event_kind_loads_as_the_speed_events_it_stands_for(registered, tmp_path, kind):
+    path = tmp_path / "scenario.toml"
+    path.write_text(SCENARIO.format(kind=kind))
+    sc = load_scenario(path, workers=3, rounds=3)
+    assert sc.events == (events.SpeedEvent(worker=0, speed=0.5, round=1),
+                         events.SpeedEvent(worker=2, speed=0.5, round=1))
+
+
+def test_a_bad_event_of_the_new_kind_is_one_line_naming_it(registered, tmp_path):
+    path = tmp_path / "scenario.toml"
+    path.write_text(SCENARIO.format(kind="slowdown").replace("[0, 2]", "[0, 0]"))
+    with pytest.raises(events.ScenarioError, match=r"event #1 \(slowdown\): workers = \[0, 0\] "
+                                                   "names a worker twice"):
+        load_scenario(path, workers=3, rounds=3)
+    path.write_text(SCENARIO.format(kind="slowdown").replace("[0, 2]", "[0, 7]"))
+    with pytest.raises(events.ScenarioError, match=r"event #1 \(slowdown\): worker 7 is not "):
+        load_scenario(path, workers=3, rounds=3)
+    path.write_text(SCENARIO.format(kind="slowdown").replace("speed = 0.5", ""))
+    with pytest.raises(events.ScenarioError, match="event #1 \\(slowdown\\): missing 'speed'"):
+        load_scenario(path, workers=3, rounds=3)
+    path.write_text(SCENARIO.format(kind="slowdwn"))
+    with pytest.raises(events.ScenarioError, match="'slowdwn' is not an event type; expected "
+                                                   "one of link, .*, slowdown"):
+        load_scenario(path, workers=3, rounds=3)
+
+
+def test_simulate_plays_the_event_kind(registered, tmp_path):
+    path = tmp_path / "scenario.toml"
+    path.write_text(SCENARIO.format(kind="slowdown"))
+    simulate(build_plan(_cfg(**{"run.scenario": str(path)})), tmp_path / "sim")
+    assert json.loads((tmp_path / "sim" / "summary.json").read_text())["status"] == "ok"
+    rows = [json.loads(x) for x in (tmp_path / "sim" / "metrics.jsonl").read_text().split("\n")
+            if x]
+    speed = {(r["worker"], r["round"]): (r["speed"], r["compute_s"]) for r in rows}
+    for w in range(3):
+        slowed = w in (0, 2)
+        assert speed[w, 0] == (1.0, pytest.approx(0.02))
+        for t in (1, 2):   # 2 steps of 0.01 s at half speed take 0.04 s
+            assert speed[w, t] == ((0.5, pytest.approx(0.04)) if slowed
+                                   else (1.0, pytest.approx(0.02)))
+    recorded = [json.loads(x) for x in (tmp_path / "sim" / "events.jsonl").read_text().split("\n")
+                if x]
+    assert [(e["type"], e["worker"]) for e in recorded if e.get("type") == "speed"] == \
+        [("speed", 0), ("speed", 2)]
