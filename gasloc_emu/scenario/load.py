@@ -45,13 +45,13 @@ rounds) or ``at_s = T`` (T seconds since the run's start)::
     from_worker = 1          # optional: the neighbour whose parameters it starts from
 
 
-A ``type`` may also name a kind an installed package registers under the entry-point group
-``gasloc_emu.scenario_events``, or ``package.module:Class`` (``events.event_type``; how to
-write one: docs/EXTENDING.md); its keys are its class's fields.
-
 A link trace (``--link-trace FILE.csv``) replays measured bandwidth: the header is
 ``time_s,src,dst,rate_mbit`` or ``time_s,src,dst,rate_mbit,latency_ms``, one row per change of
 one directed link (a link keeps a row's values until its next row).
+
+A ``type`` may also name a kind an installed package registers under the entry-point group
+``gasloc_emu.scenario_events``, or ``package.module:Class`` (``events.event_type``; how to
+write one: docs/EXTENDING.md); its keys are its class's fields.
 
 Rules the validation enforces (every error is one line naming the file, the event's number and
 type, and what is wrong):
