@@ -315,7 +315,7 @@ def _end(node: Node, summary: dict, rec: records.RunRecord) -> dict:
         except RuntimeError as exc:  # torchrun's store went first; the others time out alone
             late = [f"store gone: {str(exc).splitlines()[0]}"]
         if late:
-            summary["nodes_not_confirmed"] = late
+            summary = summary | {"nodes_not_confirmed": late}
     try:
         rec.summary(summary)
     except records.RecordError as exc:

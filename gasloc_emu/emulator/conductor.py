@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
 
@@ -42,10 +43,11 @@ class Conductor:
         return self.world.fixer if self.world is not None else None
 
     # -- links
-    def keep_link_row(self, row: dict) -> None:
+    def keep_link_row(self, row: MetricRow) -> None:
         """Keep what ``link_changes`` needs of a (checked) row, in a run whose links change."""
-        if self.links is not None and "recv_links" in row:
-            self.link_rows.append({k: row[k] for k in ("worker", "round", "recv_links")})
+        if self.links is not None and row.recv_links is not None:
+            self.link_rows.append({"worker": row.worker, "round": row.round,
+                                   "recv_links": row.recv_links})
 
     def change_links(self, upto: int) -> None:
         """The network's link changes of rounds <= ``upto``, once each, when the first worker

@@ -18,6 +18,7 @@ from gasloc_emu.emulator.inbound import (
     status_row,
 )
 from gasloc_emu.emulator.processes import WorkerSlot, worker_identity
+from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.transport import control
 
 
@@ -76,18 +77,19 @@ class ControlDesk:
             self.sup._tell_start(slot.rank)
 
     def _on_metric(self, slot: WorkerSlot, msg: control.Metric, extra) -> None:
-        slot.round = msg.row["round"]
-        slot.overruns += msg.row.get("overruns", 0)
-        self.sup.scenario.change_links(msg.row["round"] + 1)
-        self.sup.scenario.keep_link_row(msg.row)
-        self.sup.goodput.note(msg.row)
+        row = MetricRow.of(msg.row)   # checked field by field by ``control``
+        slot.round = row.round
+        slot.overruns += row.overruns or 0
+        self.sup.scenario.change_links(row.round + 1)
+        self.sup.scenario.keep_link_row(row)
+        self.sup.goodput.note(row)
         if self.sup.lanes is not None:
-            self.sup.lanes.add(msg.row)
+            self.sup.lanes.add(row)
         if self.sup.feed is not None:
-            self.sup.feed.row(msg.row)
-        self.sup.rec.metric(msg.row)
+            self.sup.feed.row(row)
+        self.sup.rec.metric(row)
         if self.sup.progress is not None:
-            self.sup.progress(msg.row)
+            self.sup.progress(row)
 
     def _on_round(self, slot: WorkerSlot, msg: control.RoundStart, extra) -> None:
         dropped = self.sup.scenario.on_round(slot.rank, msg.round, msg.waiting, self.sup.slots)

@@ -28,6 +28,7 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
 from gasloc_emu.report.lanes import LaneTally
+from gasloc_emu.report.schema import RunSummary
 from gasloc_emu.scenario.observed import event_feed
 from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
 from gasloc_emu.training.model import count_parameters
@@ -103,7 +104,7 @@ class Supervisor:
         return time.time() - self.t0 if self.t0 else None
 
     # -- lifecycle
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         """The run's protocol, as the workers see it: spawn, start, finish, exit."""
         self.feed = event_feed(self.scenario.world, self.rec, self.progress,
                                shaper=self.network.kind.changes_applied_by)
@@ -273,17 +274,17 @@ class Supervisor:
         remove_socket_files(a for a in (self.ctl_addr, self.hb_addr) if a.startswith("ipc://"))
 
     # -- results
-    def _summary(self, wall_s: float) -> dict:
+    def _summary(self, wall_s: float) -> RunSummary:
         """The record's numbers (``tally``), every control message the launcher dropped in
-        ``control_drops``, and the pairings and scenario blocks."""
-        out = run_summary(self.plan, self.slots, wall_s)
-        out["control_drops"] = self.control_drops_total()
-        # what else took the host's CPUs meanwhile: a hypervisor's steal slows shaped links
-        out["host_cpu"] = cpu_shares(self.cpu_at_t0, cpu_times())
-        if self.pairer is not None:
-            out["asynchronous"] = self.pairer.record() | self.lanes.record() | \
-                self.plan.algo.pairing_constants(self.cfg.algo, self.plan.topology)
-        return out | self.scenario.summary()
+        ``control_drops``, what else took the host's CPUs meanwhile (a hypervisor's steal
+        slows shaped links), and the pairings and scenario blocks."""
+        asynchronous = None if self.pairer is None else (
+            self.pairer.record() | self.lanes.record()
+            | self.plan.algo.pairing_constants(self.cfg.algo, self.plan.topology))
+        return run_summary(self.plan, self.slots, wall_s).replace(
+            control_drops=self.control_drops_total(),
+            host_cpu=cpu_shares(self.cpu_at_t0, cpu_times()), asynchronous=asynchronous,
+            **self.scenario.summary())
 
     def drops_so_far(self) -> dict:
         """``drops`` and ``control_drops`` of a run that ended early."""

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gasloc_emu.plan import RunPlan
+from gasloc_emu.report.schema import LinkRow, RunSummary
 from gasloc_emu.report.summary import drops_summary, final_summary
 
 
-def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> dict:
+def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
     """summary.json's numbers over the workers there at the end; every message a worker
     dropped is in ``drops`` (by reason and worker)."""
     alive = [s for s in slots if not s.gone]
@@ -18,9 +19,9 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> dict:
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
-    out["dropped_messages"] = sum(s.final["counters"]["dropped"] for s in alive)
-    out["drops"] = drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive})
-    return out
+    return out.replace(
+        dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
+        drops=drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive}))
 
 
 def drops_so_far(slots: Sequence) -> dict:
@@ -38,7 +39,7 @@ def link_bytes(slots: Sequence) -> list[dict]:
     for s in slots:
         counters = s.final["counters"] if s.final is not None else {}
         sent, raw = counters.get("bytes_sent", {}), counters.get("raw_bytes_sent", {})
-        rows += [{"src": s.rank, "dst": p, "bytes": b, "raw_bytes": raw.get(p, b)}
+        rows += [LinkRow.moved(s.rank, p, b, raw.get(p, b)).to_json()
                  for p, b in sent.items() if b]
     return sorted(rows, key=lambda r: (r["src"], r["dst"]))
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gasloc_emu.emulator.launch_spec import LaunchSpec
+from gasloc_emu.report.schema import MetricRow
 
 _PR_SET_PDEATHSIG = 1
 _LEAVE_FLUSH_S = 10.0  # at most this long to flush a departing worker's last messages
@@ -279,9 +280,9 @@ class WorkerProcess:
                 stats.eval_loss = worker.evaluate(t)
             if self.links is not None:
                 self.links.receiving(t + 1)   # after the last receive of round t
-            row = stats.as_dict() | {"time_s": time.time() - t0,
-                                     "dropped": self.transport.counters()["dropped"]}
-            self.ctl.send({"type": "metric", "row": row})
+            row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - t0,
+                                       dropped=self.transport.counters()["dropped"])
+            self.ctl.send({"type": "metric", "row": row.body()})
 
     def _train_async(self, t0: float) -> None:
         """Asynchronous gossip: gradient steps and exchanges side by side, no rounds."""
@@ -311,9 +312,9 @@ class WorkerProcess:
         if self.worker.should_eval(stats.round):
             self.state.phase = "evaluating"
             stats.eval_loss = self.worker.evaluate(stats.round)
-        row = stats.as_dict() | {"time_s": time.time() - self.t0,
-                                 "dropped": self.transport.counters()["dropped"]}
-        self.ctl.send({"type": "metric", "row": row})
+        row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
+                                   dropped=self.transport.counters()["dropped"])
+        self.ctl.send({"type": "metric", "row": row.body()})
 
     # -- leaves, joins and partitions at a time: the launcher fixes them at rounds
     # (``fixing.RoundFixer``) and tells each worker at its round starts

@@ -21,6 +21,13 @@ from rich.text import Text
 
 from gasloc_emu.config import ConfigError, load_toml
 from gasloc_emu.report import fmt
+from gasloc_emu.report.schema import (
+    OLDEST_VERSION,
+    MetricRow,
+    RunSummary,
+    SchemaError,
+    check_version,
+)
 
 INSTALL_PLOT = "pip install 'gasloc-emu[plot]'"
 LINK_TOLERANCE = 0.10  # a link whose measured rate is off its target by more misses it
@@ -47,8 +54,8 @@ class RoundPoint:
 class Run:
     path: Path
     config: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
-    rows: list[dict] = field(default_factory=list)
+    summary: RunSummary | dict = field(default_factory=dict)  # {}: none readable
+    rows: list[MetricRow] = field(default_factory=list)
     links: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -131,43 +138,61 @@ def load_run(path) -> Run:
     return run
 
 
-def _read_metrics(p: Path, warnings: list[str]) -> list[dict]:
+def _read_metrics(p: Path, warnings: list[str]) -> list[MetricRow]:
     if not p.is_file():
         warnings.append("no metrics.jsonl: the run recorded no rounds")
         return []
     lines = p.read_text(errors="replace").split("\n")
-    rows, bad = [], []
+    rows, bad, unfit = [], [], []
     for i, line in enumerate(lines, 1):
-        row = _parse_row(line) if line.strip() else {}
+        if not line.strip():
+            continue
+        row = _parse_row(line)
         if row is None:
             bad.append(i)
-        elif row:
+        elif isinstance(row, SchemaError):
+            unfit.append((i, row))
+        else:
             rows.append(row)
     # a run killed mid-write leaves its last line without the newline that ends every row
     if bad and bad[-1] == len(lines) and lines[-1]:
         bad.pop()
         warnings.append(f"metrics.jsonl: the last line is cut off (line {len(lines)}), ignored")
     if bad:
-        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-        warnings.append(f"metrics.jsonl: {len(bad)} unreadable line(s) skipped (line {shown})")
+        warnings.append(f"metrics.jsonl: {len(bad)} unreadable line(s) skipped "
+                        f"(line {_lines(bad)})")
+    if unfit:
+        warnings.append(f"metrics.jsonl: {len(unfit)} row(s) skipped that do not fit its "
+                        f"schema (line {_lines([i for i, _ in unfit])}; line {unfit[0][0]}: "
+                        f"{unfit[0][1]})")
     return rows
 
 
-def _parse_row(line: str) -> dict | None:
-    """A metrics row, or None for anything that is not one (garbage, a partial line)."""
+def _lines(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+
+
+def _parse_row(line: str) -> MetricRow | SchemaError | None:
+    """A metrics row; None for anything that is not one (garbage, a partial line); the
+    SchemaError of a row that does not fit (a version this code cannot read, a missing
+    key)."""
     try:
         row = json.loads(line)
     except ValueError:
         return None
-    ok = isinstance(row, dict) and all(_is_int(row.get(k)) for k in ("worker", "round"))
-    return row if ok else None
+    if not (isinstance(row, dict) and all(_is_int(row.get(k)) for k in ("worker", "round"))):
+        return None
+    try:
+        return MetricRow.from_json(row)
+    except SchemaError as exc:
+        return exc
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _read_summary(p: Path, warnings: list[str]) -> dict:
+def _read_summary(p: Path, warnings: list[str]) -> RunSummary | dict:
     if not p.is_file():
         warnings.append("no summary.json: the run did not finish (killed, or still running); "
                         "numbers come from metrics.jsonl")
@@ -179,6 +204,11 @@ def _read_summary(p: Path, warnings: list[str]) -> dict:
         return {}
     if not isinstance(summary, dict):
         warnings.append("summary.json is not a JSON object; numbers come from metrics.jsonl")
+        return {}
+    try:
+        summary = RunSummary.from_json(summary)
+    except SchemaError as exc:
+        warnings.append(f"{exc}; numbers come from metrics.jsonl")
         return {}
     status = summary.get("status")
     if status not in (None, "ok"):  # failed, diverged, stopped, error: not a result
@@ -214,6 +244,12 @@ def _read_links(p: Path, warnings: list[str]) -> list[dict]:
     links = data.get("links") if isinstance(data, dict) else data
     if not isinstance(links, list):
         warnings.append("links.json holds no list of links")
+        return []
+    try:   # rows as they are (a hand-made or older file may hold other keys); its version
+        check_version("links.json", data.get("schema_version", OLDEST_VERSION)
+                      if isinstance(data, dict) else OLDEST_VERSION)
+    except SchemaError as exc:
+        warnings.append(str(exc))
         return []
     return [lk for lk in links if isinstance(lk, dict)]
 

@@ -4,6 +4,9 @@
     <dir>/metrics.jsonl   one JSON object per worker per round, flushed line by line
     <dir>/summary.json    final numbers, written at the end (also when the run failed)
     <dir>/links.json      configured vs measured links (emulator runs)
+
+Their schemas (keys, versions, how older records read) are ``report.schema``'s, documented in
+docs/RECORDS.md.
 """
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gasloc_emu.config import Config
 from gasloc_emu.config_toml import to_toml
+from gasloc_emu.report.schema import MetricRow, RunSummary, links_document
 
 
 def default_name(cfg: Config, label: str) -> str:
@@ -114,8 +119,11 @@ class RunRecord:
                            0o644)
         self._size = os.fstat(self._fd).st_size
 
-    def metric(self, row: dict) -> None:
-        line = (json.dumps(_clean(row)) + "\n").encode()
+    def metric(self, row: MetricRow | Mapping) -> None:
+        """One metrics.jsonl line: a ``MetricRow`` (what every runner writes, built and
+        checked where it is made), or a mapping written as it is."""
+        line = (json.dumps(row.to_json() if isinstance(row, MetricRow) else _clean(row))
+                + "\n").encode()
         self._guard("metrics.jsonl", lambda: self._append(line))
 
     def _append(self, line: bytes) -> None:
@@ -138,6 +146,10 @@ class RunRecord:
             f.write(line)
 
     def write_json(self, name: str, obj) -> None:
+        """``name`` replaced atomically by ``obj``; links.json's rows are ``LinkRow``s, with
+        the schema's version beside them."""
+        if name == "links.json":
+            obj = links_document(obj)
         text = json.dumps(_clean(obj), indent=2) + "\n"
         self._guard(name, lambda: self._replace(name, text))
 
@@ -149,9 +161,10 @@ class RunRecord:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def summary(self, obj: dict) -> None:
-        """summary.json; when the disk is full, the held space is given back and it is
-        written again."""
+    def summary(self, obj: RunSummary | Mapping) -> None:
+        """summary.json: ``obj``, or the ``RunSummary`` of its keys; when the disk is full,
+        the held space is given back and it is written again."""
+        obj = (obj if isinstance(obj, RunSummary) else RunSummary.of(obj)).to_json()
         try:
             self.write_json("summary.json", obj)
         except RecordError:

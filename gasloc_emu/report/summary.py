@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from gasloc_emu.report.schema import RunSummary
 from gasloc_emu.training import data, model
 
 
@@ -24,7 +25,7 @@ def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, flo
 
 def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], eval_set,
                   wall_s: float, bytes_sent: int, overruns: list[int] | None = None,
-                  raw_bytes_sent: int | None = None) -> dict:
+                  raw_bytes_sent: int | None = None) -> RunSummary:
     """The summary every run record ends with (``plan``: the run's ``RunPlan``); the average
     model is evaluated on the CPU.
 
@@ -38,28 +39,20 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
     with torch.no_grad():
         flat.copy_(avg)
     constants = plan.constants()   # only what the algorithm shows (plain gossip: nothing)
-    return {
-        "status": "ok", "algorithm": cfg.algo.name,
-        # where the algorithm's class comes from (a plugin's package and version) and its
-        # settings as validated
-        "algorithm_source": plan.algorithm.record(),
-        "topology": plan.topology_label(),
-        "workers": cfg.workers, "rounds": cfg.run.rounds,
-        # H_i per round; None when a budget is filled with measured steps (see metrics.jsonl)
-        "local_steps": None if steps is None else list(steps),
-        "lambda2": None if topo is None else topo.lambda2,
-        "gamma": constants.get("gamma"), "eta": constants.get("eta"),
-        "final_eval_loss": data.evaluate(gpt, eval_set), "worker_eval_loss": worker_eval,
-        "consensus_distance": consensus, "bytes_sent_total": bytes_sent, "wall_s": wall_s,
-        # the simulator's virtual clock fills these in: its prediction, and the CPU slots
-        # (cores / threads per worker) it shared among workers computing at once
-        "predicted_wall_s": None, "cpu_slots": None,
-        # the launcher replaces these with what its workers and its control plane dropped; the
-        # simulator has no wire, so nothing can be dropped there
-        "drops": drops_summary({r: {} for r in range(cfg.workers)}), "control_drops": {},
-        "compute": plan.compute.record(overruns),
-        "comm": comm_record(plan, bytes_sent, raw_bytes_sent),
-    }
+    return RunSummary(
+        status="ok", algorithm=cfg.algo.name, algorithm_source=plan.algorithm.record(),
+        topology=plan.topology_label(), workers=cfg.workers, rounds=cfg.run.rounds,
+        local_steps=None if steps is None else list(steps),
+        lambda2=None if topo is None else topo.lambda2,
+        gamma=constants.get("gamma"), eta=constants.get("eta"),
+        final_eval_loss=data.evaluate(gpt, eval_set), worker_eval_loss=worker_eval,
+        consensus_distance=consensus, bytes_sent_total=bytes_sent, wall_s=wall_s,
+        # the simulator's virtual clock fills in predicted_wall_s and cpu_slots; the launcher
+        # replaces drops and control_drops with what its workers and its control plane
+        # dropped (the simulator has no wire, so nothing can be dropped there)
+        drops=drops_summary({r: {} for r in range(cfg.workers)}), control_drops={},
+        compute=plan.compute.record(overruns),
+        comm=comm_record(plan, bytes_sent, raw_bytes_sent))
 
 
 def comm_record(plan, bytes_sent: int, raw_bytes_sent: int | None) -> dict:

@@ -34,6 +34,7 @@ from gasloc_emu.algorithms.a2cid2 import Slots
 from gasloc_emu.config import Config
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.records import RunRecord
+from gasloc_emu.report.schema import MetricRow, RunSummary
 from gasloc_emu.report.summary import final_summary
 from gasloc_emu.training.async_worker import (
     SlotLog,
@@ -238,7 +239,7 @@ class AsyncSim:
         self.emit(stats.as_dict() | {"time_s": time_s})
 
 
-def simulate_async(plan, out: Path, progress, device: str) -> dict:
+def simulate_async(plan, out: Path, progress, device: str) -> RunSummary:
     """``simulate`` for asynchronous pairwise gossip (``has_rounds = False``): the run record
     as the round-based simulator writes it, plus per-worker steps and pairings."""
     cfg, t_start = plan.cfg, time.perf_counter()
@@ -249,6 +250,7 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
                           device, pace=False) for r in range(cfg.workers)]
 
         def emit(row: dict) -> None:
+            row = MetricRow.from_round(row)
             lanes.add(row)
             rec.metric(row)
             if progress is not None:
@@ -260,11 +262,11 @@ def simulate_async(plan, out: Path, progress, device: str) -> dict:
             plan, [w.theta for w in workers], [w.evaluate(cfg.run.rounds - 1) for w in workers],
             workers[0].eval_set, time.perf_counter() - t_start, _total(workers, "bytes_sent"),
             raw_bytes_sent=_total(workers, "raw_bytes_sent"))
-        summary["asynchronous"] = sim.pairer.record() | lanes.record() | \
-            plan.algo.pairing_constants(cfg.algo, plan.topology)
-        if plan.link_model is not None or any(w.compute.nominal for w in workers):
-            summary["predicted_wall_s"] = sim.now_s
-        summary["mode"] = "simulate"
+        predicted = plan.link_model is not None or any(w.compute.nominal for w in workers)
+        summary = summary.replace(
+            asynchronous=sim.pairer.record() | lanes.record()
+            | plan.algo.pairing_constants(cfg.algo, plan.topology),
+            predicted_wall_s=sim.now_s if predicted else None, mode="simulate")
         rec.summary(summary)
     return summary
 

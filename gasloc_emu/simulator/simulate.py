@@ -19,6 +19,7 @@ import torch
 from gasloc_emu.config import Config
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
+from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
 from gasloc_emu.report.summary import final_summary
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
@@ -38,7 +39,7 @@ Progress = Callable[[dict], None]
 
 
 def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
-             device: str | None = None) -> dict:
+             device: str | None = None) -> RunSummary:
     """Run ``plan`` in one process, write the run record under ``out``, return the summary.
 
     Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
@@ -56,7 +57,7 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
         torch.set_num_threads(threads)
 
 
-def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
+def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
     cfg, t_start = plan.cfg, time.perf_counter()
     link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
@@ -64,6 +65,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
+            row = MetricRow.from_round(row)
             if feed is not None:
                 feed.row(row)
             rec.metric(row)
@@ -90,12 +92,11 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
         except KeyboardInterrupt:
             hub.abort(KeyboardInterrupt())  # the workers stop at their next message
             _join_for(threads, STOP_GRACE_S)
-            rec.summary({"status": "stopped", "error": "interrupted (Ctrl-C)",
-                         "mode": "simulate"})
+            rec.summary(RunSummary.ended("stopped", "interrupted (Ctrl-C)", mode="simulate"))
             raise
         if hub.error is not None:
             for row in hub.clock.unsettled_rows():  # metrics up to the failure are kept
-                rec.metric(row)
+                rec.metric(MetricRow.from_round(row))
             rec.summary(_failure(hub.error))
             raise hub.error
         workers = [life.worker for life in lives if life.worker is not None]
@@ -104,12 +105,11 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> dict:
                          raw=sum(_sent(life.transport, "raw_bytes_sent") for life in lives))
         rec.write_json("links.json", {"shaper": "simulate", "links": _links(lives),
                                       **_tcp_model_record(hub.clock.link_model)})
-        if world is not None:
-            summary["membership"] = membership_summary(world)
-        if predicts_wall(cfg, link_model):
-            summary["predicted_wall_s"] = hub.clock.now_s
-            summary["cpu_slots"] = slots
-        summary["mode"] = "simulate"
+        predicted = predicts_wall(cfg, link_model)
+        summary = summary.replace(
+            membership=None if world is None else membership_summary(world), mode="simulate",
+            predicted_wall_s=hub.clock.now_s if predicted else None,
+            cpu_slots=slots if predicted else None)
         rec.summary(summary)
     return summary
 
@@ -185,12 +185,11 @@ def cpu_slots(cfg: Config) -> float:
     return slots_for(os.cpu_count() or 1, threads_per_worker(cfg))
 
 
-def _failure(exc: BaseException) -> dict:
+def _failure(exc: BaseException) -> RunSummary:
     """The summary of a simulation that ``exc`` ended: diverged, or failed."""
     if isinstance(exc, Diverged):
-        return {"status": "diverged", "error": str(exc), "diverged_at": exc.where,
-                "mode": "simulate"}
-    return {"status": "failed", "error": str(exc), "mode": "simulate"}
+        return RunSummary.ended("diverged", str(exc), diverged_at=exc.where, mode="simulate")
+    return RunSummary.ended("failed", str(exc), mode="simulate")
 
 
 def _transport(cfg: Config, hub: Hub, rank: int):
@@ -304,19 +303,18 @@ def _sent(tp, key: str = "bytes_sent") -> int:
     return int(sum(tp.counters()[key].values()))
 
 
-def _links(lives: list[_Life]) -> list[dict]:
+def _links(lives: list[_Life]) -> list[LinkRow]:
     """Bytes on every directed link that carried traffic, and before compression."""
     rows = []
     for life in lives:
         counters = life.transport.counters()
-        rows += [{"src": life.rank, "dst": p, "bytes": b,
-                  "raw_bytes": counters["raw_bytes_sent"].get(p, b)}
+        rows += [LinkRow.moved(life.rank, p, b, counters["raw_bytes_sent"].get(p, b))
                  for p, b in sorted(counters["bytes_sent"].items()) if b]
     return rows
 
 
 def finish(plan: RunPlan, workers: list[Worker], wall_s: float, sent: int | None = None,
-           raw: int | None = None) -> dict:
+           raw: int | None = None) -> RunSummary:
     """Evaluate each worker and the average model; the numbers every run record ends with.
     ``workers``: those alive at the end; ``sent``, ``raw``: every worker's bytes on the wire
     and before compression (default: theirs)."""
