@@ -187,6 +187,17 @@ def link_caps(cfg: Config, link_plan):
         return lambda src, dst: (None, None)
     return lambda src, dst: (link_plan.cap(src).up_mbit, link_plan.cap(dst).down_mbit)
 
+PLAIN_MODEL = "bytes / rate + latency per message (caps on top)"
+
+
+def describe_link_model(model) -> str:
+    """One line for how ``simulate`` times messages under ``model`` (a ``sim_link_model``)."""
+    if model is None:
+        return "none: unshaped, simulate predicts no network time"
+    describe = getattr(model, "describe", None)
+    return describe() if describe is not None else PLAIN_MODEL
+
+
 class LinkCut(RuntimeError):
     """A message was offered to a link a partition cuts: the algorithms must not send there."""
 
@@ -199,6 +210,11 @@ class RoundLinkModel:
 
     def __init__(self, schedule, caps):
         self.schedule, self.caps = schedule, caps
+
+    @staticmethod
+    def describe() -> str:
+        return ("per round: bytes / the rate in force + the latency in force (the scenario's "
+                "link events and trace), caps on top")
 
     def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
         return self.at_round(src, dst, nbytes, 0)
@@ -250,6 +266,13 @@ class TcpLinkModel:
         self._params: dict[tuple[int, int], object] = {}
         self._conns: dict[tuple[int, int], object] = {}
         self._stats: dict[tuple[int, int], dict] = {}
+
+    def describe(self) -> str:
+        base = getattr(self.base, "describe", None)
+        over = base() if base is not None else PLAIN_MODEL
+        return (f"TCP: each directed link's messages follow its sender's TCP ({self.streams} "
+                f"stream{'s' if self.streams > 1 else ''}; slow start, restart after idle, "
+                f"window, loss) over {over}")
 
     @classmethod
     def for_plan(cls, link_plan, cfg, base=None, path_at=None, host=None) -> TcpLinkModel:

@@ -19,7 +19,7 @@ from gasloc_emu import algorithms, topology
 from gasloc_emu.algorithms import OuterAlgorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
-from gasloc_emu.netplan import check_network, sim_link_model
+from gasloc_emu.netplan import check_network, describe_link_model, sim_link_model
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
@@ -71,6 +71,42 @@ class RunPlan:
     def topology_label(self) -> str:
         """The graph's name as records and the header show it."""
         return self.cfg.topology.name if self.topology is not None else "ring-allreduce"
+
+    def describe(self) -> dict:
+        """What the settings make of the run, JSON-able (``gasloc-emu config --plan``): the
+        algorithm and its constants, the graph, the compute, the codec, each directed link and
+        the model ``simulate`` times it by, and what the scenario changes in which round."""
+        topo = self.topology
+        graph: dict[str, Any] = {"name": self.topology_label()}
+        if topo is not None:
+            graph |= {"lambda2": topo.lambda2, "spectral_gap": topo.spectral_gap,
+                      "time_varying": topo.time_varying,
+                      # a random graph's neighbours change every round: none to show
+                      "neighbours": None if topo.time_varying else topo.neighbors(0)}
+        shaped = self.link_plan is not None and self.link_plan.shaped
+        return {"algorithm": self.algorithm.record(), "constants": self.constants(),
+                "topology": graph, "compute": self.compute.record(),
+                "codec": self.codec.describe() if self.codec is not None else "none",
+                "links": self.link_plan.describe() if shaped else None,
+                "link_model": describe_link_model(self.link_model),
+                "world": None if self.world is None else _describe_world(self.world)}
+
+
+def _describe_world(world: World) -> dict:
+    """What a scenario does, known before the run: who leaves and joins in which round, and
+    every link change with its configured values (changes at a time land on a round only
+    when the run gets there: their times are listed, their rounds are not)."""
+    from gasloc_emu.scenario.events import as_record
+    from gasloc_emu.scenario.observed import event_text, link_changes
+    scenario = world.scenario
+    trace = world.links.trace if world.links is not None else None
+    return {"source": scenario.source if scenario is not None and scenario.events else None,
+            "trace": getattr(trace, "source", None),
+            "events": [event_text(as_record(ev)) for ev in scenario.events]
+            if scenario is not None else [],
+            "new_workers": sorted(scenario.newcomers) if scenario is not None else [],
+            "membership": world.left_and_joined() if world.fixer is None else None,
+            "link_changes": link_changes(world.links) if world.changes_links else []}
 
 
 def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> RunPlan:

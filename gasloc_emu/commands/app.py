@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gasloc_emu import exitcodes
-from gasloc_emu.config import Config
+from gasloc_emu.config import Config, to_dict
 from gasloc_emu.emulator.network import open_network
 from gasloc_emu.experiments import data as data_file
 from gasloc_emu.experiments.page import markdown_section, update_results_page
@@ -138,6 +138,20 @@ def _plan(cfg: Config, data: bool = True):
     for text in plan.warnings:
         click.echo(f"warning: {text}", err=True)
     return plan
+
+
+def plan_command(cfg: Config, settings_toml: str, as_json: bool) -> None:
+    """The settings and what they make of the run (``RunPlan.describe``): every bad input is
+    refused as ``run`` would refuse it, before anything is built."""
+    from gasloc_emu.report.plan_view import plan_lines
+    plan = _plan(cfg, data=False)
+    described = plan.describe()
+    if as_json:
+        click.echo(json.dumps({"settings": to_dict(cfg), "plan": described}, indent=2))
+        return
+    click.echo(settings_toml, nl=False)
+    click.echo()
+    _echo_lines(plan_lines(described, used_pairs(cfg, plan.topology)))
 
 
 def _echo_lines(lines: list[str]) -> None:

@@ -383,13 +383,23 @@ def topo(**kw) -> None:
 @main.command("config")
 @run_options
 @click.option("--fields", "list_fields", is_flag=True, help="List every setting with its doc.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Also print the derived run plan (algorithm, graph, compute, links, the "
+                   "model simulate times them by, scenario) as comments after the settings.")
+@click.option("--plan-json", "plan_json", is_flag=True,
+              help="Print the settings and the derived plan as one JSON object instead.")
 @friendly_errors
-def config_cmd(list_fields: bool, **kw) -> None:
+def config_cmd(list_fields: bool, show_plan: bool, plan_json: bool, **kw) -> None:
     """Print the resolved config as TOML (defaults < --config file < flags < --set)."""
     if list_fields:
         _list_fields()
         return
-    click.echo(to_toml(resolve_from_flags(kw)), nl=False)
+    cfg = resolve_from_flags(kw)
+    if show_plan or plan_json:
+        from gasloc_emu.commands.app import plan_command
+        plan_command(cfg, to_toml(cfg), as_json=plan_json)
+        return
+    click.echo(to_toml(cfg), nl=False)
 
 
 def _list_fields() -> None:

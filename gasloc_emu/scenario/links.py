@@ -41,6 +41,11 @@ class LinkSchedule:
         self._base, self._rounds, self._trace = base_link, rounds, trace
         self.build(scenario)
 
+    @property
+    def trace(self) -> LinkTrace | None:
+        """The link trace replayed on top of the scenario's link events (None: none)."""
+        return self._trace
+
     def build(self, scenario: Scenario) -> None:
         """Play ``scenario`` (again: a partition at a time was fixed at a round, ``World.fix``;
         the rounds already played come out the same)."""

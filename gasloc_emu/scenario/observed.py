@@ -220,7 +220,9 @@ class EventFeed:
 def event_text(rec: dict) -> str:
     """One line for the dashboard or the log: ``round 3: worker 2 leaves``."""
     what = {"leave": "worker {worker} leaves",
-            "join": "worker {worker} joins from worker {from_worker}",
+            # the donor is chosen when the join happens; a plan's event has none yet
+            "join": "worker {worker} joins" + (" from worker {from_worker}"
+                                               if rec.get("from_worker") is not None else ""),
             "speed": "worker {worker} runs at speed {speed:g}",
             "pause": "worker {worker} pauses for {seconds:g} s",
             "link": "links {links} change",

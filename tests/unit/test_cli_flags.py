@@ -87,7 +87,7 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 @pytest.mark.parametrize("cmd,expected", [
     (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run"}),
     (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--replay"}),
-    (("config",), TODAY_RUN | ADDED_RUN | {"--fields"}),
+    (("config",), TODAY_RUN | ADDED_RUN | {"--fields", "--plan", "--plan-json"}),
     (("netem", "show"), TODAY_NET | ADDED_NET),
     (("netem", "probe"), TODAY_NET | ADDED_NET | {"--topology", "--seconds"}),
 ])
