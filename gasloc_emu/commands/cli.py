@@ -357,6 +357,12 @@ def run(dry_run: bool, **kw) -> None:
     from gasloc_emu.emulator.network import enter_userns_if_needed
     cfg = resolve_from_flags(kw)
     role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
+    if kw.get("secret_file") and not role.multi:
+        # a single-host run draws a fresh secret that never leaves its own processes; taking
+        # one from a file instead would be weaker, and ignoring the flag would be silent
+        raise click.UsageError(f"--secret-file {kw['secret_file']} is for runs on several "
+                               "hosts (--nnodes > 1); a run on one host draws its own secret. "
+                               "Drop --secret-file")
     if not role.multi:
         enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
     sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run,

@@ -528,3 +528,18 @@ def test_a_master_that_cannot_be_routed_to_is_refused():
         pytest.skip("this kernel lets a UDP socket connect to the broadcast address")
     with pytest.raises(ClusterError, match=r"no route to the master 255\.255\.255\.255: "):
         route_address("255.255.255.255", 29400)
+
+
+def test_a_secret_file_on_a_single_host_run_is_refused_not_ignored(tmp_path, monkeypatch):
+    """A run on one host draws its own secret: a --secret-file there would be unused."""
+    from click.testing import CliRunner
+
+    from gasloc_emu.commands.cli import main
+    for var in ("WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "GROUP_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    path = _secret_file(tmp_path / "secret", b"s" * 64)
+    res = CliRunner().invoke(main, ["run", "--secret-file", path, "-n", "2",
+                                    "--out", str(tmp_path / "rec")])
+    assert res.exit_code == 2, res.output
+    assert f"--secret-file {path} is for runs on several hosts" in res.output
+    assert not (tmp_path / "rec").exists()
