@@ -8,7 +8,10 @@ the others ended, and the processes left in the hosts (there must be none). Ever
 built goes away with its user namespace.
 
 args: ``hosts``; ``nodes``: [{"host": k, "argv": [...], "env": {...}}]; ``kill``: optional
-{"node": i, "after_s": t} (SIGKILL to that node's agent); ``timeout_s``.
+{"node": i, "after_s": t} (SIGKILL to that node's agent t s after the start), or with
+``"training": {"metrics": PATH, "workers": [...]}`` t s after each of those workers has a row
+in the record's metrics.jsonl (training is under way there, however busy the machine);
+``timeout_s``.
 """
 from __future__ import annotations
 
@@ -44,10 +47,24 @@ def _start(topo: NetTopology, node: dict, log_dir: str, i: int) -> subprocess.Po
                             preexec_fn=die_with_parent)
 
 
+def _training(watch: dict) -> bool:
+    """Whether every worker in ``watch["workers"]`` has a row in ``watch["metrics"]``."""
+    try:
+        with open(watch["metrics"]) as fh:
+            seen = {json.loads(line).get("worker") for line in fh if line.endswith("\n")}
+    except (OSError, ValueError):
+        return False
+    return set(watch["workers"]) <= seen
+
+
 def _wait_all(procs, kill: dict | None, timeout_s: float) -> tuple[dict, float | None]:
     t0, ended, killed_at = time.monotonic(), {}, None
+    armed_at = t0 if kill and "training" not in kill else None   # the kill's clock starts here
     while len(ended) < len(procs) and time.monotonic() - t0 < timeout_s:
-        if kill and killed_at is None and time.monotonic() - t0 >= kill["after_s"]:
+        if kill and armed_at is None and _training(kill["training"]):
+            armed_at = time.monotonic()
+        if kill and killed_at is None and armed_at is not None and \
+                time.monotonic() - armed_at >= kill["after_s"]:
             procs[kill["node"]].send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
         for i, p in enumerate(procs):

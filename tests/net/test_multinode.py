@@ -237,11 +237,17 @@ def test_a_host_with_another_config_is_refused_on_every_host(hosts, tmp_path):
     assert result["left"] == {}
 
 
+def _training(out) -> dict:
+    """The kill waits for training on both hosts (a row from each host's workers, 0-1 and 2-3),
+    not a fixed time: on a busy machine a host may not have joined 10 s after its start."""
+    return {"metrics": str(out / "metrics.jsonl"), "workers": [0, 1, 2, 3]}
+
+
 def test_a_killed_host_ends_the_run_on_the_other_within_the_timeout(hosts, tmp_path):
     out = tmp_path / "rec"
     timeout = ["--set", "run.heartbeat_timeout_s=4"]
     result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
-                   kill={"node": 1, "after_s": 10.0})
+                   kill={"node": 1, "after_s": 1.0, "training": _training(out)})
     master = result["nodes"][0]
     assert master["rc"] == 1, master["err"]
     assert master["after_kill_s"] < 4 + 8, master  # the timeout, then the stop and the record
@@ -257,7 +263,7 @@ def test_a_killed_node_0_ends_the_run_on_the_others(hosts, tmp_path):
     out = tmp_path / "rec"
     timeout = ["--set", "run.heartbeat_timeout_s=4"]
     result = hosts([_by_hand(k, out, "--rounds", "400", *timeout) for k in range(2)],
-                   kill={"node": 0, "after_s": 10.0})
+                   kill={"node": 0, "after_s": 1.0, "training": _training(out)})
     other = result["nodes"][1]
     assert other["rc"] == 1, other["err"]
     assert other["after_kill_s"] < 4 + 8, other
