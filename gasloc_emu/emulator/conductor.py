@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
+from gasloc_emu.transport.orders import Fixings
 
 Clock = Callable[[], "float | None"]
 Tell = Callable[[int, dict], None]
@@ -135,8 +136,7 @@ class Conductor:
             self.join_waiters.clear()
 
     def tell_fixings(self, rank: int, released: bool = False) -> None:
-        self.tell(rank, {"type": "fixings", "released": released,
-                         "fixings": [f.to_json() for f in self.world.fixings]})
+        self.tell(rank, Fixings(released, [f.to_json() for f in self.world.fixings]).to_wire())
 
     # -- departures
     def planned_leave(self, rank: int, last_round: int) -> int | None:

@@ -7,6 +7,7 @@ summary.json's ``control_drops``.
 from __future__ import annotations
 
 from gasloc_emu.transport import auth, control
+from gasloc_emu.transport.orders import Pair
 
 
 def checked_heartbeat(msg: dict, sender: str, expect: control.Expect
@@ -56,7 +57,7 @@ def pair_answers(pairer, msg: control.Avail) -> list[tuple[int, dict]] | str:
             pairer.ready(msg.worker, msg.request)
     except ValueError:
         return "avail.state"  # ready twice, out of step, or after its last
-    return [(p.worker, {"type": "pair"} | p.to_json()) for p in pairings]
+    return [(p.worker, Pair(p.worker, p.peer, p.label).to_wire()) for p in pairings]
 
 
 def where_in_run(ready: bool, started: bool, last_round: int, rounds: int) -> str:

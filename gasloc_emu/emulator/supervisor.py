@@ -33,7 +33,7 @@ from gasloc_emu.scenario.observed import event_feed
 from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
 from gasloc_emu.training.model import count_parameters
 from gasloc_emu.training.pairing import Pairer
-from gasloc_emu.transport import auth, control
+from gasloc_emu.transport import auth, control, orders
 from netem.hoststat import cpu_shares, cpu_times
 
 READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
@@ -115,7 +115,7 @@ class Supervisor:
         self._await(lambda s: s.final is not None, None, "finish")
         wall_s = time.time() - self.t0
         for s in self.slots:
-            self._tell(s.rank, {"type": "exit"})
+            self._tell(s.rank, orders.Exit().to_wire())
         self._reap(EXIT_GRACE_S)
         return self._summary(wall_s)
 
@@ -139,8 +139,8 @@ class Supervisor:
 
     def _tell_start(self, rank: int) -> None:
         """The peers' addresses (every worker ready so far) and the run's clock origin."""
-        peers = {str(s.rank): s.ready["addr"] for s in self.slots if s.ready is not None}
-        self._tell(rank, {"type": "start", "peers": peers, "t0": self.t0})
+        peers = {s.rank: s.ready["addr"] for s in self.slots if s.ready is not None}
+        self._tell(rank, orders.Start(peers, self.t0).to_wire())
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
@@ -245,6 +245,7 @@ class Supervisor:
                             self.cfg.run.rounds)
 
     def _tell(self, rank: int, msg: dict) -> None:
+        """Send worker ``rank`` a message's wire form (``orders``: ``to_wire``)."""
         self.plane.tell(rank, msg)
 
     def _slot(self, worker) -> WorkerSlot | None:
@@ -256,7 +257,7 @@ class Supervisor:
     def stop_all(self) -> None:
         """Ask every worker to stop, then kill whatever is left after a short grace."""
         for s in self.slots:
-            self._tell(s.rank, {"type": "stop"})
+            self._tell(s.rank, orders.Stop().to_wire())
         self._reap(3.0)
 
     def _reap(self, grace_s: float) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.report.schema import MetricRow
+from gasloc_emu.transport import orders
 
 _PR_SET_PDEATHSIG = 1
 _LEAVE_FLUSH_S = 10.0  # at most this long to flush a departing worker's last messages
@@ -63,12 +64,12 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         import zmq
 
-        from gasloc_emu.transport.control import pack
+        from gasloc_emu.transport.control import Heartbeat, pack
         while not self.halt.wait(self.period_s):
             # zmq.Again: the launcher is busy; the next beat carries the same news
             with contextlib.suppress(zmq.Again):
-                self.sock.send(pack({"type": "hb", "worker": self.rank} | self.probe()),
-                               zmq.NOBLOCK)
+                beat = Heartbeat(worker=self.rank, **self.probe())
+                self.sock.send(pack(beat.to_wire()), zmq.NOBLOCK)
 
     def stop(self) -> None:
         self.halt.set()
@@ -138,20 +139,26 @@ def main(argv: list[str]) -> int:
     try:
         return WorkerProcess(run_dir, rank, spec, ctx, ctl, rejoin).serve()
     except BaseException as exc:  # noqa: BLE001 - report every failure to the launcher, then exit
-        ctl.send(_error_report(exc))
+        ctl.send(_error_report(exc, rank))
         return 1
     finally:
         ctl.close()
         ctx.term()
 
 
-def _error_report(exc: BaseException) -> dict:
+def _control():
+    """``transport.control``, whose messages a worker sends: imported once torch may load (it
+    imports torch; ``main`` sets OMP_NUM_THREADS first)."""
+    from gasloc_emu.transport import control
+    return control
+
+
+def _error_report(exc: BaseException, rank: int):
     """The error message for the launcher; a divergence says where, so the run ends diverged."""
-    report = {"type": "error", "error": f"{type(exc).__name__}: {exc}"}
     worker = sys.modules.get("gasloc_emu.training.worker")  # not loaded: it cannot be a Diverged
-    if worker is not None and isinstance(exc, worker.Diverged):
-        report["diverged_at"] = exc.where
-    return report
+    diverged = worker is not None and isinstance(exc, worker.Diverged)
+    return _control().Error(rank, f"{type(exc).__name__}: {exc}",
+                            exc.where if diverged else None)
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,7 @@ class WorkerProcess:
             start = self.connect()
             if start is None:
                 return 0
-            self.train(start["t0"])
+            self.train(start.t0)
             if not self.ctl.stop_requested and not self.released:
                 self.report()
             return 0
@@ -197,7 +204,7 @@ class WorkerProcess:
             if self.transport is not None:
                 self.transport.close()
 
-    def connect(self) -> dict | None:
+    def connect(self) -> orders.Start | None:
         """Bind the data plane, say ready, and wait for start; None when told to stop instead."""
         # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
         from gasloc_emu.plan import build_plan
@@ -231,11 +238,11 @@ class WorkerProcess:
             security=self.ctl.security, link_ports=self.spec.link_ports)
         self.state.transport = tp
         device = self.spec.devices[self.rank]
-        self.ctl.send({"type": "ready", "addr": tp.address, "device": device})
-        start = self.ctl.wait_for("start", self.spec.start_timeout_s)
-        if start["type"] == "stop":
+        self.ctl.send(_control().Ready(self.rank, tp.address, device))
+        start = self.ctl.wait_for(orders.Start, self.spec.start_timeout_s)
+        if isinstance(start, orders.Stop):
             return None
-        tp.connect({int(k): v for k, v in start["peers"].items()})
+        tp.connect(start.peers)
         faulty = with_fault(tp, plan_from_config(self.cfg), self.rank, os._exit, self._hang)
         self.worker = Worker(plan, self.rank, faulty, device)
         return start
@@ -282,25 +289,25 @@ class WorkerProcess:
                 self.links.receiving(t + 1)   # after the last receive of round t
             row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - t0,
                                        dropped=self.transport.counters()["dropped"])
-            self.ctl.send({"type": "metric", "row": row.body()})
+            self.ctl.send(_control().Metric(self.rank, row.body()))
 
     def _train_async(self, t0: float) -> None:
         """Asynchronous gossip: gradient steps and exchanges side by side, no rounds."""
         from gasloc_emu.training.async_worker import run_async
         done = run_async(self.worker, self.cfg.run.rounds, t0, self._ask_peer, self._report_step)
         if done:
-            self.ctl.send({"type": "avail", "request": 0, "finished": True})
+            self.ctl.send(_control().Avail(self.rank, 0, finished=True))
 
     def _ask_peer(self, k: int):
         """Ask the launcher for exchange request k's partner and wait for the pairing (None:
         told to stop)."""
         from gasloc_emu.training.pairing import Pairing
         self.state.phase = "communicating"
-        self.ctl.send({"type": "avail", "request": k, "finished": False})
-        msg = self.ctl.wait_for("pair", self.spec.peer_timeout_s)
-        if msg["type"] == "stop":
+        self.ctl.send(_control().Avail(self.rank, k, finished=False))
+        msg = self.ctl.wait_for(orders.Pair, self.spec.peer_timeout_s)
+        if isinstance(msg, orders.Stop):
             return None
-        pairing = Pairing.from_json(msg)
+        pairing = Pairing(msg.worker, msg.peer, msg.label)
         if pairing.worker != self.rank or pairing.peer == self.rank:
             raise RuntimeError(f"worker {self.rank}: the launcher sent a pairing for "
                                f"{pairing.worker} with {pairing.peer}")
@@ -314,7 +321,7 @@ class WorkerProcess:
             stats.eval_loss = self.worker.evaluate(stats.round)
         row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
                                    dropped=self.transport.counters()["dropped"])
-        self.ctl.send({"type": "metric", "row": row.body()})
+        self.ctl.send(_control().Metric(self.rank, row.body()))
 
     # -- leaves, joins and partitions at a time: the launcher fixes them at rounds
     # (``fixing.RoundFixer``) and tells each worker at its round starts
@@ -352,13 +359,13 @@ class WorkerProcess:
         from gasloc_emu.scenario.fixing import Fixing
         if waiting:
             self.state.phase = "waiting"
-        self.ctl.send({"type": "round", "round": t, "waiting": waiting})
+        self.ctl.send(_control().RoundStart(self.rank, t, waiting))
         timeout_s = self.spec.exit_timeout_s if waiting else self.spec.peer_timeout_s
-        msg = self.ctl.wait_for("fixings", timeout_s)
-        if msg["type"] == "stop":
+        msg = self.ctl.wait_for(orders.Fixings, timeout_s)
+        if isinstance(msg, orders.Stop):
             return False
-        self.world.fix([Fixing.from_json(f) for f in msg["fixings"]])
-        self.released = bool(msg["released"])
+        self.world.fix([Fixing.from_json(f) for f in msg.fixings])
+        self.released = msg.released
         return not self.released
 
     def _timed(self, plan, now_s: float):
@@ -401,15 +408,14 @@ class WorkerProcess:
 
     def report(self) -> None:
         """Evaluate, send the final parameters as one raw frame, and wait to be let go."""
-        from gasloc_emu.transport.control import tensor_frame
         self.state.phase = "evaluating"
         eval_loss = self.worker.evaluate(self.cfg.run.rounds - 1)
         theta = self.worker.theta.detach().to("cpu")
-        self.ctl.send({"type": "final", "eval_loss": eval_loss,
-                       "dtype": str(theta.dtype).split(".")[-1], "numel": theta.numel(),
-                       "counters": self.transport.counters()}, tensor_frame(theta))
+        final = _control().Final(self.rank, eval_loss, str(theta.dtype).split(".")[-1],
+                              theta.numel(), self.transport.counters())
+        self.ctl.send(final, _control().tensor_frame(theta))
         self.state.phase = "done"
-        self.ctl.wait_for("exit", self.spec.exit_timeout_s)
+        self.ctl.wait_for(orders.Exit, self.spec.exit_timeout_s)
 
 
 class LinkApplier:

@@ -13,7 +13,8 @@ A Unix socket path reaches across network namespaces and is never shaped, so con
                                                             optional: speed, round_steps,
                                                             wait_share}
 
-Every message is msgpack; final parameters travel as one extra raw frame. No pickle.
+Every message is msgpack; final parameters travel as one extra raw frame. No pickle. Each is a
+typed message whose ``to_wire`` is what is packed (``orders``: the launcher's to its workers).
 
 What the launcher receives is untrusted: ``parse`` turns a decoded map into one of the frozen
 message classes (``MESSAGES`` is the allow-list of types), checking every field's type and range
@@ -28,13 +29,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import torch
 import zmq
 
 from gasloc_emu.transport import auth
+from gasloc_emu.transport.orders import Exit, Order, Stop, Wire, parse_order
 from gasloc_emu.transport.zmq_sockets import check_tcp_addr
 
 
@@ -99,10 +101,11 @@ class Expect:
 
 
 @dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(Wire):
     """Every ``heartbeat_s`` on the PUSH socket: where the worker is, and its cumulative
     data-plane counters (bytes per peer for the link meters, drops by reason for the display)."""
 
+    TYPE: ClassVar[str] = "hb"
     worker: int
     round: int               # -1 before the first round
     step: int
@@ -136,9 +139,10 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
-class Ready:
+class Ready(Wire):
     """The worker built its model and bound its data-plane address; it waits for start."""
 
+    TYPE: ClassVar[str] = "ready"
     worker: int
     addr: str    # tcp://HOST:PORT, a concrete host and port
     device: str  # as named inside the worker: cpu, cuda:0
@@ -151,9 +155,10 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Metric:
+class Metric(Wire):
     """One round's row of metrics.jsonl (``worker.RoundStats`` plus time_s and dropped)."""
 
+    TYPE: ClassVar[str] = "metric"
     worker: int
     row: dict
 
@@ -165,10 +170,11 @@ class Metric:
 
 
 @dataclass(frozen=True)
-class Final:
+class Final(Wire):
     """The worker's last words before exit: its eval loss, counters, and (in one extra raw
     frame) ``numel`` parameters of ``dtype``."""
 
+    TYPE: ClassVar[str] = "final"
     worker: int
     eval_loss: float | None
     dtype: str     # a key of DTYPES
@@ -187,10 +193,11 @@ class Final:
 
 
 @dataclass(frozen=True)
-class Error:
+class Error(Wire):
     """The worker failed and is exiting; ``diverged_at`` ({worker, round}) when it saw
     non-finite numbers, so the launcher can tell a divergence from a failure."""
 
+    TYPE: ClassVar[str] = "error"
     worker: int
     error: str
     diverged_at: dict | None = None
@@ -205,12 +212,13 @@ class Error:
 
 
 @dataclass(frozen=True)
-class Avail:
+class Avail(Wire):
     """Asynchronous gossip (a2cid2): the worker's exchange request number ``request`` (from 0,
     at most ``Expect.requests`` in a run) waits for a peer (the launcher's pairer answers with a
     ``pair`` message), or, with ``finished``, it has taken its last step and will not ask
     again."""
 
+    TYPE: ClassVar[str] = "avail"
     worker: int
     request: int
     finished: bool
@@ -222,12 +230,13 @@ class Avail:
 
 
 @dataclass(frozen=True)
-class RoundStart:
+class RoundStart(Wire):
     """A scenario with leaves, joins or partitions at a time: the worker starts round
     ``round`` and waits for every fixing so far (``fixing.RoundFixer``); with ``waiting`` it
     is absent until a join not fixed yet, and the answer comes once that join is fixed (or
     ``released`` when the run ends first)."""
 
+    TYPE: ClassVar[str] = "round"
     worker: int
     round: int
     waiting: bool
@@ -251,8 +260,8 @@ def _rank_round_flag(wire: dict, kind: str, round_key: str, flag_key: str,
 
 Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
 # the allow-list: a type name off the wire only ever selects one of these
-MESSAGES: dict[str, type] = {"hb": Heartbeat, "ready": Ready, "metric": Metric, "final": Final,
-                             "error": Error, "avail": Avail, "round": RoundStart}
+MESSAGES: dict[str, type] = {cls.TYPE: cls for cls in (Heartbeat, Ready, Metric, Final, Error,
+                                                        Avail, RoundStart)}
 
 
 def parse(msg, expect: Expect) -> Message:
@@ -561,25 +570,22 @@ class WorkerControl:
         self.sock.connect(ctl_addr)
         self.stop_requested = False
 
-    def send(self, msg: dict, *frames) -> None:
-        self.sock.send_multipart([pack(msg | {"worker": self.rank}), *frames], copy=False)
+    def send(self, msg: Wire, *frames) -> None:
+        self.sock.send_multipart([pack(msg.to_wire()), *frames], copy=False)
 
-    def wait_for(self, kind: str, timeout_s: float) -> dict:
-        """Block until a message of ``kind`` (or stop) arrives."""
+    def wait_for(self, kind: type, timeout_s: float) -> Order:
+        """Block until a message of ``kind`` (an ``orders`` class) or a ``Stop`` arrives."""
         if self.sock.poll(int(timeout_s * 1000)):
-            msg = unpack(self.sock.recv())
-            if msg["type"] == "stop":
-                self.stop_requested = True
-            if msg["type"] in (kind, "stop"):
-                return msg
-            return self.wait_for(kind, timeout_s)
-        raise TimeoutError(f"worker {self.rank}: no {kind!r} from the launcher "
+            msg = parse_order(unpack(self.sock.recv()))
+            self.stop_requested = self.stop_requested or isinstance(msg, Stop)
+            return msg if isinstance(msg, (kind, Stop)) else self.wait_for(kind, timeout_s)
+        raise TimeoutError(f"worker {self.rank}: no {kind.TYPE!r} from the launcher "
                            f"in {timeout_s:.0f} s")
 
     def poll_stop(self) -> bool:
         """True once the launcher asked this worker to stop (non-blocking)."""
         while not self.stop_requested and self.sock.poll(0):
-            if unpack(self.sock.recv())["type"] in ("stop", "exit"):
+            if unpack(self.sock.recv())["type"] in (Stop.TYPE, Exit.TYPE):
                 self.stop_requested = True
         return self.stop_requested
 
