@@ -423,3 +423,35 @@ def read_links(doc_) -> list[LinkRow]:
 
 
 RECORDS = (RunSummary, MetricRow, LinkRow)
+
+
+RECORDS = (RunSummary, MetricRow, LinkRow)
+
+
+def render_records() -> str:
+    """docs/RECORDS.md: one table per record, from the dataclasses' fields and their ``doc``
+    metadata (a test keeps the file equal to this)."""
+    out = ["# Run records", "",
+           "What every run leaves under its folder, field by field. Generated from",
+           "`gasloc_emu/report/schema.py` by `render_records`; "
+           "`tests/unit/test_record_schema.py` fails when this page",
+           "differs. A field marked optional is left out when not recorded.",
+           f"This version writes `schema_version` {SCHEMA_VERSION} and reads versions "
+           f"{OLDEST_VERSION} to {SCHEMA_VERSION}.", ""]
+    for cls in RECORDS:
+        out += [f"## {cls.RECORD} (`{cls.__name__}`)", "",
+                " ".join((cls.__doc__ or "").split()), "",
+                "| field | default | since | what it is |", "| --- | --- | --- | --- |"]
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if f.default is not dataclasses.MISSING:
+                default = "optional" if f.default is None else f"`{f.default!r}`"
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f"`{f.default_factory()!r}`"
+            else:
+                default = "required"
+            text = " ".join(str(meta.get("doc", "")).split()).replace("|", "\\|")
+            out.append(f"| `{f.name}` | {default} | {meta.get('since', OLDEST_VERSION)} | "
+                       f"{text} |")
+        out.append("")
+    return "\n".join(out)

@@ -2,6 +2,7 @@
 version is refused in one line, unknown keys are refused, and what is written reads back equal."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -133,3 +134,15 @@ def test_compare_says_which_version_it_cannot_read(tmp_path):
     run = load_run(tmp_path)
     assert run.summary == {} and run.rows == []
     assert sum("schema_version 7 is not supported" in w for w in run.warnings) == 2
+
+
+def test_records_page_is_rendered_from_the_schemas():
+    """docs/RECORDS.md is what render_records makes of the dataclasses: a field added, removed
+    or redescribed in report/schema.py without the page fails here
+    (python -c "from gasloc_emu.report.schema import render_records;
+    open('docs/RECORDS.md', 'w').write(render_records())" writes it)."""
+    from gasloc_emu.report.schema import RECORDS, render_records
+    page = (Path(__file__).resolve().parents[2] / "docs" / "RECORDS.md").read_text()
+    assert page == render_records()
+    for cls in RECORDS:
+        assert all(f"| `{f.name}` |" in page for f in dataclasses.fields(cls)), cls
