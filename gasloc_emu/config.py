@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
 from gasloc_emu.params import Params
+from netem import cloud as netem_cloud
 from netem import delay as netem_delay
 from netem import impair as netem_impair
 from netem import profiles as netem_profiles
@@ -296,6 +297,35 @@ class NetConfig(_Validated):
     link_trace: str = setting("", "Link trace (CSV: time_s,src,dst,rate_mbit[,latency_ms]) "
                                   "replayed over the run: measured bandwidth over time; empty: "
                                   "none.")
+    placement: str = setting("", "bw_profile cloud: the region of each worker, "
+                                 "cloud:region,... (region*count repeats one; e.g. "
+                                 "aws:us-east-1*2,gcp:asia-east1), or a preset: aws8 (eight AWS "
+                                 "regions), two-cloud (four AWS, four GCP); links as measured "
+                                 "between the regions (docs/NETWORK.md).",
+                             names=tuple(netem_cloud.PRESETS))
+    cloud_rate: str = setting("capacity", "bw_profile cloud: which measured rate a link gets: "
+                                          "capacity (64 TCP streams, the path's) or "
+                                          "single-stream (one TCP connection, small VMs).",
+                              choices=netem_cloud.RATES)
+    cloud_missing: str = setting("error", "bw_profile cloud, a region pair the data lack: "
+                                          "error (name it and the nearest measured pairs), "
+                                          "reverse (the other direction's measurement), nearest "
+                                          "(the measured pair whose far end is nearest in RTT); "
+                                          "fills are named in the link plan's note.",
+                                 choices=netem_cloud.MISSING)
+
+    def _check(self) -> None:
+        """The cloud profile has a placement, and a placement's regions are in the table (other
+        profiles do not read it)."""
+        if self.bw_profile == "cloud" and not self.placement:
+            raise ConfigError("net.bw_profile = 'cloud' needs net.placement: regions like "
+                              "aws:us-east-1,gcp:asia-east1 or a preset: "
+                              f"{', '.join(netem_cloud.PRESETS)}")
+        if self.placement:
+            try:
+                netem_cloud.parse_placement(self.placement)
+            except netem_cloud.CloudError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ Named profiles (``net.bw_profile``), N workers, seeded by the run's seed:
 - ``lognormal``     each worker draws a rate from a seeded lognormal whose median is
                     ``net.rate_mbit`` (sigma 0.5: the 10-90 % range is 0.53x to 1.9x); a link
                     runs at the slower of its two endpoints.
+- ``cloud``         workers placed in cloud regions (``net.placement``), every directed link at
+                    the measured rate (``net.cloud_rate``: capacity or single-stream) and half
+                    the measured RTT, from ``netem/data/cloud_regions.json`` (``netem.cloud``);
+                    ``net.rate_mbit`` is not used, ``net.latency_ms`` adds to the RTT / 2.
 - a ``.toml`` or ``.json`` file::
 
       [default]                 # optional; missing keys fall back to net.*
@@ -52,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netem import cloud
 from netem.impair import JITTER_DISTS  # netem's names, kept once, by the code that draws them
 from netem.tcpsettings import TcpSettings, TcpSettingsError
 
@@ -60,7 +65,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-NAMED = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
+# the named profiles that give each worker pair one rate, both directions, from net.* and the seed
+PAIR_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
+NAMED = (*PAIR_PROFILES, "cloud")
 SKEWED_FRACTION = 0.10      # share of worker pairs that are slow in ``skewed``
 LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
 RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
@@ -352,7 +359,7 @@ def _lognormal_rates(net, workers: int, seed: int) -> tuple[dict, str]:
 _NAMED_BUILDERS = {"uniform": _uniform_rates, "skewed": _skewed_rates,
                    "skewed-worker": _skewed_worker_rates, "two-cluster": _two_cluster_rates,
                    "lognormal": _lognormal_rates}
-assert tuple(_NAMED_BUILDERS) == NAMED, "every named profile has one builder, in NAMED's order"
+assert tuple(_NAMED_BUILDERS) == PAIR_PROFILES, "every pair profile has one builder, in order"
 
 
 _IMPAIRMENTS = ("latency_ms", "jitter_ms", "loss_pct", "jitter_dist", "reorder_pct",
@@ -529,12 +536,35 @@ def build_link_plan(net, workers: int, seed: int, tcp=None) -> LinkPlan:
     run = run_tcp(tcp)
     if is_file_profile(name):
         return _plan_from_file(net, workers, Path(name), run)
-    if name not in _NAMED_BUILDERS:
+    if name not in NAMED:
         raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
                            f"{', '.join(NAMED)}, or a path to a .toml or .json file")
+    if name == "cloud":
+        return _cloud_plan(net, workers, run)
     rates, note = _NAMED_BUILDERS[name](net, workers, seed)
     return LinkPlan(workers, _links_from_pairs(net, rates, run), {}, profile=name, note=note,
                     mtu=net.mtu)
+
+
+def _cloud_plan(net, workers: int, tcp: TcpSettings) -> LinkPlan:
+    """Workers in regions (``net.placement``), links as measured between them (netem.cloud)."""
+    text = getattr(net, "placement", "")
+    try:
+        placement = cloud.parse_placement(text)
+        if len(placement) != workers:
+            raise cloud.CloudError(
+                f"net.placement = {text!r} places {len(placement)} workers; this run has "
+                f"{workers}: give one region per worker (region*count repeats one)")
+        links, note = cloud.cloud_links(placement, getattr(net, "cloud_rate", "capacity"),
+                                        getattr(net, "cloud_missing", "error"))
+    except cloud.CloudError as exc:
+        raise ProfileError(f"profile 'cloud': {exc}") from None
+    values = _net_impairments(net)
+    extra_ms = values.pop("latency_ms", 0.0)
+    plan_links = {key: Link(key[0], key[1], c.rate_mbit,
+                            latency_ms=round(c.rtt_ms / 2 + extra_ms, 3), **values, tcp=tcp)
+                  for key, c in links.items()}
+    return LinkPlan(workers, plan_links, {}, profile="cloud", note=note, mtu=net.mtu)
 
 
 def _unshaped_plan(net, workers: int) -> LinkPlan:

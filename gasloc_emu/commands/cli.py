@@ -115,6 +115,9 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--inner-budget-s", "compute.inner_budget_s"),
     ("--scenario", "run.scenario"),
     ("--link-trace", "net.link_trace"),
+    ("--placement", "net.placement"),
+    ("--cloud-rate", "net.cloud_rate"),
+    ("--cloud-missing", "net.cloud_missing"),
     ("--codec", "comm.codec"),
     ("--codec-ratio", "comm.ratio"),
 )
@@ -128,7 +131,7 @@ SIM_FLAGS: tuple[tuple[str, ...], ...] = (
 )
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper",
-             "--delay")
+             "--delay", "--placement", "--cloud-rate", "--cloud-missing")
 # The flags `compute show` takes: speeds need no model or network.
 COMPUTE_FLAGS = ("--compute-profile", "--step-time-s", "--inner-budget-s", "--workers", "--seed")
 

@@ -33,12 +33,13 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
 # flags added since; a new flag is listed here on purpose
 ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
              "--link-trace", "--overlap", "--codec", "--codec-ratio", "--jitter-ms",
-             "--loss-pct", "--delay", "--tcp-cc"}
+             "--loss-pct", "--delay", "--tcp-cc", "--placement", "--cloud-rate",
+             "--cloud-missing"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
              "--seed", "--shaper", "--set"}
-ADDED_NET = {"--delay"}
+ADDED_NET = {"--delay", "--placement", "--cloud-rate", "--cloud-missing"}
 
 
 def invoke(args: list[str]):
@@ -204,7 +205,7 @@ def sample(key: str) -> tuple[str, object]:
                "run.scenario": ("/tmp/s.toml", "/tmp/s.toml"),
                "net.link_trace": ("/tmp/t.csv", "/tmp/t.csv"),
                "algo.name": ("diloco", "diloco"), "model.preset": ("small", "small"),
-               "comm.codec": ("int8", "int8")}
+               "comm.codec": ("int8", "int8"), "net.placement": ("aws8", "aws8")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gasloc_emu.config import NetConfig
 from netem.profiles import (
-    NAMED,
+    PAIR_PROFILES,
     Link,
     LinkPlan,
     ProfileError,
@@ -90,7 +90,7 @@ def test_every_link_gets_the_runs_latency_jitter_and_loss():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(NAMED), st.integers(1, 12), st.integers(0, 10_000))
+@given(st.sampled_from(PAIR_PROFILES), st.integers(1, 12), st.integers(0, 10_000))
 def test_named_profiles_cover_all_links_symmetrically(name, workers, seed):
     plan = plan_of(name, workers, seed)
     assert len(plan.links) == workers * (workers - 1)
