@@ -525,12 +525,29 @@ def is_file_profile(name: str) -> bool:
     return name.endswith((".toml", ".json"))
 
 
+# the cloud profile's own settings and their defaults: given to another profile they would be
+# recorded and never applied, so they are refused
+_CLOUD_SETTINGS = {"placement": "", "cloud_rate": "capacity", "cloud_missing": "error"}
+
+
+def _refuse_cloud_settings_elsewhere(net, name: str) -> None:
+    if name == "cloud":
+        return
+    given = [f"net.{k} = {getattr(net, k)!r}" for k, default in _CLOUD_SETTINGS.items()
+             if getattr(net, k, default) != default]
+    if given:
+        raise ProfileError(f"{', '.join(given)} applies to net.bw_profile = 'cloud' only, and "
+                           f"this run has net.bw_profile = {name!r}; drop it, or use "
+                           "--bw-profile cloud")
+
+
 def build_link_plan(net, workers: int, seed: int, tcp=None) -> LinkPlan:
     """The link plan of ``net.bw_profile`` for ``workers`` workers (see the module docstring);
     ``tcp``: the run's ``tcp.*`` section (None: the hosts' TCP)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ProfileError(f"workers = {workers!r} is out of range; expected an integer >= 1")
     name = net.bw_profile
+    _refuse_cloud_settings_elsewhere(net, name)
     if not name:
         return _unshaped_plan(net, workers)
     run = run_tcp(tcp)

@@ -219,3 +219,39 @@ def test_an_opted_in_fill_is_recorded_in_the_note():
     p = plan(f"{x},{y}", cloud_rate="single-stream", cloud_missing="reverse")
     assert p.links[(0, 1)].rate_mbit == TABLE.pairs[(y, x)].single_stream_mbit
     assert f"single-stream rate of {y} -> {x} (reverse) (links 0->1)" in p.note
+
+
+@pytest.mark.parametrize("setting", ["net.placement=aws8", "net.cloud_rate=single-stream",
+                                     "net.cloud_missing=nearest"])
+def test_a_cloud_setting_with_another_profile_is_refused_not_ignored(setting):
+    from gasloc_emu import config as C
+    from gasloc_emu.plan import build_plan
+    cfg = C.resolve(None, {}, ["workers=8", "net.bw_profile=uniform", setting])
+    with pytest.raises(ProfileError, match="applies to net.bw_profile = 'cloud' only"):
+        build_plan(cfg, data=False)
+
+
+def test_simulate_takes_the_cloud_profile_and_an_ocean_costs_its_latency(tmp_path):
+    """A tiny ring of 3 simulated with two workers in us-east-1 and the third there too, then in
+    asia-east1 (181 ms RTT from us-east-1 in the table): each of the 2 rounds waits at least one
+    one-way latency more."""
+    import json
+
+    from gasloc_emu import config as C
+    from gasloc_emu.plan import build_plan
+    from gasloc_emu.simulator.simulate import simulate
+    walls = {}
+    for far in ("aws:us-east-1", "gcp:asia-east1"):
+        cfg = C.resolve(None, {}, [
+            "workers=3", "model.preset=tiny", "topology.name=ring", "run.rounds=2",
+            "algo.local_steps=1", "compute.step_time_s=0.05", "net.bw_profile=cloud",
+            f"net.placement=aws:us-east-1*2,{far}", "run.dashboard=off", "data.eval_batches=1",
+            "data.max_corpus_mb=1"])
+        simulate(build_plan(cfg), tmp_path / far.replace(":", "-"))
+        summary = json.loads((tmp_path / far.replace(":", "-") / "summary.json").read_text())
+        assert summary["status"] == "ok"
+        walls[far] = summary["predicted_wall_s"]
+    links, _ = cloud.cloud_links(cloud.parse_placement("aws:us-east-1,gcp:asia-east1"),
+                                 "capacity", "error")
+    one_way_s = links[(0, 1)].rtt_ms / 2e3
+    assert walls["gcp:asia-east1"] - walls["aws:us-east-1"] > 2 * one_way_s
