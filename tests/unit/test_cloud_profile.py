@@ -24,7 +24,9 @@ else:  # pragma: no cover - exercised only on 3.10
 
 ROOT = Path(__file__).resolve().parents[2]
 WAN = ROOT.parent / "shared" / "data" / "wan"
-REQUIRE = ("GASLOC_REQUIRE_WAN_DATA", "GASLOC_REQUIRE_NET")
+# the issue asks for the check where the data exist; CI sets GASLOC_REQUIRE_NET for namespaces,
+# not for this folder, so only GASLOC_REQUIRE_WAN_DATA=1 turns its absence into a failure
+REQUIRE = ("GASLOC_REQUIRE_WAN_DATA",)
 TABLE = cloud.load_table()
 # an ocean pair both sets measured, both directions (aws8's first and fourth regions)
 US_WEST, EU_WEST = "aws:us-west-2", "aws:eu-west-1"
