@@ -27,6 +27,7 @@ from gasloc_emu.training import compute
 from gasloc_emu.training.compute import ComputePlan
 from gasloc_emu.training.data import Corpus, build_corpus
 from gasloc_emu.training.devices import simulator_device
+from gasloc_emu.training.drivers import Drive, drive_of
 from gasloc_emu.training.model import check_model
 
 
@@ -54,6 +55,11 @@ class RunPlan:
     def algo(self) -> type[OuterAlgorithm]:
         """The algorithm's class: its traits (``OuterAlgorithm``)."""
         return self.algorithm.cls
+
+    @property
+    def drive(self) -> Drive:
+        """How the algorithm organises a worker's time (``training.drivers``)."""
+        return drive_of(self.algo)
 
     @property
     def steps(self) -> tuple[int, ...] | None:
@@ -163,7 +169,8 @@ def _refuse_codec(cfg: Config, algo: type[OuterAlgorithm], world: World | None) 
 def _refuse_batched(cfg: Config, algo: type[OuterAlgorithm], scenario: bool) -> None:
     """What the batched simulator cannot do: every worker must reach each round's inner phase
     with a step count known before it starts (``simulator.batched``)."""
-    reasons = ((not algo.has_rounds, "the algorithm has no rounds"),
+    no_rounds = drive_of(algo).batched_refusal()
+    reasons = ((no_rounds is not None, no_rounds or ""),
                (scenario, "a scenario or link trace changes who trains when"),
                (cfg.fault.worker >= 0, "an injected fault stops one worker alone"),
                (cfg.compute.inner_budget_s > 0 and cfg.compute.step_time_s == 0,

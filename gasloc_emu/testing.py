@@ -252,7 +252,7 @@ def check_run_equals_simulate(algo: str, tmp_path, *, sets: Iterable[str] = (),
     """(a) The emulator (``launch``: one process per worker, ZeroMQ on loopback) and the
     simulator give the same final eval loss (within ``tol``) and, for round-based algorithms,
     the same training loss in every (worker, round) row and the same bytes sent. An
-    asynchronous algorithm (``has_rounds = False``) pairs by message arrival in ``run``, so
+    asynchronous algorithm (``driver = "pairwise"``) pairs by message arrival in ``run``, so
     there both must finish with every worker's steps and the loss below ln(vocab), no more.
     Returns (run summary, simulate summary)."""
     cfg = contract_config(algo, sets=sets, **overrides)
@@ -289,7 +289,7 @@ def _compare_run(plan: RunPlan, ran: dict, sim: dict, run_dir: Path, sim_dir: Pa
     if ran.get("drops", {}).get("total", 0):
         raise ContractError(f"{name}: run's receivers dropped messages: {ran['drops']} "
                             "(an undeclared kind or shape? see check_wire_kinds)")
-    if not plan.algo.has_rounds:
+    if not plan.drive.replays_exactly:
         _compare_async(plan, ran, sim, run_dir, sim_dir)
         return
     a, b = ran["final_eval_loss"], sim["final_eval_loss"]

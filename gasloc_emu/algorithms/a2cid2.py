@@ -144,7 +144,7 @@ class A2CiD2(OuterAlgorithm):
     ``exchange`` with the peer the pairing gave (or nothing when it gave none)."""
 
     name = "a2cid2"
-    has_rounds = False
+    driver = "pairwise"
     supports = Supports(scenarios=False, time_budget=False)
     compressed_kinds = (KIND,)
 
@@ -178,6 +178,11 @@ class A2CiD2(OuterAlgorithm):
     def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
         eta, alpha_tilde = momentum_constants(topo, acfg.continuous_momentum, acfg.rate_com)
         return {"eta": eta, "alpha_tilde": alpha_tilde, "rate_com": acfg.rate_com}
+
+    @classmethod
+    def slots(cls, acfg) -> Slots:
+        """The two lanes' barrier schedule, which both runners keep (``driver = "pairwise"``)."""
+        return Slots.of(acfg.rate_com)
 
     @classmethod
     def exchange_requests(cls, acfg, steps: int) -> int:

@@ -68,7 +68,9 @@ class OuterAlgorithm:
     # -- traits: what the rest of the system asks of the algorithm (class level, no instance)
     name: ClassVar[str] = "base"
     Settings: ClassVar[type] = NoSettings   # its own settings, ``algo.params.KEY`` (a dataclass)
-    has_rounds: ClassVar[bool] = True       # False: asynchronous pairwise exchanges, no rounds
+    # how a worker's time is organised (``training.drivers``): "rounds", or "pairwise" for
+    # asynchronous pairwise exchanges beside the gradient steps, no rounds
+    driver: ClassVar[str] = "rounds"
     needs_graph: ClassVar[bool] = True      # False: its peers are not a gossip graph's
     shows: ClassVar[tuple[str, ...]] = ()   # outer constants the header and summary show
     default_local_steps: ClassVar[int] = 10  # H when algo.local_steps is 0

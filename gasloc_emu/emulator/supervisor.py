@@ -302,10 +302,7 @@ class Supervisor:
 def async_pairer(plan: RunPlan) -> Pairer | None:
     """The pairer of asynchronous pairwise gossip (an algorithm without rounds), over the
     graph's edges; None otherwise."""
-    if plan.algo.has_rounds:
-        return None
-    cfg = plan.cfg
-    return Pairer(cfg.workers, plan.topology.possible_edges, cfg.seed)
+    return plan.drive.pairer(plan.cfg.workers, plan.topology, plan.cfg.seed)
 
 
 class LinkMeter:

@@ -197,7 +197,7 @@ class WorkerProcess:
                 return 0
             self.train(start.t0)
             if not self.ctl.stop_requested and not self.released:
-                self.report()
+                self.final_report()
             return 0
         finally:
             hb.stop()
@@ -226,10 +226,7 @@ class WorkerProcess:
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.links = LinkApplier.of(self.cfg, plan.link_plan, world, self.rank,
                                     _shaping(self.spec, self.rank))
-        limits = {}
-        if not plan.algo.has_rounds:   # exchange labels, one message per peer at a time
-            from gasloc_emu.training.async_worker import transport_limits
-            limits = transport_limits(numel * 4)
+        limits = plan.drive.transport_limits(numel * 4)
         self.transport = tp = ZmqTransport(
             self.rank, self.cfg.workers, bind, ctx=self.ctx, **limits,
             max_numel=schema.max_numel(), schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
@@ -253,52 +250,82 @@ class WorkerProcess:
         threading.Event().wait()
 
     def train(self, t0: float) -> None:
-        """Every round, then one metrics row for the launcher; returns early when told to stop."""
+        """Every round (``training.rounds``, this process its host), one metrics row for the
+        launcher after each; returns early when told to stop."""
         worker, state = self.worker, self.state
         worker.t0 = self.t0 = t0   # link observations are reported on the run's clock
         state.speed = worker.compute.speed
         if self.links is not None:
             self.links.start(t0)
-        if not self.plan.algo.has_rounds:
-            return self._train_async(t0)
         first = self._first_round()
-        for t in range(first if first is not None else self.cfg.run.rounds,
-                       self.cfg.run.rounds):
-            if self.ctl.poll_stop():
-                return
-            if not self._at_round_start(t):
-                if self.released:
-                    return
-                continue
-            plan = self._plan(t)
-            if plan is not None and not plan.active:
-                continue
-            plan = self._timed(plan, time.time() - t0)
-            if self.links is not None:
-                self.links.sending(t)   # before anything of round t is sent
-            state.round, state.phase = t, "computing"
-            for joiner in (plan.donate_to if plan else ()):
-                worker.donate(joiner, t)
-            stats = worker.run_round(t, on_compute_done=self._communicating, plan=plan)
-            state.speed = worker.compute.speed
-            state.finished_round(stats)
-            if worker.should_eval(t):
-                state.phase = "evaluating"
-                stats.eval_loss = worker.evaluate(t)
-            if self.links is not None:
-                self.links.receiving(t + 1)   # after the last receive of round t
-            row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - t0,
-                                       dropped=self.transport.counters()["dropped"])
-            self.ctl.send(_control().Metric(self.rank, row.body()))
-
-    def _train_async(self, t0: float) -> None:
-        """Asynchronous gossip: gradient steps and exchanges side by side, no rounds."""
-        from gasloc_emu.training.async_worker import run_async
-        done = run_async(self.worker, self.cfg.run.rounds, t0, self._ask_peer, self._report_step)
-        if done:
+        rounds = self.cfg.run.rounds
+        done = self.plan.drive.train(self, worker, self.world, self.rank, rounds,
+                                     first if first is not None else rounds)
+        if done and not self.plan.drive.replays_exactly:
+            # the launcher's pairer stops asking this worker's partners
             self.ctl.send(_control().Avail(self.rank, 0, finished=True))
 
-    def _ask_peer(self, k: int):
+    # -- the round protocol's steps as this process does them (``training.rounds.Host``)
+
+    def stop_requested(self) -> bool:
+        return self.ctl.poll_stop()
+
+    def await_fixings(self, t: int) -> bool:
+        return self._ask_fixings(t, waiting=True)
+
+    def round_fixings(self, t: int) -> bool:
+        return self._ask_fixings(t, waiting=False)
+
+    def leave(self, t: int) -> None:
+        """A scenario's departure: the process is killed, without a word to its peers. What it
+        sent in its last round is flushed first (as a kernel's socket buffers would have gone
+        out), so that its peers' last round with it is the same in ``run`` and ``simulate``."""
+        self.heartbeat.stop()
+        self.transport.close(linger_s=_LEAVE_FLUSH_S)
+        self.ctl.sock.close(linger=int(_LEAVE_FLUSH_S * 1000))
+        flush = threading.Thread(target=self.ctx.term, daemon=True)  # returns once flushed
+        flush.start()
+        flush.join(timeout=_LEAVE_FLUSH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def joiner(self, t: int):
+        """This process is the successor that joins: its worker was built at connect."""
+        self.state.phase = "joining"
+        return self.worker
+
+    def due(self, plan, t: int):
+        """The round's plan with this worker's speed and pause events at a time that are due
+        (``world.SelfTimeline``): taken at the start of its first round at or after their
+        time."""
+        timeline = self.timeline
+        if timeline is None:
+            return plan
+        speed, pause_s = timeline.due(time.time() - self.t0)
+        return dataclasses.replace(plan, speed=speed if speed is not None else plan.speed,
+                                   pause_s=plan.pause_s + pause_s)
+
+    def begin(self, t: int) -> None:
+        if self.links is not None:
+            self.links.sending(t)   # before anything of round t is sent
+        self.state.round, self.state.phase = t, "computing"
+
+    def compute_done(self, seconds: float, nominal: bool = False) -> None:
+        self.state.phase = "communicating"
+
+    def evaluating(self, t: int) -> None:
+        self.state.phase = "evaluating"
+
+    def report(self, t: int, stats) -> None:
+        """The round's row to the launcher, once this worker's links took what follows it."""
+        self.state.speed = self.worker.compute.speed
+        self.state.finished_round(stats)
+        if self.links is not None:
+            self.links.receiving(t + 1)   # after the last receive of round t
+        row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
+                                   dropped=self.transport.counters()["dropped"])
+        self.ctl.send(_control().Metric(self.rank, row.body()))
+
+    def ask_peer(self, k: int):
         """Ask the launcher for exchange request k's partner and wait for the pairing (None:
         told to stop)."""
         from gasloc_emu.training.pairing import Pairing
@@ -313,7 +340,7 @@ class WorkerProcess:
                                f"{pairing.worker} with {pairing.peer}")
         return pairing
 
-    def _report_step(self, stats) -> None:
+    def report_step(self, stats) -> None:
         self.state.round, self.state.phase = stats.round, "computing"
         self.state.finished_round(stats)
         if self.worker.should_eval(stats.round):
@@ -340,19 +367,6 @@ class WorkerProcess:
             return None
         return self.world.join_round(self.rank, self.rejoin.from_round)
 
-    def _at_round_start(self, t: int) -> bool:
-        """With events at a time: the fixings due at this round's start (False: absent this
-        round; ``released``: absent to the end)."""
-        if not self._timed_world():
-            return True
-        world, rank = self.world, self.rank
-        while world.awaits_join(rank, t):
-            if not self._ask_fixings(t, waiting=True):
-                return False
-        if world.sits_out(rank, t):
-            return False
-        return self._ask_fixings(t, waiting=False)
-
     def _ask_fixings(self, t: int, waiting: bool) -> bool:
         """Ask the launcher for every fixing so far and play them; False when it says the run
         ends before this worker's join (``released``) or tells it to stop."""
@@ -368,45 +382,7 @@ class WorkerProcess:
         self.released = msg.released
         return not self.released
 
-    def _timed(self, plan, now_s: float):
-        """The round's plan with this worker's speed and pause events at a time that are due
-        (``world.SelfTimeline``): taken at the start of its first round at or after their
-        time."""
-        timeline = self.timeline
-        if timeline is None:
-            return plan
-        speed, pause_s = timeline.due(now_s)
-        return dataclasses.replace(plan, speed=speed if speed is not None else plan.speed,
-                                   pause_s=plan.pause_s + pause_s)
-
-    def _plan(self, t: int):
-        """Round t's plan from the scenario (None without one), after its leave or join."""
-        if self.world is None:
-            return None
-        plan = self.world.plan(self.rank, t)
-        if plan.leaving:
-            self._leave()
-        if plan.join_from is not None:
-            self.state.phase = "joining"
-            self.worker.join(plan.join_from, t)
-        return plan
-
-    def _leave(self) -> None:
-        """A scenario's departure: the process is killed, without a word to its peers. What it
-        sent in its last round is flushed first (as a kernel's socket buffers would have gone
-        out), so that its peers' last round with it is the same in ``run`` and ``simulate``."""
-        self.heartbeat.stop()
-        self.transport.close(linger_s=_LEAVE_FLUSH_S)
-        self.ctl.sock.close(linger=int(_LEAVE_FLUSH_S * 1000))
-        flush = threading.Thread(target=self.ctx.term, daemon=True)  # returns once flushed
-        flush.start()
-        flush.join(timeout=_LEAVE_FLUSH_S)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def _communicating(self, compute_s: float, nominal: bool = False) -> None:
-        self.state.phase = "communicating"
-
-    def report(self) -> None:
+    def final_report(self) -> None:
         """Evaluate, send the final parameters as one raw frame, and wait to be let go."""
         self.state.phase = "evaluating"
         eval_loss = self.worker.evaluate(self.cfg.run.rounds - 1)

@@ -10,7 +10,7 @@ nominal step times (s), and a target loss. The map is made so:
 2. an arm with rounds is synchronous, and the links change when its messages arrive, never what
    they carry, so its loss after round r is the same at every grid point (each grid run checks
    it): every point simulates exactly those rounds, and the clock at the end is its time to the
-   target. An arm without rounds (``has_rounds = False``: asynchronous pairwise gossip) pairs by
+   target. An arm without rounds (``driver = "pairwise"``: asynchronous pairwise gossip) pairs by
    the links' timing, so its loss differs from point to point: every point simulates up to
    ``BUDGET`` times the probe's steps with an evaluation every step, and its time is that of the
    first evaluation at or below the target;
@@ -104,10 +104,13 @@ def rounds_to_target(row: dict, target: float) -> tuple[int | None, float | None
     return rounds, loss
 
 
-def has_rounds(preset: Path, arm: Arm, seed: int) -> bool:
-    """Whether the arm's algorithm is synchronous (its own trait, ``has_rounds``)."""
-    from gasloc_emu.algorithms import registry  # loads torch, which reading results does not
-    return registry.load(arm_config(preset, arm, seed).algo.name).has_rounds
+def replays_exactly(preset: Path, arm: Arm, seed: int) -> bool:
+    """Whether the arm's runs replay to the bit at any link timing, so that one probe times
+    it at every grid point (its drive's trait, ``training.drivers``)."""
+    # both load torch, which reading results does not
+    from gasloc_emu.algorithms import registry
+    from gasloc_emu.training.drivers import drive_of
+    return drive_of(registry.load(arm_config(preset, arm, seed).algo.name)).replays_exactly
 
 
 class _Maker:
@@ -125,7 +128,7 @@ class _Maker:
     def arm(self, arm: Arm) -> list[dict]:
         """The probe and the grid of one arm."""
         rate, step = self.spec.rates_mbit[-1], self.spec.step_times_s[0]
-        timed = has_rounds(self.preset, arm, self.spec.seed)
+        timed = replays_exactly(self.preset, arm, self.spec.seed)
         probe = self.run(arm, "probe", {"run.eval_every": 1} | _net(rate, step), "simulate")
         rounds, _ = rounds_to_target(probe, self.spec.target_loss)
         rows = [probe | {"phase": "probe", "timed": timed}]

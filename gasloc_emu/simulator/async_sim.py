@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gasloc_emu.algorithms.a2cid2 import Slots
 from gasloc_emu.config import Config
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.records import RunRecord
@@ -44,7 +43,6 @@ from gasloc_emu.training.async_worker import (
     slot_rows,
     time_units,
 )
-from gasloc_emu.training.pairing import Pairer
 from gasloc_emu.training.worker import RoundStats, Worker
 from gasloc_emu.transport.base import TransportBase, TransportError
 
@@ -109,9 +107,9 @@ class AsyncSim:
         fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
         self.link_model = fresh() if fresh is not None else link_model
         self.cfg, self.workers, self.emit = cfg, workers, emit
-        topo = workers[0].topology
-        self.pairer = Pairer(cfg.workers, topo.possible_edges, cfg.seed)
-        self.slots = Slots.of(cfg.algo.rate_com)
+        plan = workers[0].plan
+        self.pairer = plan.drive.pairer(cfg.workers, plan.topology, cfg.seed)
+        self.slots = plan.algo.slots(cfg.algo)
         self.now_s = 0.0
         self.queue: list[tuple] = []  # (time, tie-break, worker, what, extra)
         self.rng = np.random.default_rng([cfg.seed, 0xE7E7])
@@ -240,7 +238,7 @@ class AsyncSim:
 
 
 def simulate_async(plan, out: Path, progress, device: str) -> RunSummary:
-    """``simulate`` for asynchronous pairwise gossip (``has_rounds = False``): the run record
+    """``simulate`` for asynchronous pairwise gossip (``driver = "pairwise"``): the run record
     as the round-based simulator writes it, plus per-worker steps and pairings."""
     cfg, t_start = plan.cfg, time.perf_counter()
     with RunRecord(Path(out), cfg) as rec:

@@ -28,7 +28,9 @@ from gasloc_emu.simulator.batched import BatchedInner
 from gasloc_emu.simulator.memory import Hub, LinkModel
 from gasloc_emu.simulator.virtual_clock import slots_for
 from gasloc_emu.training.devices import simulator_device, threads_per_worker
+from gasloc_emu.training.drivers import Pairwise, Rounds
 from gasloc_emu.training.model import build_model
+from gasloc_emu.training.rounds import RoundDriver
 from gasloc_emu.training.worker import Diverged, Worker
 from gasloc_emu.transport.faults import InjectedFault, plan_from_config, with_fault
 
@@ -50,7 +52,7 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
     threads = torch.get_num_threads()
     # as each emulator process does; batched, one computation at a time uses every core
     torch.set_num_threads((os.cpu_count() or 1) if cfg.sim.batched else threads_per_worker(cfg))
-    run = _simulate if plan.algo.has_rounds else simulate_async  # no rounds: events
+    run = SIMULATORS[type(plan.drive)]
     try:
         return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
     finally:
@@ -82,7 +84,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
         lives = [_Life(plan, r, _transport(cfg, hub, r), device, gate)
                  for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
-                                    args=(life, hub, cfg.run.rounds), daemon=True)
+                                    args=(life, hub), daemon=True)
                    for life in lives]
         for th in threads:
             th.start()
@@ -112,6 +114,11 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
             cpu_slots=slots if predicted else None)
         rec.summary(summary)
     return summary
+
+
+# how each drive (``training.drivers``) is simulated: rounds by worker threads in turn on the
+# virtual clock; pairwise gossip on one event queue, since its pairings follow the clock
+SIMULATORS = {Rounds: _simulate, Pairwise: simulate_async}
 
 
 def _tcp_model_record(link_model) -> dict:
@@ -210,48 +217,62 @@ def _transport(cfg: Config, hub: Hub, rank: int):
 
 
 class _Life:
-    """One worker id over the run: its transport, and the Worker while it is alive (a departed
-    worker's state is gone; one that joins again starts afresh, as a new process would)."""
+    """One worker id over the run, the host of its rounds (``training.rounds.Host``): its
+    transport, and the Worker while it is alive (a departed worker's state is gone; one that
+    joins again starts afresh, as a new process would)."""
 
     def __init__(self, plan: RunPlan, rank: int, transport, device, gate=None):
         self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
         self.device, self.world, self.gate = device, plan.world, gate
-        self.released = False   # parked until the end: its join at a time never came
         # a new worker (absent until its first join) has no state before it: one whose join
         # never comes is not among the workers the run ends with
         newcomers = self.world.scenario.newcomers if self.world and self.world.scenario else ()
-        self.worker: Worker | None = None if rank in newcomers else self.new_worker()
+        self.driver = RoundDriver(self, None if rank in newcomers else self.new_worker(),
+                                  self.world, rank, plan.cfg.run.rounds)
+
+    @property
+    def worker(self) -> Worker | None:
+        return self.driver.worker
 
     def new_worker(self) -> Worker:
         return Worker(self.run_plan, self.rank, self.transport, self.device, pace=False,
                       batched=self.gate)
 
-    def plan(self, t: int) -> RoundPlan | None:
-        """Round t's plan, after the leave or join it starts with; None: absent this round."""
-        if self.world.fixer is not None and not self._at_round_start(t):
-            return None
-        plan = self.world.plan(self.rank, t)
-        if plan.leaving:
-            check_departure(self.cfg, self.rank, t)
-            self.worker = None
-        if plan.join_from is not None:
-            self.worker = self.new_worker()
-            self.worker.join(plan.join_from, t)
-        return plan if plan.active else None
+    # -- the round protocol's steps on the virtual clock
 
-    def _at_round_start(self, t: int) -> bool:
-        """With events at a time: wait until the virtual clock reaches this worker's start of
-        round t (the events due by then fixed at rounds); while it is absent until a join not
-        fixed yet, parked. False: absent in round t."""
-        world, rank = self.world, self.rank
-        while world.awaits_join(rank, t):
-            if self.released or not self.transport.park():
-                self.released = True
-                return False
-        if world.sits_out(rank, t):
-            return False
+    def stop_requested(self) -> bool:
+        return False   # an abort reaches the thread at its next message (``Hub.abort``)
+
+    def await_fixings(self, t: int) -> bool:
+        """Parked, without holding up the clock, until an alarm fixes more events."""
+        return self.transport.park()
+
+    def round_fixings(self, t: int) -> bool:
+        """Wait until the virtual clock reaches this worker's start of round t (the events due
+        by then fixed at their rounds)."""
         self.transport.start_round(t)
         return True
+
+    def leave(self, t: int) -> None:
+        check_departure(self.cfg, self.rank, t)
+
+    def joiner(self, t: int) -> Worker:
+        return self.new_worker()
+
+    def due(self, plan: RoundPlan | None, t: int) -> RoundPlan | None:
+        return plan   # the virtual clock applies speed and pause events at a time itself
+
+    def begin(self, t: int) -> None:
+        pass
+
+    def compute_done(self, seconds: float, nominal: bool = False) -> None:
+        self.transport.advance(seconds, nominal)
+
+    def evaluating(self, t: int) -> None:
+        pass
+
+    def report(self, t: int, stats) -> None:
+        self.transport.end_round(stats.as_dict())
 
 
 def check_departure(cfg: Config, rank: int, t: int) -> None:
@@ -274,29 +295,13 @@ def _join_for(threads: list[threading.Thread], grace_s: float) -> None:
         th.join(max(0.0, deadline - time.monotonic()))
 
 
-def _worker_loop(life: _Life, hub: Hub, rounds: int) -> None:
-    tp = life.transport
+def _worker_loop(life: _Life, hub: Hub) -> None:
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
-            for t in range(rounds):
-                if life.world is None:
-                    _round(life.worker, t, None)
-                elif (plan := life.plan(t)) is not None:
-                    _round(life.worker, t, plan)
-            tp.finish()
+            life.driver.run()
+            life.transport.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)
-
-
-def _round(w: Worker, t: int, plan: RoundPlan | None) -> None:
-    """One round of one simulated worker: hand parameters to joiners, train, report."""
-    tp = w.transport
-    for joiner in (plan.donate_to if plan else ()):
-        w.donate(joiner, t)
-    stats = w.run_round(t, on_compute_done=tp.advance, plan=plan)
-    if w.should_eval(t):
-        stats.eval_loss = w.evaluate(t)
-    tp.end_round(stats.as_dict())
 
 
 def _sent(tp, key: str = "bytes_sent") -> int:

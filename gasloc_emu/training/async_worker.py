@@ -2,13 +2,13 @@
 process and the one-thread simulator (``async_sim``): a gradient step split at the time its
 update lands, the algorithm's time unit, and what the record keeps.
 
-In the emulator (``run_async``) the two lanes of ``a2cid2.Slots`` run at once, as the authors'
-gradient and communication processes do: a thread takes the slot's gradient steps while the
-worker's main thread asks the launcher's pairer for partners (over the control plane) and
-exchanges over the data plane; both wait for each other at the slot's end, where the rows are
-reported. One lock keeps each change of x and x~ whole (an update, a send's snapshot, a mix);
-the backward pass reads x without it, as the authors' gradient process reads the shared
-parameters while their communication process averages them.
+In the emulator (``run_async``) the two lanes of the algorithm's ``slots`` (A2CiD2's
+``Slots``) run at once, as the authors' gradient and communication processes do: a thread
+takes the slot's gradient steps while the worker's main thread asks the launcher's pairer for
+partners (over the control plane) and exchanges over the data plane; both wait for each other
+at the slot's end, where the rows are reported. One lock keeps each change of x and x~ whole
+(an update, a send's snapshot, a mix); the backward pass reads x without it, as the authors'
+gradient process reads the shared parameters while their communication process averages them.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gasloc_emu.algorithms.a2cid2 import Slots
 from gasloc_emu.training import compute
 from gasloc_emu.training.worker import RoundStats, Worker
 
@@ -96,10 +95,10 @@ class SlotLog:
 
 
 def run_async(worker: Worker, rounds: int, t0: float, ask_peer, report) -> bool:
-    """The emulator's loop: ``rounds`` gradient steps in ``Slots`` of ``algo.rate_com``, the
+    """The emulator's loop: ``rounds`` gradient steps in the algorithm's ``slots``, the
     slot's exchanges (``ask_peer(i)``: a ``Pairing``, or None when the run is being stopped)
     made meanwhile; ``report(stats)`` per step at each slot's end. False when stopped early."""
-    slots, lock = Slots.of(worker.cfg.algo.rate_com), threading.Lock()
+    slots, lock = worker.plan.algo.slots(worker.cfg.algo), threading.Lock()
     clock = _RunClock(worker, t0)
     with ThreadPoolExecutor(1, thread_name_prefix=f"a2cid2-steps-{worker.rank}") as pool:
         for slot in range(slots.count(rounds)):

@@ -184,3 +184,40 @@ def test_test_files_have_unique_basenames():
     name in different folders stop the whole collection."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+# The round protocol is written once (training/rounds.py) and an algorithm's kind is read in
+# one place (training/drivers.py): the runners host the protocol and ask the drive.
+ROUND_PROTOCOL = re.compile(r"\.run_round\(|\.donate\(")
+KIND_QUESTION = re.compile(r"\bhas_rounds\b|\.driver\b\s*(?:[!=]=|(?:not\s+)?in)|DRIVES\[")
+
+
+def _code_lines(rule: re.Pattern, allowed: set[str]) -> list[str]:
+    hits = []
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(f.relative_to(ROOT))
+            if rel in allowed:
+                continue
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if rule.search(code) and not code.lstrip().startswith(('"', "'")):
+                    hits.append(f"{rel}:{i}")
+    return hits
+
+
+def test_the_round_protocol_is_driven_from_one_place():
+    hits = _code_lines(ROUND_PROTOCOL, {"gasloc_emu/training/rounds.py",
+                                        "gasloc_emu/training/worker.py"})
+    assert hits == [], "drive rounds with training.rounds.RoundDriver: " + ", ".join(hits)
+
+
+def test_only_the_drive_registry_asks_which_kind_an_algorithm_is():
+    hits = _code_lines(KIND_QUESTION, {"gasloc_emu/training/drivers.py"})
+    assert hits == [], "ask the algorithm's drive (training.drivers): " + ", ".join(hits)
+
+
+@pytest.mark.parametrize("line", ["if plan.algo.has_rounds:", "    stats = w.run_round(t)",
+                                  'if algo.driver == "pairwise":', "d = DRIVES[cls.driver]"])
+def test_the_protocol_rules_see_a_second_copy(line):
+    assert ROUND_PROTOCOL.search(line) or KIND_QUESTION.search(line)
