@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gasloc_emu import algorithms, topology
-from gasloc_emu.algorithms import OuterAlgorithm, Resolved
+from gasloc_emu.algorithms import Algorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.netplan import check_network, describe_link_model, sim_link_model
@@ -52,8 +52,8 @@ class RunPlan:
     codec: Codec | None = None  # comm.codec's rule; None: messages are float32 values
 
     @property
-    def algo(self) -> type[OuterAlgorithm]:
-        """The algorithm's class: its traits (``OuterAlgorithm``)."""
+    def algo(self) -> type[Algorithm]:
+        """The algorithm's class: its traits (``algorithms.Algorithm``)."""
         return self.algorithm.cls
 
     @property
@@ -71,7 +71,7 @@ class RunPlan:
         return self.algo.constants(self.cfg.algo, self.topology)
 
     def run_label(self) -> str:
-        """The default run name's algorithm part (``OuterAlgorithm.run_label``)."""
+        """The default run name's algorithm part (``Algorithm.run_label``)."""
         return self.algo.run_label(self.cfg.topology.name)
 
     def topology_label(self) -> str:
@@ -136,7 +136,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
 
 
-def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
+def _refuse(cfg: Config, algo: type[Algorithm], topo: Topology | None,
             scenario: bool, reshapes: bool = False) -> None:
     """What the runners cannot do with this algorithm and these settings (exit 2).
     ``reshapes``: the scenario has leaves, joins or partitions."""
@@ -155,7 +155,7 @@ def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,
         _refuse_batched(cfg, algo, scenario)
 
 
-def _refuse_codec(cfg: Config, algo: type[OuterAlgorithm], world: World | None) -> None:
+def _refuse_codec(cfg: Config, algo: type[Algorithm], world: World | None) -> None:
     """A joiner has none of the public copies its edges' senders keep (``comm.channel``), so
     gossip with a lossy codec cannot take a join."""
     if cfg.comm.codec == "none" or not algo.compressed_kinds or world is None:
@@ -166,7 +166,7 @@ def _refuse_codec(cfg: Config, algo: type[OuterAlgorithm], world: World | None) 
                           "the joiner's; use comm.codec = none, or a scenario without joins")
 
 
-def _refuse_batched(cfg: Config, algo: type[OuterAlgorithm], scenario: bool) -> None:
+def _refuse_batched(cfg: Config, algo: type[Algorithm], scenario: bool) -> None:
     """What the batched simulator cannot do: every worker must reach each round's inner phase
     with a step count known before it starts (``simulator.batched``)."""
     no_rounds = drive_of(algo).batched_refusal()

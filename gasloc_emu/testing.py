@@ -50,7 +50,7 @@ from unittest import mock
 import torch
 
 from gasloc_emu import config as C
-from gasloc_emu.algorithms import OuterAlgorithm, registry
+from gasloc_emu.algorithms import Algorithm, registry
 from gasloc_emu.config import ConfigError
 from gasloc_emu.emulator.launcher import launch
 from gasloc_emu.plan import RunPlan, build_plan
@@ -418,7 +418,7 @@ def check_state_bytes(algo: str, tmp_path, *, sets: Iterable[str] = (),
     return [w.algo.state_bytes() for w in obs.final_workers()]
 
 
-def held_tensors(algo: OuterAlgorithm, theta: torch.Tensor | None = None,
+def held_tensors(algo: Algorithm, theta: torch.Tensor | None = None,
                  depth: int = 3) -> dict[str, torch.Tensor]:
     """{attribute path: tensor} of what ``algo`` holds: its attributes, searched through lists,
     tuples, dicts and plain helper objects (not transports, graphs, modules or functions) up
@@ -462,7 +462,7 @@ def _opaque(obj: Any) -> bool:
             or callable(obj) or hasattr(obj, "send") and hasattr(obj, "recv"))
 
 
-def _state_problem(algo: OuterAlgorithm, theta: torch.Tensor, model_bytes: int) -> str | None:
+def _state_problem(algo: Algorithm, theta: torch.Tensor, model_bytes: int) -> str | None:
     held = held_tensors(algo, theta)
     sizes = {path: t.untyped_storage().nbytes() for path, t in held.items()}
     total = sum(sizes.values())

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gasloc_emu.algorithms.base import Context, OuterAlgorithm, Supports
+from gasloc_emu.algorithms.base import Context, PairwiseAlgorithm, Supports
 from gasloc_emu.topology import Topology
 from gasloc_emu.transport.base import Transport
 
@@ -139,12 +139,11 @@ def ode_mix(x: torch.Tensor, x_tilde: torch.Tensor, eta: float, tau: float) -> N
     torch.sub(mean, half_gap, out=x_tilde)
 
 
-class A2CiD2(OuterAlgorithm):
+class A2CiD2(PairwiseAlgorithm):
     """One worker's side: ``before_step`` / ``took_step`` around each inner step, then
     ``exchange`` with the peer the pairing gave (or nothing when it gave none)."""
 
     name = "a2cid2"
-    driver = "pairwise"
     supports = Supports(scenarios=False, time_budget=False)
     compressed_kinds = (KIND,)
 
@@ -253,13 +252,6 @@ class A2CiD2(OuterAlgorithm):
         gap = gap.to(theta.device)
         self.x_tilde.add_(gap, alpha=self.alpha_tilde)
         theta.add_(gap, alpha=0.5)
-
-    def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
-        raise RuntimeError("a2cid2 has no rounds: its worker loops (async_worker, async_sim) "
-                           "run its steps and exchanges side by side")
-
-    def peers(self, round_idx: int) -> list[int]:
-        return []
 
     def _state(self) -> list[torch.Tensor | None]:
         return [self.x_tilde]

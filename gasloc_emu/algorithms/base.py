@@ -1,10 +1,19 @@
-"""What every outer algorithm shares: the interface the worker calls, the traits the rest of
-the system reads, and gossip mixing.
+"""What every algorithm shares, and the two small bases of its kinds: the interface the worker
+calls, the traits the rest of the system reads, and gossip mixing.
 
-An algorithm is one class: its instance is one worker's side of the protocol (``begin``,
-``outer_step``, ``finish``, ``handover``), and its class attributes and class methods are
-everything the runners, the record and the dashboard ask of it (docs/EXTENDING.md). Nothing
-outside ``algorithms/`` looks at an algorithm's name to decide anything.
+An algorithm is one class: its instance is one worker's side of the protocol, and its class
+attributes and class methods are everything the runners, the record and the dashboard ask of
+it (docs/EXTENDING.md). ``Algorithm`` holds what every kind shares; an algorithm subclasses
+one of its kinds:
+
+- ``OuterAlgorithm``: rounds of local steps, then ``outer_step`` (``begin``, ``outer_step``,
+  ``finish``, ``peers``, ``handover``); driven by ``training.rounds``;
+- ``PairwiseAlgorithm``: asynchronous pairwise exchanges beside the gradient steps
+  (``before_step``, ``took_step``, ``send_half``, ``take``, ``mix``; ``slots``); driven by
+  ``training.async_worker`` and the simulator's event queue.
+
+Nothing outside ``algorithms/`` looks at an algorithm's name to decide anything, and only
+``training.drivers`` reads which kind it is.
 """
 from __future__ import annotations
 
@@ -57,20 +66,16 @@ class Context:
     channel: Channel | None = None
 
 
-class OuterAlgorithm:
-    """State between rounds and the outer step; never sees sockets, only a ``Transport``.
-
-    The worker calls ``begin(theta)`` once with the flat parameter buffer, then after each inner
-    phase ``outer_step(t, theta)``: ``theta`` holds the inner result on entry and the next
-    round's starting point on exit (modified in place).
-    """
+class Algorithm:
+    """What every kind of algorithm shares: its traits, its construction and its checks; one
+    worker's instance never sees sockets, only a ``Transport``. Subclass a kind
+    (``OuterAlgorithm``, ``PairwiseAlgorithm``), not this."""
 
     # -- traits: what the rest of the system asks of the algorithm (class level, no instance)
     name: ClassVar[str] = "base"
     Settings: ClassVar[type] = NoSettings   # its own settings, ``algo.params.KEY`` (a dataclass)
-    # how a worker's time is organised (``training.drivers``): "rounds", or "pairwise" for
-    # asynchronous pairwise exchanges beside the gradient steps, no rounds
-    driver: ClassVar[str] = "rounds"
+    # how a worker's time is organised (``training.drivers``): set by the kind's base
+    driver: ClassVar[str] = ""
     needs_graph: ClassVar[bool] = True      # False: its peers are not a gossip graph's
     shows: ClassVar[tuple[str, ...]] = ()   # outer constants the header and summary show
     default_local_steps: ClassVar[int] = 10  # H when algo.local_steps is 0
@@ -83,15 +88,14 @@ class OuterAlgorithm:
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         self.rank, self.transport, self.topology = rank, transport, topology
-        self.anchor: torch.Tensor | None = None  # theta at the start of the inner phase
 
     @classmethod
-    def create(cls, ctx: Context) -> OuterAlgorithm:
+    def create(cls, ctx: Context) -> Algorithm:
         """One worker's instance; algorithms with constants override it."""
         return cls(ctx.rank, ctx.transport, ctx.topology)
 
     @classmethod
-    def build(cls, ctx: Context) -> OuterAlgorithm:
+    def build(cls, ctx: Context) -> Algorithm:
         """What the runners call: ``create``, with the context's channel attached (so a plugin's
         ``create`` need not pass it on)."""
         algo = cls.create(ctx)
@@ -151,12 +155,6 @@ class OuterAlgorithm:
         return {}
 
     @classmethod
-    def reduces_in_background(cls, acfg) -> bool:
-        """Whether its All-Reduce runs during the next round's compute (the simulator's clock
-        gives it a lane of its own)."""
-        return False
-
-    @classmethod
     def weights_by_steps(cls, acfg) -> bool:
         """Whether it weights each worker's pseudo-gradient by its share of the inner steps
         (needs every worker's H_i before the run)."""
@@ -173,16 +171,39 @@ class OuterAlgorithm:
         """The default run name's algorithm part."""
         return f"{cls.name}-{topology_name}" if cls.needs_graph else cls.name
 
-    @classmethod
-    def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
-        """An asynchronous algorithm's constants for the record's ``asynchronous`` block."""
-        return {}
+    def begin(self, theta: torch.Tensor) -> None:
+        """Once, with the flat parameter buffer, before the first step (and at a join)."""
+        raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        """Model-sized buffers this algorithm keeps between steps (for memory reports), its
+        channel's copies and residual included."""
+        own = sum(t.numel() * t.element_size() for t in self._state() if t is not None)
+        return own + (self.channel.state_bytes() if self.channel is not None else 0)
+
+    def _state(self) -> list[torch.Tensor | None]:
+        return []
+
+
+class OuterAlgorithm(Algorithm):
+    """Rounds: local steps, then the outer step (``training.rounds`` drives it).
+
+    The worker calls ``begin(theta)`` once with the flat parameter buffer, then after each inner
+    phase ``outer_step(t, theta)``: ``theta`` holds the inner result on entry and the next
+    round's starting point on exit (modified in place).
+    """
+
+    driver: ClassVar[str] = "rounds"
+
+    def __init__(self, rank: int, transport: Transport, topology: Topology | None):
+        super().__init__(rank, transport, topology)
+        self.anchor: torch.Tensor | None = None  # theta at the start of the inner phase
 
     @classmethod
-    def exchange_requests(cls, acfg, steps: int) -> int:
-        """An asynchronous algorithm's pairing requests per worker in ``steps`` steps at most
-        (the launcher's bound on what a worker may ask)."""
-        return steps
+    def reduces_in_background(cls, acfg) -> bool:
+        """Whether its All-Reduce runs during the next round's compute (the simulator's clock
+        gives it a lane of its own)."""
+        return False
 
     def begin(self, theta: torch.Tensor) -> None:
         self.anchor = theta.detach().clone()
@@ -206,18 +227,60 @@ class OuterAlgorithm:
     def take_over(self, state: dict[str, torch.Tensor]) -> None:
         """A joiner's side of ``handover``, after ``begin``."""
 
-    def state_bytes(self) -> int:
-        """Model-sized buffers this algorithm keeps between rounds (for memory reports), its
-        channel's copies and residual included."""
-        own = sum(t.numel() * t.element_size() for t in self._state() if t is not None)
-        return own + (self.channel.state_bytes() if self.channel is not None else 0)
-
     def reduce(self) -> RingSum | None:
         """The ``reduce`` of ``all_reduce_mean``: the channel's compressed ring, or None."""
         return self.channel.ring_sum if self.channel is not None else None
 
     def _state(self) -> list[torch.Tensor | None]:
         return [self.anchor]
+
+
+class PairwiseAlgorithm(Algorithm):
+    """Asynchronous pairwise exchanges beside the gradient steps, no rounds (``run.rounds``
+    counts steps). Its worker loops (``training.async_worker`` in ``run``, the simulator's
+    event queue in ``simulate``) keep ``slots`` and call, around each step's update,
+    ``before_step(theta, t)`` and ``took_step(theta)``, and for each exchange with the partner
+    the launcher's pairer gave, ``send_half``, ``take`` and ``mix`` (times ``t`` in units of
+    the worker's gradient-step time)."""
+
+    driver: ClassVar[str] = "pairwise"
+
+    @classmethod
+    def slots(cls, acfg):
+        """The two lanes' barrier schedule: gradient steps and exchanges per slot (an object
+        with ``count(steps)``, ``steps_in(slot, steps)``, ``exchanges``; ``a2cid2.Slots``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def exchange_requests(cls, acfg, steps: int) -> int:
+        """Pairing requests per worker in ``steps`` steps at most (the launcher's bound on what
+        a worker may ask)."""
+        raise NotImplementedError
+
+    @classmethod
+    def pairing_constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
+        """Its constants for the record's ``asynchronous`` block."""
+        return {}
+
+    def before_step(self, theta: torch.Tensor, t: float) -> None:
+        """Before a gradient step's update lands at time ``t``."""
+        raise NotImplementedError
+
+    def took_step(self, theta: torch.Tensor) -> None:
+        """After the step's update."""
+        raise NotImplementedError
+
+    def send_half(self, peer: int, label: int, theta: torch.Tensor, t: float) -> None:
+        """This side of exchange ``label`` with ``peer``: what it sends, taken at ``t``."""
+        raise NotImplementedError
+
+    def take(self, peer: int, label: int) -> torch.Tensor:
+        """What ``peer`` sent for exchange ``label`` (waits for it)."""
+        raise NotImplementedError
+
+    def mix(self, theta: torch.Tensor, received: torch.Tensor, t: float) -> None:
+        """The exchange's effect on this worker's state at ``t``."""
+        raise NotImplementedError
 
 
 @torch.no_grad()

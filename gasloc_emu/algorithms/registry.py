@@ -2,7 +2,8 @@
 
 ``algo.name`` is a name registered under the entry-point group ``gasloc_emu.algorithms`` (the
 five built-ins are registered by this package's own pyproject.toml) or ``package.module:Class``.
-The class must subclass ``OuterAlgorithm``; its ``Settings`` dataclass validates
+The class must subclass one kind's base (``OuterAlgorithm`` for rounds, ``PairwiseAlgorithm``
+for asynchronous pairwise exchanges); its ``Settings`` dataclass validates
 ``algo.params`` exactly as the config tree validates its sections.
 """
 from __future__ import annotations
@@ -13,19 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gasloc_emu import plugins
-from gasloc_emu.algorithms.base import OuterAlgorithm
+from gasloc_emu.algorithms.base import Algorithm, OuterAlgorithm, PairwiseAlgorithm
 from gasloc_emu.config import ConfigError, build_section
 
 GROUP = "gasloc_emu.algorithms"
 
 
 @functools.cache
-def load(name: str) -> type[OuterAlgorithm]:
+def load(name: str) -> type[Algorithm]:
     """The algorithm class ``name`` means (a one-line ``ConfigError`` when it means none)."""
     cls = plugins.load(name, GROUP, "algo.name")
-    if not (isinstance(cls, type) and issubclass(cls, OuterAlgorithm)):
+    if not (isinstance(cls, type) and issubclass(cls, (OuterAlgorithm, PairwiseAlgorithm))):
         raise plugins.PluginError(f"algo.name = {name!r} is {cls!r}, not a subclass of "
-                                  "gasloc_emu.algorithms.OuterAlgorithm")
+                                  "gasloc_emu.algorithms.OuterAlgorithm (or PairwiseAlgorithm)")
     if not dataclasses.is_dataclass(cls.Settings):
         raise plugins.PluginError(f"algo.name = {name!r}: its Settings ({cls.Settings!r}) is not "
                                   "a dataclass")
@@ -41,7 +42,7 @@ def known() -> list[str]:
 class Resolved:
     """An algorithm with its settings checked: the class, and its ``Settings`` instance."""
 
-    cls: type[OuterAlgorithm]
+    cls: type[Algorithm]
     params: Any
 
     def record(self) -> dict[str, Any]:

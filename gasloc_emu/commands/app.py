@@ -110,27 +110,6 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     return exitcodes.OK
 
 
-def replay_source(run_dir: str) -> tuple[Config, list]:
-    """A run record's config and the fixings of its timed events; a ConfigError when the
-    record has none to replay."""
-    from gasloc_emu.config import ConfigError, resolve
-    from gasloc_emu.scenario.fixing import Fixing
-    folder = Path(run_dir)
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        cfg = resolve(folder / "config.toml")
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--replay {run_dir}: not a readable run record ({exc})") from None
-    fixings = (summary.get("membership") or {}).get("fixings")
-    if fixings is None:
-        raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
-                          "partition at a time; simulate its config.toml instead)")
-    try:
-        return cfg, [Fixing.from_json(f) for f in fixings]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
-
-
 def _plan(cfg: Config, data: bool = True):
     """The run plan (every bad input refused here), its warnings printed."""
     from gasloc_emu.plan import build_plan

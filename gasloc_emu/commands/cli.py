@@ -312,7 +312,8 @@ def main() -> None:
 @friendly_errors
 def simulate(replay: str | None, **kw) -> None:
     """Run all N workers in one process (in-memory transport, virtual clock)."""
-    from gasloc_emu.commands.app import replay_source, simulate_command
+    from gasloc_emu.commands.app import simulate_command
+    from gasloc_emu.simulator.simulate import replay_source
     if replay is None:
         cfg, fixings = resolve_from_flags(kw), None
     else:

@@ -86,7 +86,8 @@ class Supervisor:
         self.goodput = Goodput()  # what each link delivered while training (links.json)
         # what every worker's messages must agree with: ranks, rounds, the model's size
         self.expect = control.Expect(cfg.workers, cfg.run.rounds, count_parameters(cfg.model),
-                                     plan.algo.exchange_requests(cfg.algo, cfg.run.rounds))
+                                     plan.drive.exchange_requests(plan.algo, cfg.algo,
+                                                                      cfg.run.rounds))
         self.desk = ControlDesk(self)  # what each control message does
         self.feed = None  # the scenario's events, into events.jsonl and onto the display
         # its link changes and its events at a time, played on the run's clock

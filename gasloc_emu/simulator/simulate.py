@@ -8,6 +8,7 @@ cores.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from gasloc_emu.config import Config
+from gasloc_emu.config import Config, ConfigError, resolve
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
 from gasloc_emu.report.summary import final_summary
+from gasloc_emu.scenario.fixing import Fixing
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
 from gasloc_emu.simulator.async_sim import simulate_async
@@ -119,6 +121,25 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
 # how each drive (``training.drivers``) is simulated: rounds by worker threads in turn on the
 # virtual clock; pairwise gossip on one event queue, since its pairings follow the clock
 SIMULATORS = {Rounds: _simulate, Pairwise: simulate_async}
+
+
+def replay_source(run_dir: str) -> tuple[Config, list]:
+    """A run record's config and the fixings of its timed events; a ConfigError when the
+    record has none to replay."""
+    folder = Path(run_dir)
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        cfg = resolve(folder / "config.toml")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--replay {run_dir}: not a readable run record ({exc})") from None
+    fixings = (summary.get("membership") or {}).get("fixings")
+    if fixings is None:
+        raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
+                          "partition at a time; simulate its config.toml instead)")
+    try:
+        return cfg, [Fixing.from_json(f) for f in fixings]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 
 
 def _tcp_model_record(link_model) -> dict:

@@ -1,7 +1,7 @@
 """How an algorithm organises a worker's time: the one place that tells round-based algorithms
 from asynchronous ones.
 
-An algorithm names its driver (``OuterAlgorithm.driver``); this registry turns the name into
+An algorithm names its driver (``Algorithm.driver``); this registry turns the name into
 a ``Drive``, and the runners ask the drive what they need (its training loop, its transport's
 bounds, its pairer, what it cannot do) instead of asking which kind the algorithm is.
 
@@ -37,6 +37,11 @@ class Drive:
         """The data plane's window and per-peer bounds beyond the defaults."""
         return {}
 
+    def exchange_requests(self, algo, acfg, steps: int) -> int:
+        """The most pairing requests a worker may make in ``steps`` steps (the launcher's bound
+        on what it may ask)."""
+        return 0
+
     def pairer(self, workers: int, topology, seed: int):
         """The launcher's pairer of exchange requests, or None when there is none to pair."""
         return None
@@ -66,6 +71,9 @@ class Pairwise(Drive):
     def transport_limits(self, model_bytes: int) -> dict:
         return async_worker.transport_limits(model_bytes)
 
+    def exchange_requests(self, algo, acfg, steps: int) -> int:
+        return algo.exchange_requests(acfg, steps)
+
     def pairer(self, workers: int, topology, seed: int):
         return Pairer(workers, topology.possible_edges, seed)
 
@@ -77,7 +85,7 @@ DRIVES: dict[str, Drive] = {d.name: d for d in (Rounds(), Pairwise())}
 
 
 def drive_of(algo) -> Drive:
-    """The drive an algorithm class names (``OuterAlgorithm.driver``)."""
+    """The drive an algorithm class names (``Algorithm.driver``)."""
     try:
         return DRIVES[algo.driver]
     except KeyError:
