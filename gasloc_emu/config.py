@@ -381,6 +381,11 @@ class ExecConfig(_Validated):
     failure_detect_s: float = setting(2.0, "Seconds a departed worker's peers spend noticing "
                                            "it is gone (a heartbeat timeout) before mixing "
                                            "without it.", lo=0.0, hi=3600.0)
+    checkpoint_every: int = setting(0, "Write every worker's whole state to the record's "
+                                       "checkpoints/ folder every this many rounds (atomic, "
+                                       "checksummed; older ones removed once every worker has "
+                                       "a newer one), so that --resume RUN_DIR can continue "
+                                       "the run; 0: never.", lo=0, hi=10_000_000)
 
 
 # The named compute profiles; training.compute.NAMED is the list it builds (a unit test keeps

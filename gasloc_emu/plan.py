@@ -130,6 +130,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
+    _refuse_checkpoints(cfg, algo, world)
     if corpus is None and data:
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
@@ -153,6 +154,29 @@ def _refuse(cfg: Config, algo: type[Algorithm], topo: Topology | None,
         raise ConfigError(refusal)
     if cfg.sim.batched:
         _refuse_batched(cfg, algo, scenario)
+
+
+def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None) -> None:
+    """What a checkpointed run cannot take (``run.checkpoint_every``): a resumed run must be
+    the same run, so every state it goes on from must be on disk and nothing in flight."""
+    if cfg.run.checkpoint_every == 0:
+        return
+    reasons = (
+        (not drive_of(algo).replays_exactly,
+         f"{algo.name} pairs workers by the links' timing, which a resumed run cannot repeat"),
+        (algo.checkpoint_state is None,
+         f"{algo.name} does not declare the state it keeps between rounds (checkpoint_state)"),
+        (bool(cfg.algo.overlap), "algo.overlap = 1 keeps an exchange in flight at every "
+                                 "round's end"),
+        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
+        (world is not None and world.fixer is not None,
+         "leaves, joins or partitions at a time are fixed on the run's own clock"),
+        (world is not None and world.churns,
+         "the scenario's leaves and joins change who must have a checkpoint of a round"))
+    why = next((text for applies, text in reasons if applies), "")
+    if why:
+        raise ConfigError(f"run.checkpoint_every = {cfg.run.checkpoint_every} cannot be used: "
+                          f"{why}; set run.checkpoint_every = 0")
 
 
 def _refuse_codec(cfg: Config, algo: type[Algorithm], world: World | None) -> None:

@@ -85,6 +85,9 @@ class Algorithm:
     # names them, or () when it sends everything uncompressed
     compressed_kinds: ClassVar[tuple[str, ...]] = ("z",)
     channel: Channel | None = None  # set by ``build``: compressed communication, or None
+    # the attributes holding its state between rounds, which a checkpoint keeps and a resumed
+    # worker gets back (``state_dict``); None: not declared, so its runs take no checkpoint
+    checkpoint_state: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         self.rank, self.transport, self.topology = rank, transport, topology
@@ -174,6 +177,25 @@ class Algorithm:
     def begin(self, theta: torch.Tensor) -> None:
         """Once, with the flat parameter buffer, before the first step (and at a join)."""
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Its state between rounds (``checkpoint_state``), with its channel's, on the CPU."""
+        state = {f"algo.{name}": value.detach().to("cpu", copy=True)
+                 for name in self.checkpoint_state or ()
+                 if (value := getattr(self, name, None)) is not None}
+        if self.channel is not None:
+            state |= {f"channel.{k}": v for k, v in self.channel.state_dict().items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], device) -> None:
+        """A resumed worker's side of ``state_dict``, after ``begin``."""
+        for name in self.checkpoint_state or ():
+            value = state.get(f"algo.{name}")
+            setattr(self, name, None if value is None else value.to(device, copy=True))
+        if self.channel is not None:
+            self.channel.load_state_dict({k.removeprefix("channel."): v
+                                          for k, v in state.items()
+                                          if k.startswith("channel.")})
 
     def state_bytes(self) -> int:
         """Model-sized buffers this algorithm keeps between steps (for memory reports), its

@@ -55,6 +55,7 @@ def wire_kinds(numel: int) -> dict[str, tuple[int]]:
 
 class DiLoCo(OuterAlgorithm):
     name = "diloco"
+    checkpoint_state = ("anchor", "buf", "y_prev")
     needs_graph = False          # its peers are the ring All-Reduce's
     shows = ("gamma", "eta")
     supports = Supports(overlap=True)

@@ -42,6 +42,7 @@ from gasloc_emu.transport.base import Transport
 
 class GASLoC(OuterAlgorithm):
     name = "gasloc"
+    checkpoint_state = ("anchor", "y_prev")
     shows = ("gamma", "eta")
     supports = Supports(overlap=True)
 

@@ -13,6 +13,7 @@ from gasloc_emu.algorithms.base import OuterAlgorithm, gossip
 
 class PlainGossip(OuterAlgorithm):
     name = "local-gossip"
+    checkpoint_state = ()   # it keeps nothing between rounds
 
     def begin(self, theta: torch.Tensor) -> None:
         """Nothing to keep: plain gossip mixes the inner result, never its start."""

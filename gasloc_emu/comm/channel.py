@@ -93,6 +93,24 @@ class Channel:
         return reduce(tp, round_idx, values, members, self.codec,
                       self.residual).to(tensor.device)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The copies and the residual, for a checkpoint: ``start``, ``sent.J``,
+        ``received.J``, ``residual``."""
+        out = {"start": self.start.clone()}
+        out |= {f"sent.{j}": t.clone() for j, t in self.sent.items()}
+        out |= {f"received.{j}": t.clone() for j, t in self.received.items()}
+        if self.residual is not None:
+            out["residual"] = self.residual.clone()
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.start = state["start"].clone()
+        self.sent = {int(k.split(".")[1]): v.clone() for k, v in state.items()
+                     if k.startswith("sent.")}
+        self.received = {int(k.split(".")[1]): v.clone() for k, v in state.items()
+                         if k.startswith("received.")}
+        self.residual = state["residual"].clone() if "residual" in state else None
+
     def state_bytes(self) -> int:
         """Model-sized buffers kept for compression (memory reports)."""
         tensors = [*self.sent.values(), *self.received.values(), self.start]

@@ -31,7 +31,7 @@ from gasloc_emu.report.compare import (
 from gasloc_emu.report.dashboard import LiveView
 from gasloc_emu.report.dashboard_state import header_from_plan
 from gasloc_emu.report.fmt import summary_lines
-from gasloc_emu.report.records import new_run_dir
+from gasloc_emu.report.records import new_run_dir, resume_point
 from gasloc_emu.topology import Topology
 from gasloc_emu.training.devices import simulator_device
 from netem.probe import probe_links
@@ -85,21 +85,24 @@ def use_dashboard(cfg: Config) -> bool:
 
 
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
-                     fixings: list | None = None) -> int:
+                     fixings: list | None = None, resume: str | None = None) -> int:
     """``fixings``: a run record's rounds for its timed leaves, joins and partitions, played
-    instead of fixing them on the virtual clock (``--replay``)."""
+    instead of fixing them on the virtual clock (``--replay``); ``resume``: a run record
+    whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
     plan = _plan(cfg)
     if fixings is not None:
         plan.world.replay(fixings)
-    path = new_run_dir(cfg, out, overwrite, plan.run_label())
+    point = resume_point(resume, cfg) if resume is not None else None
+    path = Path(resume) if resume is not None else \
+        new_run_dir(cfg, out, overwrite, plan.run_label())
     device = simulator_device(cfg.run.device)
     progress = make_progress(plan, devices=[device] * cfg.workers,
                              shaper="virtual clock" if plan.link_model else "none")
     try:
         with progress:
-            summary = simulate(plan, path, progress=progress, device=device)
+            summary = simulate(plan, path, progress=progress, device=device, resume=point)
     except Diverged as exc:
         click.echo(f"error: {exc}; record: {path}", err=True)
         return exitcodes.DIVERGED
@@ -156,7 +159,9 @@ def _alive_counts(plan) -> Callable[[int], int] | None:
 
 
 def run_command(cfg: Config, out: str | None, dry_run: bool = False,
-                overwrite: bool = False, role=None, secret_file: str | None = None) -> int:
+                overwrite: bool = False, role=None, secret_file: str | None = None,
+                resume: str | None = None) -> int:
+    """``resume``: a run record whose checkpoints this run goes on from, in its folder."""
     from gasloc_emu.emulator.zygote import Zygote
     if role is not None and role.multi:
         return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
@@ -165,8 +170,10 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
         from gasloc_emu.emulator.launcher import launch
         plan = _plan(cfg, data=not dry_run)
         # refused before anything runs
-        path = None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
-        result = launch(plan, path, dry_run=dry_run, zygote=zygote,
+        point = resume_point(resume, cfg) if resume is not None else None
+        path = Path(resume) if resume is not None else \
+            None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
+        result = launch(plan, path, dry_run=dry_run, zygote=zygote, resume=point,
                         progress_factory=lambda devices, shaper: make_progress(plan, devices,
                                                                                shaper),
                         log=lambda line: click.echo(line, err=True))

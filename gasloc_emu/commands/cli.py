@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
 
 import click
 
@@ -22,6 +23,14 @@ _BAD_INPUT = exitcodes.BAD_INPUT
 def _fail(msg: str, code: int = _BAD_INPUT) -> None:
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
+
+
+# `run` and `simulate` go on from a record's checkpoints (run.checkpoint_every), in its folder
+RESUME_OPTION = click.option(
+    "--resume", type=click.Path(file_okay=False, exists=True), metavar="RUN_DIR",
+    help="Continue a run record from the latest round every worker has a checkpoint of "
+         "(run.checkpoint_every), with its own config, in its own folder; a run that was "
+         "killed then ends as it would have.")
 
 
 def friendly_errors(fn):
@@ -102,6 +111,7 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--lr", "algo.inner.lr"),
     ("--degree", "topology.degree"),
     ("--eval-every", "run.eval_every"),
+    ("--checkpoint-every", "run.checkpoint_every"),
     ("--bw-profile", "net.bw_profile"),
     ("--shaper", "net.shaper"),
     ("--rate-mbit", "net.rate_mbit"),
@@ -309,22 +319,39 @@ def main() -> None:
 @click.option("--replay", type=click.Path(file_okay=False, exists=True), metavar="RUN_DIR",
               help="Simulate a run record again with its config and the rounds its timed "
                    "leaves, joins and partitions landed on: that run's losses.")
+@RESUME_OPTION
 @friendly_errors
-def simulate(replay: str | None, **kw) -> None:
+def simulate(replay: str | None, resume: str | None, **kw) -> None:
     """Run all N workers in one process (in-memory transport, virtual clock)."""
     from gasloc_emu.commands.app import simulate_command
     from gasloc_emu.simulator.simulate import replay_source
-    if replay is None:
-        cfg, fixings = resolve_from_flags(kw), None
+    if replay is not None and resume is not None:
+        raise click.UsageError("--replay and --resume are two different runs; give one")
+    fixings = None
+    if replay is not None:
+        cfg, fixings = replay_source(_record_only("--replay", replay, kw))
+        cfg = _dashboard_flag(cfg, kw)
+    elif resume is not None:
+        cfg = _dashboard_flag(C.resolve(Path(_record_only("--resume", resume, kw, ("out",)))
+                                        / "config.toml"), kw)
     else:
-        given = sorted(k for k, v in kw.items()
-                       if v not in (None, (), False) and k not in ("out", "overwrite",
-                                                                   "no_dashboard"))
-        if given:
-            raise click.UsageError(f"--replay takes the run's own config; drop {given}")
-        cfg, fixings = replay_source(replay)
-        cfg = C.replace(cfg, **{"run.dashboard": "off"} if kw.get("no_dashboard") else {})
-    sys.exit(simulate_command(cfg, kw.get("out"), kw.get("overwrite", False), fixings))
+        cfg = resolve_from_flags(kw)
+    sys.exit(simulate_command(cfg, kw.get("out"), kw.get("overwrite", False), fixings,
+                              resume=resume))
+
+
+def _record_only(flag: str, run_dir: str, kw: dict, also: tuple[str, ...] = ()) -> str:
+    """``run_dir``, when no flag besides the record's own was given with ``flag``."""
+    allowed = {"out", "overwrite", "no_dashboard"} - set(also)
+    given = sorted(k for k, v in kw.items()
+                   if v not in (None, (), False) and k not in allowed)
+    if given:
+        raise click.UsageError(f"{flag} takes the run's own config; drop {given}")
+    return run_dir
+
+
+def _dashboard_flag(cfg, kw: dict):
+    return C.replace(cfg, **{"run.dashboard": "off"} if kw.get("no_dashboard") else {})
 
 
 # One node agent per host, named as torchrun names them; under torchrun or Slurm they come from
@@ -351,16 +378,25 @@ _NODE_KEYS = ("nnodes", "node_rank", "master_addr", "master_port", "nproc_per_no
 @run_only_options
 @_apply(NODE_OPTIONS)
 @click.option("--dry-run", is_flag=True, help="Print the network commands and stop.")
+@RESUME_OPTION
 @friendly_errors
-def run(dry_run: bool, **kw) -> None:
+def run(dry_run: bool, resume: str | None, **kw) -> None:
     """Start N worker processes that train over a real (shaped) network, on one host or many."""
     import os
 
     from gasloc_emu.cluster.roles import resolve_role
     from gasloc_emu.commands.app import run_command
     from gasloc_emu.emulator.network import enter_userns_if_needed
-    cfg = resolve_from_flags(kw)
+    if resume is not None:
+        cfg = _dashboard_flag(C.resolve(Path(_record_only(
+            "--resume", resume, {k: v for k, v in kw.items() if k not in _NODE_KEYS},
+            ("out", "overwrite"))) / "config.toml"), kw)
+    else:
+        cfg = resolve_from_flags(kw)
     role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
+    if resume is not None and (role.multi or dry_run):
+        raise click.UsageError("--resume continues a run on one host; drop --nnodes and "
+                               "--dry-run")
     if kw.get("secret_file") and not role.multi:
         # a single-host run draws a fresh secret that never leaves its own processes; taking
         # one from a file instead would be weaker, and ignoring the flag would be silent
@@ -371,7 +407,7 @@ def run(dry_run: bool, **kw) -> None:
         enter_userns_if_needed(cfg, sys.argv[1:], dry_run)
     sys.exit(run_command(cfg, kw.get("out"), dry_run=dry_run,
                          overwrite=kw.get("overwrite", False), role=role,
-                         secret_file=kw.get("secret_file")))
+                         secret_file=kw.get("secret_file"), resume=resume))
 
 
 @main.command()

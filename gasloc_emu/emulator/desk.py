@@ -88,6 +88,7 @@ class ControlDesk:
         if self.sup.feed is not None:
             self.sup.feed.row(row)
         self.sup.rec.metric(row)
+        self.sup.checkpointed(row)
         if self.sup.progress is not None:
             self.sup.progress(row)
 

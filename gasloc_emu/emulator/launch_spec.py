@@ -33,6 +33,7 @@ class LaunchSpec:
     start_timeout_s: float          # how long a ready worker waits for the launcher's start
     exit_timeout_s: float           # how long a finished worker waits for the launcher's exit
     link_ports: bool                # bind one port per sender (base + sender's rank): host tc
+    resume_round: int = -1          # --resume: every worker restores its checkpoint of it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -70,7 +71,8 @@ class LaunchSpec:
         return cls.from_json((Path(run_dir) / FILE_NAME).read_text())
 
 
-_TYPES = {"ctl_addr": str, "heartbeat_addr": str, "threads": int, "heartbeat_s": float,
+_TYPES = {"ctl_addr": str, "heartbeat_addr": str, "threads": int, "resume_round": int,
+          "heartbeat_s": float,
           "peer_timeout_s": float, "start_timeout_s": float, "exit_timeout_s": float}
 
 
@@ -87,6 +89,9 @@ def _check(spec: LaunchSpec) -> None:
         raise SpecError(f"{FILE_NAME}: shaping must be an object or null")
     if not isinstance(spec.link_ports, bool):
         raise SpecError(f"{FILE_NAME}: link_ports = {spec.link_ports!r}; expected true or false")
+    if spec.resume_round < -1:
+        raise SpecError(f"{FILE_NAME}: resume_round = {spec.resume_round}; expected -1 (a "
+                        "fresh run) or a round")
     if spec.threads < 1:
         raise SpecError(f"{FILE_NAME}: threads = {spec.threads}; expected at least 1")
 

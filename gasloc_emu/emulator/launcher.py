@@ -27,6 +27,7 @@ from gasloc_emu.netplan import used_pairs
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
 from gasloc_emu.report.fmt import stolen
+from gasloc_emu.training.checkpoint import ResumePoint
 from gasloc_emu.training.devices import worker_devices
 
 Log = Callable[[str], None]  # one line for the user (stderr in the CLI)
@@ -67,14 +68,14 @@ def _stderr(line: str) -> None:
 
 def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
            progress_factory=None, log: Log = _stderr,
-           zygote: Zygote | None = None) -> LaunchResult:
+           zygote: Zygote | None = None, resume: ResumePoint | None = None) -> LaunchResult:
     """``gasloc-emu run`` of a ``RunPlan``: build the network, run the workers, keep the
     record in ``path`` (made by ``records.new_run_dir``; unused for a dry run).
 
     ``zygote``: the workers' zygote, when the caller started it early (else the supervisor
-    starts one). Whatever goes wrong once the record exists (a worker, the launcher itself,
-    Ctrl-C, a full disk) ends with a summary.json that has a status and the error, where the
-    disk allows.
+    starts one); ``resume``: go on from the checkpoints in ``path`` at that point. Whatever
+    goes wrong once the record exists (a worker, the launcher itself, Ctrl-C, a full disk)
+    ends with a summary.json that has a status and the error, where the disk allows.
     """
     with ExitStack() as stack:
         cfg = plan.cfg
@@ -82,10 +83,11 @@ def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
         if dry_run:
             return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
         remove_stale_socket_dirs()
-        rec = stack.enter_context(records.RunRecord(path, cfg))
+        rec = stack.enter_context(records.RunRecord(
+            path, cfg, resume.round if resume is not None else None))
         try:
             code, summary = _launch(plan, path, rec, network, stack, progress_factory, log,
-                                    zygote)
+                                    zygote, resume)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, the record says so
             code, summary = outcome(exc)
             _last_words(rec, summary | {"mode": "run"} | network.describe_summary())
@@ -106,7 +108,7 @@ def shaper_label(network) -> str:
 
 
 def _launch(plan, path, rec, network, stack, progress_factory, log,
-            zygote) -> tuple[int, dict]:
+            zygote, resume=None) -> tuple[int, dict]:
     cfg = plan.cfg
     devices = worker_devices(cfg.run.device, cfg.workers)
     warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
@@ -117,7 +119,8 @@ def _launch(plan, path, rec, network, stack, progress_factory, log,
                                                     shaper_label(network)))
         for text in warnings:
             prog({"kind": "warning", "text": text})
-    return supervise(Supervisor(plan, path, rec, network, devices, prog, zygote=zygote))
+    return supervise(Supervisor(plan, path, rec, network, devices, prog, zygote=zygote,
+                                resume=resume))
 
 
 def outcome(exc: BaseException) -> tuple[int, dict]:

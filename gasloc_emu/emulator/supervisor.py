@@ -30,6 +30,7 @@ from gasloc_emu.report import records
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.schema import RunSummary
 from gasloc_emu.scenario.observed import event_feed
+from gasloc_emu.training.checkpoint import Checkpoints, CheckpointWatch, ResumePoint
 from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
 from gasloc_emu.training.model import count_parameters
 from gasloc_emu.training.pairing import Pairer
@@ -66,13 +67,18 @@ class Supervisor:
     def __init__(self, plan: RunPlan, run_dir: Path, rec: records.RunRecord, network,
                  devices: list[DeviceAssignment], progress=None, *,
                  security: auth.Security | None = None,
-                 endpoints: tuple[str, str] | None = None, zygote: Zygote | None = None):
+                 endpoints: tuple[str, str] | None = None, zygote: Zygote | None = None,
+                 resume: ResumePoint | None = None):
         """``security``: the run's keys (default: fresh ones, one host); ``endpoints``: where
         the control plane binds (default: ipc:// sockets in the run folder; tcp:// with port 0
         for a multi-node run, read back after binding); ``zygote``: one the caller started
-        (default: started here)."""
+        (default: started here); ``resume``: the checkpoints' round every worker goes on
+        from (``--resume``)."""
         cfg = plan.cfg
         self.plan, self.cfg, self.dir, self.rec, self.network = plan, cfg, run_dir, rec, network
+        self.resume = resume
+        # which round every worker has a checkpoint of, from their rows: older files go
+        self.checkpoints = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers))
         self.devices, self.progress = devices, progress
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
         self.security = security or auth.Security(auth.RunCredentials.new(cfg.workers),
@@ -127,12 +133,14 @@ class Supervisor:
             bind_addrs=tuple(self.network.bind_address(r) for r in range(self.cfg.workers)),
             shaping=self.network.shaping_spec(), threads=threads_per_worker(self.cfg),
             heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
-            start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0, link_ports=False)
+            start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0, link_ports=False,
+            resume_round=self.resume.round if self.resume is not None else -1)
 
     def _start(self) -> None:
         """Every worker is ready: hand out the peers' addresses and the run's clock origin."""
         self.scenario.change_links(0)   # round 0's, before anything is sent
-        self.t0 = time.time()
+        # a resumed run's clock goes on from its checkpoint's time
+        self.t0 = time.time() - (self.resume.time_s if self.resume is not None else 0.0)
         self.cpu_at_t0 = cpu_times()
         for s in self.slots:
             self._tell_start(s.rank)
@@ -142,6 +150,13 @@ class Supervisor:
         """The peers' addresses (every worker ready so far) and the run's clock origin."""
         peers = {s.rank: s.ready["addr"] for s in self.slots if s.ready is not None}
         self._tell(rank, orders.Start(peers, self.t0).to_wire())
+
+    def checkpointed(self, row) -> None:
+        """A worker's row: once every worker has a checkpoint of a later round, the older
+        files go (this host's folder; the workers wrote them before their rows)."""
+        common = self.checkpoints.row(row.worker, row.round)
+        if common is not None:
+            Checkpoints(self.dir).prune(common)
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
@@ -283,8 +298,11 @@ class Supervisor:
         asynchronous = None if self.pairer is None else (
             self.pairer.record() | self.lanes.record()
             | self.plan.algo.pairing_constants(self.cfg.algo, self.plan.topology))
+        resumed = None if self.resume is None else {
+            "round": self.resume.round, "time_s": self.resume.time_s,
+            "refused": list(self.resume.skipped)}
         return run_summary(self.plan, self.slots, wall_s).replace(
-            control_drops=self.control_drops_total(),
+            control_drops=self.control_drops_total(), resumed=resumed,
             host_cpu=cpu_shares(self.cpu_at_t0, cpu_times()), asynchronous=asynchronous,
             **self.scenario.summary())
 

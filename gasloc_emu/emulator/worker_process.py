@@ -177,6 +177,7 @@ class WorkerProcess:
                  rejoin: Rejoin | None = None):
         from gasloc_emu import config
         self.rank, self.spec, self.ctx, self.ctl, self.rejoin = rank, spec, ctx, ctl, rejoin
+        self.run_dir = run_dir
         self.cfg = config.resolve(run_dir / "config.toml")
         self.state = WorkerState()
         self.transport = None
@@ -242,7 +243,15 @@ class WorkerProcess:
         tp.connect(start.peers)
         faulty = with_fault(tp, plan_from_config(self.cfg), self.rank, os._exit, self._hang)
         self.worker = Worker(plan, self.rank, faulty, device)
+        if self.spec.resume_round >= 0:   # --resume: the state of its checkpoint, exactly
+            self.worker.restore(self._checkpoints().load(self.rank, self.spec.resume_round))
         return start
+
+    def _checkpoints(self):
+        """This run's checkpoint folder (``training.checkpoint``), or None when it takes
+        none."""
+        from gasloc_emu.training.checkpoint import Checkpoints
+        return Checkpoints(self.run_dir) if self.cfg.run.checkpoint_every else None
 
     def _hang(self) -> None:
         """An injected hang: no heartbeat, no progress, until the launcher kills this process."""
@@ -260,7 +269,8 @@ class WorkerProcess:
         first = self._first_round()
         rounds = self.cfg.run.rounds
         done = self.plan.drive.train(self, worker, self.world, self.rank, rounds,
-                                     first if first is not None else rounds)
+                                     first if first is not None else rounds,
+                                     self._checkpoints())
         if done and not self.plan.drive.replays_exactly:
             # the launcher's pairer stops asking this worker's partners
             self.ctl.send(_control().Avail(self.rank, 0, finished=True))
@@ -360,7 +370,7 @@ class WorkerProcess:
         """The round this process starts at: 0, or a successor's join round (with a join at a
         time, once the launcher has fixed it; None: the run ended without it)."""
         if self.rejoin is None:
-            return 0
+            return self.spec.resume_round + 1   # 0, or after a resumed run's checkpoint
         if not self._timed_world():
             return self.rejoin.from_round
         if not self._ask_fixings(self.rejoin.from_round, waiting=True):

@@ -20,9 +20,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from gasloc_emu.config import Config
+from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.config_toml import to_toml
 from gasloc_emu.report.schema import MetricRow, RunSummary, links_document
+from gasloc_emu.training.checkpoint import CheckpointError, Checkpoints, ResumePoint
 
 
 def default_name(cfg: Config, label: str) -> str:
@@ -106,10 +107,14 @@ class RunRecord:
     whose disk fills still says so in summary.json. Every OSError is a ``RecordError`` naming
     the file."""
 
-    def __init__(self, path: Path, cfg: Config):
+    def __init__(self, path: Path, cfg: Config, resume_from: int | None = None):
+        """``resume_from``: a resumed run's last round from before; the rows of later rounds
+        (written before the run stopped, and to be made again) are taken out."""
         self.path = Path(path)
         self._fd = -1
         self._guard("config.toml", lambda: self._start(cfg))
+        if resume_from is not None:
+            self._guard("metrics.jsonl", lambda: self._keep_rows_upto(resume_from))
 
     def _start(self, cfg: Config) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -135,6 +140,17 @@ class RunRecord:
             os.ftruncate(self._fd, self._size)  # whole lines or nothing
             raise
         self._size += written
+
+    def _keep_rows_upto(self, last_round: int) -> None:
+        """metrics.jsonl without the rows of rounds after ``last_round`` (and without a line
+        cut short by a kill), replaced atomically; new rows append after them."""
+        kept = [line for line in (self.path / "metrics.jsonl").read_text().splitlines(True)
+                if line.endswith("\n") and _row_round(line) is not None
+                and _row_round(line) <= last_round]
+        self._replace("metrics.jsonl", "".join(kept))
+        os.close(self._fd)
+        self._fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND)
+        self._size = os.fstat(self._fd).st_size
 
     def event(self, rec: dict) -> None:
         """One scenario event that fired, appended to events.jsonl."""
@@ -191,3 +207,40 @@ class RunRecord:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _row_round(line: str) -> int | None:
+    try:
+        value = json.loads(line).get("round")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def rows_by_round(path: Path) -> dict[int, dict[int, float]]:
+    """{round: {worker: time_s}} of a record's whole metrics rows (a line cut short by a kill
+    is not a row)."""
+    out: dict[int, dict[int, float]] = {}
+    p = Path(path) / "metrics.jsonl"
+    for line in p.read_text().splitlines(True) if p.is_file() else ():
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+            r, w, t = row["round"], row["worker"], float(row.get("time_s", 0.0))
+        except (ValueError, TypeError, KeyError):
+            continue
+        out.setdefault(r, {})[w] = t
+    return out
+
+
+def resume_point(run_dir: str | os.PathLike, cfg: Config) -> ResumePoint:
+    """Where ``--resume RUN_DIR`` goes on from: the latest round of which every worker has a
+    whole checkpoint and a row in the record; a ConfigError naming why when there is none."""
+    if cfg.run.checkpoint_every == 0:
+        raise ConfigError(f"--resume {run_dir}: its run took no checkpoints "
+                          "(run.checkpoint_every = 0)")
+    try:
+        return Checkpoints(Path(run_dir)).latest_common(range(cfg.workers),
+                                                        rows_by_round(Path(run_dir)))
+    except CheckpointError as exc:
+        raise ConfigError(f"--resume {run_dir}: {exc}") from None
+

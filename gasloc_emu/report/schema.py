@@ -270,6 +270,9 @@ class RunSummary(_Record):
     link_changes: list | None = opt("a scenario's link changes and the rates observed after "
                                     "each (run)")
     timed_events: dict | None = opt("events at a time: {fired, max_late_ms} (run)")
+    # -- a resumed run's (--resume)
+    resumed: dict | None = opt("where a resumed run went on from: {round, time_s} of its "
+                               "checkpoint, and the checkpoint files refused on the way")
     # -- the network of an emulator run (emulator.network's describe_summary)
     shaper: str | None = opt("tc, userspace or none", group="network")
     shaper_reason: str | None = opt("why that shaper", group="network")

@@ -29,6 +29,7 @@ from gasloc_emu.simulator.async_sim import simulate_async
 from gasloc_emu.simulator.batched import BatchedInner
 from gasloc_emu.simulator.memory import Hub, LinkModel
 from gasloc_emu.simulator.virtual_clock import slots_for
+from gasloc_emu.training.checkpoint import Checkpoints, CheckpointWatch, ResumePoint
 from gasloc_emu.training.devices import simulator_device, threads_per_worker
 from gasloc_emu.training.drivers import Pairwise, Rounds
 from gasloc_emu.training.model import build_model
@@ -43,8 +44,9 @@ Progress = Callable[[dict], None]
 
 
 def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
-             device: str | None = None) -> RunSummary:
+             device: str | None = None, resume: ResumePoint | None = None) -> RunSummary:
     """Run ``plan`` in one process, write the run record under ``out``, return the summary.
+    ``resume``: go on from the checkpoints under ``out`` at that point (``--resume``).
 
     Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
     the CPU); they take turns, so one device is shared without contention. The links are the
@@ -56,23 +58,32 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
     torch.set_num_threads((os.cpu_count() or 1) if cfg.sim.batched else threads_per_worker(cfg))
     run = SIMULATORS[type(plan.drive)]
     try:
+        if resume is not None:   # checkpoints are refused up front for the other drives
+            return _simulate(plan, Path(out), progress,
+                             device or simulator_device(cfg.run.device), resume)
         return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
     finally:
         torch.set_num_threads(threads)
 
 
-def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
+def _simulate(plan: RunPlan, out: Path, progress, device: str,
+              resume: ResumePoint | None = None) -> RunSummary:
     cfg, t_start = plan.cfg, time.perf_counter()
     link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
-    with RunRecord(Path(out), cfg) as rec:
+    checkpoints = Checkpoints(out) if cfg.run.checkpoint_every else None
+    watch = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers))
+    offset_s = resume.time_s if resume is not None else 0.0   # the run's clock goes on
+    with RunRecord(Path(out), cfg, resume.round if resume is not None else None) as rec:
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
-            row = MetricRow.from_round(row)
+            row = MetricRow.from_round(row | {"time_s": row["time_s"] + offset_s})
             if feed is not None:
                 feed.row(row)
             rec.metric(row)
+            if (common := watch.row(row.worker, row.round)) is not None:
+                checkpoints.prune(common)   # every worker has a later one on disk
             if progress is not None:
                 progress(row)
 
@@ -83,7 +94,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
         if timed is not None:
             timed.hub = hub
         gate = batched_gate(plan, hub, device)
-        lives = [_Life(plan, r, _transport(cfg, hub, r), device, gate)
+        lives = [_Life(plan, r, _transport(cfg, hub, r), device, gate, checkpoints, resume)
                  for r in range(cfg.workers)]
         threads = [threading.Thread(target=_worker_loop, name=f"sim-worker-{life.rank}",
                                     args=(life, hub), daemon=True)
@@ -112,8 +123,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str) -> RunSummary:
         predicted = predicts_wall(cfg, link_model)
         summary = summary.replace(
             membership=None if world is None else membership_summary(world), mode="simulate",
-            predicted_wall_s=hub.clock.now_s if predicted else None,
-            cpu_slots=slots if predicted else None)
+            predicted_wall_s=hub.clock.now_s + offset_s if predicted else None,
+            cpu_slots=slots if predicted else None, resumed=_resumed(resume))
         rec.summary(summary)
     return summary
 
@@ -140,6 +151,13 @@ def replay_source(run_dir: str) -> tuple[Config, list]:
         return cfg, [Fixing.from_json(f) for f in fixings]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
+
+
+def _resumed(resume: ResumePoint | None) -> dict | None:
+    """The summary's ``resumed`` block."""
+    if resume is None:
+        return None
+    return {"round": resume.round, "time_s": resume.time_s, "refused": list(resume.skipped)}
 
 
 def _tcp_model_record(link_model) -> dict:
@@ -242,14 +260,19 @@ class _Life:
     transport, and the Worker while it is alive (a departed worker's state is gone; one that
     joins again starts afresh, as a new process would)."""
 
-    def __init__(self, plan: RunPlan, rank: int, transport, device, gate=None):
+    def __init__(self, plan: RunPlan, rank: int, transport, device, gate=None,
+                 checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None):
         self.run_plan, self.cfg, self.rank, self.transport = plan, plan.cfg, rank, transport
         self.device, self.world, self.gate = device, plan.world, gate
         # a new worker (absent until its first join) has no state before it: one whose join
         # never comes is not among the workers the run ends with
         newcomers = self.world.scenario.newcomers if self.world and self.world.scenario else ()
         self.driver = RoundDriver(self, None if rank in newcomers else self.new_worker(),
-                                  self.world, rank, plan.cfg.run.rounds)
+                                  self.world, rank, plan.cfg.run.rounds, checkpoints)
+        self.first = 0   # the first round it trains: after a resumed run's checkpoint
+        if resume is not None:
+            self.driver.worker.restore(checkpoints.load(rank, resume.round))
+            self.first = resume.round + 1
 
     @property
     def worker(self) -> Worker | None:
@@ -319,7 +342,7 @@ def _join_for(threads: list[threading.Thread], grace_s: float) -> None:
 def _worker_loop(life: _Life, hub: Hub) -> None:
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
-            life.driver.run()
+            life.driver.run(life.first)
             life.transport.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)

@@ -29,8 +29,10 @@ class Drive:
     # run of the same settings to the bit (else: pairings follow the links' timing)
     replays_exactly: ClassVar[bool]
 
-    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0) -> bool:
-        """One worker's training on its host (an emulator process); False when stopped."""
+    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0,
+              checkpoints=None) -> bool:
+        """One worker's training on its host (an emulator process) from round ``first``,
+        checkpointed into ``checkpoints`` where it is not None; False when stopped."""
         raise NotImplementedError
 
     def transport_limits(self, model_bytes: int) -> dict:
@@ -56,8 +58,9 @@ class Rounds(Drive):
     name: ClassVar[str] = "rounds"
     replays_exactly: ClassVar[bool] = True
 
-    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0) -> bool:
-        return RoundDriver(host, worker, world, rank, rounds).run(first)
+    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0,
+              checkpoints=None) -> bool:
+        return RoundDriver(host, worker, world, rank, rounds, checkpoints).run(first)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ class Pairwise(Drive):
     name: ClassVar[str] = "pairwise"
     replays_exactly: ClassVar[bool] = False
 
-    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0) -> bool:
+    def train(self, host, worker, world, rank: int, rounds: int, first: int = 0,
+              checkpoints=None) -> bool:
         return async_worker.run_async(worker, rounds, host.t0, host.ask_peer, host.report_step)
 
     def transport_limits(self, model_bytes: int) -> dict:

@@ -14,7 +14,9 @@ Round t of worker i, in order:
 6. **donate**: parameters to the workers joining from this one;
 7. **train**: ``Worker.run_round`` (inner phase, the algorithm's exchange and outer step);
 8. **evaluate** on the evaluation rounds;
-9. **report** the round's row.
+9. **checkpoint** on the checkpoint rounds (``training.checkpoint``): before the row, so that
+   whoever sees a worker's row of such a round knows its checkpoint is on disk;
+10. **report** the round's row.
 
 A runner is a ``Host``: the emulator's worker process (``emulator.worker_process``: its
 control plane, heartbeat and shaper) or a simulator thread (``simulator.simulate``: the
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gasloc_emu.scenario.world import RoundPlan, World
+from gasloc_emu.training import checkpoint
 from gasloc_emu.training.worker import RoundStats, Worker
 
 
@@ -71,12 +74,15 @@ class Released(Exception):
 
 class RoundDriver:
     """One worker's rounds (the module's protocol) on a ``Host``. ``worker``: None while the
-    worker is absent (a newcomer before its first join, or after a departure)."""
+    worker is absent (a newcomer before its first join, or after a departure);
+    ``checkpoints``: where it writes its state every ``run.checkpoint_every`` rounds (None:
+    never)."""
 
     def __init__(self, host: Host, worker: Worker | None, world: World | None, rank: int,
-                 rounds: int):
+                 rounds: int, checkpoints: checkpoint.Checkpoints | None = None):
         self.host, self.worker, self.world, self.rank, self.rounds = \
             host, worker, world, rank, rounds
+        self.checkpoints = checkpoints
 
     def run(self, first: int = 0) -> bool:
         """Rounds ``first`` .. the last; False when stopped or released before the end."""
@@ -122,7 +128,7 @@ class RoundDriver:
         return True
 
     def round(self, t: int, plan: RoundPlan | None) -> RoundStats:
-        """Steps 4 to 9 of round t."""
+        """Steps 4 to 10 of round t."""
         host, worker = self.host, self.worker
         plan = host.due(plan, t)
         host.begin(t)
@@ -132,5 +138,7 @@ class RoundDriver:
         if worker.should_eval(t):
             host.evaluating(t)
             stats.eval_loss = worker.evaluate(t)
+        if self.checkpoints is not None and checkpoint.due(worker.cfg.run.checkpoint_every, t):
+            self.checkpoints.save(self.rank, t, worker.checkpoint())
         host.report(t, stats)
         return stats

@@ -228,6 +228,30 @@ class Worker:
         self.algo.take_over({kind: self.transport.recv(donor, round_idx, kind).to(self.theta.device)
                              for kind in self.algo.handover()})
 
+    def checkpoint(self) -> dict:
+        """Everything this worker needs to go on from the end of its last round exactly
+        (``training.checkpoint``): parameters, the inner optimizer, the algorithm and its
+        channel, its data shard's generator, its counters and compute speed. Training draws
+        nothing from torch's global generator (which the simulator's workers share), so it is
+        not kept."""
+        return {"theta": self.theta.detach().to("cpu", copy=True),
+                "optimizer": self.opt.state_dict(), "algorithm": self.algo.state_dict(),
+                "shard_rng": self.shard.generator.get_state(), "step": self.step,
+                "speed": self.compute.speed, "overruns": self.overruns,
+                "mean_step_s": self.mean_step_s}
+
+    def restore(self, state: dict) -> None:
+        """Take a checkpoint's state (``checkpoint``) in place of the fresh one."""
+        with torch.no_grad():
+            self.theta.copy_(state["theta"].to(self.theta.device))
+        self.opt.load_state_dict(state["optimizer"])
+        self.algo.begin(self.theta)
+        self.algo.load_state_dict(state["algorithm"], self.theta.device)
+        self.shard.generator.set_state(state["shard_rng"])
+        self.step, self.overruns = int(state["step"]), int(state["overruns"])
+        self.mean_step_s = float(state["mean_step_s"])
+        self.compute = dataclasses.replace(self.compute, speed=float(state["speed"]))
+
     def check_finite(self, round_idx: int, loss: float) -> None:
         """Raise ``Diverged`` on a non-finite loss or parameter: NaN spreads to every neighbour
         within rounds, and a run that ends in NaN must not be reported as a result."""

@@ -34,7 +34,7 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
 ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
              "--link-trace", "--overlap", "--codec", "--codec-ratio", "--jitter-ms",
              "--loss-pct", "--delay", "--tcp-cc", "--placement", "--cloud-rate",
-             "--cloud-missing"}
+             "--cloud-missing", "--checkpoint-every"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
@@ -86,8 +86,10 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 
 
 @pytest.mark.parametrize("cmd,expected", [
-    (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run"}),
-    (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--replay"}),
+    (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run",
+                                                     "--resume"}),
+    (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--replay",
+                                             "--resume"}),
     (("config",), TODAY_RUN | ADDED_RUN | {"--fields", "--plan", "--plan-json"}),
     (("netem", "show"), TODAY_NET | ADDED_NET),
     (("netem", "probe"), TODAY_NET | ADDED_NET | {"--topology", "--seconds"}),

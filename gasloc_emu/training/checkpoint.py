@@ -1,0 +1,221 @@
+"""Checkpoints: each worker's whole state at the end of a round, on disk, and the round a run
+resumes from.
+
+A worker writes ``w{rank}-r{round}.ckpt`` in the run's ``checkpoints/`` folder every
+``run.checkpoint_every`` rounds, after the round's outer step: its parameters, the inner
+AdamW's state, the algorithm's state (``Algorithm.state_dict``) and its channel's copies, the
+random generators (its data shard's and torch's), its step count, compute speed and
+overruns, and the run's clock at that point. Nothing is in flight then: every message of the
+round was received before its outer step finished (an overlapped exchange is, so overlap
+does not checkpoint).
+
+A file is written whole or not at all: to a temporary name, flushed to the disk (fsync), then
+renamed over (POSIX rename is atomic) and the folder synced. Its first line says what it is;
+its second, a JSON header, gives its rank, round and the SHA-256 of the payload, which is
+checked before anything of it is used: a truncated or altered file is refused by name and an
+earlier round is taken instead. The payload is read with ``torch.load(weights_only=True)``,
+which builds tensors and plain containers only, never code.
+
+Workers do not finish a round together, so the run resumes from the latest round that every
+worker taking part in it has a valid checkpoint of (``Checkpoints.latest_common``). Older
+files are removed only below that round (``prune``, called by whoever sees every worker's
+rows: the launcher, or the simulator), so a resumable round always stays on disk and no more
+than the workers' spread in rounds is kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"gasloc-emu checkpoint\n"
+VERSION = 1
+FOLDER = "checkpoints"
+_NAME = re.compile(r"^w(\d+)-r(\d+)\.ckpt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written, read or resumed from; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run starts: after ``round``, the run's clock at ``time_s``."""
+
+    round: int
+    time_s: float
+    skipped: tuple[str, ...] = ()   # files refused on the way (truncated, altered), by name
+
+
+def file_name(rank: int, round_idx: int) -> str:
+    return f"w{rank}-r{round_idx:06d}.ckpt"
+
+
+def encode(state: dict, rank: int, round_idx: int) -> bytes:
+    """A checkpoint file's bytes: the magic line, the JSON header, the payload."""
+    import torch  # here, not above: reading a record's checkpoints needs no torch
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    header = {"version": VERSION, "rank": rank, "round": round_idx, "bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def decode(data: bytes, where: str, load: bool = True) -> tuple[dict, dict | None]:
+    """(header, state) of a checkpoint file's bytes, the payload checked against its header;
+    ``load=False``: only checked (state None). A CheckpointError naming ``where``."""
+    if not data.startswith(MAGIC):
+        raise CheckpointError(f"{where}: not a gasloc-emu checkpoint")
+    line, sep, payload = data[len(MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(line)
+        version, size, digest = header["version"], header["bytes"], header["sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{where}: its header is unreadable") from None
+    if version != VERSION:
+        raise CheckpointError(f"{where}: checkpoint version {version!r}, this gasloc-emu reads "
+                              f"{VERSION}")
+    if not sep or len(payload) != size:
+        raise CheckpointError(f"{where}: truncated ({len(payload)} of {size} payload bytes)")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(f"{where}: its checksum does not match (the file was altered)")
+    if not load:
+        return header, None
+    import torch  # here, not above: checking a file needs no torch
+    try:
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+        raise CheckpointError(f"{where}: unreadable payload ({exc})") from None
+    return header, state
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all (a failure leaves the old file and no
+    temporary one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)   # the rename itself reaches the disk
+    finally:
+        os.close(dir_fd)
+
+
+class Checkpoints:
+    """A run's checkpoint folder."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir) / FOLDER
+
+    def path(self, rank: int, round_idx: int) -> Path:
+        return self.dir / file_name(rank, round_idx)
+
+    def save(self, rank: int, round_idx: int, state: dict) -> Path:
+        """Write worker ``rank``'s state at the end of ``round_idx``; a CheckpointError naming
+        the file when the disk refuses (the earlier checkpoints stay as they were)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.path(rank, round_idx)
+        try:
+            write_atomic(path, encode(state, rank, round_idx))
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {path} not written: {exc.strerror or exc}; the "
+                                  "previous checkpoint is kept") from None
+        return path
+
+    def load(self, rank: int, round_idx: int, check_only: bool = False) -> dict | None:
+        """Worker ``rank``'s state at the end of ``round_idx``, checked whole (``check_only``:
+        checked, not built); a CheckpointError naming the file."""
+        path = self.path(rank, round_idx)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"{path}: {exc.strerror or exc}") from None
+        header, state = decode(data, str(path), load=not check_only)
+        if (header.get("rank"), header.get("round")) != (rank, round_idx):
+            raise CheckpointError(f"{path}: holds worker {header.get('rank')} round "
+                                  f"{header.get('round')}, not what its name says")
+        return state
+
+    def rounds(self) -> dict[int, set[int]]:
+        """{round: ranks with a file of it} (files not checked)."""
+        out: dict[int, set[int]] = {}
+        for p in self.dir.glob("*.ckpt") if self.dir.is_dir() else ():
+            m = _NAME.match(p.name)
+            if m:
+                out.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+        return out
+
+    def latest_common(self, ranks: Iterable[int],
+                      rows: dict[int, dict[int, float]]) -> ResumePoint:
+        """The latest round of which every worker of ``ranks`` has a checkpoint and a row in
+        the record (``rows``: {round: {worker: time_s}}), each file checked whole; a round
+        with a bad file is passed over for an earlier one (named in ``skipped``). A
+        CheckpointError when there is none."""
+        need, skipped = set(ranks), []
+        files = self.rounds()
+        for r in sorted(files, reverse=True):
+            if not (need <= files[r] and need <= set(rows.get(r, {}))):
+                continue
+            try:
+                for rank in sorted(need):
+                    self.load(rank, r, check_only=True)
+            except CheckpointError as exc:
+                skipped.append(str(exc))
+                continue
+            return ResumePoint(r, max(rows[r][w] for w in need), tuple(skipped))
+        why = f"; refused: {'; '.join(skipped)}" if skipped else ""
+        raise CheckpointError(f"{self.dir}: no round that every worker has a checkpoint of"
+                              + why)
+
+    def prune(self, keep_from: int) -> None:
+        """Remove every checkpoint of a round before ``keep_from`` (a round every worker has
+        a checkpoint of, or later)."""
+        for r, ranks in self.rounds().items():
+            if r < keep_from:
+                for rank in ranks:
+                    self.path(rank, r).unlink(missing_ok=True)
+
+
+class CheckpointWatch:
+    """Who has checkpointed which round, from the rows every worker reports after its
+    checkpoint rounds: the latest round all have (``common``), below which files can go."""
+
+    def __init__(self, every: int, ranks: Iterable[int]):
+        self.every, self.ranks = every, frozenset(ranks)
+        self.done: dict[int, set[int]] = {}
+        self.common = -1
+
+    def row(self, rank: int, round_idx: int) -> int | None:
+        """A row of ``rank``'s ``round_idx``; the new common round when it moved, else None."""
+        if not due(self.every, round_idx):
+            return None
+        self.done.setdefault(round_idx, set()).add(rank)
+        if round_idx > self.common and self.ranks <= self.done[round_idx]:
+            self.common = round_idx
+            for r in [r for r in self.done if r <= round_idx]:
+                del self.done[r]
+            return round_idx
+        return None
+
+
+def due(every: int, round_idx: int) -> bool:
+    """Whether round ``round_idx`` ends with a checkpoint (every K rounds: K-1, 2K-1, ...)."""
+    return every > 0 and (round_idx + 1) % every == 0
