@@ -384,7 +384,7 @@ class ExecConfig(_Validated):
     checkpoint_every: int = setting(0, "Write every worker's whole state to the record's "
                                        "checkpoints/ folder every this many rounds (atomic, "
                                        "checksummed; older ones removed once every worker has "
-                                       "a newer one), so that --resume RUN_DIR can continue "
+                                       "two newer ones), so that --resume RUN_DIR can continue "
                                        "the run; 0: never.", lo=0, hi=10_000_000)
 
 

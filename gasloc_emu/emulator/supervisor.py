@@ -152,11 +152,11 @@ class Supervisor:
         self._tell(rank, orders.Start(peers, self.t0).to_wire())
 
     def checkpointed(self, row) -> None:
-        """A worker's row: once every worker has a checkpoint of a later round, the older
+        """A worker's row: once every worker has checkpoints of two later rounds, the older
         files go (this host's folder; the workers wrote them before their rows)."""
-        common = self.checkpoints.row(row.worker, row.round)
-        if common is not None:
-            Checkpoints(self.dir).prune(common)
+        keep_from = self.checkpoints.row(row.worker, row.round)
+        if keep_from is not None:
+            Checkpoints(self.dir).prune(keep_from)
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,

@@ -82,8 +82,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
             if feed is not None:
                 feed.row(row)
             rec.metric(row)
-            if (common := watch.row(row.worker, row.round)) is not None:
-                checkpoints.prune(common)   # every worker has a later one on disk
+            if (keep_from := watch.row(row.worker, row.round)) is not None:
+                checkpoints.prune(keep_from)   # every worker has two later rounds on disk
             if progress is not None:
                 progress(row)
 

@@ -18,9 +18,10 @@ which builds tensors and plain containers only, never code.
 
 Workers do not finish a round together, so the run resumes from the latest round that every
 worker taking part in it has a valid checkpoint of (``Checkpoints.latest_common``). Older
-files are removed only below that round (``prune``, called by whoever sees every worker's
-rows: the launcher, or the simulator), so a resumable round always stays on disk and no more
-than the workers' spread in rounds is kept.
+files are removed only below the round before that one (``prune``, called by whoever sees
+every worker's rows: the launcher, or the simulator), so two resumable rounds stay on disk (a
+damaged file of the latest leaves the other) and no more than the workers' spread in rounds
+plus one checkpoint round is kept.
 """
 from __future__ import annotations
 
@@ -196,23 +197,26 @@ class Checkpoints:
 
 class CheckpointWatch:
     """Who has checkpointed which round, from the rows every worker reports after its
-    checkpoint rounds: the latest round all have (``common``), below which files can go."""
+    checkpoint rounds. The latest round all have is ``common``; the one before it is kept
+    too, so that a damaged file of the latest still leaves a round to resume from, and files
+    below that can go (``row`` says from when)."""
 
     def __init__(self, every: int, ranks: Iterable[int]):
         self.every, self.ranks = every, frozenset(ranks)
         self.done: dict[int, set[int]] = {}
-        self.common = -1
+        self.common, self.before = -1, -1
 
     def row(self, rank: int, round_idx: int) -> int | None:
-        """A row of ``rank``'s ``round_idx``; the new common round when it moved, else None."""
+        """A row of ``rank``'s ``round_idx``; when it completes a round every worker has, the
+        round from which files must stay (the previous such round), else None."""
         if not due(self.every, round_idx):
             return None
         self.done.setdefault(round_idx, set()).add(rank)
         if round_idx > self.common and self.ranks <= self.done[round_idx]:
-            self.common = round_idx
+            self.before, self.common = self.common, round_idx
             for r in [r for r in self.done if r <= round_idx]:
                 del self.done[r]
-            return round_idx
+            return self.before if self.before >= 0 else None
         return None
 
 

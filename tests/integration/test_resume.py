@@ -1,0 +1,98 @@
+"""A run that survives: kill -9 of the launcher (or of ``simulate``) at a random round, then
+``--resume RUN_DIR``; the record must end as an uninterrupted run's would, bit for bit."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROUNDS = 8
+ARGS = ["--workers", "4", "--model", "tiny", "--rounds", str(ROUNDS), "--topology", "ring",
+        "--local-steps", "3", "--eval-every", "2", "--step-time-s", "0.02",
+        "--checkpoint-every", "1", "--no-dashboard", "--set", "data.max_corpus_mb=1"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gasloc_emu", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    out = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sorted(out, key=lambda r: (r["round"], r["worker"]))
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    return [(r["round"], r["worker"], r["train_loss"], r.get("eval_loss")) for r in rows(run_dir)]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def kill_after(args: list[str], run_dir: Path, n_rows: int) -> None:
+    """Start ``args`` and kill -9 its process once ``n_rows`` metrics rows are on disk."""
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path, deadline = run_dir / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if path.exists() and path.read_text().count("\n") >= n_rows:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before the kill"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("full") / "run"
+    res = cli("simulate", *ARGS, "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_run_killed_at_a_random_round_resumes_to_the_uninterrupted_losses(
+        tmp_path, uninterrupted):
+    kill_round = random.Random().randrange(2, ROUNDS - 2)   # a different one each time
+    cut = tmp_path / "cut"
+    kill_after(["run", *ARGS, "--out", str(cut)], cut, 4 * kill_round + 1)
+    time.sleep(0.5)   # the workers die with the launcher (PR_SET_PDEATHSIG)
+    assert not list((cut / "checkpoints").glob("*.tmp"))
+    res = cli("run", "--resume", str(cut), "--no-dashboard")
+    assert res.returncode == 0, res.stderr
+    got = summary(cut)
+    assert got["status"] == "ok" and got["resumed"]["round"] >= kill_round - 1, got["resumed"]
+    assert losses(cut) == losses(uninterrupted), f"killed after round {kill_round}"
+    assert got["final_eval_loss"] == summary(uninterrupted)["final_eval_loss"]
+    # files below the round before the last every worker has are gone: two rounds are left
+    assert {p.name.split("-")[1] for p in (cut / "checkpoints").glob("*.ckpt")} == \
+        {f"r{ROUNDS - 2:06d}.ckpt", f"r{ROUNDS - 1:06d}.ckpt"}
+
+
+def test_simulate_resumes_past_a_damaged_checkpoint(tmp_path, uninterrupted):
+    cut = tmp_path / "cut"
+    kill_after(["simulate", *ARGS, "--out", str(cut)], cut, 4 * 5)
+    from gasloc_emu.report.records import rows_by_round
+    from gasloc_emu.training.checkpoint import Checkpoints
+    store = Checkpoints(cut)
+    first_choice = store.latest_common(range(4), rows_by_round(cut)).round
+    latest = store.path(2, first_choice)
+    latest.write_bytes(latest.read_bytes()[:-1000])   # cut short, as a full disk would
+    res = cli("simulate", "--resume", str(cut), "--no-dashboard")
+    assert res.returncode == 0, res.stderr
+    resumed = summary(cut)["resumed"]
+    assert any(str(latest) in why and "truncated" in why for why in resumed["refused"])
+    assert resumed["round"] < first_choice
+    assert losses(cut) == losses(uninterrupted)
+    assert [r["time_s"] for r in rows(cut)] == [r["time_s"] for r in rows(uninterrupted)]

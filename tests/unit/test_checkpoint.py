@@ -1,0 +1,197 @@
+"""Checkpoint files and the round a run resumes from (``training.checkpoint``), without a run;
+what a checkpointed run refuses; a record resumed at a round."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gasloc_emu import config as C
+from gasloc_emu.plan import build_plan
+from gasloc_emu.report.records import RunRecord, resume_point, rows_by_round
+from gasloc_emu.training import checkpoint as ck
+
+
+def state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"theta": torch.randn(64, generator=g), "step": 7, "speed": 0.5,
+            "optimizer": {"state": {0: {"exp_avg": torch.randn(8, generator=g)}},
+                          "param_groups": [{"lr": 1e-3, "params": [0]}]}}
+
+
+def test_a_file_reads_back_to_the_same_state(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    store.save(2, 5, state(1))
+    got = store.load(2, 5)
+    assert torch.equal(got["theta"], state(1)["theta"])
+    assert got["optimizer"]["param_groups"] == [{"lr": 1e-3, "params": [0]}]
+    assert (got["step"], got["speed"]) == (7, 0.5)
+    assert not list(store.dir.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda b: b[:-10], "truncated"),
+    (lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:], "checksum does not match"),
+    (lambda b: b"x" + b, "not a gasloc-emu checkpoint"),
+    (lambda b: b.replace(b'"version": 1', b'"version": 9'), "checkpoint version 9"),
+])
+def test_a_damaged_file_is_refused_by_name(tmp_path, damage, says):
+    store = ck.Checkpoints(tmp_path)
+    path = store.save(0, 3, state())
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ck.CheckpointError, match=says) as err:
+        store.load(0, 3)
+    assert str(path) in str(err.value)
+
+
+def test_a_file_under_another_name_is_refused(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    store.save(0, 3, state())
+    os.replace(store.path(0, 3), store.path(1, 3))
+    with pytest.raises(ck.CheckpointError, match="holds worker 0 round 3"):
+        store.load(1, 3)
+
+
+def test_a_full_disk_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    store = ck.Checkpoints(tmp_path)
+    store.save(0, 1, state(1))
+    before = store.path(0, 1).read_bytes()
+    real_write = os.write
+
+    def half_then_full(fd, data):   # the first chunk lands, then the disk is full
+        if real_write(fd, bytes(data[: len(data) // 2])) and len(data) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return len(data)
+
+    monkeypatch.setattr(ck.os, "write", half_then_full)
+    with pytest.raises(ck.CheckpointError, match="No space left on device.*previous"):
+        store.save(0, 3, state(3))
+    monkeypatch.undo()
+    assert store.path(0, 1).read_bytes() == before
+    assert not store.path(0, 3).exists() and not list(store.dir.glob("*.tmp"))
+
+
+def rows(*rounds, workers=3) -> dict:
+    return {r: {w: 0.5 * (r + 1) + 0.01 * w for w in range(workers)} for r in rounds}
+
+
+def test_the_resume_round_is_the_latest_every_worker_has_with_rows(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    for r in (1, 3):
+        for w in range(3):
+            store.save(w, r, state(r))
+    store.save(0, 5, state(5))   # the others had not reached round 5
+    point = store.latest_common(range(3), rows(1, 3, 5))
+    assert (point.round, point.time_s, point.skipped) == (3, 2.02, ())
+    # round 3's files are there, but one row is not (killed between file and row)
+    partial = rows(1, 3)
+    del partial[3][2]
+    assert store.latest_common(range(3), partial).round == 1
+
+
+def test_a_bad_file_passes_over_its_round_and_is_named(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    for r in (1, 3):
+        for w in range(3):
+            store.save(w, r, state(r))
+    bad = store.path(1, 3)
+    bad.write_bytes(bad.read_bytes()[:100])
+    point = store.latest_common(range(3), rows(1, 3))
+    assert point.round == 1 and len(point.skipped) == 1 and str(bad) in point.skipped[0]
+    bad1 = store.path(2, 1)
+    bad1.write_bytes(b"")
+    with pytest.raises(ck.CheckpointError, match="no round that every worker"):
+        store.latest_common(range(3), rows(1, 3))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=40),
+       st.integers(1, 3))
+def test_the_watch_moves_only_when_every_worker_has_a_round(reports, every):
+    watch = ck.CheckpointWatch(every, range(4))
+    have: dict[int, set] = {}
+    for w, r in reports:
+        new = watch.row(w, r)
+        if ck.due(every, r):
+            have.setdefault(r, set()).add(w)
+        complete = [x for x, ws in have.items() if len(ws) == 4]
+        if new is not None:   # the previous complete round: files below it may go
+            assert new in complete and new < watch.common
+        assert watch.common == max(complete, default=-1)
+
+
+def test_prune_keeps_the_common_round_and_later(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    for r in (1, 3, 5):
+        for w in range(2):
+            store.save(w, r, state(r))
+    store.prune(3)
+    assert store.rounds() == {3: {0, 1}, 5: {0, 1}}
+
+
+def cfg_of(**over) -> C.Config:
+    base = {"workers": 4, "run.rounds": 6, "model.preset": "tiny", "run.checkpoint_every": 2,
+            "topology.name": "ring"}
+    return C.resolve(overrides=base | over)
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"algo.name": "a2cid2"}, "pairs workers by the links' timing"),
+    ({"algo.overlap": 1, "topology.name": "complete"}, "algo.overlap = 1 keeps an exchange"),
+    ({"sim.batched": True}, "sim.batched = true"),
+    ({"algo.name": "test_checkpoint:Undeclared"}, "does not declare the state"),
+])
+def test_what_a_resumed_run_could_not_repeat_is_refused(over, says):
+    with pytest.raises(C.ConfigError, match=f"run.checkpoint_every = 2 cannot be used: .*{says}"):
+        build_plan(cfg_of(**over), data=False)
+
+
+def test_a_scenario_with_leaves_is_refused(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[[event]]\ntype = "leave"\nworker = 1\nround = 2\n')
+    with pytest.raises(C.ConfigError, match="leaves and joins"):
+        build_plan(cfg_of(**{"run.scenario": str(path)}), data=False)
+
+
+def test_gasloc_diloco_and_gossip_take_checkpoints():
+    for algo in ("gasloc", "diloco", "dsgd", "local-gossip"):
+        build_plan(cfg_of(**{"algo.name": algo}), data=False)
+
+
+from gasloc_emu.algorithms import OuterAlgorithm  # noqa: E402 - the plugin below
+
+
+class Undeclared(OuterAlgorithm):
+    """A plugin that keeps state of its own and does not say which."""
+
+    name = "undeclared"
+
+    def outer_step(self, round_idx, theta):
+        pass
+
+
+def test_a_resumed_record_keeps_the_rows_up_to_its_round(tmp_path):
+    cfg = cfg_of()
+    with RunRecord(tmp_path, cfg) as rec:
+        for r in range(4):
+            for w in range(2):
+                rec.metric({"round": r, "worker": w, "time_s": r + 0.1 * w})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"round": 4, "worker"')   # cut short by the kill
+    with RunRecord(tmp_path, cfg, resume_from=1) as rec:
+        rec.metric({"round": 2, "worker": 0, "time_s": 9.0})
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["round"], x["worker"]) for x in lines] == [(0, 0), (0, 1), (1, 0), (1, 1),
+                                                          (2, 0)]
+    assert rows_by_round(tmp_path)[1] == {0: 1.0, 1: 1.1}
+
+
+def test_resume_without_checkpoints_says_why(tmp_path):
+    with pytest.raises(C.ConfigError, match="took no checkpoints"):
+        resume_point(tmp_path, cfg_of(**{"run.checkpoint_every": 0}))
+    with pytest.raises(C.ConfigError, match="no round that every worker"):
+        resume_point(tmp_path, cfg_of())
