@@ -48,9 +48,9 @@ def _check_number(name: str, value, lo: float, hi: float, integer: bool = False)
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type or not math.isfinite(value) or \
             not lo <= value <= hi:
-        kind = "an integer" if integer else "a number"
-        raise MeasureError(f"{name} = {value!r} is out of range; expected {kind} in "
-                           f"[{lo:g}, {hi:g}]")
+        kind, span = ("an integer", f"[{lo}, {hi}]") if integer else ("a number",
+                                                                       f"[{lo:g}, {hi:g}]")
+        raise MeasureError(f"{name} = {value!r} is out of range; expected {kind} in {span}")
     return value
 
 

@@ -169,7 +169,8 @@ def _measure_as_sender(reports, allowed, key, bounds, index, pair,
     try:
         return wire.send_pair(sock, budget, src, dst)
     except (OSError, TimeoutError, wire.MeasureRunError, MeasureError) as exc:
-        return PairResult(src, dst, error=f"{type(exc).__name__}: {exc}")
+        return PairResult(src, dst, error=f"with node {dst} ({peer.host}, {peer.addr}): "
+                                          f"{type(exc).__name__}: {exc}")
     finally:
         wire.abort_close(sock)
 
