@@ -45,6 +45,9 @@ MAX_REPORT_BYTES = 64 * 1024
 CHUNK_BYTES = 256 * 1024
 HANDSHAKE_S = 5.0                     # at most, for one connection's handshake
 POINT_EVERY_S = 0.001                 # the receiver's clock is sampled at most this often
+SO_TIMESTAMPNS = 35                   # include/uapi/asm-generic/socket.h (SO_TIMESTAMPNS_OLD)
+TIMESPEC = struct.Struct("=qq")
+ANC_BYTES = socket.CMSG_SPACE(TIMESPEC.size)
 Clock = Callable[[], float]
 
 
@@ -225,16 +228,18 @@ def _read_report(sock, budget: PairBudget, clock: Clock) -> dict | None:
     return report
 
 
-def _bulk(sock, budget: PairBudget, clock: Clock) -> tuple[int, dict | None]:
+def _bulk(sock, budget: PairBudget, clock: Clock) -> tuple[int, dict | None, dict | None]:
     """Write at most max_bytes_per_pair, and nothing after the bulk deadline, once the
-    receiver said go; bytes written, and the receiver's refusal if it did not."""
+    receiver said go; bytes written, the receiver's refusal if it did not, and how the
+    sender's kernel divides the writing time (``tcpinfo.shares``: sending, held back by the
+    receiver's window or the send buffer, idle)."""
     nbytes = budget.bounds.max_bytes_per_pair
     _send_all(sock, BULK.pack(b"B", nbytes, budget.bulk_seconds(clock())), budget.deadline_s,
               clock)
     refusal = _read_report(sock, budget, clock)
     if refusal is not None:
-        return 0, refusal
-    chunk, sent = memoryview(bytes(CHUNK_BYTES)), 0
+        return 0, refusal, None
+    chunk, sent, first = memoryview(bytes(CHUNK_BYTES)), 0, tcpinfo.read(sock)
     while sent < nbytes:
         left = budget.bulk_deadline_s - clock()
         if left <= 0:
@@ -244,8 +249,9 @@ def _bulk(sock, budget: PairBudget, clock: Clock) -> tuple[int, dict | None]:
             sent += sock.send(chunk[:min(CHUNK_BYTES, nbytes - sent)])
         except TimeoutError:
             break
+    held = tcpinfo.shares(first, tcpinfo.read(sock))
     sock.shutdown(socket.SHUT_WR)
-    return sent, None
+    return sent, None, held
 
 
 def send_pair(sock: socket.socket, budget: PairBudget, src: int, dst: int,
@@ -254,10 +260,10 @@ def send_pair(sock: socket.socket, budget: PairBudget, src: int, dst: int,
     error, not an exception, when the receiver failed)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     rtts = _pings(sock, budget, clock)
-    sent, report = _bulk(sock, budget, clock)
+    sent, report, held = _bulk(sock, budget, clock)
     if report is None:
         report = _read_report(sock, budget, clock) or {}
-    sender = (tcpinfo.path(sock) or {}) | {"bytes_written": sent}
+    sender = (tcpinfo.path(sock) or {}) | {"bytes_written": sent, "while_writing": held}
     seconds = round(clock() - budget.start_s, 4)
     if report.get("error") or not isinstance(report.get("goodput"), dict):
         return PairResult(src, dst, error=f"receiver: {report.get('error') or 'no goodput'}",
@@ -277,11 +283,26 @@ def abort_close(sock: socket.socket) -> None:
 
 # ---------------------------------------------------------------- the receiver
 
-def _receive(sock, nbytes: int, deadline_s: float, clock: Clock) -> list[tuple[float, int]]:
-    """Read until EOF, ``nbytes`` or ``deadline_s``; (time, bytes so far) after each read,
-    at most one point per POINT_EVERY_S but always the last."""
+def _stamp_s(ancdata: list) -> float | None:
+    """The kernel's receive time of the last segment a read consumed (SCM_TIMESTAMPNS,
+    CLOCK_REALTIME; net/ipv4/tcp.c tcp_recv_timestamp), or None where it gave none."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            return sec + nsec * 1e-9
+    return None
+
+
+def _receive(sock, nbytes: int, deadline_s: float,
+             clock: Clock) -> tuple[list[tuple[float, int]], str]:
+    """Read until EOF, ``nbytes`` or ``deadline_s``; (time, bytes so far) after each read, at
+    most one point per POINT_EVERY_S but always the last, and which clock timed them: the
+    kernel's receive stamps where every read had one (a receiver process that the machine
+    runs late does not lower the rate then), else this process's clock."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     buf = memoryview(bytearray(CHUNK_BYTES))
-    points: list[tuple[float, int]] = []
+    by_clock: list[tuple[float, int]] = []
+    by_stamp: list[tuple[float | None, int]] = []
     got = 0
     while got < nbytes:
         left = deadline_s - clock()
@@ -289,18 +310,21 @@ def _receive(sock, nbytes: int, deadline_s: float, clock: Clock) -> list[tuple[f
             break
         sock.settimeout(left)
         try:
-            n = sock.recv_into(buf, min(CHUNK_BYTES, nbytes - got))
+            n, anc, _, _ = sock.recvmsg_into([buf[:min(CHUNK_BYTES, nbytes - got)]], ANC_BYTES)
         except TimeoutError:
             break
         if n == 0:
             break
         got += n
-        now = clock()
-        if len(points) < 2 or now - points[-2][0] >= POINT_EVERY_S:
-            points.append((now, got))
+        now, stamp = clock(), _stamp_s(anc)
+        if len(by_clock) < 2 or now - by_clock[-2][0] >= POINT_EVERY_S:
+            by_clock.append((now, got))
+            by_stamp.append((stamp, got))
         else:   # within a millisecond of the point before: the last point moves on
-            points[-1] = (now, got)
-    return points
+            by_clock[-1], by_stamp[-1] = (now, got), (stamp, got)
+    if by_stamp and all(t is not None for t, _ in by_stamp):
+        return by_stamp, "kernel receive timestamps (SO_TIMESTAMPNS)"
+    return by_clock, "the receiving process's clock"
 
 
 def serve_pair(sock: socket.socket, budget: PairBudget, clock: Clock = time.monotonic) -> dict:
@@ -323,9 +347,9 @@ def serve_pair(sock: socket.socket, budget: PairBudget, clock: Clock = time.mono
             "error": f"the sender asked for {nbytes} bytes in {seconds:g} s; this host allows "
                      f"{limit} bytes in {budget.bulk_seconds(clock()):g} s"})
     _send_all(sock, LENGTH.pack(0), budget.deadline_s, clock)      # go
-    points = _receive(sock, nbytes, budget.bulk_deadline_s, clock)
+    points, timed_by = _receive(sock, nbytes, budget.bulk_deadline_s, clock)
     try:
-        return _report(sock, budget, clock, {"goodput": goodput(points)})
+        return _report(sock, budget, clock, {"goodput": goodput(points) | {"clock": timed_by}})
     except MeasureError as exc:
         return _report(sock, budget, clock, {"error": str(exc)})
 

@@ -249,7 +249,9 @@ class PairResult:
 
 # ---------------------------------------------------------------- the profile file
 
-RATE_FROM = ("single-stream TCP goodput timed by the receiver's socket reads, over the last "
+RATE_FROM = ("single-stream TCP goodput at the receiver, each read timed by the kernel's "
+             "receive timestamp of its last segment (else the receiving process's clock: "
+             "measured.goodput.clock says which), over the last "
              f"{1 - WARMUP_SHARE:.0%} of its receiving time (slow start left out)")
 LATENCY_FROM = "median RTT of the TCP request/response pings over an open connection, halved"
 LOSS_FROM = {"zero": "not applied (0): a single stream's retransmits are mostly its own queue "
@@ -290,7 +292,8 @@ def profile_document(hosts: Sequence[HostReport], results: Sequence[PairResult],
                       "loss_pct": 0.0,
                       "why": "workers placed on one host talk over its loopback, which was not "
                              "measured: their links are not limited"},
-        "site": [{"id": h.node, "host": h.host, "addr": h.addr, "tcp": h.tcp} for h in hosts],
+        "site": [{"id": h.node, "host": h.host, "addr": h.addr, "tool_version": h.version,
+                  "tcp": h.tcp} for h in hosts],
         "site_link": links,
         "provenance": {
             "tool": "gasloc-emu netem measure", "tool_version": tool_version, "date": date,

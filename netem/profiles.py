@@ -38,6 +38,12 @@ Named profiles (``net.bw_profile``), N workers, seeded by the run's seed:
       up_mbit = 20
       down_mbit = 20
 
+A file with ``[[site]]`` tables is a *site* profile, as ``gasloc-emu netem measure`` writes it
+(JSON): per directed pair of hosts a ``[[site_link]]`` with ``rate_mbit``, ``latency_ms`` and
+``loss_pct``; ``placement`` (``cycle``, ``blocks`` or a list) puts each worker on a site, and
+``[same_site]`` is the explicit rule for two workers on one site (see "site profiles" below and
+docs/NETWORK.md).
+
 An empty ``bw_profile`` means "no shaping": ``build_link_plan`` returns a plan with
 ``shaped = False`` and no links (its link model is instantaneous); asking for latency, jitter or
 loss without a profile is an error, because there would be no links to put them on.
@@ -527,12 +533,13 @@ def _plan_from_file(net, workers: int, path: Path, tcp: TcpSettings) -> LinkPlan
 # A file of *sites* (hosts) instead of workers, as ``netem measure`` writes it
 # (``netem.measureplan.profile_document``): one ``[[site_link]]`` per directed pair of sites, a
 # ``placement`` that puts each worker on a site, and a ``[same_site]`` rule for two workers on
-# one site. The rest (``provenance``, each site's ``host``/``addr``/``tcp``, each link's
-# ``measured``) is where the numbers came from: kept in the file, checked for shape, not used.
+# one site. The rest (``provenance``, each site's ``host``, ``addr``, ``tool_version`` and
+# ``tcp``, each link's ``measured``) is where the numbers came from: kept in the file, checked
+# for shape, not used.
 
 _SITE_TOP_KEYS = {"format", "version", "provenance", "placement", "same_site", "site",
                   "site_link", "tcp"}
-_SITE_KEYS = {"id", "host", "addr", "tcp"}
+_SITE_KEYS = {"id", "host", "addr", "tool_version", "tcp"}
 _SITE_LINK_KEYS = {"src", "dst", "rate_mbit", "latency_ms", "loss_pct", "measured"}
 _SAME_SITE_KEYS = {"rule", "rate_mbit", "latency_ms", "loss_pct", "why"}
 

@@ -87,6 +87,10 @@ def test_measured_rates_and_rtts_match_the_shaped_links(tc_caps, tmp_path):
     for key, rate, got, rtt_cfg, rtt, _ in rows:
         assert got == pytest.approx(rate, rel=0.05), (key, got, rate)
         assert abs(rtt - rtt_cfg) <= 1.0, (key, rtt, rtt_cfg)
+    for link in doc["site_link"]:   # within the bounds, as the sender and receiver saw it
+        m = link["measured"]
+        assert m["seconds"] <= PAIR_S and m["goodput"]["bytes"] <= 4_000_000
+        assert m["sender_tcp_info"]["bytes_written"] <= 4_000_000
     # what run and simulate would take: one worker per host, the measured links
     cfg = config.resolve(None, {}, ["workers=3", f"net.bw_profile={out}", "model.preset=tiny"])
     links = build_plan(cfg).link_plan.links

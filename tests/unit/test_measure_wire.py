@@ -63,6 +63,8 @@ def test_a_transfer_stops_at_the_byte_bound(listener):
     assert res.ended_by == "max_bytes_per_pair" and res.receiver["bytes"] == 1 << 20
     assert res.sender["bytes_written"] == 1 << 20 and res.rtt["count"] == 5
     assert res.sender["rtt_us"] > 0 and seconds < 5.0
+    assert res.receiver["clock"].startswith("kernel receive timestamps")
+    assert set(res.sender["while_writing"]) >= {"sending", "rwnd_limited", "idle"}
 
 
 def test_a_transfer_stops_at_the_time_bound_and_the_pair_within_it(listener):
