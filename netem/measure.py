@@ -147,7 +147,11 @@ class Listener:
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                 raise MeasureRunError(f"pair {src}->{dst}: no authenticated connection from "
                                       f"node {src} in time")
-            conn, peer = self.sock.accept()
+            self.sock.settimeout(left)
+            try:
+                conn, peer = self.sock.accept()
+            except TimeoutError:   # the connection went between select and accept
+                continue
             if peer[0] not in self.allowed:
                 conn.close()
                 self.refused.append(f"{peer[0]}: not a participating host")

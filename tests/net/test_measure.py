@@ -36,9 +36,11 @@ def _latency(i: int, j: int) -> float:
     return LATENCY_MS[(min(i, j), max(i, j))]
 
 
-def _profile(tmp_path: Path) -> Path:
+def _profile(tmp_path: Path, hosts: int) -> Path:
     lines = ["[default]", "rate_mbit = 30", "latency_ms = 0"]
     for (i, j), rate in RATES.items():
+        if max(i, j) >= hosts:
+            continue
         lines += ["[[link]]", f"src = {i}", f"dst = {j}", f"rate_mbit = {rate}",
                   f"latency_ms = {_latency(i, j)}"]
     path = tmp_path / "hosts-links.toml"
@@ -50,7 +52,7 @@ def _hosts(tmp_path: Path, nodes: list[dict], kill: dict | None = None,
            timeout_s: float = 120.0) -> dict:
     args = {"hosts": len(nodes), "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
             "log_dir": str(tmp_path),
-            "net": {"bw_profile": str(_profile(tmp_path)), "delay": "packet-line"}}
+            "net": {"bw_profile": str(_profile(tmp_path, len(nodes))), "delay": "packet-line"}}
     proc = subprocess.run([sys.executable, str(HOSTS), json.dumps(args)], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout_s + 60)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -113,3 +115,24 @@ def test_a_killed_agent_ends_the_others_and_leaves_nothing_behind(tc_caps, tmp_p
         assert "error: node" in node["err"], node["err"]
     assert result["left"] == {} and result["listeners"] == {}, result
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_under_slurm_two_hosts_meet_from_the_environment(tc_caps, tmp_path):
+    """The same measurement launched as ``srun --ntasks-per-node 1`` would: no node flags, the
+    role, the master (the node list's first host) and the port from Slurm's environment."""
+    out = tmp_path / "measured.json"
+    nodes = []
+    for k in range(2):
+        env = SECRET | {"SLURM_NODEID": str(k), "SLURM_NNODES": "2", "SLURM_JOB_ID": "7",
+                        "SLURM_JOB_NODELIST": "198.18.0.[1-2]"}
+        argv = [sys.executable, "-m", "gasloc_emu", "netem", "measure", "--out", str(out),
+                *BOUNDS]
+        nodes.append({"host": k, "argv": argv, "env": env})
+    result = _hosts(tmp_path, nodes)
+    for i, node in enumerate(result["nodes"]):
+        assert node["rc"] == 0, f"node {i} exited {node['rc']}: {node['err'][-2000:]}"
+    assert result["left"] == {} and result["listeners"] == {}, result
+    doc = json.loads(out.read_text())
+    got = {(lk["src"], lk["dst"]): lk["rate_mbit"] for lk in doc["site_link"]}
+    assert got == pytest.approx({(0, 1): RATES[(0, 1)], (1, 0): RATES[(1, 0)]}, rel=0.05)
