@@ -38,6 +38,12 @@ Named profiles (``net.bw_profile``), N workers, seeded by the run's seed:
       up_mbit = 20
       down_mbit = 20
 
+A file with ``[[site]]`` tables is a *site* profile, as ``gasloc-emu netem measure`` writes it
+(JSON): per directed pair of hosts a ``[[site_link]]`` with ``rate_mbit``, ``latency_ms`` and
+``loss_pct``; ``placement`` (``cycle``, ``blocks`` or a list) puts each worker on a site, and
+``[same_site]`` is the explicit rule for two workers on one site (see "site profiles" below and
+docs/NETWORK.md).
+
 An empty ``bw_profile`` means "no shaping": ``build_link_plan`` returns a plan with
 ``shaped = False`` and no links (its link model is instantaneous); asking for latency, jitter or
 loss without a profile is an error, because there would be no links to put them on.
@@ -57,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from netem import cloud
+from netem import measureplan as measured
 from netem.impair import JITTER_DISTS  # netem's names, kept once, by the code that draws them
 from netem.tcpsettings import TcpSettings, TcpSettingsError
 
@@ -513,10 +520,143 @@ def _file_caps(data: dict, workers: int, where: str) -> dict[int, WorkerCaps]:
 
 def _plan_from_file(net, workers: int, path: Path, tcp: TcpSettings) -> LinkPlan:
     where = f"profile {path.name}"
-    data = check_keys(where, _read_profile_file(path), _TOP_KEYS)
+    raw = _read_profile_file(path)
+    if isinstance(raw, dict) and "site" in raw:
+        return _plan_from_sites(net, workers, path, raw, tcp)
+    data = check_keys(where, raw, _TOP_KEYS)
     links = _file_links(net, data, workers, where, _file_tcp(data, where, tcp))
     caps = _file_caps(data, workers, where)
     return LinkPlan(workers, links, caps, profile=str(path), note=f"file {path}", mtu=net.mtu)
+
+
+# ---------------------------------------------------------------- site profiles (measured)
+# A file of *sites* (hosts) instead of workers, as ``netem measure`` writes it
+# (``netem.measureplan.profile_document``): one ``[[site_link]]`` per directed pair of sites, a
+# ``placement`` that puts each worker on a site, and a ``[same_site]`` rule for two workers on
+# one site. The rest (``provenance``, each site's ``host``, ``addr``, ``tool_version`` and
+# ``tcp``, each link's ``measured``) is where the numbers came from: kept in the file, checked
+# for shape, not used.
+
+_SITE_TOP_KEYS = {"format", "version", "provenance", "placement", "same_site", "site",
+                  "site_link", "tcp"}
+_SITE_KEYS = {"id", "host", "addr", "tool_version", "tcp"}
+_SITE_LINK_KEYS = {"src", "dst", "rate_mbit", "latency_ms", "loss_pct", "measured"}
+_SAME_SITE_KEYS = {"rule", "rate_mbit", "latency_ms", "loss_pct", "why"}
+
+
+def site_of_workers(placement: Any, workers: int, sites: int, where: str = "placement") -> list:
+    """Each worker's site: ``cycle`` (worker i on site i mod N), ``blocks`` (contiguous, the
+    first ``workers % N`` sites one more), or an explicit list of one site per worker."""
+    if isinstance(placement, list):
+        if len(placement) != workers:
+            raise ProfileError(f"{where} lists {len(placement)} sites; this run has {workers} "
+                               "workers: give one site per worker, or 'cycle' or 'blocks'")
+        return [_check_site(f"{where}[{k}]", s, sites) for k, s in enumerate(placement)]
+    if placement == "cycle":
+        return [w % sites for w in range(workers)]
+    if placement == "blocks":
+        out = []
+        for k in range(sites):
+            out += [k] * (workers // sites + (k < workers % sites))
+        return out
+    raise ProfileError(f"{where} = {placement!r} is not allowed; expected one of "
+                       f"{', '.join(measured.PLACEMENTS)} or a list of one site per worker")
+
+
+def _check_site(what: str, value: Any, sites: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < sites:
+        raise ProfileError(f"{what} = {value!r} is out of range; expected a site in "
+                           f"[0, {sites - 1}]")
+    return value
+
+
+def _sites(data: dict, where: str) -> list[dict]:
+    sites = _check_list("site", data.get("site"))
+    for k, entry in enumerate(sites):
+        entry = check_keys(f"{where} [[site]] #{k + 1}", entry, _SITE_KEYS)
+        if entry.get("id") != k:
+            raise ProfileError(f"{where} [[site]] #{k + 1}: id = {entry.get('id')!r}; sites are "
+                               f"numbered 0, 1, ... in order (expected {k})")
+    if len(sites) < 2:
+        raise ProfileError(f"{where} has {len(sites)} site; a site profile needs at least 2")
+    return sites
+
+
+def _site_links(data: dict, n: int, where: str) -> dict[tuple[int, int], dict]:
+    out: dict[tuple[int, int], dict] = {}
+    for k, entry in enumerate(_check_list("site_link", data.get("site_link"))):
+        here = f"{where} [[site_link]] #{k + 1}"
+        entry = check_keys(here, entry, _SITE_LINK_KEYS)
+        if "measured" in entry and not isinstance(entry["measured"], dict):
+            raise ProfileError(f"{here}: measured must be a table")
+        for key in ("src", "dst", "rate_mbit"):
+            if key not in entry:
+                raise ProfileError(f"{here}: missing {key!r}")
+        src, dst = (_check_site(f"{here} {key}", entry[key], n) for key in ("src", "dst"))
+        if src == dst or (src, dst) in out:
+            raise ProfileError(f"{here}: site link {src}->{dst} is "
+                               + ("a site to itself" if src == dst else "given twice"))
+        out[(src, dst)] = {k: entry[k] for k in ("rate_mbit", "latency_ms", "loss_pct")
+                           if k in entry}
+        Link(src, dst, **out[(src, dst)])   # checked here, with its name in view
+    missing = [f"{i}->{j}" for i in range(n) for j in range(n) if i != j and (i, j) not in out]
+    if missing:
+        raise ProfileError(f"{where} has no [[site_link]] for {', '.join(missing[:4])}; every "
+                           "directed pair of sites needs one")
+    return out
+
+
+def _same_site(data: dict, where: str) -> dict | None:
+    if "same_site" not in data:
+        return None
+    table = check_keys(f"{where} [same_site]", data["same_site"], _SAME_SITE_KEYS)
+    if table.get("rule") not in measured.SAME_SITE_RULES:
+        raise ProfileError(f"{where} [same_site] rule = {table.get('rule')!r} is not allowed; "
+                           f"expected one of {', '.join(measured.SAME_SITE_RULES)}")
+    if "rate_mbit" not in table:
+        raise ProfileError(f"{where} [same_site]: missing 'rate_mbit'")
+    return {k: table[k] for k in ("rate_mbit", "latency_ms", "loss_pct") if k in table} | \
+        {"rule": table["rule"]}
+
+
+def _plan_from_sites(net, workers: int, path: Path, data: dict, tcp: TcpSettings) -> LinkPlan:
+    where = f"profile {path.name}"
+    check_keys(where, data, _SITE_TOP_KEYS)
+    if data.get("format") != measured.FORMAT or data.get("version") != measured.FORMAT_VERSION:
+        raise ProfileError(f"{where}: format {data.get('format')!r} version "
+                           f"{data.get('version')!r}; this gasloc-emu reads "
+                           f"{measured.FORMAT!r} version {measured.FORMAT_VERSION}")
+    if not isinstance(data.get("provenance", {}), dict):
+        raise ProfileError(f"{where}: provenance must be a table")
+    sites = _sites(data, where)
+    n = len(sites)
+    links = _site_links(data, n, where)
+    site_of = site_of_workers(data.get("placement"), workers, n, f"{where} placement")
+    same = _same_site(data, where)
+    shared = [(a, b) for a in range(workers) for b in range(workers)
+              if a != b and site_of[a] == site_of[b]]
+    if shared and same is None:
+        raise ProfileError(f"{where}: workers {shared[0][0]} and {shared[0][1]} are both on "
+                           f"site {site_of[shared[0][0]]} and the file has no [same_site] rule "
+                           "for them; add one, or run at most one worker per site")
+    base = _net_impairments(net)
+    run_tcp_ = _file_tcp(data, where, tcp)
+    plan_links = {}
+    for a in range(workers):
+        for b in range(workers):
+            if a == b:
+                continue
+            sa, sb = site_of[a], site_of[b]
+            values = dict(links[(sa, sb)]) if sa != sb else \
+                {k: v for k, v in same.items() if k != "rule"}
+            plan_links[(a, b)] = Link(a, b, **(base | values), tcp=run_tcp_)
+    hosts = ", ".join(str(s.get("host", s["id"])) for s in sites)
+    same_note = (f"same-site links: {same['rule']} ({same['rate_mbit']:g} Mbit/s, "
+                 f"{same.get('latency_ms', 0):g} ms)" if shared else "no two workers share a site")
+    note = (f"sites from {path}: {n} ({hosts}); worker -> site {site_of} "
+            f"({data.get('placement') if isinstance(data.get('placement'), str) else 'listed'}); "
+            f"{same_note}")
+    return LinkPlan(workers, plan_links, {}, profile=str(path), note=note, mtu=net.mtu)
 
 
 # ---------------------------------------------------------------- entry point

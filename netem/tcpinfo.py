@@ -72,3 +72,24 @@ def shares(first: Chrono | None, last: Chrono | None) -> dict | None:
             "idle": round(max(0.0, window_us - busy) / window_us, 4),
             "retransmits": last.total_retrans - first.total_retrans,
             "acked_mbit": round((last.bytes_acked - first.bytes_acked) * 8 / window_us, 4)}
+
+
+# struct tcp_info fields a path measurement reports (offsets in include/uapi/linux/tcp.h)
+_PATH_FIELDS = (("snd_mss", 16, "I"), ("rtt_us", 68, "I"), ("rttvar_us", 72, "I"),
+                ("snd_cwnd", 80, "I"), ("total_retrans", 100, "I"), ("bytes_acked", 120, "Q"),
+                ("segs_out", 136, "I"), ("min_rtt_us", 148, "I"), ("data_segs_out", 156, "I"),
+                ("delivery_rate_bps", 160, "Q"), ("bytes_retrans", 208, "Q"))
+_PATH_BYTES = 216
+
+
+def path(sock: socket.socket) -> dict | None:
+    """A connection's own account of its path: smoothed and minimum RTT, retransmits, segments
+    and bytes sent, the kernel's last delivery-rate estimate; None where the kernel has no such
+    fields (not Linux, or before 4.19, which added tcpi_bytes_retrans)."""
+    tcp_info = getattr(socket, "TCP_INFO", None)
+    if tcp_info is None:
+        return None
+    raw = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, _PATH_BYTES + 8)
+    if len(raw) < _PATH_BYTES:
+        return None
+    return {name: struct.unpack_from("=" + fmt, raw, at)[0] for name, at, fmt in _PATH_FIELDS}

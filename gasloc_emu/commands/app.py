@@ -394,3 +394,24 @@ def netem_probe_command(cfg: Config, seconds: float, topology_only: bool) -> int
     missed = [r for r in rows if not r["ok"]]
     click.echo(f"{len(rows) - len(missed)} of {len(rows)} links within 10% of their target")
     return 1 if missed else 0
+
+
+def netem_measure_command(kw: dict) -> int:
+    """``netem measure`` on this host: its role, the secret and the bounds, then the
+    measurement (``cluster.measuring``); node 0 writes ``--out``."""
+    import os
+
+    from gasloc_emu.cluster.measuring import check_out, measure_hosts, resolve_allowlist
+    from gasloc_emu.cluster.roles import load_secret, resolve_role
+    from netem.measureplan import MeasureBounds
+    bounds = MeasureBounds(kw["max_bytes_per_pair"], kw["max_seconds_per_pair"],
+                           kw["max_seconds"], kw["pings"])
+    role = resolve_role({k: kw.get(k) for k in ("nnodes", "node_rank", "master_addr",
+                                                "master_port")}, os.environ)
+    secret = load_secret(kw.get("secret_file"), os.environ)
+    out = check_out(kw["out"], kw["overwrite"]) if role.is_master else None
+    hosts = [h.strip() for h in (kw.get("allow_hosts") or "").split(",") if h.strip()]
+    allowlist = resolve_allowlist(hosts) if hosts else None
+    return measure_hosts(role, secret, bounds, out=out, allowlist=allowlist,
+                         loss_from=kw["loss_from"], placement=kw["worker_placement"],
+                         log=lambda line: click.echo(line, err=line.startswith("error")))

@@ -16,6 +16,9 @@ from gasloc_emu import config as C
 from gasloc_emu import exitcodes
 from gasloc_emu.config_toml import to_toml
 from gasloc_emu.report.records import RecordError
+from netem.measureplan import MeasureBounds
+
+_MEASURE = MeasureBounds()   # the defaults of `netem measure`'s bounds
 
 _BAD_INPUT = exitcodes.BAD_INPUT
 
@@ -55,9 +58,10 @@ def _input_errors() -> tuple[type, ...]:
     from gasloc_emu.topology import TopologyError
     from gasloc_emu.training.data import DataError
     from netem.capabilities import CapabilityError
+    from netem.measureplan import MeasureError
     from netem.profiles import ProfileError
     return C.ConfigError, TopologyError, DataError, RecordError, ClusterError, ProfileError, \
-        CapabilityError
+        CapabilityError, MeasureError
 
 
 def _local_steps(value: str | None):
@@ -568,6 +572,38 @@ def netem_probe(seconds: float, **kw) -> None:
     cfg = resolve_from_flags(kw)
     enter_userns_if_needed(cfg, sys.argv[1:], False)
     sys.exit(netem_probe_command(cfg, seconds, bool(kw.get("topology"))))
+
+
+@netem.command("measure")
+@_apply([opt for key, opt in zip((*_NODE_KEYS, "secret_file"), NODE_OPTIONS, strict=True)
+         if key != "nproc_per_node"])
+@click.option("--out", default="measured-profile.json", show_default=True,
+              type=click.Path(dir_okay=False),
+              help="The profile file node 0 writes (JSON), for --bw-profile.")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--max-bytes-per-pair", type=int, default=_MEASURE.max_bytes_per_pair,
+              show_default=True, help="At most this many bytes per directed pair's transfer.")
+@click.option("--max-seconds-per-pair", type=float,
+              default=_MEASURE.max_seconds_per_pair, show_default=True,
+              help="At most this long per directed pair (pings, transfer and report).")
+@click.option("--max-seconds", type=float, default=_MEASURE.max_seconds,
+              show_default=True, help="At most this long for all pairs together.")
+@click.option("--pings", type=int, default=_MEASURE.pings, show_default=True,
+              help="Request/response pings per pair (for the RTT).")
+@click.option("--hosts", "allow_hosts", help="Comma-separated allowlist of host names or "
+              "addresses: refuse to measure if a node publishes an address not on it.")
+@click.option("--loss-from", type=click.Choice(["zero", "retransmits"]), default="zero",
+              show_default=True, help="What the file's loss_pct is: zero (the retransmit "
+              "share is recorded beside it) or the sender's retransmit share.")
+@click.option("--worker-placement", "worker_placement", type=click.Choice(["cycle", "blocks"]),
+              default="cycle", show_default=True, help="How the file maps a run's workers to "
+              "the hosts: worker i on host i mod N (cycle), or in blocks.")
+@friendly_errors
+def netem_measure(**kw) -> None:
+    """Measure every directed pair of the hosts this runs on (one per host, launched like a
+    multi-node run) and write a profile file for --bw-profile."""
+    from gasloc_emu.commands.app import netem_measure_command
+    sys.exit(netem_measure_command(kw))
 
 
 @netem.command("clean")

@@ -10,8 +10,12 @@ built goes away with its user namespace.
 args: ``hosts``; ``nodes``: [{"host": k, "argv": [...], "env": {...}}]; ``kill``: optional
 {"node": i, "after_s": t} (SIGKILL to that node's agent t s after the start), or with
 ``"training": {"metrics": PATH, "workers": [...]}`` t s after each of those workers has a row
-in the record's metrics.jsonl (training is under way there, however busy the machine);
-``timeout_s``.
+in the record's metrics.jsonl (training is under way there, however busy the machine), or
+with ``"output": {"node": k, "text": "..."}`` t s after node k's stdout has that text;
+``timeout_s``; ``net``: optional net.* settings (a ``bw_profile`` with the hosts as its
+workers, ``delay``): the links between the hosts are then shaped and delayed as a run's
+would be (``NetworkSession``: HTB on each host's eth0, the packet line as the switch), and
+``listeners`` reports the TCP listeners left in each host.
 """
 from __future__ import annotations
 
@@ -57,11 +61,27 @@ def _training(watch: dict) -> bool:
     return set(watch["workers"]) <= seen
 
 
-def _wait_all(procs, kill: dict | None, timeout_s: float) -> tuple[dict, float | None]:
+def _printed(watch: dict, log_dir: str) -> bool:
+    """Whether node ``watch["node"]``'s stdout has ``watch["text"]``."""
+    try:
+        return watch["text"] in Path(log_dir, f"node{watch['node']}.out").read_text()
+    except OSError:
+        return False
+
+
+def _armed(kill: dict, log_dir: str) -> bool:
+    if "training" in kill:
+        return _training(kill["training"])
+    return _printed(kill["output"], log_dir)
+
+
+def _wait_all(procs, kill: dict | None, timeout_s: float,
+              log_dir: str) -> tuple[dict, float | None]:
     t0, ended, killed_at = time.monotonic(), {}, None
-    armed_at = t0 if kill and "training" not in kill else None   # the kill's clock starts here
+    triggered = kill and ("training" in kill or "output" in kill)
+    armed_at = t0 if kill and not triggered else None   # the kill's clock starts here
     while len(ended) < len(procs) and time.monotonic() - t0 < timeout_s:
-        if kill and armed_at is None and _training(kill["training"]):
+        if kill and armed_at is None and _armed(kill, log_dir):
             armed_at = time.monotonic()
         if kill and killed_at is None and armed_at is not None and \
                 time.monotonic() - armed_at >= kill["after_s"]:
@@ -83,25 +103,54 @@ def main(argv: list[str]) -> int:
     if not reexec_in_userns(argv, entry=[sys.executable, os.path.abspath(__file__)]):
         sys.exit("user namespaces do not work here")
     prepare_userns()
-    topo = NetTopology(new_run_id(), args["hosts"])
-    run_commands(topology_commands(topo))
-    for k in range(args["hosts"]):
-        run_commands(_lo_up(topo, k))
+    session = _shaped(args) if args.get("net") else None
+    if session is None:
+        topo = NetTopology(new_run_id(), args["hosts"])
+        run_commands(topology_commands(topo))
+        for k in range(args["hosts"]):
+            run_commands(_lo_up(topo, k))
+    else:
+        topo = session.topo
     log_dir = args["log_dir"]
     t0 = time.monotonic()
     procs = [_start(topo, node, log_dir, i) for i, node in enumerate(args["nodes"])]
-    ended, killed_at = _wait_all(procs, args.get("kill"), args.get("timeout_s", 240.0))
+    ended, killed_at = _wait_all(procs, args.get("kill"), args.get("timeout_s", 240.0), log_dir)
     time.sleep(0.5)  # what dies with its parent has had time to go
-    left = {ns: _netns_pids(ns) for ns in topo.namespaces()}
+    hosts = [topo.worker_ns(k) for k in range(args["hosts"])]   # the switch runs the line
+    left = {ns: _netns_pids(ns) for ns in hosts}
+    listeners = {ns: _listeners(ns) for ns in hosts}
+    if session is not None:
+        session.close()
     nodes = [{"rc": ended[i][0], "seconds": ended[i][1] - t0,
               "after_kill_s": None if killed_at is None else ended[i][1] - killed_at,
               "out": Path(log_dir, f"node{i}.out").read_text()[-4000:],
               "err": Path(log_dir, f"node{i}.err").read_text()[-4000:]}
              for i in range(len(procs))]
     print("RESULT " + json.dumps({"nodes": nodes, "left": {k: v for k, v in left.items() if v},
+                                  "listeners": {k: v for k, v in listeners.items() if v},
                                   "addrs": [host_addr(k) for k in range(args["hosts"])]}),
           flush=True)
     return 0
+
+
+def _shaped(args: dict):
+    """The hosts' network as a run would shape it: ``args["net"]``'s profile over the hosts."""
+    from gasloc_emu.config import NetConfig
+    from netem.capabilities import choose_shaper, probe
+    from netem.namespaces import NetworkSession
+    from netem.profiles import build_link_plan
+    net = NetConfig(**args["net"])
+    plan = build_link_plan(net, args["hosts"], 0)
+    session = NetworkSession(plan, choose_shaper("tc", probe(), delay=net.delay))
+    session.start()
+    return session
+
+
+def _listeners(ns: str) -> list[str]:
+    """The TCP sockets listening in a host (``ss``: independent of the code under test)."""
+    proc = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Htln"], capture_output=True,
+                          text=True, timeout=10)
+    return [line for line in proc.stdout.splitlines() if line.strip()]
 
 
 def _lo_up(topo: NetTopology, k: int):

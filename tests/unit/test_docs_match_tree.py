@@ -355,7 +355,7 @@ def test_the_checker_names_each_bad_path_subcommand_and_flag_with_its_line():
         "docs/MADE_UP.md:17: `gasloc-emu simulate` takes no flag `--colour`",
         "docs/MADE_UP.md:19: `gasloc-emu transmogrify`: no such subcommand",
         "docs/MADE_UP.md:20: `gasloc-emu netem shout`: no such subcommand (known: clean, "
-        "probe, show)",
+        "measure, probe, show)",
         "docs/MADE_UP.md:21: `benchmarks/bench_codecs.py` takes no flag `--turbo`",
         "docs/MADE_UP.md:22: `gasloc-emu run` takes no flag `--bogus`",
         "docs/MADE_UP.md:13: `gasloc_emu/comm/zstd.py` does not exist",
