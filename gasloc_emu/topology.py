@@ -5,6 +5,7 @@ the same graph (and, for ``matching``, the same matching of round t) with no coo
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -345,8 +346,11 @@ class Topology:
     seed: int = 0
     base: str = "complete"
     alpha: float = 1.0
-    rates: tuple[tuple[float, ...], ...] | None = field(default=None, repr=False)
+    # compared and hashed by their digest (below): the memoised rounds hash the topology on
+    # every call, and n x n rates of a large run would cost more than the rounds themselves
+    rates: tuple[tuple[float, ...], ...] | None = field(default=None, repr=False, compare=False)
     slack: float = 0.0   # fastest: how much slower than its tree's bottleneck a link may be
+    rates_digest: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.name not in NAMES:
@@ -355,7 +359,10 @@ class Topology:
         if not 0.0 <= self.slack < 1.0:
             raise TopologyError(f"rate slack = {self.slack!r} must be in [0, 1)")
         if self.rates is not None:
-            object.__setattr__(self, "rates", check_rates(self.rates, self.n))
+            rows = check_rates(self.rates, self.n)
+            object.__setattr__(self, "rates", rows)
+            object.__setattr__(self, "rates_digest", hashlib.blake2b(
+                np.asarray(rows, dtype=np.float64).tobytes(), digest_size=16).hexdigest())
         elif self.name in MEASURED:
             raise TopologyError(f"topology {self.name!r} chooses peers by the links' measured "
                                 "rates: it needs a shaped bandwidth profile (net.bw_profile, "

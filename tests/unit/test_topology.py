@@ -578,3 +578,13 @@ def test_the_config_offers_exactly_the_topology_modules_names():
     from gasloc_emu import config as C
     from gasloc_emu.topology import NAMES
     assert C.TOPOLOGIES == NAMES
+
+
+def test_graphs_on_other_rates_are_other_graphs():
+    """Rates enter equality (by digest), so memoised rounds never mix two runs' graphs."""
+    a = tuple(tuple(0.0 if i == j else 10.0 + i + j for j in range(4)) for i in range(4))
+    b = tuple(tuple(0.0 if i == j else 10.0 for j in range(4)) for i in range(4))
+    assert Topology("fastest", 4, rates=a) == Topology("fastest", 4, rates=a)
+    assert hash(Topology("fastest", 4, rates=a)) == hash(Topology("fastest", 4, rates=a))
+    assert Topology("fastest", 4, rates=a) != Topology("fastest", 4, rates=b)
+    assert Topology("ring", 4, rates=a) != Topology("ring", 4)
