@@ -18,6 +18,7 @@ RANDOM = ("matching", "matching2")
 # graphs chosen from the run's measured link rates (``Topology.rates``, from the link plan)
 MEASURED = ("fastest",)
 NAMES = FIXED + RANDOM + MEASURED  # every topology.name (config.TOPOLOGIES lists the same)
+MAX_RECORDED_EDGES = 4096  # a run record lists a fixed graph's edges up to this many
 _MAX_TRIES = 1000
 _SEARCH_STEPS_PER_WORKER = 16  # cap of one try of the matching search over a living subset
 
@@ -404,12 +405,15 @@ class Topology:
         return min(rate[e] for e in self.possible_edges)
 
     def peers_record(self) -> dict:
-        """The chosen peers for the run record: the rule, and for a fixed graph each edge with
-        its rate (Mbit/s, the slower direction; null when unshaped)."""
+        """The chosen peers for the run record: the rule, and for a fixed graph of at most
+        ``MAX_RECORDED_EDGES`` edges each edge with its rate (Mbit/s, the slower direction;
+        null when unshaped); ``edge_count`` in any case."""
         rate = edge_rates(self.rates) if self.rates is not None else {}
+        listed = not self.time_varying and len(self.possible_edges) <= MAX_RECORDED_EDGES
         return {"rule": self.rule, "bottleneck_mbit": self.bottleneck_mbit(),
-                "edges": None if self.time_varying else
-                [[a, b, rate.get((a, b))] for a, b in sorted(self.possible_edges)]}
+                "edge_count": len(self.possible_edges),
+                "edges": [[a, b, rate.get((a, b))] for a, b in sorted(self.possible_edges)]
+                if listed else None}
 
     @property
     def time_varying(self) -> bool:

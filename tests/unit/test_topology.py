@@ -568,10 +568,12 @@ def test_fastest_needs_rates_a_degree_that_connects_and_sane_rates():
 
 def test_every_graph_reports_its_peers_and_the_rates_only_when_given():
     assert Topology("ring", 4).peers_record() == {
-        "rule": "ring: fixed by worker index", "bottleneck_mbit": None,
+        "rule": "ring: fixed by worker index", "bottleneck_mbit": None, "edge_count": 4,
         "edges": [[0, 1, None], [0, 3, None], [1, 2, None], [2, 3, None]]}
     m = Topology("matching", 4, seed=7).peers_record()
-    assert m["edges"] is None and "seed 7" in m["rule"]
+    assert m["edges"] is None and "seed 7" in m["rule"] and m["edge_count"] == 6
+    big = Topology("complete", 92).peers_record()   # 4186 edges: counted, not listed
+    assert big["edges"] is None and big["edge_count"] == 92 * 91 // 2
 
 
 def test_the_config_offers_exactly_the_topology_modules_names():
