@@ -560,7 +560,9 @@ def links_table(links: list[dict], regions: tuple[str, ...] = ()) -> Table:
     table = Table(title="links", title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("link", "configured", "measured", "off by", "training", "latency ms",
                  "measured ms", "bytes moved", ""):
-        table.add_column(name, justify="left" if name in ("link", "") else "right")
+        # a link named by its regions is one line, whatever the other columns need
+        table.add_column(name, justify="left" if name in ("link", "") else "right",
+                         no_wrap=name == "link")
     for lk in links:
         off, miss = _link_off(lk)
         table.add_row(fmt.link(lk.get("src", "?"), lk.get("dst", "?"), regions),
