@@ -253,6 +253,10 @@ def test_simulate_takes_the_cloud_profile_and_an_ocean_costs_its_latency(tmp_pat
         summary = json.loads((tmp_path / far.replace(":", "-") / "summary.json").read_text())
         assert summary["status"] == "ok"
         walls[far] = summary["predicted_wall_s"]
+        # the record keeps the peers and the slowest edge a round uses
+        assert summary["peers"]["rule"] == "ring: fixed by worker index"
+        assert summary["peers"]["edges"][0][:2] == [0, 1]
+        assert summary["peers"]["bottleneck_mbit"] > 0
     links, _ = cloud.cloud_links(cloud.parse_placement("aws:us-east-1,gcp:asia-east1"),
                                  "capacity", "error")
     one_way_s = links[(0, 1)].rtt_ms / 2e3
