@@ -16,7 +16,9 @@ neighbour-synchronous GASLoC from the max-plus recurrence of ``benchmarks/max_pl
 with c = local steps x step time and tau(j -> i) = latency + model bytes x 8 / rate (no queueing:
 a lower bound). Random graphs (expander d, one-peer matchings) over seeds 0..seeds-1: mean and
 (min-max). DiLoCo's ring All-Reduce beside them, 2 (N - 1) chunk steps of N-th of the model,
-each as slow as the slowest ring link's latency + transfer (one line, no seeds). No training.
+each as slow as the slowest ring link's latency + transfer (one line, no seeds): a crude
+pessimistic figure (aws8 capacity: 1.76 s here, 1.21 s a round in the simulator's runs of
+docs/RESULTS.md, "Measured networks"). No training.
 """
 from __future__ import annotations
 
