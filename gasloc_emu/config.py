@@ -224,7 +224,9 @@ class AlgoConfig(_Validated):
         return h or default
 
 
-TOPOLOGIES = ("ring", "torus", "exponential", "expander", "complete", "matching", "matching2")
+# the topology module's NAMES (it sits above config; a unit test keeps the two equal)
+TOPOLOGIES = ("ring", "torus", "exponential", "expander", "complete", "matching", "matching2",
+              "fastest")
 
 
 @dataclass(frozen=True)
@@ -232,10 +234,17 @@ class TopologyConfig(_Validated):
     _section = "topology."
     name: str = setting("ring", "Graph: ring, torus, exponential, expander (random d-regular), "
                                 "complete, matching (random one-peer per round), matching2 "
-                                "(two matchings).", choices=TOPOLOGIES)
-    degree: int = setting(4, "Degree d of the expander graph.", lo=1, hi=4096)
+                                "(two matchings), fastest (degree <= d on the fastest "
+                                "measured links of the bandwidth profile, connected).",
+                         choices=TOPOLOGIES)
+    degree: int = setting(4, "Degree d of the expander graph; the most peers of fastest.",
+                          lo=1, hi=4096)
     base: str = setting("complete", "Base graph whose edges the random matchings are drawn from.",
                         choices=("complete", "ring", "torus", "exponential", "expander"))
+    rate_slack: float = setting(0.0, "fastest: links added for mixing beyond its spanning tree "
+                                     "may be this much slower than the tree's slowest edge "
+                                     "(0: the bottleneck stays the tree's; 0.2: down to 0.8 x "
+                                     "it).", lo=0.0, hi=0.99)
 
 
 # The network's names are their registries' (netem sits below config and imports nothing of

@@ -74,6 +74,11 @@ class RunPlan:
         """The default run name's algorithm part (``Algorithm.run_label``)."""
         return self.algo.run_label(self.cfg.topology.name)
 
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """Each worker's region (``net.placement``, checked with the config); () without one."""
+        return placement_regions(self.cfg.net.placement)
+
     def topology_label(self) -> str:
         """The graph's name as records and the header show it."""
         return self.cfg.topology.name if self.topology is not None else "ring-allreduce"
@@ -88,7 +93,8 @@ class RunPlan:
             graph |= {"lambda2": topo.lambda2, "spectral_gap": topo.spectral_gap,
                       "time_varying": topo.time_varying,
                       # a random graph's neighbours change every round: none to show
-                      "neighbours": None if topo.time_varying else topo.neighbors(0)}
+                      "neighbours": None if topo.time_varying else topo.neighbors(0),
+                      "peers": topo.peers_record()}
         shaped = self.link_plan is not None and self.link_plan.shaped
         return {"algorithm": self.algorithm.record(), "constants": self.constants(),
                 "topology": graph, "compute": self.compute.record(),
@@ -96,6 +102,24 @@ class RunPlan:
                 "links": self.link_plan.describe() if shaped else None,
                 "link_model": describe_link_model(self.link_model),
                 "world": None if self.world is None else _describe_world(self.world)}
+
+
+def placement_regions(placement: str) -> tuple[str, ...]:
+    """The region of each worker of a placement (a preset or ``region[*count],...``); () for
+    none."""
+    from netem.cloud import parse_placement
+    return parse_placement(placement) if placement else ()
+
+
+def link_rates(link_plan) -> tuple[tuple[float, ...], ...] | None:
+    """rates[i][j]: what one flow i -> j can get (the link, capped by i's uplink and j's
+    downlink) in Mbit/s, 0 on the diagonal; None when unshaped. What the ``fastest`` graph
+    chooses peers by and every graph's bottleneck is measured with."""
+    if link_plan is None or not link_plan.shaped:
+        return None
+    n = link_plan.workers
+    return tuple(tuple(0.0 if i == j else float(link_plan.effective_rate_mbit(i, j))
+                       for j in range(n)) for i in range(n))
 
 
 def _describe_world(world: World) -> dict:
@@ -121,8 +145,8 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     ``data=False``: no corpus (a plan to describe, not to train)."""
     resolved = algorithms.resolve(cfg.algo)
     algo = resolved.cls
-    topo = topology.from_config(cfg) if algo.needs_graph else None
     link_plan = check_network(cfg)
+    topo = topology.from_config(cfg, link_rates(link_plan)) if algo.needs_graph else None
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
     simulator_device(cfg.run.device)  # run.device = cuda without a GPU

@@ -5,15 +5,20 @@ the same graph (and, for ``matching``, the same matching of round t) with no coo
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
 
 FIXED = ("ring", "torus", "exponential", "expander", "complete")
 RANDOM = ("matching", "matching2")
+# graphs chosen from the run's measured link rates (``Topology.rates``, from the link plan)
+MEASURED = ("fastest",)
+NAMES = FIXED + RANDOM + MEASURED  # every topology.name (config.TOPOLOGIES lists the same)
+MAX_RECORDED_EDGES = 4096  # a run record lists a fixed graph's edges up to this many
 _MAX_TRIES = 1000
 _SEARCH_STEPS_PER_WORKER = 16  # cap of one try of the matching search over a living subset
 
@@ -123,13 +128,103 @@ def _adjacency(n: int, edges: set[tuple[int, int]]) -> list[list[int]]:
     return [sorted(s) for s in adj]
 
 
+def edge_rates(rates: tuple[tuple[float, ...], ...]) -> dict[tuple[int, int], float]:
+    """The rate of each undirected edge (i < j): the slower of its two directed links, since a
+    gossip exchange sends both ways and the round waits for both messages."""
+    n = len(rates)
+    return {(i, j): min(rates[i][j], rates[j][i]) for i in range(n) for j in range(i + 1, n)}
+
+
+def _edges_fastest(n: int, d: int, rates: tuple[tuple[float, ...], ...], slack: float = 0.0
+                   ) -> set[tuple[int, int]]:
+    """The connected graph of degree at most d on the fastest links (``FASTEST_RULE``).
+
+    1. A spanning tree of greatest bottleneck under the degree cap: Kruskal over the links,
+       fastest first, keeping a link when it joins two components and both ends have degree
+       below d. Without the cap this is a maximum spanning tree, whose slowest edge is the
+       largest bottleneck any connected graph on these links can have (the minimax path
+       property: Hu 1961, "The maximum capacity route problem"). With d >= 2 it always spans:
+       while two components remain, each is a tree with a worker of degree <= 1 < d, and the
+       link between two such workers was never refused for its degree.
+    2. More edges for mixing, none slower than (1 - slack) x that tree's slowest edge (slack 0:
+       the bottleneck stays the tree's), while both ends have degree below d: each time the
+       link whose ends are the most hops apart (it shortens the longest detour gossip takes;
+       a tree's spectral gap is what its diameter allows), then the fastest, then the pair.
+    Ties are broken by the pair (i, j), so every worker derives the same graph.
+    """
+    if n > 2 and d < 2:
+        raise TopologyError(f"topology 'fastest' needs degree d >= 2 to connect N = {n} "
+                            f"workers; got d = {d}")
+    rate = edge_rates(rates)
+    order = sorted(rate, key=lambda e: (-rate[e], e))
+    comp, deg = list(range(n)), np.zeros(n, dtype=int)
+    hops = np.full((n, n), np.inf)
+    np.fill_diagonal(hops, 0.0)
+
+    def root(v: int) -> int:
+        while comp[v] != v:
+            comp[v] = comp[comp[v]]
+            v = comp[v]
+        return v
+
+    def add(a: int, b: int) -> None:
+        edges.add((a, b))
+        deg[a] += 1
+        deg[b] += 1
+        # shortest hop counts through the new edge, both ways (an O(n^2) update per edge)
+        np.minimum(hops, hops[:, [a]] + 1 + hops[[b], :], out=hops)
+        np.minimum(hops, hops[:, [b]] + 1 + hops[[a], :], out=hops)
+
+    edges: set[tuple[int, int]] = set()
+    for a, b in order:
+        if root(a) != root(b) and deg[a] < d and deg[b] < d:
+            comp[root(a)] = root(b)
+            add(a, b)
+    floor = (1.0 - slack) * min(rate[e] for e in edges)
+    pairs = np.array([e for e in order if rate[e] >= floor], dtype=int).reshape(-1, 2)
+    speed = np.array([rate[(a, b)] for a, b in pairs])
+    free = np.array([(a, b) not in edges for a, b in pairs], dtype=bool)
+    while True:
+        ok = free & (deg[pairs[:, 0]] < d) & (deg[pairs[:, 1]] < d)
+        if not ok.any():
+            return edges
+        cand = np.flatnonzero(ok)
+        far = hops[pairs[cand, 0], pairs[cand, 1]]
+        best = cand[np.lexsort((pairs[cand, 1], pairs[cand, 0], -speed[cand], -far))[0]]
+        free[best] = False
+        add(int(pairs[best, 0]), int(pairs[best, 1]))
+
+
+FASTEST_RULE = ("fastest: a spanning tree of greatest bottleneck under the degree cap d "
+                "(Kruskal over the links, fastest first; an edge's rate is the slower of its two "
+                "directed links in the run's link plan), then links no slower than (1 - slack) "
+                "x the tree's slowest edge while both ends have degree < d, the ends most hops "
+                "apart first, then the fastest")
+
+
+def check_rates(rates, n: int) -> tuple[tuple[float, ...], ...]:
+    """``rates`` as an n x n tuple of tuples of link rates (Mbit/s, the diagonal ignored);
+    TopologyError naming the first bad entry."""
+    rows = tuple(tuple(float(v) for v in row) for row in rates)
+    if len(rows) != n or any(len(row) != n for row in rows):
+        raise TopologyError(f"link rates must be an {n} x {n} matrix (one row per worker); got "
+                            f"{len(rows)} rows of lengths {sorted({len(r) for r in rows})}")
+    for i, row in enumerate(rows):
+        for j, v in enumerate(row):
+            if i != j and not (math.isfinite(v) and v > 0):
+                raise TopologyError(f"link rate {i} -> {j} = {v!r} Mbit/s; expected a finite "
+                                    "rate > 0")
+    return rows
+
+
 def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[int, int]]:
     builders = {"ring": _edges_ring, "torus": _edges_torus, "exponential": _edges_exponential,
                 "complete": _edges_complete}
     if name == "expander":
         return _edges_expander(n, degree, seed)
     if name not in builders:
-        raise TopologyError(f"unknown graph {name!r}; expected one of {', '.join(FIXED + RANDOM)}")
+        raise TopologyError(f"unknown graph {name!r}; expected one of {', '.join(FIXED + RANDOM)}"
+                            " (fastest needs the link rates: Topology(..., rates=))")
     return builders[name](n)
 
 
@@ -240,7 +335,11 @@ def _match(free: frozenset, adj: list[frozenset], rng: np.random.Generator, slac
 
 @dataclass(frozen=True)
 class Topology:
-    """A (possibly time-varying) graph with Metropolis–Hastings weights, W_t = I - alpha L_t."""
+    """A (possibly time-varying) graph with Metropolis–Hastings weights, W_t = I - alpha L_t.
+
+    ``rates``: the run's directed link rates in Mbit/s (``rates[i][j]``: i -> j, the link
+    plan's), None when unshaped; the ``MEASURED`` graphs choose their edges by them, every
+    graph reports its bottleneck with them (``bottleneck_mbit``)."""
 
     name: str
     n: int
@@ -248,11 +347,27 @@ class Topology:
     seed: int = 0
     base: str = "complete"
     alpha: float = 1.0
+    # compared and hashed by their digest (below): the memoised rounds hash the topology on
+    # every call, and n x n rates of a large run would cost more than the rounds themselves
+    rates: tuple[tuple[float, ...], ...] | None = field(default=None, repr=False, compare=False)
+    slack: float = 0.0   # fastest: how much slower than its tree's bottleneck a link may be
+    rates_digest: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.name not in FIXED + RANDOM:
+        if self.name not in NAMES:
             raise TopologyError(f"unknown topology {self.name!r}; expected one of "
-                                f"{', '.join(FIXED + RANDOM)}")
+                                f"{', '.join(NAMES)}")
+        if not 0.0 <= self.slack < 1.0:
+            raise TopologyError(f"rate slack = {self.slack!r} must be in [0, 1)")
+        if self.rates is not None:
+            rows = check_rates(self.rates, self.n)
+            object.__setattr__(self, "rates", rows)
+            object.__setattr__(self, "rates_digest", hashlib.blake2b(
+                np.asarray(rows, dtype=np.float64).tobytes(), digest_size=16).hexdigest())
+        elif self.name in MEASURED:
+            raise TopologyError(f"topology {self.name!r} chooses peers by the links' measured "
+                                "rates: it needs a shaped bandwidth profile (net.bw_profile, "
+                                "e.g. cloud with net.placement)")
         if self.n < 2:
             raise TopologyError(f"topology {self.name!r} needs at least 2 workers; "
                                 f"got N = {self.n}")
@@ -263,8 +378,42 @@ class Topology:
     @cached_property
     def possible_edges(self) -> set[tuple[int, int]]:
         """The graph's edges; for random matchings, every edge of the base graph a round may use."""
+        if self.name in MEASURED:
+            return _edges_fastest(self.n, self.degree, self.rates, self.slack)
         name = self.base if self.name in RANDOM else self.name
         return base_edges(name, self.n, self.degree, self.seed)
+
+    @property
+    def rule(self) -> str:
+        """How the peers were chosen, in words (for the run record)."""
+        if self.name in MEASURED:
+            return FASTEST_RULE.replace(" d ", f" d = {self.degree} ", 1).replace(
+                "(1 - slack)", f"(1 - slack = {self.slack:g})", 1)
+        if self.name in RANDOM:
+            return (f"{self.name}: random perfect matchings of the {self.base} graph, drawn each "
+                    f"round from (seed {self.seed}, round)")
+        if self.name == "expander":
+            return f"expander: a random connected {self.degree}-regular graph from seed {self.seed}"
+        return f"{self.name}: fixed by worker index"
+
+    def bottleneck_mbit(self) -> float | None:
+        """The slowest edge rate a round of this graph uses (the slowest edge of the base
+        graph for random matchings, any of which a round may draw); None without rates."""
+        if self.rates is None:
+            return None
+        rate = edge_rates(self.rates)
+        return min(rate[e] for e in self.possible_edges)
+
+    def peers_record(self) -> dict:
+        """The chosen peers for the run record: the rule, and for a fixed graph of at most
+        ``MAX_RECORDED_EDGES`` edges each edge with its rate (Mbit/s, the slower direction;
+        null when unshaped); ``edge_count`` in any case."""
+        rate = edge_rates(self.rates) if self.rates is not None else {}
+        listed = not self.time_varying and len(self.possible_edges) <= MAX_RECORDED_EDGES
+        return {"rule": self.rule, "bottleneck_mbit": self.bottleneck_mbit(),
+                "edge_count": len(self.possible_edges),
+                "edges": [[a, b, rate.get((a, b))] for a, b in sorted(self.possible_edges)]
+                if listed else None}
 
     @property
     def time_varying(self) -> bool:
@@ -535,8 +684,10 @@ def critical_momentum(lambda2: float) -> float:
     return (1.0 - math.sqrt(1.0 - lam)) ** 2 / lam
 
 
-def from_config(cfg) -> Topology:
+def from_config(cfg, rates: tuple[tuple[float, ...], ...] | None = None) -> Topology:
     """The gossip graph of a resolved ``Config``; the run plan builds it once, for the
-    algorithms that need one (``OuterAlgorithm.needs_graph``), and hands it down."""
+    algorithms that need one (``OuterAlgorithm.needs_graph``), and hands it down. ``rates``:
+    the link plan's directed rates (``RunPlan``'s ``link_rates``), None when unshaped."""
     t = cfg.topology
-    return Topology(t.name, cfg.workers, t.degree, cfg.seed, t.base, cfg.algo.alpha)
+    return Topology(t.name, cfg.workers, t.degree, cfg.seed, t.base, cfg.algo.alpha, rates,
+                    t.rate_slack)

@@ -28,6 +28,7 @@ from gasloc_emu.report.schema import (
     SchemaError,
     check_version,
 )
+from netem.cloud import CloudError, parse_placement
 
 INSTALL_PLOT = "pip install 'gasloc-emu[plot]'"
 LINK_TOLERANCE = 0.10  # a link whose measured rate is off its target by more misses it
@@ -58,6 +59,7 @@ class Run:
     rows: list[MetricRow] = field(default_factory=list)
     links: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    regions: tuple[str, ...] = ()  # each worker's region (config's net.placement); () for none
 
     @property
     def name(self) -> str:
@@ -135,7 +137,20 @@ def load_run(path) -> Run:
     run.summary = _read_summary(path / "summary.json", run.warnings)
     run.config = _read_config(path / "config.toml", run.warnings)
     run.links = _read_links(path / "links.json", run.warnings)
+    run.regions = _regions(_cfg(run.config, "net", "placement"), run.warnings)
     return run
+
+
+def _regions(placement, warnings: list[str]) -> tuple[str, ...]:
+    """The workers' regions of the recorded net.placement, () without one; a placement this
+    version cannot read (a region since dropped from the table) is a warning."""
+    if not placement:
+        return ()
+    try:
+        return parse_placement(str(placement))
+    except CloudError as exc:
+        warnings.append(f"config.toml's net.placement is unreadable ({exc}); links by number")
+        return ()
 
 
 def _read_metrics(p: Path, warnings: list[str]) -> list[MetricRow]:
@@ -486,7 +501,7 @@ def show_run(run: Run) -> RenderableType:
         parts.append(time_table([run]))
         parts.append(Text(f"bound by {bottleneck(worker_times(run.rows))}"))
     if run.links:
-        parts.append(links_table(run.links))
+        parts.append(links_table(run.links, run.regions))
     return Group(*parts)
 
 
@@ -538,17 +553,19 @@ def _list(values: list) -> str:
     return f"{min(nums):.4g} … {max(nums):.4g} ({len(nums)} values)"
 
 
-def links_table(links: list[dict]) -> Table:
+def links_table(links: list[dict], regions: tuple[str, ...] = ()) -> Table:
     """Configured against measured (probed) rate and latency, what the link delivered while
     training, and the bytes it moved (and stood for, before compression); a miss is off by
-    more than 10 %."""
+    more than 10 %. ``regions``: each worker's (a placement's), named beside its number."""
     table = Table(title="links", title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("link", "configured", "measured", "off by", "training", "latency ms",
                  "measured ms", "bytes moved", ""):
-        table.add_column(name, justify="left" if name in ("link", "") else "right")
+        # a link named by its regions is one line, whatever the other columns need
+        table.add_column(name, justify="left" if name in ("link", "") else "right",
+                         no_wrap=name == "link")
     for lk in links:
         off, miss = _link_off(lk)
-        table.add_row(f"{lk.get('src', '?')}→{lk.get('dst', '?')}",
+        table.add_row(fmt.link(lk.get("src", "?"), lk.get("dst", "?"), regions),
                       fmt.mbit(lk.get("configured_mbit")), fmt.mbit(lk.get("measured_mbit")),
                       "-" if off is None else f"{off:+.0%}",
                       fmt.mbit(lk.get("training_goodput_mbit")),

@@ -149,11 +149,13 @@ def _links_table(snap: Snapshot) -> Table:
     names = ("link", "configured", "sending at", "last 3 s", "moved", "busy",
              *(("rtt", "retrans") if tcp else ()), "")
     for name in names:
-        table.add_column(name, justify="left" if name in ("link", "") else "right")
+        # a link named by its regions is one line, whatever the other columns need
+        table.add_column(name, justify="left" if name in ("link", "") else "right",
+                         no_wrap=name == "link")
     for lk in snap.links:
         busy = f"{lk.busy_s:.1f} s" if lk.configured_mbit else "-"
         kernel = (_ms(lk.rtt_ms), "-" if lk.retrans_segs is None else str(lk.retrans_segs))
-        table.add_row(f"{lk.src}→{lk.dst}", fmt.mbit(lk.configured_mbit),
+        table.add_row(fmt.link(lk.src, lk.dst, snap.header.regions), fmt.mbit(lk.configured_mbit),
                       fmt.mbit(lk.sending_mbit), fmt.mbit(lk.mbit_now), fmt.nbytes(lk.bytes),
                       busy, *(kernel if tcp else ()), f"{lk.dst} waits" if lk.waited else "")
     return table

@@ -31,6 +31,18 @@ def count(v) -> str:
     return _scaled(v, ((1e9, "G"), (1e6, "M"), (1e3, "k")), ".1f", ".0f")
 
 
+def link(src, dst, regions=()) -> str:
+    """A directed link as tables show it: ``0→3``, or with the workers' regions (a placement's,
+    ``net.placement``) ``0 aws:us-east-1 → 3 gcp:asia-east1``; a worker beyond ``regions``
+    (or one not a number) goes without."""
+    def end(w) -> str:
+        known = isinstance(w, int) and not isinstance(w, bool) and 0 <= w < len(regions)
+        return f"{w} {regions[w]}" if known else str(w)
+    if not regions:
+        return f"{src}→{dst}"
+    return f"{end(src)} → {end(dst)}"
+
+
 def mbit(v) -> str:
     return f"{v:.1f} Mbit/s" if finite(v) else "-"
 

@@ -33,9 +33,14 @@ def _topology(graph: dict) -> list[str]:
     kind = "E[W] over rounds" if graph["time_varying"] else "W"
     out = [f"graph: {graph['name']}; lambda2 ({kind}) = {graph['lambda2']:.6f}, spectral gap = "
            f"{graph['spectral_gap']:.6f}"]
+    peers = graph.get("peers")  # absent from plans described before peers were recorded
+    if peers is not None:
+        out.append(f"  peers chosen by {peers['rule']}")
+        if peers["bottleneck_mbit"] is not None:
+            out.append(f"  slowest edge a round may use: {peers['bottleneck_mbit']:g} Mbit/s")
     if graph["neighbours"] is None:
         return out + ["  neighbours: drawn anew each round"]
-    return out + [f"  worker {i:3d}: peers {peers}" for i, peers in enumerate(graph["neighbours"])]
+    return out + [f"  worker {i:3d}: peers {p}" for i, p in enumerate(graph["neighbours"])]
 
 
 def _compute(c: dict) -> list[str]:

@@ -231,6 +231,12 @@ class RunSummary(_Record):
                                    "with measured steps (see metrics.jsonl)", group="results")
     lambda2: float | None = opt("the mixing matrix's second eigenvalue; null without a graph",
                                 group="results")
+    peers: dict | None = opt("how the gossip peers were chosen: {rule, bottleneck_mbit (the "
+                             "slowest edge a round may use, the slower direction; null when "
+                             "unshaped), edge_count (of the graph, or of the base graph "
+                             "matchings are drawn from), edges ([a, b, rate_mbit] of a fixed "
+                             "graph of at most 4096 edges; null otherwise)}; absent without a "
+                             "graph", since=2)
     gamma: float | None = opt("the outer momentum, where the algorithm shows it",
                               group="results")
     eta: float | None = opt("the outer learning rate, where the algorithm shows it",

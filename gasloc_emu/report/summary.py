@@ -44,6 +44,7 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
         topology=plan.topology_label(), workers=cfg.workers, rounds=cfg.run.rounds,
         local_steps=None if steps is None else list(steps),
         lambda2=None if topo is None else topo.lambda2,
+        peers=None if topo is None else topo.peers_record(),
         gamma=constants.get("gamma"), eta=constants.get("eta"),
         final_eval_loss=data.evaluate(gpt, eval_set), worker_eval_loss=worker_eval,
         consensus_distance=consensus, bytes_sent_total=bytes_sent, wall_s=wall_s,

@@ -253,7 +253,65 @@ def test_simulate_takes_the_cloud_profile_and_an_ocean_costs_its_latency(tmp_pat
         summary = json.loads((tmp_path / far.replace(":", "-") / "summary.json").read_text())
         assert summary["status"] == "ok"
         walls[far] = summary["predicted_wall_s"]
+        # the record keeps the peers and the slowest edge a round uses
+        assert summary["peers"]["rule"] == "ring: fixed by worker index"
+        assert summary["peers"]["edges"][0][:2] == [0, 1]
+        assert summary["peers"]["bottleneck_mbit"] > 0
     links, _ = cloud.cloud_links(cloud.parse_placement("aws:us-east-1,gcp:asia-east1"),
                                  "capacity", "error")
     one_way_s = links[(0, 1)].rtt_ms / 2e3
     assert walls["gcp:asia-east1"] - walls["aws:us-east-1"] > 2 * one_way_s
+
+
+# ---------------------------------------------------------------- peers chosen by the links
+
+def _aws8_plan(topology: str, rate: str, seed: int = 0, **more):
+    from gasloc_emu.plan import build_plan
+    sets = [f"seed={seed}", "workers=8", f"topology.name={topology}", "topology.degree=3",
+            "net.bw_profile=cloud", "net.placement=aws8", f"net.cloud_rate={rate}"]
+    sets += [f"{k}={v}" for k, v in more.items()]
+    return build_plan(C.resolve(None, {}, sets), data=False)
+
+
+@pytest.mark.parametrize("rate", cloud.RATES)
+def test_fastest_peers_on_aws8_have_a_faster_bottleneck_than_random_ones(rate):
+    """The plan hands the link plan's rates to the graph: on aws8, the fastest graph's slowest
+    edge beats every random 3-regular expander's of seeds 0-9, connected, with a spectral gap
+    (smaller: a sparser, tree-like graph mixes slower; benchmarks/placement_peers.py)."""
+    fast = _aws8_plan("fastest", rate)
+    topo = fast.topology
+    links = fast.link_plan.links
+    slowest = min(min(links[(a, b)].rate_mbit, links[(b, a)].rate_mbit)
+                  for a, b in topo.edges(0))
+    assert topo.bottleneck_mbit() == pytest.approx(slowest)
+    randoms = [_aws8_plan("expander", rate, seed).topology.bottleneck_mbit() for seed in range(10)]
+    assert slowest > max(randoms)
+    assert 0.0 < topo.spectral_gap < 1.0 and len(topo.edges(0)) >= 7   # spans the 8 regions
+    described = fast.describe()["topology"]
+    assert described["peers"]["rule"].startswith("fastest: ")
+    assert described["peers"]["bottleneck_mbit"] == pytest.approx(slowest)
+    assert sorted(tuple(e[:2]) for e in described["peers"]["edges"]) == sorted(topo.edges(0))
+
+
+def test_without_a_shaped_profile_the_fastest_graph_is_refused():
+    from gasloc_emu.plan import build_plan
+    from gasloc_emu.topology import TopologyError
+    with pytest.raises(TopologyError, match="needs a shaped bandwidth profile"):
+        build_plan(C.resolve(None, {}, ["workers=8", "topology.name=fastest"]), data=False)
+
+
+def test_the_run_record_keeps_the_peers_and_the_rule():
+    from gasloc_emu.report.schema import RunSummary
+    peers = _aws8_plan("fastest", "capacity").topology.peers_record()
+    record = RunSummary.of({"status": "ok", "peers": peers}).to_json()
+    assert RunSummary.from_json(record).to_json() == record
+    assert record["peers"]["edges"] == [list(e) for e in peers["edges"]]
+
+
+def test_the_dashboard_header_and_plan_know_each_workers_region():
+    from gasloc_emu.report.dashboard_state import header_from_plan
+    p = _aws8_plan("fastest", "capacity")
+    assert p.regions == cloud.PRESETS["aws8"]
+    assert header_from_plan(p).regions == cloud.PRESETS["aws8"]
+    assert _aws8_plan("ring", "capacity", **{"net.bw_profile": "uniform",
+                                             "net.placement": ""}).regions == ()

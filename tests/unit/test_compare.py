@@ -197,3 +197,21 @@ def test_plot_of_runs_without_losses_is_an_error(tmp_path):
     with pytest.raises(CompareError, match="nothing to plot"):
         plot([run], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_show_names_each_links_regions_from_the_recorded_placement(tmp_path):
+    """`show RUN` of a cloud run: each link with its workers' regions, read from config.toml's
+    net.placement; an unreadable placement is a warning and the links go by number."""
+    config = CONFIG.replace('bw_profile = "uniform"', 'bw_profile = "cloud"\n'
+                            'placement = "aws:us-east-1,gcp:asia-east1"')
+    links = [{"src": 0, "dst": 1, "configured_mbit": 280.0, "measured_mbit": 279.0},
+             {"src": 1, "dst": 0, "configured_mbit": 300.0, "measured_mbit": 301.0}]
+    run = load_run(make_run(tmp_path / "cloud", rows(), SUMMARY, config=config, links=links))
+    assert run.regions == ("aws:us-east-1", "gcp:asia-east1") and run.warnings == []
+    text = as_text(show_run(run))
+    assert "0 aws:us-east-1 → 1 gcp:asia-east1" in text
+    assert "1 gcp:asia-east1 → 0 aws:us-east-1" in text
+    bad = load_run(make_run(tmp_path / "bad", rows(), SUMMARY, links=links,
+                            config=config.replace("gcp:asia-east1", "gcp:nowhere-1")))
+    assert bad.regions == () and any("net.placement is unreadable" in w for w in bad.warnings)
+    assert "0→1" in as_text(show_run(bad))

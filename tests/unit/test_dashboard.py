@@ -70,6 +70,17 @@ def test_render_matches_golden_text():
     assert as_text(render(SNAP)) == GOLDEN
 
 
+def test_the_links_panel_names_each_workers_region_when_the_header_has_them():
+    """A placement's regions (bw_profile cloud) label each link by both ends; without them the
+    links go by number (the golden text above)."""
+    regions = ("aws:us-east-1", "gcp:asia-east1", "aws:eu-west-1")
+    snap = dataclasses.replace(SNAP, header=dataclasses.replace(HEADER, regions=regions))
+    links = [ln for ln in as_text(render(snap)).splitlines() if "Mbit/s" in ln]
+    assert links[0].startswith("2 aws:eu-west-1 → 1 gcp:asia-east1 ")
+    assert links[1].startswith("0 aws:us-east-1 → 1 gcp:asia-east1 ")
+    assert links[0].rstrip().endswith("1 waits")
+
+
 def test_render_without_links_evals_or_warnings_leaves_those_sections_out():
     bare = dataclasses.replace(SNAP, links=(), links_in_use=0, eval_loss=None, eval_round=None,
                                eval_history=(), consensus=None, warnings=())

@@ -40,6 +40,17 @@ def test_the_graph_links_and_compute_are_the_plans_own():
     assert "#   inner steps per round: 8 x 10" in lines
 
 
+def test_the_fastest_graph_says_its_rule_and_bottleneck():
+    cfg, plan = _plan({"workers": 8, "topology.name": "fastest", "topology.degree": 3,
+                       "net.bw_profile": "cloud", "net.placement": "aws8"})
+    lines = plan_lines(plan.describe(), used_pairs(cfg, plan.topology))
+    assert "#   peers chosen by fastest: a spanning tree of greatest bottleneck under the " \
+           "degree cap d = 3" in "\n".join(lines)
+    assert f"#   slowest edge a round may use: {plan.topology.bottleneck_mbit():g} Mbit/s" in lines
+    for rank, peers in enumerate(plan.topology.neighbors(0)):
+        assert f"#   worker {rank:3d}: peers {peers}" in lines
+
+
 def test_an_unshaped_run_says_so_and_simulate_predicts_no_network_time():
     cfg, plan = _plan({"workers": 4, "algo.name": "diloco"})
     lines = plan_lines(plan.describe(), used_pairs(cfg, plan.topology))

@@ -438,3 +438,155 @@ def test_living_mixing_matrix_symmetric_doubly_stochastic(name, n, degree, seed,
             assert len(edges) == len(alive) // 2  # everyone paired but one of an odd number
     else:
         assert edges == {(a, b) for a, b in topo.possible_edges if a in alive and b in alive}
+
+
+# ---------------------------------------------------------------- fastest: peers by link rate
+
+@st.composite
+def _link_rates(draw, n_min: int = 2, n_max: int = 14):
+    """An n x n matrix of directed rates (a few distinct values, so ties happen), 0 diagonal."""
+    n = draw(st.integers(n_min, n_max))
+    values = st.sampled_from([1.0, 5.0, 20.0, 50.0, 191.0, 440.0, 1000.0, 3739.0])
+    rows = [[0.0 if i == j else draw(values) for j in range(n)] for i in range(n)]
+    return tuple(tuple(r) for r in rows)
+
+
+def _undirected(rates) -> dict[tuple[int, int], float]:
+    n = len(rates)
+    return {(i, j): min(rates[i][j], rates[j][i]) for i in range(n) for j in range(i + 1, n)}
+
+
+def _connected_over(n: int, edges) -> bool:
+    """Union-find over ``edges`` (written here, not the module's search)."""
+    parent = list(range(n))
+
+    def find(v):
+        while parent[v] != v:
+            v = parent[v]
+        return v
+    for a, b in edges:
+        parent[find(a)] = find(b)
+    return len({find(v) for v in range(n)}) == 1
+
+
+def _best_bottleneck(rates) -> float:
+    """The largest t whose links of rate >= t connect every worker: no connected graph on
+    these links has a faster slowest edge (found by trying every rate, not by Kruskal)."""
+    rate = _undirected(rates)
+    return max(t for t in set(rate.values())
+               if _connected_over(len(rates), [e for e, r in rate.items() if r >= t]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(rates=_link_rates(), degree=st.integers(2, 6), slack=st.sampled_from([0.0, 0.2, 0.5]),
+       alpha=st.sampled_from([1.0, 0.5]))
+def test_fastest_is_connected_degree_bounded_and_doubly_stochastic(rates, degree, slack, alpha):
+    n = len(rates)
+    topo = Topology("fastest", n, degree=degree, rates=rates, slack=slack, alpha=alpha)
+    edges = topo.edges(0)
+    assert _connected_over(n, edges)
+    assert max(len(a) for a in topo.neighbors(0)) <= degree
+    assert_mixing_matrix(topo.mixing_matrix(0), topo, 0)
+    assert topo.lambda2 < 1.0 - 1e-9  # connected: a spectral gap
+    assert topo.edges(5) == edges and not topo.time_varying
+    rate = _undirected(rates)
+    assert topo.bottleneck_mbit() == min(rate[e] for e in edges)
+    best = _best_bottleneck(rates)
+    assert topo.bottleneck_mbit() <= best
+    if degree >= n - 1:  # no cap: the spanning tree is a maximum one, the bottleneck the best
+        assert topo.bottleneck_mbit() >= (1 - slack) * best
+    if slack == 0.0:  # the edges added for mixing are no slower than the tree's slowest
+        assert Topology("fastest", n, degree=degree, rates=rates).bottleneck_mbit() == \
+            topo.bottleneck_mbit()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rates=_link_rates(n_min=3), degree=st.integers(2, 5))
+def test_fastest_fills_every_fast_enough_link_up_to_the_degree_cap(rates, degree):
+    """Step 2 stops only when no link fast enough has both ends below the cap."""
+    n = len(rates)
+    topo = Topology("fastest", n, degree=degree, rates=rates)
+    rate, edges = _undirected(rates), topo.edges(0)
+    floor = topo.bottleneck_mbit()
+    deg = [len(a) for a in topo.neighbors(0)]
+    left = [e for e, r in rate.items() if r >= floor and e not in edges
+            and deg[e[0]] < degree and deg[e[1]] < degree]
+    assert left == []
+
+
+def test_fastest_keeps_the_fast_links_and_leaves_the_slow_ones():
+    """Two fast triangles joined by one fast link, every other link slow: the graph is the
+    fast links, never a slow one, where a random expander of the same degree takes slow ones."""
+    n, fast = 6, {(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5), (2, 3)}
+    rates = tuple(tuple(0.0 if i == j else (1000.0 if (min(i, j), max(i, j)) in fast else 10.0)
+                        for j in range(n)) for i in range(n))
+    topo = Topology("fastest", n, degree=3, rates=rates)
+    assert topo.edges(0) == fast
+    assert topo.bottleneck_mbit() == 1000.0
+    assert Topology("expander", n, degree=3, seed=0, rates=rates).bottleneck_mbit() == 10.0
+    record = topo.peers_record()
+    assert record["rule"].startswith("fastest: a spanning tree of greatest bottleneck")
+    assert "d = 3" in record["rule"] and record["bottleneck_mbit"] == 1000.0
+    assert [2, 3, 1000.0] in record["edges"] and len(record["edges"]) == 7
+
+
+def test_fastest_takes_the_slower_direction_of_each_link():
+    rates = ((0.0, 100.0, 100.0), (1.0, 0.0, 100.0), (100.0, 100.0, 0.0))  # 1 -> 0 is slow
+    topo = Topology("fastest", 3, degree=2, rates=rates)
+    assert topo.edges(0) == {(0, 2), (1, 2)}
+
+
+def test_slack_trades_the_bottleneck_for_mixing():
+    """A path of fast links and a slightly slower chord: slack 0 keeps the path (the best
+    bottleneck), slack 0.2 adds the chord that joins the path's ends (the most hops apart)."""
+    n = 5
+    rate = {(i, i + 1): 100.0 for i in range(n - 1)} | {(0, 4): 85.0}
+    rates = tuple(tuple(0.0 if i == j else rate.get((min(i, j), max(i, j)), 1.0)
+                        for j in range(n)) for i in range(n))
+    strict = Topology("fastest", n, degree=2, rates=rates)
+    loose = Topology("fastest", n, degree=2, rates=rates, slack=0.2)
+    assert strict.edges(0) == set(rate) - {(0, 4)} and strict.bottleneck_mbit() == 100.0
+    assert loose.edges(0) == set(rate) and loose.bottleneck_mbit() == 85.0
+    assert loose.lambda2 < strict.lambda2
+
+
+def test_fastest_needs_rates_a_degree_that_connects_and_sane_rates():
+    with pytest.raises(TopologyError, match=r"measured rates.*net\.bw_profile"):
+        Topology("fastest", 8)
+    ok = tuple(tuple(0.0 if i == j else 10.0 for j in range(4)) for i in range(4))
+    with pytest.raises(TopologyError, match="d >= 2"):
+        Topology("fastest", 4, degree=1, rates=ok)
+    with pytest.raises(TopologyError, match="4 x 4"):
+        Topology("fastest", 4, rates=ok[:3])
+    bad = tuple(tuple(-1.0 if (i, j) == (2, 1) else v for j, v in enumerate(r))
+                for i, r in enumerate(ok))
+    with pytest.raises(TopologyError, match=r"2 -> 1 = -1\.0"):
+        Topology("fastest", 4, rates=bad)
+    with pytest.raises(TopologyError, match=r"slack = 1\.0"):
+        Topology("fastest", 4, rates=ok, slack=1.0)
+
+
+def test_every_graph_reports_its_peers_and_the_rates_only_when_given():
+    assert Topology("ring", 4).peers_record() == {
+        "rule": "ring: fixed by worker index", "bottleneck_mbit": None, "edge_count": 4,
+        "edges": [[0, 1, None], [0, 3, None], [1, 2, None], [2, 3, None]]}
+    m = Topology("matching", 4, seed=7).peers_record()
+    assert m["edges"] is None and "seed 7" in m["rule"] and m["edge_count"] == 6
+    big = Topology("complete", 92).peers_record()   # 4186 edges: counted, not listed
+    assert big["edges"] is None and big["edge_count"] == 92 * 91 // 2
+
+
+def test_the_config_offers_exactly_the_topology_modules_names():
+    from gasloc_emu import config as C
+    from gasloc_emu.topology import NAMES
+    assert C.TOPOLOGIES == NAMES
+
+
+def test_graphs_on_other_rates_are_other_graphs():
+    """Rates enter equality (by digest), so memoised rounds never mix two runs' graphs."""
+    a = tuple(tuple(0.0 if i == j else 10.0 + i + j for j in range(4)) for i in range(4))
+    b = tuple(tuple(0.0 if i == j else 10.0 for j in range(4)) for i in range(4))
+    assert Topology("fastest", 4, rates=a) == Topology("fastest", 4, rates=a)
+    assert hash(Topology("fastest", 4, rates=a)) == hash(Topology("fastest", 4, rates=a))
+    assert Topology("fastest", 4, rates=a) != Topology("fastest", 4, rates=b)
+    assert Topology("ring", 4, rates=a) != Topology("ring", 4)
