@@ -28,6 +28,7 @@ from gasloc_emu.training.compute import ComputePlan
 from gasloc_emu.training.data import Corpus, build_corpus
 from gasloc_emu.training.devices import simulator_device
 from gasloc_emu.training.model import check_model
+from gasloc_emu.training.recipe import check_recipe, schedule_for
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,14 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     link_plan = check_network(cfg)
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
-    simulator_device(cfg.run.device)  # run.device = cuda without a GPU
+    check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
+    for h in cp.step_counts() or (None,):   # a schedule too short for its warmup, or unknown
+        schedule_for(cfg.algo.inner, cfg.run.rounds if not algo.has_rounds
+                     else None if h is None else h * cfg.run.rounds)
     if corpus is None and data:
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),

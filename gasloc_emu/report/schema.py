@@ -337,6 +337,10 @@ class MetricRow(_Record):
     overrun_ratio: float | None = opt("the round's worst real / nominal step time (0 when "
                                       "measured)")
     eval_loss: float | None = opt("the worker's eval loss, in evaluated rounds")
+    tokens: int | None = opt("tokens trained on this round: steps * algo.inner.micro_batches * "
+                             "data.batch_size * the context length", since=2)
+    lr: float | None = opt("the inner lr of the round's last step, where algo.inner's schedule "
+                           "moves it (absent: the constant algo.inner.lr)", since=2)
     recv_links: dict | None = opt("per source rank (text): {bytes, messages, transfer_s, "
                                   "sent_s} of this round's messages (run)")
     step_span_s: list | None = opt("a2cid2: the step's [start, end] on the run's clock")
