@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +127,10 @@ def check_recipe(cfg, device: str) -> None:
     if PRECISION[icfg.precision].gpu_only and torch.device(device).type != "cuda":
         raise ConfigError(f"algo.inner.precision = {icfg.precision!r} needs a GPU (torch.amp's "
                           "gradient scaler); on the CPU use bf16 or fp32")
+    if icfg.compile and torch.device(device).type == "cpu" and not _cxx():
+        raise ConfigError("algo.inner.compile = true on the CPU needs a C++ compiler (torch "
+                          "inductor builds its kernels with one): install g++ or set CXX, or "
+                          "drop --compile")
     if cfg.sim.batched:
         extra = [(icfg.scheduled, "an inner lr schedule"),
                  (icfg.micro_batches > 1, "gradient accumulation"),
@@ -135,3 +141,9 @@ def check_recipe(cfg, device: str) -> None:
         if why:
             raise ConfigError(f"sim.batched = true computes plain fp32 AdamW steps, not "
                               f"{' or '.join(why)}; set sim.batched = false")
+
+
+def _cxx() -> str | None:
+    """The C++ compiler torch inductor would use on the CPU: $CXX, else g++ or clang++."""
+    return shutil.which(os.environ.get("CXX", "")) or shutil.which("g++") \
+        or shutil.which("clang++")

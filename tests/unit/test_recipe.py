@@ -165,3 +165,10 @@ def test_settings_that_cannot_work_are_refused_in_one_line(over, words):
 
 def test_the_precision_registry_is_the_configs_choices():
     assert tuple(R.PRECISION) == C.PRECISIONS
+
+
+def test_compile_on_the_cpu_without_a_compiler_is_refused(monkeypatch):
+    monkeypatch.setattr(R.shutil, "which", lambda name: None)
+    with pytest.raises(C.ConfigError, match="needs a C.. compiler"):
+        build_plan(C.resolve(overrides=TINY | {"algo.inner.compile": True,
+                                               "run.device": "cpu"}), data=False)
