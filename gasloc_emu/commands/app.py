@@ -274,6 +274,27 @@ def show_command(run_dir: str) -> int:
     return 0
 
 
+def export_command(run_dir: str, csv_file: str | None, tb_dir: str | None,
+                   peak_tflops: float) -> int:
+    """A record's metrics as CSV (default: RUN/metrics.csv) and, with ``tb_dir``, TensorBoard
+    scalars; tokens per second and MFU added per worker (``report.export``)."""
+    from gasloc_emu.report import export
+    try:
+        run = load_run(run_dir)
+        _warn_damage([run])
+        rows = export.table(run, export.flop_model(run.config, peak_tflops))
+        if csv_file or not tb_dir:
+            path = Path(csv_file) if csv_file else run.path / "metrics.csv"
+            click.echo(f"csv: {path} ({export.write_csv(rows, path)} rows)")
+        if tb_dir:
+            n = export.write_tensorboard(rows, Path(tb_dir))
+            click.echo(f"tensorboard: {tb_dir} ({n} scalars; tensorboard --logdir {tb_dir})")
+    except (CompareError, export.ExportError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    return 0
+
+
 def _console(pipe_width: int):
     """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
     return Console(width=None if sys.stdout.isatty() else pipe_width)

@@ -446,6 +446,25 @@ def show(run_dir: str) -> None:
     sys.exit(show_command(run_dir))
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False),
+              help="Write the rows here (default RUN/metrics.csv when --tensorboard is not "
+                   "given).")
+@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False),
+              help="Write TensorBoard scalars (worker<k>/<column> by round) into this folder "
+                   "(needs the 'tensorboard' extra).")
+@click.option("--peak-tflops", type=float, default=0.08, show_default=True,
+              help="One worker's peak TFLOP/s for MFU (default: one AVX2 CPU core's fp32 "
+                   "peak; e.g. 312 for an A100's bf16, 989 for an H100 SXM's).")
+@friendly_errors
+def export(run_dir: str, csv_file: str | None, tb_dir: str | None, peak_tflops: float) -> None:
+    """A run's metrics as CSV or TensorBoard, one row per worker per round, with tokens per
+    second and model FLOPs utilisation (MFU)."""
+    from gasloc_emu.commands.app import export_command
+    sys.exit(export_command(run_dir, csv_file, tb_dir, peak_tflops))
+
+
 def _report_options(example: str):
     """--report and --from-data, as the experiment commands share them."""
     return _apply([
