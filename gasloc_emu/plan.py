@@ -19,13 +19,14 @@ from gasloc_emu import algorithms, topology
 from gasloc_emu.algorithms import OuterAlgorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
+from gasloc_emu.config import replace as replace_setting
 from gasloc_emu.netplan import check_network, describe_link_model, sim_link_model
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
 from gasloc_emu.training import compute
 from gasloc_emu.training.compute import ComputePlan
-from gasloc_emu.training.data import Corpus, build_corpus
+from gasloc_emu.training.data import Corpus, build_corpus, vocab_of
 from gasloc_emu.training.devices import simulator_device
 from gasloc_emu.training.model import check_model
 from gasloc_emu.training.recipe import check_recipe, schedule_for
@@ -114,6 +115,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     """Check ``cfg`` against everything a run needs and derive the run; raises the first
     bad-input error. ``corpus``: one already built for this config (tests share one);
     ``data=False``: no corpus (a plan to describe, not to train)."""
+    cfg = follow_tokenizer(cfg)
     resolved = algorithms.resolve(cfg.algo)
     algo = resolved.cls
     topo = topology.from_config(cfg) if algo.needs_graph else None
@@ -132,6 +134,22 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
+
+
+def follow_tokenizer(cfg: Config) -> Config:
+    """The model's vocabulary is the prepared corpus's (``data.path``, ``training.tokens``)
+    where ``model.vocab_size`` is 0; a vocabulary set smaller than the tokenizer's is refused,
+    a larger one (padded, as GPT-2's 50304) kept."""
+    vocab = vocab_of(cfg.data)
+    if vocab is None:
+        return cfg
+    if cfg.model.vocab_size == 0:
+        return replace_setting(cfg, **{"model.vocab_size": vocab})
+    if cfg.model.vocab_size < vocab:
+        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size} is smaller than the "
+                          f"tokenizer's {vocab} ids of data.path = {cfg.data.path!r}; set 0 "
+                          "to follow the tokenizer")
+    return cfg
 
 
 def _refuse(cfg: Config, algo: type[OuterAlgorithm], topo: Topology | None,

@@ -295,6 +295,22 @@ def export_command(run_dir: str, csv_file: str | None, tb_dir: str | None,
     return 0
 
 
+def data_prepare_command(corpus: str, out: str, vocab_size: int, val_fraction: float,
+                         max_mb: float) -> None:
+    """Tokenise a corpus (``training.tokens.prepare``) and say what was written."""
+    from gasloc_emu.training import tokens
+    head = tokens.prepare(corpus, Path(out), vocab_size, val_fraction, max_mb)
+    total = sum(head.tokens.values())
+    click.echo(f"corpus {head.source}: {head.documents} documents, {head.source_chars} "
+               f"characters")
+    click.echo(f"tokenizer: byte-level BPE, {head.vocab_size} ids "
+               f"({head.source_chars / max(total, 1):.2f} characters per token)")
+    click.echo(f"tokens: {head.tokens['train']} train, {head.tokens['val']} held out "
+               f"({head.dtype}) in {out}")
+    click.echo(f"train on it: gasloc-emu run --data {out} (model.vocab_size follows the "
+               "tokenizer)")
+
+
 def _console(pipe_width: int):
     """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
     return Console(width=None if sys.stdout.isatty() else pipe_width)

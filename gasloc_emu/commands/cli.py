@@ -45,10 +45,11 @@ def _input_errors() -> tuple[type, ...]:
     from gasloc_emu.cluster.roles import ClusterError
     from gasloc_emu.topology import TopologyError
     from gasloc_emu.training.data import DataError
+    from gasloc_emu.training.tokens import TokenError
     from netem.capabilities import CapabilityError
     from netem.profiles import ProfileError
-    return C.ConfigError, TopologyError, DataError, RecordError, ClusterError, ProfileError, \
-        CapabilityError
+    return C.ConfigError, TopologyError, DataError, TokenError, RecordError, ClusterError, \
+        ProfileError, CapabilityError
 
 
 def _local_steps(value: str | None):
@@ -511,6 +512,33 @@ def crossover(preset: str | None, out: str | None, report: str | None,
         raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
     from gasloc_emu.commands.app import crossover_command
     sys.exit(crossover_command(preset, out, report, from_data))
+
+
+@main.group()
+def data() -> None:
+    """Tokenised corpora: a subword tokenizer trained here, memory-mapped token files."""
+
+
+@data.command("prepare")
+@click.option("--corpus", default="pydoc-topics", show_default=True,
+              help="What to tokenise: pydoc-topics (the Python reference's English help texts, "
+                   "shipped with Python), stdlib (its sources), or a text file or folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The folder to write (meta.json, tokenizer.json, train.bin, val.bin); "
+                   "then --data FOLDER.")
+@click.option("--vocab-size", type=int, default=4096, show_default=True,
+              help="Token ids of the byte-level BPE tokenizer trained on the corpus.")
+@click.option("--val-fraction", type=float, default=0.05, show_default=True,
+              help="Share of the tokens held out for evaluation.")
+@click.option("--max-corpus-mb", type=float, default=64.0, show_default=True,
+              help="Cap on the text read, in MiB.")
+@friendly_errors
+def data_prepare(corpus: str, out: str, vocab_size: int, val_fraction: float,
+                 max_corpus_mb: float) -> None:
+    """Train a byte-level BPE tokenizer on a local corpus and write its tokens (uint16, or
+    uint32 past 65536 ids) with a held-out split and a JSON header."""
+    from gasloc_emu.commands.app import data_prepare_command
+    data_prepare_command(corpus, out, vocab_size, val_fraction, max_corpus_mb)
 
 
 @main.group()
