@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sysconfig
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
@@ -40,5 +42,37 @@ def stdlib_texts() -> list[str]:
     return [f.read_text(errors="replace") for f in stdlib_files()]
 
 
-# the built-in corpora by name
-CORPORA = {"pydoc-topics": pydoc_topics, "stdlib": stdlib_texts}
+def read_files(files: list[Path], cap_bytes: int) -> bytes:
+    """The files' bytes in order up to ``cap_bytes``, unreadable and binary files skipped."""
+    chunks, total = [], 0
+    for f in files:
+        try:
+            raw = f.read_bytes()
+        except OSError:
+            continue
+        if b"\0" in raw[:4096]:  # binary file in a text folder
+            continue
+        chunks.append(raw[: cap_bytes - total])
+        total += len(chunks[-1])
+        if total >= cap_bytes:
+            break
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A corpus by name: its documents (to train a tokenizer on) and its bytes up to a cap
+    (the byte tokens of a run that names it in ``data.path``)."""
+
+    documents: Callable[[], list[str]]
+    raw: Callable[[int], bytes]
+    about: str
+
+
+CORPORA = {
+    "stdlib": Builtin(stdlib_texts, lambda cap: read_files(stdlib_files(), cap),
+                      "the running Python's standard library sources (code)"),
+    "pydoc-topics": Builtin(pydoc_topics,
+                            lambda cap: "\n\n".join(pydoc_topics()).encode()[:cap],
+                            "the Python reference's help texts (English prose, ~0.45 MB)"),
+}

@@ -7,15 +7,16 @@ file, a folder of text files, a flat ``.bin`` file of uint16 tokens, or a corpus
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from gasloc_emu.training import corpora
 from gasloc_emu.training import tokens as prepared
-from gasloc_emu.training.corpora import stdlib_files
-from gasloc_emu.training.model import shape_from_config
+from gasloc_emu.training.model import default_corpus, shape_from_config
 
 _SPLIT_BLOCK = 1 << 16  # the train/val split interleaves 64 KiB blocks, so both see every file kind
 
@@ -25,26 +26,21 @@ class DataError(ValueError):
 
 
 def _read_files(files: list[Path], cap_bytes: int) -> np.ndarray:
-    chunks, total = [], 0
-    for f in files:
-        try:
-            raw = f.read_bytes()
-        except OSError:
-            continue
-        if b"\0" in raw[:4096]:  # binary file in a text folder
-            continue
-        chunks.append(raw[: cap_bytes - total])
-        total += len(chunks[-1])
-        if total >= cap_bytes:
-            break
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    return np.frombuffer(corpora.read_files(files, cap_bytes), dtype=np.uint8)
 
 
 def load_tokens(path: str, vocab_size: int, max_mb: float) -> np.ndarray:
-    """All tokens of the corpus, as uint8 (bytes) or uint16 (token file)."""
+    """All tokens of the corpus, as uint8 (bytes) or uint16 (token file). ``path``: empty
+    (the standard library's sources), a built-in corpus's name (``corpora.CORPORA``: names win
+    over files of the same name), a file or folder of text, or a ``.bin`` token file."""
     cap = int(max_mb * (1 << 20))
     if not path:
-        tokens = _read_files(stdlib_files(), cap)
+        tokens = _read_files(corpora.stdlib_files(), cap)
+    elif path in corpora.CORPORA:   # a built-in corpus by name, as bytes
+        try:
+            tokens = np.frombuffer(corpora.CORPORA[path].raw(cap), dtype=np.uint8)
+        except corpora.CorpusUnavailable as exc:
+            raise DataError(str(exc)) from None
     else:
         p = Path(path)
         if not p.exists():
@@ -162,6 +158,9 @@ def vocab_of(dcfg) -> int | None:
 
 
 def build_corpus(cfg) -> Corpus:
-    """The corpus of a resolved ``Config``: token ids sized for its model, one shard per worker."""
+    """The corpus of a resolved ``Config``: token ids sized for its model, one shard per worker;
+    an empty ``data.path`` reads the model preset's default corpus (``model.default_corpus``)."""
     shape = shape_from_config(cfg.model)
-    return Corpus(cfg.data, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)
+    dcfg = cfg.data if cfg.data.path else dataclasses.replace(
+        cfg.data, path=default_corpus(cfg.model))
+    return Corpus(dcfg, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)

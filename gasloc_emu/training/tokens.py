@@ -53,7 +53,7 @@ def documents(source: str, max_mb: float = 64.0) -> list[str]:
     files (each file a document, in path order, binaries skipped), up to ``max_mb`` MiB."""
     if source in CORPORA:
         try:
-            docs = CORPORA[source]()
+            docs = CORPORA[source].documents()
         except CorpusUnavailable as exc:
             raise TokenError(str(exc)) from None
     else:

@@ -43,7 +43,7 @@ def test_the_tokenizer_beside_the_tokens_decodes_them(prepared):
     tok = Tokenizer.from_file(str(out / head.tokenizer))
     _, train, _ = T.open_prepared(str(out))
     text = tok.decode(np.asarray(train[:200]).tolist())
-    first = CORPORA["pydoc-topics"]()[0]
+    first = CORPORA["pydoc-topics"].documents()[0]
     assert first.startswith(text[:100]) and len(text) > 200  # subwords: > 1 character a token
     assert int(np.asarray(train).max()) < head.vocab_size
 
