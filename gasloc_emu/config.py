@@ -103,7 +103,8 @@ class ModelConfig(_Validated):
     n_embd: int = setting(0, "Embedding width; 0 takes the preset's value.", lo=0, hi=8192)
     block_size: int = setting(0, "Context length in tokens; 0 takes the preset's value.",
                               lo=0, hi=8192)
-    vocab_size: int = setting(0, "Vocabulary; 0 takes the preset's (256 byte tokens; 50304 for "
+    vocab_size: int = setting(0, "Vocabulary; 0 takes the tokenizer's of a prepared corpus "
+                                 "(data.path), else the preset's (256 byte tokens; 50304 for "
                                  "gpt2).", lo=0, hi=1 << 20)
     dropout: float = setting(0.0, "Dropout probability (0 keeps runs deterministic).",
                              lo=0.0, hi=0.9)
@@ -112,8 +113,12 @@ class ModelConfig(_Validated):
 @dataclass(frozen=True)
 class DataConfig(_Validated):
     _section = "data."
-    path: str = setting("", "Text file, folder of text files, or .bin file of uint16 tokens; "
-                            "empty uses the running Python's standard library sources.")
+    path: str = setting("", "Text file, folder of text files, .bin file of uint16 tokens, a "
+                            "folder made by gasloc-emu data prepare (subword tokens), or a "
+                            "built-in corpus: stdlib (the running Python's sources) or "
+                            "pydoc-topics (the Python reference's English help texts); empty: "
+                            "the model preset's (tiny: stdlib; small, gpt2: pydoc-topics).",
+                        names=("stdlib", "pydoc-topics"))
     batch_size: int = setting(8, "Sequences per inner step per worker.", lo=1, hi=4096)
     val_fraction: float = setting(0.05, "Share of the corpus held out for evaluation.",
                                   lo=0.001, hi=0.5)
