@@ -121,6 +121,8 @@ def test_constant_lr_leaves_the_optimizer_alone():
 
 def test_bf16_training_lowers_the_loss_on_tiny():
     w = _worker(**{"algo.inner.precision": "bf16", "data.batch_size": 8})
+    seen = []
+    w.gpt.blocks[0].mlp[0].register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     batches = [w.eval_set[0]]
     from gasloc_emu.training.data import evaluate
     before = evaluate(w.gpt, batches)
@@ -128,6 +130,8 @@ def test_bf16_training_lowers_the_loss_on_tiny():
     assert math.isfinite(losses[-1])
     assert evaluate(w.gpt, batches) < before - 0.5, (before, losses[-5:])
     assert w.theta.dtype == torch.float32              # parameters stay float32
+    assert seen.count(torch.bfloat16) == 30            # the training passes ran under autocast
+    assert seen[0] == seen[-1] == torch.float32       # evaluation did not
 
 
 def test_weight_decay_groups():
