@@ -167,8 +167,9 @@ def test_settings_that_cannot_work_are_refused_in_one_line(over, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_the_precision_registry_is_the_configs_choices():
+def test_the_registries_are_the_configs_choices():
     assert tuple(R.PRECISION) == C.PRECISIONS
+    assert tuple(R._DECAYS) == C.LR_SCHEDULES
 
 
 def test_compile_on_the_cpu_without_a_compiler_is_refused(monkeypatch):
