@@ -47,7 +47,7 @@ def summary_lines(summary: dict, record_path) -> list[str]:
     predicted = summary.get("predicted_wall_s")
     corpus = summary.get("corpus") or {}
     # a prepared corpus's perplexity is per subword token, the number language models report
-    ppl = summary.get("final_eval_perplexity") if corpus.get("prepared") else None
+    ppl = summary.get("final_perplexity") if corpus.get("prepared") else None
     return [f"final eval loss {_num(summary.get('final_eval_loss'))}  "
             + (f"perplexity {_num(ppl)}  " if ppl is not None else "") +
             f"consensus {_num(summary.get('consensus_distance'))}  "

@@ -237,7 +237,7 @@ class RunSummary(_Record):
                             group="results")
     final_eval_loss: float | None = opt("eval loss of the workers' average model (summed in "
                                         "rank order, evaluated on the CPU)", group="results")
-    final_eval_perplexity: float | None = opt(
+    final_perplexity: float | None = opt(
         "exp(final_eval_loss): the average model's held-out perplexity per token of the "
         "corpus's tokenizer (per byte for byte tokens)", since=2)
     worker_eval_loss: list | None = opt("each worker's own eval loss, rank order",

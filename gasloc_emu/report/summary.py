@@ -46,7 +46,7 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
         lambda2=None if topo is None else topo.lambda2,
         gamma=constants.get("gamma"), eta=constants.get("eta"),
         final_eval_loss=(loss := data.evaluate(gpt, eval_set)),
-        final_eval_perplexity=perplexity(loss), worker_eval_loss=worker_eval,
+        final_perplexity=perplexity(loss), worker_eval_loss=worker_eval,
         consensus_distance=consensus, bytes_sent_total=bytes_sent, wall_s=wall_s,
         # the simulator's virtual clock fills in predicted_wall_s and cpu_slots; the launcher
         # replaces drops and control_drops with what its workers and its control plane

@@ -98,9 +98,9 @@ def test_a_run_on_prepared_tokens_reports_perplexity(prepared, tmp_path):
         "--set", "data.eval_batches=1", "--out", str(tmp_path / "run")])
     assert got.exit_code == 0, got.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["final_eval_perplexity"] == pytest.approx(math.exp(summary["final_eval_loss"]))
+    assert summary["final_perplexity"] == pytest.approx(math.exp(summary["final_eval_loss"]))
     assert summary["corpus"]["vocab_size"] == 512
-    assert f"perplexity {summary['final_eval_perplexity']:.4f}" in got.output
+    assert f"perplexity {summary['final_perplexity']:.4f}" in got.output
     assert math.log(512) - 0.5 < summary["final_eval_loss"] < math.log(512) + 0.5
 
 
