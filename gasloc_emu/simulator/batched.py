@@ -25,7 +25,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from gasloc_emu.simulator import stacked_gpt
-from gasloc_emu.training import compute
+from gasloc_emu.training import compute, recipe
 from gasloc_emu.transport.base import TransportError
 
 
@@ -33,10 +33,10 @@ class StackedAdamW:
     """AdamW over rows of a stacked flat parameter tensor, one row per worker.
 
     Each row is updated exactly as ``torch.optim.AdamW`` (single-tensor path) updates one
-    worker's flat parameters: decoupled weight decay on the matrices only (``decay_mask``, as
-    ``training.worker.make_optimizer`` groups them), then the moment updates and the
-    bias-corrected step. Rows keep their own step count, so workers with different H_i stay
-    exact.
+    worker's flat parameters: decoupled weight decay where ``decay_mask`` says
+    (``training.recipe.decays``, as ``training.worker.make_optimizer`` groups them), then the
+    moment updates and the bias-corrected step. Rows keep their own step count, so workers
+    with different H_i stay exact.
     """
 
     def __init__(self, rows: int, decay_mask: torch.Tensor, icfg):
@@ -85,8 +85,9 @@ class BatchedInner:
     def __init__(self, hub, template: torch.nn.Module, icfg, workers: int):
         self.hub, self.net, self.icfg, self.workers = hub, template, icfg, workers
         self.layout = [(name, p.numel(), p.shape) for name, p in template.named_parameters()]
-        decay = torch.cat([torch.full((p.numel(),), float(p.dim() >= 2), dtype=p.dtype,
-                                      device=p.device) for p in template.parameters()])
+        decay = torch.cat([torch.full((p.numel(),), float(d), dtype=p.dtype, device=p.device)
+                           for p, d in zip(template.parameters(), recipe.decays(template, icfg),
+                                           strict=True)])
         self.opt = StackedAdamW(workers, decay, icfg)
         self.arrived: dict[int, dict[int, _Arrival]] = {}
         self.ready: set[int] = set()

@@ -134,8 +134,7 @@ def check_recipe(cfg, device: str) -> None:
         extra = [(icfg.scheduled, "an inner lr schedule"),
                  (icfg.micro_batches > 1, "gradient accumulation"),
                  (icfg.precision != "fp32", f"precision {icfg.precision}"),
-                 (icfg.compile, "torch.compile"),
-                 (not icfg.decay_embeddings, "algo.inner.decay_embeddings = false")]
+                 (icfg.compile, "torch.compile")]
         why = [text for applies, text in extra if applies]
         if why:
             raise ConfigError(f"sim.batched = true computes plain fp32 AdamW steps, not "
