@@ -47,18 +47,22 @@ class StackedAdamW:
         self.v = torch.zeros_like(self.m)
         self.steps = [0] * rows
 
-    def step(self, rows: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor) -> None:
-        """Update ``theta`` (the parameters of ``rows``, in place) with their gradients."""
+    def step(self, rows: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor,
+             lrs: list[float] | None = None) -> None:
+        """Update ``theta`` (the parameters of ``rows``, in place) with their gradients;
+        ``lrs``: each row's lr of this step (an lr schedule), else the constant lr."""
         every = rows.numel() == self.m.shape[0]  # the usual case: no gather, no scatter
         m, v = (self.m, self.v) if every else (self.m[rows], self.v[rows])
         for r in rows.tolist():
             self.steps[r] += 1
         step = torch.tensor([self.steps[r] for r in rows.tolist()], dtype=theta.dtype,
                             device=theta.device)[:, None]
-        theta.mul_(1 - self.lr * self.decay)
+        lr = self.lr if lrs is None else torch.tensor(lrs, dtype=theta.dtype,
+                                                      device=theta.device)[:, None]
+        theta.mul_(1 - lr * self.decay)
         m.lerp_(grad, 1 - self.beta1)
         v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        step_size = self.lr / (1 - self.beta1 ** step)
+        step_size = lr / (1 - self.beta1 ** step)
         denom = (v.sqrt() / (1 - self.beta2 ** step).sqrt()).add_(self.eps)
         theta.addcmul_(m / denom, step_size, value=-1.0)
         if not every:
@@ -150,9 +154,12 @@ class BatchedInner:
         if self.icfg.grad_clip > 0:   # clip_grad_norm_ of each worker's whole gradient
             norm = grad.norm(dim=1, keepdim=True)
             grad.mul_((self.icfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
+        # each worker's lr of the step it takes now, on its own counter (Worker.update's rule)
+        lrs = [w.schedule.lr_at(w.step) for w in workers] \
+            if workers[0].schedule is not None else None
         with torch.no_grad():
             own = own.detach()
-            self.opt.step(rows, own, grad)
+            self.opt.step(rows, own, grad, lrs)
             if not every:
                 theta[rows] = own
         return losses.detach()

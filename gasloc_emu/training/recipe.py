@@ -131,13 +131,12 @@ def check_recipe(cfg, device: str) -> None:
                           "inductor builds its kernels with one): install g++ or set CXX, or "
                           "drop --compile")
     if cfg.sim.batched:
-        extra = [(icfg.scheduled, "an inner lr schedule"),
-                 (icfg.micro_batches > 1, "gradient accumulation"),
+        extra = [(icfg.micro_batches > 1, "gradient accumulation"),
                  (icfg.precision != "fp32", f"precision {icfg.precision}"),
                  (icfg.compile, "torch.compile")]
         why = [text for applies, text in extra if applies]
         if why:
-            raise ConfigError(f"sim.batched = true computes plain fp32 AdamW steps, not "
+            raise ConfigError(f"sim.batched = true computes one fp32 pass per AdamW step, not "
                               f"{' or '.join(why)}; set sim.batched = false")
 
 

@@ -152,8 +152,8 @@ def test_weight_decay_groups():
 
 @pytest.mark.parametrize("over, words", [
     ({"algo.inner.precision": "fp16", "run.device": "cpu"}, "needs a GPU"),
-    ({"algo.inner.schedule": "cosine", "sim.batched": True, "compute.step_time_s": 0.01},
-     "not an inner lr schedule"),
+    ({"algo.inner.precision": "bf16", "sim.batched": True, "compute.step_time_s": 0.01},
+     "not precision bf16"),
     ({"algo.inner.micro_batches": 2, "sim.batched": True, "compute.step_time_s": 0.01},
      "gradient accumulation"),
     ({"algo.inner.schedule": "cosine", "compute.inner_budget_s": 1.0}, "schedule_steps"),
