@@ -420,9 +420,11 @@ def config_cmd(list_fields: bool, show_plan: bool, plan_json: bool, **kw) -> Non
 def _list_fields() -> None:
     """Every setting: key, flag (where one exists), default, doc and what it accepts."""
     flags = flag_names()
-    click.echo(f"{'KEY (--set KEY=VALUE)':26} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
-    for spec in C.setting_specs():
-        click.echo(f"{spec.key:26} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
+    specs = C.setting_specs()
+    width = max(26, *(len(spec.key) for spec in specs))
+    click.echo(f"{'KEY (--set KEY=VALUE)':{width}} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
+    for spec in specs:
+        click.echo(f"{spec.key:{width}} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
                    f"{spec.doc}{_brackets(spec, choices=True)}")
 
 
