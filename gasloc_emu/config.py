@@ -103,7 +103,8 @@ class ModelConfig(_Validated):
     n_embd: int = setting(0, "Embedding width; 0 takes the preset's value.", lo=0, hi=8192)
     block_size: int = setting(0, "Context length in tokens; 0 takes the preset's value.",
                               lo=0, hi=8192)
-    vocab_size: int = setting(0, "Vocabulary; 0 takes the preset's (256 byte tokens; 50304 for "
+    vocab_size: int = setting(0, "Vocabulary; 0 takes the tokenizer's of a prepared corpus "
+                                 "(data.path), else the preset's (256 byte tokens; 50304 for "
                                  "gpt2).", lo=0, hi=1 << 20)
     dropout: float = setting(0.0, "Dropout probability (0 keeps runs deterministic).",
                              lo=0.0, hi=0.9)
@@ -112,8 +113,12 @@ class ModelConfig(_Validated):
 @dataclass(frozen=True)
 class DataConfig(_Validated):
     _section = "data."
-    path: str = setting("", "Text file, folder of text files, or .bin file of uint16 tokens; "
-                            "empty uses the running Python's standard library sources.")
+    path: str = setting("", "Text file, folder of text files, .bin file of uint16 tokens, a "
+                            "folder made by gasloc-emu data prepare (subword tokens), or a "
+                            "built-in corpus: stdlib (the running Python's sources) or "
+                            "pydoc-topics (the Python reference's English help texts); empty: "
+                            "the model preset's (tiny: stdlib; small, gpt2: pydoc-topics).",
+                        names=("stdlib", "pydoc-topics"))
     batch_size: int = setting(8, "Sequences per inner step per worker.", lo=1, hi=4096)
     val_fraction: float = setting(0.05, "Share of the corpus held out for evaluation.",
                                   lo=0.001, hi=0.5)
@@ -121,6 +126,10 @@ class DataConfig(_Validated):
                                 lo=1, hi=10000)
     max_corpus_mb: float = setting(8.0, "Cap on the text corpus read from disk, in MiB.",
                                    lo=0.01, hi=65536)
+
+
+LR_SCHEDULES = ("constant", "cosine", "linear")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,46 @@ class InnerConfig(_Validated):
     weight_decay: float = setting(0.1, "AdamW decoupled weight decay.", lo=0.0, hi=10.0)
     grad_clip: float = setting(1.0, "Clip the gradient norm to this value; 0 disables.",
                                lo=0.0, hi=1e6)
+    decay_embeddings: bool = setting(True, "Weight decay also on the embedding tables (the "
+                                           "token table, tied to the output head, and the "
+                                           "positions), as nanoGPT does; off: only the other "
+                                           "matrices decay. Biases and norms never decay "
+                                           "(docs/RECIPE.md).")
+    schedule: str = setting("constant", "Inner lr after the warmup: constant, cosine or linear "
+                                        "decay to algo.inner.min_lr_ratio * lr at the end of "
+                                        "the schedule (docs/RECIPE.md).",
+                            choices=LR_SCHEDULES)
+    warmup_steps: int = setting(0, "Inner steps of linear warmup from lr/warmup_steps to lr, "
+                                   "counted on each worker's own step counter.",
+                                lo=0, hi=100_000_000)
+    schedule_steps: int = setting(0, "Length of the schedule in inner steps (warmup "
+                                     "included); 0: run.rounds * H_i as the plan knows it "
+                                     "before the run (required under a budget with measured "
+                                     "step times). Later steps stay at the floor.",
+                                  lo=0, hi=1_000_000_000)
+    min_lr_ratio: float = setting(0.1, "The decay's floor as a share of the inner lr.",
+                                  lo=0.0, hi=1.0)
+    micro_batches: int = setting(1, "Gradient accumulation: forward/backward passes of "
+                                    "data.batch_size sequences per inner step, each loss scaled "
+                                    "by 1/micro_batches, so a step's gradient is the mean over "
+                                    "data.batch_size * micro_batches sequences.",
+                                 lo=1, hi=65536)
+    precision: str = setting("fp32", "Forward pass precision: fp32, bf16 (autocast; CPU and "
+                                     "GPU) or fp16 (autocast with a gradient scaler; GPU "
+                                     "only). Parameters, optimizer state and the wire stay "
+                                     "float32.", choices=PRECISIONS)
+    compile: bool = setting(False, "torch.compile the model's forward pass (needs a C++ "
+                                   "compiler on the CPU; not with sim.batched).")
+
+    def _check(self) -> None:
+        if self.warmup_steps and self.schedule_steps and self.warmup_steps > self.schedule_steps:
+            raise ConfigError(f"algo.inner.warmup_steps = {self.warmup_steps} is longer than "
+                              f"algo.inner.schedule_steps = {self.schedule_steps}")
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the lr changes over the run (else the constant lr of today's runs)."""
+        return self.schedule != "constant" or self.warmup_steps > 0
 
 
 # The built-in algorithms' names, for help texts; any name registered under the entry-point

@@ -383,3 +383,21 @@ class TcpLinkModel:
                 "init_cwnd_segments": p.init_cwnd_segments, "loss_pct": p.loss_pct,
                 "rate_mbit": rate, "rtt_ms": rtt_s * 1e3, "streams": self.streams}
         return out
+
+
+def placement_regions(placement: str) -> tuple[str, ...]:
+    """The region of each worker of a placement (a preset or ``region[*count],...``); () for
+    none."""
+    from netem.cloud import parse_placement
+    return parse_placement(placement) if placement else ()
+
+
+def link_rates(link_plan) -> tuple[tuple[float, ...], ...] | None:
+    """rates[i][j]: what one flow i -> j can get (the link, capped by i's uplink and j's
+    downlink) in Mbit/s, 0 on the diagonal; None when unshaped. What the ``fastest`` graph
+    chooses peers by and every graph's bottleneck is measured with."""
+    if link_plan is None or not link_plan.shaped:
+        return None
+    n = link_plan.workers
+    return tuple(tuple(0.0 if i == j else float(link_plan.effective_rate_mbit(i, j))
+                       for j in range(n)) for i in range(n))

@@ -19,16 +19,24 @@ from gasloc_emu import algorithms, topology
 from gasloc_emu.algorithms import Algorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
-from gasloc_emu.netplan import check_network, describe_link_model, sim_link_model
+from gasloc_emu.config import replace as replace_setting
+from gasloc_emu.netplan import (
+    check_network,
+    describe_link_model,
+    link_rates,
+    placement_regions,
+    sim_link_model,
+)
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
 from gasloc_emu.training import compute
 from gasloc_emu.training.compute import ComputePlan
-from gasloc_emu.training.data import Corpus, build_corpus
+from gasloc_emu.training.data import Corpus, build_corpus, vocab_of
 from gasloc_emu.training.devices import simulator_device
 from gasloc_emu.training.drivers import Drive, drive_of
 from gasloc_emu.training.model import check_model
+from gasloc_emu.training.recipe import check_recipe, schedule_for
 
 
 @dataclass(frozen=True)
@@ -104,24 +112,6 @@ class RunPlan:
                 "world": None if self.world is None else _describe_world(self.world)}
 
 
-def placement_regions(placement: str) -> tuple[str, ...]:
-    """The region of each worker of a placement (a preset or ``region[*count],...``); () for
-    none."""
-    from netem.cloud import parse_placement
-    return parse_placement(placement) if placement else ()
-
-
-def link_rates(link_plan) -> tuple[tuple[float, ...], ...] | None:
-    """rates[i][j]: what one flow i -> j can get (the link, capped by i's uplink and j's
-    downlink) in Mbit/s, 0 on the diagonal; None when unshaped. What the ``fastest`` graph
-    chooses peers by and every graph's bottleneck is measured with."""
-    if link_plan is None or not link_plan.shaped:
-        return None
-    n = link_plan.workers
-    return tuple(tuple(0.0 if i == j else float(link_plan.effective_rate_mbit(i, j))
-                       for j in range(n)) for i in range(n))
-
-
 def _describe_world(world: World) -> dict:
     """What a scenario does, known before the run: who leaves and joins in which round, and
     every link change with its configured values (changes at a time land on a round only
@@ -143,22 +133,42 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     """Check ``cfg`` against everything a run needs and derive the run; raises the first
     bad-input error. ``corpus``: one already built for this config (tests share one);
     ``data=False``: no corpus (a plan to describe, not to train)."""
+    cfg = follow_tokenizer(cfg)
     resolved = algorithms.resolve(cfg.algo)
     algo = resolved.cls
     link_plan = check_network(cfg)
     topo = topology.from_config(cfg, link_rates(link_plan)) if algo.needs_graph else None
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
-    simulator_device(cfg.run.device)  # run.device = cuda without a GPU
+    check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
     _refuse_checkpoints(cfg, algo, world)
+    for h in cp.step_counts() or (None,):   # a schedule too short for its warmup, or unknown
+        schedule_for(cfg.algo.inner, cfg.run.rounds if drive_of(algo).rounds_count_steps
+                     else None if h is None else h * cfg.run.rounds)
     if corpus is None and data:
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
+
+
+def follow_tokenizer(cfg: Config) -> Config:
+    """The model's vocabulary is the prepared corpus's (``data.path``, ``training.tokens``)
+    where ``model.vocab_size`` is 0; a vocabulary set smaller than the tokenizer's is refused,
+    a larger one (padded, as GPT-2's 50304) kept."""
+    vocab = vocab_of(cfg.data)
+    if vocab is None:
+        return cfg
+    if cfg.model.vocab_size == 0:
+        return replace_setting(cfg, **{"model.vocab_size": vocab})
+    if cfg.model.vocab_size < vocab:
+        raise ConfigError(f"model.vocab_size = {cfg.model.vocab_size} is smaller than the "
+                          f"tokenizer's {vocab} ids of data.path = {cfg.data.path!r}; set 0 "
+                          "to follow the tokenizer")
+    return cfg
 
 
 def _refuse(cfg: Config, algo: type[Algorithm], topo: Topology | None,

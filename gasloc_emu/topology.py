@@ -687,7 +687,7 @@ def critical_momentum(lambda2: float) -> float:
 def from_config(cfg, rates: tuple[tuple[float, ...], ...] | None = None) -> Topology:
     """The gossip graph of a resolved ``Config``; the run plan builds it once, for the
     algorithms that need one (``OuterAlgorithm.needs_graph``), and hands it down. ``rates``:
-    the link plan's directed rates (``RunPlan``'s ``link_rates``), None when unshaped."""
+    the link plan's directed rates (``netplan.link_rates``), None when unshaped."""
     t = cfg.topology
     return Topology(t.name, cfg.workers, t.degree, cfg.seed, t.base, cfg.algo.alpha, rates,
                     t.rate_slack)

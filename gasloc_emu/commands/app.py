@@ -260,6 +260,43 @@ def show_command(run_dir: str) -> int:
     return 0
 
 
+def export_command(run_dir: str, csv_file: str | None, tb_dir: str | None,
+                   peak_tflops: float) -> int:
+    """A record's metrics as CSV (default: RUN/metrics.csv) and, with ``tb_dir``, TensorBoard
+    scalars; tokens per second and MFU added per worker (``report.export``)."""
+    from gasloc_emu.report import export
+    try:
+        run = load_run(run_dir)
+        _warn_damage([run])
+        rows = export.table(run, export.flop_model(run.config, peak_tflops))
+        if csv_file or not tb_dir:
+            path = Path(csv_file) if csv_file else run.path / "metrics.csv"
+            click.echo(f"csv: {path} ({export.write_csv(rows, path)} rows)")
+        if tb_dir:
+            n = export.write_tensorboard(rows, Path(tb_dir))
+            click.echo(f"tensorboard: {tb_dir} ({n} scalars; tensorboard --logdir {tb_dir})")
+    except (CompareError, export.ExportError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    return 0
+
+
+def data_prepare_command(corpus: str, out: str, vocab_size: int, val_fraction: float,
+                         max_mb: float) -> None:
+    """Tokenise a corpus (``training.tokens.prepare``) and say what was written."""
+    from gasloc_emu.training import tokens
+    head = tokens.prepare(corpus, Path(out), vocab_size, val_fraction, max_mb)
+    total = sum(head.tokens.values())
+    click.echo(f"corpus {head.source}: {head.documents} documents, {head.source_chars} "
+               f"characters")
+    click.echo(f"tokenizer: byte-level BPE, {head.vocab_size} ids "
+               f"({head.source_chars / max(total, 1):.2f} characters per token)")
+    click.echo(f"tokens: {head.tokens['train']} train, {head.tokens['val']} held out "
+               f"({head.dtype}) in {out}")
+    click.echo(f"train on it: gasloc-emu run --data {out} (model.vocab_size follows the "
+               "tokenizer)")
+
+
 def _console(pipe_width: int):
     """A rich console: the terminal's width on a TTY, ``pipe_width`` columns into a pipe or file."""
     return Console(width=None if sys.stdout.isatty() else pipe_width)

@@ -57,11 +57,12 @@ def _input_errors() -> tuple[type, ...]:
     from gasloc_emu.cluster.roles import ClusterError
     from gasloc_emu.topology import TopologyError
     from gasloc_emu.training.data import DataError
+    from gasloc_emu.training.tokens import TokenError
     from netem.capabilities import CapabilityError
     from netem.measureplan import MeasureError
     from netem.profiles import ProfileError
-    return C.ConfigError, TopologyError, DataError, RecordError, ClusterError, ProfileError, \
-        CapabilityError, MeasureError
+    return C.ConfigError, TopologyError, DataError, TokenError, RecordError, ClusterError, \
+        ProfileError, CapabilityError, MeasureError
 
 
 def _local_steps(value: str | None):
@@ -113,6 +114,11 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--momentum", "algo.momentum"),
     ("--overlap", "algo.overlap"),
     ("--lr", "algo.inner.lr"),
+    ("--lr-schedule", "algo.inner.schedule"),
+    ("--warmup-steps", "algo.inner.warmup_steps"),
+    ("--micro-batches", "algo.inner.micro_batches"),
+    ("--precision", "algo.inner.precision"),
+    ("--compile", "algo.inner.compile"),
     ("--degree", "topology.degree"),
     ("--eval-every", "run.eval_every"),
     ("--checkpoint-every", "run.checkpoint_every"),
@@ -455,9 +461,11 @@ def config_cmd(list_fields: bool, show_plan: bool, plan_json: bool, **kw) -> Non
 def _list_fields() -> None:
     """Every setting: key, flag (where one exists), default, doc and what it accepts."""
     flags = flag_names()
-    click.echo(f"{'KEY (--set KEY=VALUE)':26} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
-    for spec in C.setting_specs():
-        click.echo(f"{spec.key:26} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
+    specs = C.setting_specs()
+    width = max(26, *(len(spec.key) for spec in specs))
+    click.echo(f"{'KEY (--set KEY=VALUE)':{width}} {'FLAG':24} {'DEFAULT':12} DOC [ALLOWED]")
+    for spec in specs:
+        click.echo(f"{spec.key:{width}} {flags.get(spec.key, '-'):24} {spec.default!r:12} "
                    f"{spec.doc}{_brackets(spec, choices=True)}")
 
 
@@ -480,6 +488,25 @@ def show(run_dir: str) -> None:
     """The summary of one run and its links (configured vs measured)."""
     from gasloc_emu.commands.app import show_command
     sys.exit(show_command(run_dir))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False),
+              help="Write the rows here (default RUN/metrics.csv when --tensorboard is not "
+                   "given).")
+@click.option("--tensorboard", "tb_dir", type=click.Path(file_okay=False),
+              help="Write TensorBoard scalars (worker<k>/<column> by round) into this folder "
+                   "(needs the 'tensorboard' extra).")
+@click.option("--peak-tflops", type=float, default=0.08, show_default=True,
+              help="One worker's peak TFLOP/s for MFU (default: one AVX2 CPU core's fp32 "
+                   "peak; e.g. 312 for an A100's bf16, 989 for an H100 SXM's).")
+@friendly_errors
+def export(run_dir: str, csv_file: str | None, tb_dir: str | None, peak_tflops: float) -> None:
+    """A run's metrics as CSV or TensorBoard, one row per worker per round, with tokens per
+    second and model FLOPs utilisation (MFU)."""
+    from gasloc_emu.commands.app import export_command
+    sys.exit(export_command(run_dir, csv_file, tb_dir, peak_tflops))
 
 
 def _report_options(example: str):
@@ -528,6 +555,33 @@ def crossover(preset: str | None, out: str | None, report: str | None,
         raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
     from gasloc_emu.commands.app import crossover_command
     sys.exit(crossover_command(preset, out, report, from_data))
+
+
+@main.group()
+def data() -> None:
+    """Tokenised corpora: a subword tokenizer trained here, memory-mapped token files."""
+
+
+@data.command("prepare")
+@click.option("--corpus", default="pydoc-topics", show_default=True,
+              help="What to tokenise: pydoc-topics (the Python reference's English help texts, "
+                   "shipped with Python), stdlib (its sources), or a text file or folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The folder to write (meta.json, tokenizer.json, train.bin, val.bin); "
+                   "then --data FOLDER.")
+@click.option("--vocab-size", type=int, default=4096, show_default=True,
+              help="Token ids of the byte-level BPE tokenizer trained on the corpus.")
+@click.option("--val-fraction", type=float, default=0.05, show_default=True,
+              help="Share of the tokens held out for evaluation.")
+@click.option("--max-corpus-mb", type=float, default=64.0, show_default=True,
+              help="Cap on the text read, in MiB.")
+@friendly_errors
+def data_prepare(corpus: str, out: str, vocab_size: int, val_fraction: float,
+                 max_corpus_mb: float) -> None:
+    """Train a byte-level BPE tokenizer on a local corpus and write its tokens (uint16, or
+    uint32 past 65536 ids) with a held-out split and a JSON header."""
+    from gasloc_emu.commands.app import data_prepare_command
+    data_prepare_command(corpus, out, vocab_size, val_fraction, max_corpus_mb)
 
 
 @main.group()

@@ -487,9 +487,9 @@ def _dress(fig, by_round, by_time) -> None:
 # ---------------------------------------------------------------- one run
 
 _SUMMARY_ORDER = ("status", "error", "mode", "algorithm", "topology", "workers", "rounds",
-                  "local_steps", "lambda2", "gamma", "final_eval_loss", "worker_eval_loss",
-                  "consensus_distance", "bytes_sent_total", "wall_s", "predicted_wall_s",
-                  "compute")
+                  "local_steps", "lambda2", "gamma", "final_eval_loss", "final_perplexity",
+                  "worker_eval_loss", "consensus_distance", "bytes_sent_total", "wall_s",
+                  "predicted_wall_s", "compute")
 
 
 def show_run(run: Run) -> RenderableType:

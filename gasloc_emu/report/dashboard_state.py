@@ -27,7 +27,7 @@ class Header:
     workers: int = 1
     rounds: int = 1
     devices: tuple[str, ...] = ()
-    tokens_per_step: int = 0  # batch_size * block_size: tokens one worker uses per inner step
+    tokens_per_step: int = 0  # batch_size * micro_batches * block_size: one inner step's
     compute: str = ""  # the compute model in words; empty when every worker runs at host speed
     step_time_s: float = 0.0  # nominal step time at speed 1 (0: measured), to tell late phases
     regions: tuple[str, ...] = ()  # each worker's region (net.placement); () without one
@@ -44,7 +44,8 @@ def header_from_plan(plan, devices=(), shaper: str | None = None) -> Header:
         gamma=plan.constants().get("gamma"),
         profile=cfg.net.bw_profile or "unshaped", shaper=shaper or cfg.net.shaper,
         workers=cfg.workers, rounds=cfg.run.rounds, devices=tuple(devices),
-        tokens_per_step=cfg.data.batch_size * shape_from_config(cfg.model).block_size,
+        tokens_per_step=cfg.data.batch_size * cfg.algo.inner.micro_batches
+        * shape_from_config(cfg.model).block_size,
         compute=compute_words(cfg.compute), step_time_s=cfg.compute.step_time_s,
         regions=plan.regions)
 

@@ -57,7 +57,11 @@ def summary_lines(summary: dict, record_path) -> list[str]:
     """The lines a finished run ends with: its headline numbers, where its record is, and a
     warning when inner steps overran their nominal time (the timing is then the host's)."""
     predicted = summary.get("predicted_wall_s")
+    corpus = summary.get("corpus") or {}
+    # a prepared corpus's perplexity is per subword token, the number language models report
+    ppl = summary.get("final_perplexity") if corpus.get("prepared") else None
     return [f"final eval loss {_num(summary.get('final_eval_loss'))}  "
+            + (f"perplexity {_num(ppl)}  " if ppl is not None else "") +
             f"consensus {_num(summary.get('consensus_distance'))}  "
             f"wall {_num(summary.get('wall_s'))}s"
             + (f"  predicted wall {_num(predicted)}s" if predicted is not None else ""),

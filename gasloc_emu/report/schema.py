@@ -243,6 +243,9 @@ class RunSummary(_Record):
                             group="results")
     final_eval_loss: float | None = opt("eval loss of the workers' average model (summed in "
                                         "rank order, evaluated on the CPU)", group="results")
+    final_perplexity: float | None = opt(
+        "exp(final_eval_loss): the average model's held-out perplexity per token of the "
+        "corpus's tokenizer (per byte for byte tokens)", since=2)
     worker_eval_loss: list | None = opt("each worker's own eval loss, rank order",
                                         group="results")
     consensus_distance: float | None = opt("RMS distance of the workers to their average",
@@ -263,6 +266,9 @@ class RunSummary(_Record):
     comm: dict | None = opt("the codec and the bytes on the wire against their float32 "
                             "size: {codec, bytes_sent_total, raw_bytes_sent_total, ratio}",
                             group="results")
+    corpus: dict | None = opt("the corpus: source, train_tokens, val_tokens and, for a "
+                              "prepared one (gasloc-emu data prepare), its folder, vocab_size "
+                              "and tokenizer", since=2)
     # -- the emulator's
     dropped_messages: int | None = opt("data-plane messages the workers dropped (run)")
     host_cpu: dict | None = opt("shares of the host's CPU time during the run (user, system, "
@@ -346,6 +352,10 @@ class MetricRow(_Record):
     overrun_ratio: float | None = opt("the round's worst real / nominal step time (0 when "
                                       "measured)")
     eval_loss: float | None = opt("the worker's eval loss, in evaluated rounds")
+    tokens: int | None = opt("tokens trained on this round: steps * algo.inner.micro_batches * "
+                             "data.batch_size * the context length", since=2)
+    lr: float | None = opt("the inner lr of the round's last step, where algo.inner's schedule "
+                           "moves it (absent: the constant algo.inner.lr)", since=2)
     recv_links: dict | None = opt("per source rank (text): {bytes, messages, transfer_s, "
                                   "sent_s} of this round's messages (run)")
     step_span_s: list | None = opt("a2cid2: the step's [start, end] on the run's clock")

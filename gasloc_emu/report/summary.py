@@ -46,14 +46,25 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
         lambda2=None if topo is None else topo.lambda2,
         peers=None if topo is None else topo.peers_record(),
         gamma=constants.get("gamma"), eta=constants.get("eta"),
-        final_eval_loss=data.evaluate(gpt, eval_set), worker_eval_loss=worker_eval,
+        final_eval_loss=(loss := data.evaluate(gpt, eval_set)),
+        final_perplexity=perplexity(loss), worker_eval_loss=worker_eval,
         consensus_distance=consensus, bytes_sent_total=bytes_sent, wall_s=wall_s,
         # the simulator's virtual clock fills in predicted_wall_s and cpu_slots; the launcher
         # replaces drops and control_drops with what its workers and its control plane
         # dropped (the simulator has no wire, so nothing can be dropped there)
         drops=drops_summary({r: {} for r in range(cfg.workers)}), control_drops={},
         compute=plan.compute.record(overruns),
-        comm=comm_record(plan, bytes_sent, raw_bytes_sent))
+        comm=comm_record(plan, bytes_sent, raw_bytes_sent),
+        corpus=plan.corpus.describe() if plan.corpus is not None else None)
+
+
+def perplexity(loss: float) -> float | None:
+    """exp(mean cross-entropy in nats per token): the held-out perplexity per token of the
+    corpus's tokenizer (per byte for byte tokens); None for a non-finite loss or one whose
+    exponential overflows."""
+    if not math.isfinite(loss) or loss > 700:
+        return None
+    return math.exp(loss)
 
 
 def comm_record(plan, bytes_sent: int, raw_bytes_sent: int | None) -> dict:

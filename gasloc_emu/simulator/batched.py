@@ -25,7 +25,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from gasloc_emu.simulator import stacked_gpt
-from gasloc_emu.training import compute
+from gasloc_emu.training import compute, recipe
 from gasloc_emu.transport.base import TransportError
 
 
@@ -33,10 +33,10 @@ class StackedAdamW:
     """AdamW over rows of a stacked flat parameter tensor, one row per worker.
 
     Each row is updated exactly as ``torch.optim.AdamW`` (single-tensor path) updates one
-    worker's flat parameters: decoupled weight decay on the matrices only (``decay_mask``, as
-    ``training.worker.make_optimizer`` groups them), then the moment updates and the
-    bias-corrected step. Rows keep their own step count, so workers with different H_i stay
-    exact.
+    worker's flat parameters: decoupled weight decay where ``decay_mask`` says
+    (``training.recipe.decays``, as ``training.worker.make_optimizer`` groups them), then the
+    moment updates and the bias-corrected step. Rows keep their own step count, so workers
+    with different H_i stay exact.
     """
 
     def __init__(self, rows: int, decay_mask: torch.Tensor, icfg):
@@ -47,18 +47,22 @@ class StackedAdamW:
         self.v = torch.zeros_like(self.m)
         self.steps = [0] * rows
 
-    def step(self, rows: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor) -> None:
-        """Update ``theta`` (the parameters of ``rows``, in place) with their gradients."""
+    def step(self, rows: torch.Tensor, theta: torch.Tensor, grad: torch.Tensor,
+             lrs: list[float] | None = None) -> None:
+        """Update ``theta`` (the parameters of ``rows``, in place) with their gradients;
+        ``lrs``: each row's lr of this step (an lr schedule), else the constant lr."""
         every = rows.numel() == self.m.shape[0]  # the usual case: no gather, no scatter
         m, v = (self.m, self.v) if every else (self.m[rows], self.v[rows])
         for r in rows.tolist():
             self.steps[r] += 1
         step = torch.tensor([self.steps[r] for r in rows.tolist()], dtype=theta.dtype,
                             device=theta.device)[:, None]
-        theta.mul_(1 - self.lr * self.decay)
+        lr = self.lr if lrs is None else torch.tensor(lrs, dtype=theta.dtype,
+                                                      device=theta.device)[:, None]
+        theta.mul_(1 - lr * self.decay)
         m.lerp_(grad, 1 - self.beta1)
         v.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        step_size = self.lr / (1 - self.beta1 ** step)
+        step_size = lr / (1 - self.beta1 ** step)
         denom = (v.sqrt() / (1 - self.beta2 ** step).sqrt()).add_(self.eps)
         theta.addcmul_(m / denom, step_size, value=-1.0)
         if not every:
@@ -85,8 +89,9 @@ class BatchedInner:
     def __init__(self, hub, template: torch.nn.Module, icfg, workers: int):
         self.hub, self.net, self.icfg, self.workers = hub, template, icfg, workers
         self.layout = [(name, p.numel(), p.shape) for name, p in template.named_parameters()]
-        decay = torch.cat([torch.full((p.numel(),), float(p.dim() >= 2), dtype=p.dtype,
-                                      device=p.device) for p in template.parameters()])
+        decay = torch.cat([torch.full((p.numel(),), float(d), dtype=p.dtype, device=p.device)
+                           for p, d in zip(template.parameters(), recipe.decays(template, icfg),
+                                           strict=True)])
         self.opt = StackedAdamW(workers, decay, icfg)
         self.arrived: dict[int, dict[int, _Arrival]] = {}
         self.ready: set[int] = set()
@@ -149,9 +154,12 @@ class BatchedInner:
         if self.icfg.grad_clip > 0:   # clip_grad_norm_ of each worker's whole gradient
             norm = grad.norm(dim=1, keepdim=True)
             grad.mul_((self.icfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
+        # each worker's lr of the step it takes now, on its own counter (Worker.update's rule)
+        lrs = [w.schedule.lr_at(w.step) for w in workers] \
+            if workers[0].schedule is not None else None
         with torch.no_grad():
             own = own.detach()
-            self.opt.step(rows, own, grad)
+            self.opt.step(rows, own, grad, lrs)
             if not every:
                 theta[rows] = own
         return losses.detach()

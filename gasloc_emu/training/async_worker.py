@@ -181,6 +181,7 @@ def slot_rows(worker: Worker, log: SlotLog, before: dict, after: dict,
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]) if last else 0,
             peers=list(log.peers) if last else [], steps=1, speed=worker.compute.speed,
             overruns=st.overruns, overrun_ratio=st.overrun_ratio, step_span_s=st.span_s,
+            tokens=worker.tokens_per_step, lr=worker.schedule_lr(st.step - 1),
             exchange_spans_s=[list(x) for x in log.spans] if last else None))
     return rows
 

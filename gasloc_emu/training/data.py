@@ -2,19 +2,21 @@
 
 The default corpus is the text of the running Python's standard library sources: real text that
 exists on every machine, so nothing has to be downloaded. ``data.path`` may instead name a text
-file, a folder of text files, or a flat ``.bin`` file of uint16 tokens.
+file, a folder of text files, a flat ``.bin`` file of uint16 tokens, or a corpus prepared by
+``gasloc-emu data prepare`` (``tokens``: subword tokens, its own held-out split, memory-mapped).
 """
 from __future__ import annotations
 
-import os
-import sysconfig
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gasloc_emu.training.model import shape_from_config
+from gasloc_emu.training import corpora
+from gasloc_emu.training import tokens as prepared
+from gasloc_emu.training.model import default_corpus, shape_from_config
 
 _SPLIT_BLOCK = 1 << 16  # the train/val split interleaves 64 KiB blocks, so both see every file kind
 
@@ -23,41 +25,22 @@ class DataError(ValueError):
     """The corpus is missing, empty or does not fit the model."""
 
 
-_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
-
-
-def stdlib_files() -> list[Path]:
-    """The standard library's .py files in a stable order (installed packages pruned, not
-    walked)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _NOT_STDLIB)
-        out += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
-    return sorted(out)
-
-
 def _read_files(files: list[Path], cap_bytes: int) -> np.ndarray:
-    chunks, total = [], 0
-    for f in files:
-        try:
-            raw = f.read_bytes()
-        except OSError:
-            continue
-        if b"\0" in raw[:4096]:  # binary file in a text folder
-            continue
-        chunks.append(raw[: cap_bytes - total])
-        total += len(chunks[-1])
-        if total >= cap_bytes:
-            break
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    return np.frombuffer(corpora.read_files(files, cap_bytes), dtype=np.uint8)
 
 
 def load_tokens(path: str, vocab_size: int, max_mb: float) -> np.ndarray:
-    """All tokens of the corpus, as uint8 (bytes) or uint16 (token file)."""
+    """All tokens of the corpus, as uint8 (bytes) or uint16 (token file). ``path``: empty
+    (the standard library's sources), a built-in corpus's name (``corpora.CORPORA``: names win
+    over files of the same name), a file or folder of text, or a ``.bin`` token file."""
     cap = int(max_mb * (1 << 20))
     if not path:
-        tokens = _read_files(stdlib_files(), cap)
+        tokens = _read_files(corpora.stdlib_files(), cap)
+    elif path in corpora.CORPORA:   # a built-in corpus by name, as bytes
+        try:
+            tokens = np.frombuffer(corpora.CORPORA[path].raw(cap), dtype=np.uint8)
+        except corpora.CorpusUnavailable as exc:
+            raise DataError(str(exc)) from None
     else:
         p = Path(path)
         if not p.exists():
@@ -120,8 +103,15 @@ class Corpus:
     """The tokens of one run: train shards per worker and a fixed evaluation set."""
 
     def __init__(self, dcfg, block_size: int, vocab_size: int, workers: int, seed: int):
-        self.train, self.val = split_train_val(
-            load_tokens(dcfg.path, vocab_size, dcfg.max_corpus_mb), dcfg.val_fraction)
+        self.header: prepared.TokenHeader | None = None
+        if prepared.is_prepared(dcfg.path):   # memory maps of its own splits, read when sampled
+            self.header, self.train, self.val = prepared.open_prepared(dcfg.path)
+            if self.header.vocab_size > vocab_size:
+                raise DataError(f"the corpus {dcfg.path!r} has {self.header.vocab_size} token "
+                                f"ids, more than model.vocab_size = {vocab_size}")
+        else:
+            self.train, self.val = split_train_val(
+                load_tokens(dcfg.path, vocab_size, dcfg.max_corpus_mb), dcfg.val_fraction)
         self.dcfg, self.block_size, self.workers, self.seed = dcfg, block_size, workers, seed
         need = block_size + 2
         if self.train.size // workers < need or self.val.size < need:
@@ -134,6 +124,15 @@ class Corpus:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + rank + 1)
         return Shard(self.train[rank * part:(rank + 1) * part], self.block_size,
                      self.dcfg.batch_size, gen)
+
+    def describe(self) -> dict:
+        """The record's ``corpus`` block: where the tokens come from and how many there are."""
+        out = {"source": self.dcfg.path or "stdlib", "train_tokens": int(self.train.size),
+               "val_tokens": int(self.val.size)}
+        if self.header is not None:
+            out |= {"source": self.header.source, "prepared": self.dcfg.path,
+                    "vocab_size": self.header.vocab_size, "tokenizer": self.header.tokenizer}
+        return out
 
     def eval_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The same evaluation batches for every worker and every evaluation."""
@@ -152,7 +151,16 @@ def evaluate(model: torch.nn.Module, batches, device: str | torch.device = "cpu"
     return float(np.mean(losses))
 
 
+def vocab_of(dcfg) -> int | None:
+    """The vocabulary of a prepared corpus named by ``data.path`` (its header), else None."""
+    return prepared.TokenHeader.read(prepared.folder_of(dcfg.path)).vocab_size \
+        if prepared.is_prepared(dcfg.path) else None
+
+
 def build_corpus(cfg) -> Corpus:
-    """The corpus of a resolved ``Config``: token ids sized for its model, one shard per worker."""
+    """The corpus of a resolved ``Config``: token ids sized for its model, one shard per worker;
+    an empty ``data.path`` reads the model preset's default corpus (``model.default_corpus``)."""
     shape = shape_from_config(cfg.model)
-    return Corpus(cfg.data, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)
+    dcfg = cfg.data if cfg.data.path else dataclasses.replace(
+        cfg.data, path=default_corpus(cfg.model))
+    return Corpus(dcfg, shape.block_size, shape.vocab_size, cfg.workers, cfg.seed)

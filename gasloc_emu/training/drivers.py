@@ -28,6 +28,8 @@ class Drive:
     # whether a run's messages are fixed by round numbers, so that one simulation replays any
     # run of the same settings to the bit (else: pairings follow the links' timing)
     replays_exactly: ClassVar[bool]
+    # whether run.rounds counts each worker's gradient steps (else rounds of local steps)
+    rounds_count_steps: ClassVar[bool] = False
 
     def train(self, host, worker, world, rank: int, rounds: int, first: int = 0,
               checkpoints=None) -> bool:
@@ -67,6 +69,7 @@ class Rounds(Drive):
 class Pairwise(Drive):
     name: ClassVar[str] = "pairwise"
     replays_exactly: ClassVar[bool] = False
+    rounds_count_steps: ClassVar[bool] = True
 
     def train(self, host, worker, world, rank: int, rounds: int, first: int = 0,
               checkpoints=None) -> bool:

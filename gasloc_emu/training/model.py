@@ -29,6 +29,16 @@ PRESETS = {
 }
 
 
+# The corpus a preset trains on when data.path is empty (a name of training.corpora.CORPORA):
+# tiny, for CI, the byte-level Python sources; the language-model presets English prose
+DEFAULT_CORPUS = {"tiny": "stdlib", "small": "pydoc-topics", "gpt2": "pydoc-topics"}
+
+
+def default_corpus(mcfg) -> str:
+    """The preset's default corpus; a user's model gets tiny's."""
+    return DEFAULT_CORPUS.get(mcfg.preset, DEFAULT_CORPUS["tiny"])
+
+
 @dataclass(frozen=True)
 class GPTShape:
     n_layer: int

@@ -15,13 +15,16 @@ import torch
 from gasloc_emu import algorithms, topology
 from gasloc_emu.comm.channel import Channel
 from gasloc_emu.scenario.world import RoundPlan, World
-from gasloc_emu.training import compute, data, model
+from gasloc_emu.training import compute, data, model, recipe
 
 
 def make_optimizer(gpt: torch.nn.Module, icfg) -> torch.optim.AdamW:
-    """Inner AdamW; matrices get weight decay, biases and norms do not (as in nanoGPT)."""
-    decay = [p for p in gpt.parameters() if p.dim() >= 2]
-    rest = [p for p in gpt.parameters() if p.dim() < 2]
+    """Inner AdamW; matrices get weight decay, biases and norms do not (as in nanoGPT), the
+    embedding tables only with ``algo.inner.decay_embeddings`` (``recipe.decays``)."""
+    flags = recipe.decays(gpt, icfg)
+    params = list(gpt.parameters())
+    decay = [p for p, d in zip(params, flags, strict=True) if d]
+    rest = [p for p, d in zip(params, flags, strict=True) if not d]
     groups = [{"params": decay, "weight_decay": icfg.weight_decay},
               {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=icfg.lr, betas=(icfg.beta1, icfg.beta2))
@@ -54,6 +57,8 @@ class RoundStats:
     overruns: int = 0  # steps whose real time exceeded their nominal time (step_time_s > 0)
     overrun_ratio: float = 0.0  # the round's worst real / nominal step time; 0 when measured
     eval_loss: float | None = None
+    tokens: int = 0  # tokens trained on this round (steps * micro batches * batch * context)
+    lr: float | None = None  # the inner lr of the round's last step; None: constant (the lr)
     # the ZeroMQ transport's link observations of this round's messages, by source (str rank):
     # {"bytes", "messages", "transfer_s", "sent_s"} (``link_row``); None: not measured
     recv_links: dict[str, dict] | None = None
@@ -64,7 +69,7 @@ class RoundStats:
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
-        for name in ("eval_loss", "recv_links", "step_span_s", "exchange_spans_s"):
+        for name in ("eval_loss", "lr", "recv_links", "step_span_s", "exchange_spans_s"):
             if out[name] is None:
                 del out[name]
         return out
@@ -95,6 +100,7 @@ class Worker:
         self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
         self.opt = make_optimizer(self.gpt, cfg.algo.inner)
         self.shard = plan.corpus.shard(rank)
+        self.set_recipe(plan, rank)
         self.eval_set = plan.corpus.eval_batches()
         self.topology = plan.topology
         self.world = world = plan.world
@@ -113,6 +119,20 @@ class Worker:
         # the run's start (time.time()), set by the worker process: link observations are
         # reported on the run's clock. None (the simulator): no observations are reported
         self.t0: float | None = None
+
+    def set_recipe(self, plan, rank: int) -> None:
+        """The inner recipe (docs/RECIPE.md): the lr schedule on this worker's step counter,
+        gradient accumulation, the forward pass's precision and compilation."""
+        icfg = self.cfg.algo.inner
+        steps = plan.steps
+        planned = (self.cfg.run.rounds if plan.drive.rounds_count_steps
+                   else None if steps is None else steps[rank] * self.cfg.run.rounds)
+        self.schedule = recipe.schedule_for(icfg, planned)
+        self.precision = recipe.PRECISION[icfg.precision]
+        self.scaler = self.precision.scaler(self.device)
+        self.forward = torch.compile(self.gpt) if icfg.compile else self.gpt
+        self.tokens_per_step = (icfg.micro_batches * self.shard.batch_size
+                                * self.shard.block_size)
 
     def inner_phase(self) -> tuple[float, compute.InnerPhase]:
         """AdamW steps on this worker's shard, as many as the compute model says; the mean
@@ -137,22 +157,49 @@ class Worker:
         return loss
 
     def gradient(self) -> torch.Tensor:
-        """The backward pass of the next step, on the parameters as they are now; its loss."""
-        x, y = self.shard.batch(self.device)
-        _, loss = self.gpt(x, y)
+        """The backward pass of the next step, on the parameters as they are now; its loss.
+        With ``algo.inner.micro_batches`` = k, k passes over the shard's next batches, each
+        loss scaled by 1/k: the gradients add up to the mean over the k batches together."""
+        icfg = self.cfg.algo.inner
+        k = icfg.micro_batches
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.algo.inner.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), self.cfg.algo.inner.grad_clip)
-        return loss.detach()
+        total = None
+        for _ in range(k):
+            x, y = self.shard.batch(self.device)
+            with self.precision.autocast(self.device):
+                _, loss = self.forward(x, y)
+            if k > 1:
+                loss = loss / k
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if icfg.grad_clip > 0:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.opt)  # clip the true gradient, not the scaled one
+            torch.nn.utils.clip_grad_norm_(self.gpt.parameters(), icfg.grad_clip)
+        return total
 
     def update(self, before_update=None) -> None:
         """The optimizer's update with the gradient of ``gradient()`` (A2CiD2's lanes take it
         when the step's time is up, the parameters having moved meanwhile)."""
         if before_update is not None:
             before_update()
-        self.opt.step()
+        if self.schedule is not None:
+            for group in self.opt.param_groups:
+                group["lr"] = self.schedule.lr_at(self.step)
+        if self.scaler is None:
+            self.opt.step()
+        else:
+            self.scaler.step(self.opt)  # skips the step on inf/NaN gradients, as torch.amp does
+            self.scaler.update()
         self.step += 1
+
+    def current_lr(self) -> float | None:
+        """The lr of the last step taken, where a schedule moves it; None: constant."""
+        return self.schedule_lr(max(0, self.step - 1))
+
+    def schedule_lr(self, step: int) -> float | None:
+        """The lr of step ``step`` (0: the first) where a schedule moves it; None: constant."""
+        return None if self.schedule is None else self.schedule.lr_at(step)
 
     def run_round(self, round_idx: int, on_compute_done=None,
                   plan: RoundPlan | None = None) -> RoundStats:
@@ -186,6 +233,7 @@ class Worker:
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
             overruns=phase.overruns, overrun_ratio=phase.worst_ratio,
+            tokens=phase.steps * self.tokens_per_step, lr=self.current_lr(),
             recv_links=self.recv_links(round_idx - self.cfg.algo.overlap))
 
     def recv_links(self, round_idx: int) -> dict[str, dict] | None:
@@ -238,7 +286,8 @@ class Worker:
                 "optimizer": self.opt.state_dict(), "algorithm": self.algo.state_dict(),
                 "shard_rng": self.shard.generator.get_state(), "step": self.step,
                 "speed": self.compute.speed, "overruns": self.overruns,
-                "mean_step_s": self.mean_step_s}
+                "mean_step_s": self.mean_step_s,
+                **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {})}
 
     def restore(self, state: dict) -> None:
         """Take a checkpoint's state (``checkpoint``) in place of the fresh one."""
@@ -250,6 +299,8 @@ class Worker:
         self.shard.generator.set_state(state["shard_rng"])
         self.step, self.overruns = int(state["step"]), int(state["overruns"])
         self.mean_step_s = float(state["mean_step_s"])
+        if self.scaler is not None and "scaler" in state:   # fp16: its loss scale goes on
+            self.scaler.load_state_dict(state["scaler"])
         self.compute = dataclasses.replace(self.compute, speed=float(state["speed"]))
 
     def check_finite(self, round_idx: int, loss: float) -> None:

@@ -441,7 +441,8 @@ _HB_OPTIONAL = {
 _HB_FIELDS = (*_HB_OPTIONAL, "arrived")
 
 # a metrics row: field -> check(reason, value, expect); eval_loss only in evaluated rounds, the
-# compute model's fields (steps, speed, overruns, overrun_ratio) absent from older workers
+# compute model's fields (steps, speed, overruns, overrun_ratio) and the recipe's (tokens, lr:
+# the scheduled lr) absent from older workers
 _ROW = {
     "worker": lambda r, v, e: _int(r, v, 0, e.workers - 1),
     "round": lambda r, v, e: _int(r, v, 0, e.rounds - 1),
@@ -460,12 +461,14 @@ _ROW = {
     "speed": lambda r, v, e: _speed(r, v),
     "overruns": lambda r, v, e: _int(r, v, 0),
     "overrun_ratio": lambda r, v, e: _float(r, v, 0.0),
+    "tokens": lambda r, v, e: _int(r, v, 0),
+    "lr": lambda r, v, e: _float(r, v, 0.0),
     "recv_links": lambda r, v, e: _recv_links(r, v, e),
     "step_span_s": lambda r, v, e: _span(r, v),
     "exchange_spans_s": lambda r, v, e: _spans(r, v),
 }
-_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "recv_links",
-                 "step_span_s", "exchange_spans_s")
+_ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "tokens", "lr",
+                 "recv_links", "step_span_s", "exchange_spans_s")
 MAX_SPANS = 8  # a2cid2's exchanges per slot at most (algorithms.a2cid2.MAX_EXCHANGES_PER_SLOT)
 
 

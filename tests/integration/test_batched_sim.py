@@ -38,6 +38,8 @@ def _both(tmp_path, corpus, **dotted) -> tuple[dict, dict, list, list]:
 @pytest.mark.parametrize("algo, extra", [
     ("gasloc", {"algo.local_steps": (2, 3, 4, 5)}),    # uneven H_i: rows step apart
     ("diloco", {"algo.local_steps": 4}),
+    ("diloco", {"algo.local_steps": 4, "algo.inner.schedule": "cosine",   # each row's own lr
+                "algo.inner.warmup_steps": 3}),
     ("dsgd", {"run.rounds": 8}),
     ("local-gossip", {"algo.local_steps": 3, "topology.name": "ring"}),
 ])

@@ -83,3 +83,19 @@ def test_stacked_adamw_equals_torch_adamw_per_row_with_uneven_steps(workers):
         flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
         torch.testing.assert_close(theta[k], flat, rtol=1e-6, atol=1e-7)
     assert stacked.steps == [2, 3, 4]
+
+
+@pytest.mark.parametrize("tables", [True, False])
+def test_the_stacked_weight_decay_follows_the_recipes_groups(tables):
+    from gasloc_emu.simulator.batched import BatchedInner
+    net, _ = build_model(C.ModelConfig(), seed=0)
+    icfg = C.InnerConfig(decay_embeddings=tables)
+    decay = BatchedInner(None, net, icfg, 2).opt.decay
+    names = [n for n, _ in net.named_parameters()]   # the flat layout's order, tied once
+    offset = 0
+    for name, p in zip(names, net.parameters(), strict=True):
+        part = decay[offset:offset + p.numel()]
+        offset += p.numel()
+        table = name in ("wte.weight", "wpe.weight")
+        expected = icfg.weight_decay if p.dim() >= 2 and (tables or not table) else 0.0
+        assert torch.all(part == expected), name

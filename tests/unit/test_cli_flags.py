@@ -34,7 +34,8 @@ TODAY_RUN = {"--config", "--algo", "--topology", "--workers", "-n", "--local-ste
 ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budget-s", "--scenario",
              "--link-trace", "--overlap", "--codec", "--codec-ratio", "--jitter-ms",
              "--loss-pct", "--delay", "--tcp-cc", "--placement", "--cloud-rate",
-             "--cloud-missing", "--checkpoint-every"}
+             "--cloud-missing", "--checkpoint-every", "--lr-schedule", "--warmup-steps",
+             "--micro-batches", "--precision", "--compile", "--no-compile"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
@@ -223,6 +224,11 @@ def sample(key: str) -> tuple[str, object]:
 @pytest.mark.parametrize("row", cli.FLAGS, ids=[r[0] for r in cli.FLAGS])
 def test_a_flag_lands_at_its_dotted_key(row):
     flag, key, *short = row
+    if C.setting_spec(key).hint is bool:   # a --x/--no-x pair: the flag alone is the value
+        out = invoke(["config", flag])
+        assert out.exit_code == 0, out.stderr
+        assert toml_at(out.stdout, key) is (not C.setting_spec(key).default)
+        return
     raw, expected = sample(key)
     for spelled in (flag, *short):
         out = invoke(["config", spelled, raw])

@@ -295,3 +295,17 @@ def test_the_gpts_count_from_its_shape_is_the_modules_own(overrides):
     with torch.device("meta"):
         built = _construct(mcfg).num_params()
     assert count_parameters(mcfg) == built
+
+
+def test_the_language_model_presets_default_to_english_and_tiny_to_python():
+    small = D.build_corpus(C.resolve(overrides={"model.preset": "small", "workers": 2}))
+    assert small.dcfg.path == "pydoc-topics" and small.describe()["source"] == "pydoc-topics"
+    text = np.asarray(small.train[:5000]).tobytes()
+    assert b" the " in text and b"statement" in text
+    tiny = D.build_corpus(C.resolve(overrides={"workers": 2, "data.max_corpus_mb": 0.25}))
+    named = D.build_corpus(C.resolve(overrides={"workers": 2, "data.max_corpus_mb": 0.25,
+                                                "data.path": "stdlib"}))
+    assert tiny.dcfg.path == "stdlib"
+    assert np.array_equal(tiny.train, named.train)    # the name is the old empty default
+    assert np.array_equal(tiny.train, D.split_train_val(D.load_tokens("", 256, 0.25),
+                                                        0.05)[0])
