@@ -426,20 +426,26 @@ class LinkLine:
 
     def admit_gso(self, size_bytes: int, arrival_s: float, segments: int) -> Verdict:
         """A GSO frame of ``segments`` wire packets: loss is decided per segment, the survivors
-        are queued together and share one release time. Lost bytes are counted pro rata."""
+        are queued together and share one release time. Lost bytes are counted pro rata, to the
+        byte."""
         segments = max(1, int(segments))
         c = self.counters
         c.admitted_pkts += segments
         c.admitted_bytes += size_bytes
         lost: list[int] = []
+        lost_bytes = 0
         if self._imp.lossy:
             for i in range(segments):
                 reason = self._lost()
                 if reason is not None:
+                    # the frame's bytes split over its segments, the remainder on the first
+                    # ones, so that lost and kept bytes add up to the frame exactly
+                    seg_bytes = size_bytes // segments + (i < size_bytes % segments)
                     lost.append(i)
-                    c.drop(reason, 1, size_bytes // segments)
+                    lost_bytes += seg_bytes
+                    c.drop(reason, 1, seg_bytes)
         kept_pkts = segments - len(lost)
-        kept_bytes = size_bytes - len(lost) * (size_bytes // segments)
+        kept_bytes = size_bytes - lost_bytes
         if kept_pkts == 0:
             return Verdict(None, tuple(lost), 0, 0)
         release_s = self._queue(kept_bytes, kept_pkts, arrival_s)

@@ -188,11 +188,15 @@ class Checkpoints:
 
     def prune(self, keep_from: int) -> None:
         """Remove every checkpoint of a round before ``keep_from`` (a round every worker has
-        a checkpoint of, or later)."""
+        a checkpoint of, or later), and what a write killed before its rename left of one."""
         for r, ranks in self.rounds().items():
             if r < keep_from:
                 for rank in ranks:
                     self.path(rank, r).unlink(missing_ok=True)
+        for tmp in self.dir.glob("*.ckpt.tmp"):
+            m = _NAME.match(tmp.name[:-len(".tmp")])
+            if m and int(m.group(2)) < keep_from:
+                tmp.unlink(missing_ok=True)
 
 
 class CheckpointWatch:

@@ -296,6 +296,7 @@ def _bare_supervisor(workers: int = 3, rounds: int = 4):
     sup.link_meter, sup.goodput, sup.t0 = supervisor.LinkMeter(), supervisor.Goodput(), 1.0
     sup.expect = control.Expect(workers, rounds, count_parameters(sup.cfg.model))
     sup.desk, sup.feed, sup.pairer, sup.lanes = ControlDesk(sup), None, None, None
+    sup.checkpoints = supervisor.CheckpointWatch(0, range(workers))   # none taken
     sup.scenario = Conductor(None, None, rounds, sup._clock,
                              lambda rank, msg: sup._tell(rank, msg))  # no scenario
     return sup, recorded, events

@@ -329,3 +329,30 @@ def test_netem_clean_removes_the_tc_a_killed_node_left(hosts):
     left, cleaned = out.split("1 removed")
     assert "qdisc htb" in left and "tc qdisc del dev eth0 root  # left by run 0dead" in left, out
     assert "qdisc htb" not in cleaned and "noqueue" in cleaned, out
+
+
+
+def test_a_cloud_placement_across_hosts(hosts, tmp_path):
+    """The measured cloud profile on two hosts (workers in Oregon, Ireland, Frankfurt and
+    Mumbai; single-stream rates): each link is set to the table's rate, and the losses are
+    simulate's."""
+    out = tmp_path / "rec"
+    net = ["--bw-profile", "cloud", "--placement",
+           "aws:us-west-2,aws:eu-west-1,aws:eu-central-1,aws:ap-south-1",
+           "--cloud-rate", "single-stream", "--shaper", "tc"]
+    result = hosts([_by_hand(k, out, "--rounds", "2", *net) for k in range(2)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["bw_profile"] == "cloud"
+    sets = ("net.bw_profile=cloud",
+            "net.placement=aws:us-west-2,aws:eu-west-1,aws:eu-central-1,aws:ap-south-1",
+            "net.cloud_rate=single-stream")
+    plan = build_plan(config.resolve(overrides={"workers": 4, "seed": 3}, sets=sets),
+                      data=False)
+    links = json.loads((out / "links.json").read_text())["links"]
+    assert links and all(r["configured_mbit"] == pytest.approx(
+        plan.link_plan.effective_rate_mbit(r["src"], r["dst"])) for r in links)
+    # the slowest leg's latency is paid at least once per round (Oregon to Mumbai: > 100 ms)
+    latency_s = max(plan.link_plan.links[(r["src"], r["dst"])].latency_ms for r in links) / 1e3
+    assert summary["wall_s"] >= 2 * latency_s, (summary["wall_s"], latency_s)
+    assert summary["final_eval_loss"] == _simulated_loss(tmp_path, 2, *sets)
