@@ -29,8 +29,12 @@ from pathlib import Path
 
 from gasloc_emu import exitcodes
 from gasloc_emu.cluster.rendezvous import (
+    CHECKPOINTS_VERSION,
+    Holdings,
     NodeInfo,
+    PruneOrder,
     Rendezvous,
+    ResumeOrder,
     Successor,
     config_hash,
     open_store,
@@ -63,6 +67,13 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report import records
+from gasloc_emu.training.checkpoint import (
+    CheckpointError,
+    Checkpoints,
+    Refusal,
+    ResumePoint,
+    common_point,
+)
 from gasloc_emu.training.devices import DeviceAssignment, visible_gpus, worker_devices
 from gasloc_emu.transport import auth
 
@@ -109,8 +120,12 @@ class Node:
     """What one node knows about the run once it has a role, keys, network and devices."""
 
     def __init__(self, plan: RunPlan, role: NodeRole, secret: bytes,
-                 zygote: Zygote | None = None):
+                 zygote: Zygote | None = None, resume_dir: Path | None = None):
+        """``resume_dir``: this host's folder of the run to go on from (``--resume``): node 0's
+        record, another node's ``<record>.node<k>``, each with its workers' checkpoints."""
         cfg = plan.cfg
+        self.resume_dir = resume_dir
+        self.resume_round = -1   # the round every worker restores, once the nodes agreed
         self.plan, self.cfg, self.role = plan, cfg, role
         self.zygote = zygote or Zygote()   # this node's workers are forked from it
         self.security = security_for(cfg, secret)
@@ -128,7 +143,8 @@ class Node:
             labels=tuple(d.label for d in self.devices), config_hash=config_hash(self.cfg),
             config=shared_config(self.cfg), version=_version(),
             tc_missing=self.network.tc_missing, port_base=self.network.port_base,
-            ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid())
+            ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid(),
+            resuming=int(self.resume_dir is not None))
 
     def join(self, info: NodeInfo) -> list[NodeInfo]:
         """Publish, gather, check: every node's info, or a RendezvousError on every node."""
@@ -163,7 +179,48 @@ class Node:
             bind_addrs=tuple(binds), shaping=self.network.shaping_spec(), threads=threads,
             heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
             start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0,
-            link_ports=self.network.link_ports)
+            link_ports=self.network.link_ports, resume_round=self.resume_round)
+
+    def holdings(self) -> Holdings:
+        """Which rounds this host's workers have whole checkpoints of, on its own disk."""
+        held, refused = Checkpoints(self.resume_dir).holdings(self.ranks)
+        return Holdings(CHECKPOINTS_VERSION, self.role.node_rank, held, refused)
+
+    def choose_resume(self, rows: dict[int, dict[int, float]], log: Log) -> ResumePoint:
+        """Node 0: the latest round every worker on every host has a whole checkpoint of and a
+        row of in the record (``rows``), from each node's ``Holdings`` (checked on its own
+        disk, trusted only for its own workers); told to every node. Each file refused is
+        one line naming it and its host; a ClusterError when no round is left."""
+        mine = self.holdings()
+        counts = [i.workers for i in self.infos]
+        others = [h.checked(k + 1, blocks(counts)[k + 1], self.cfg.run.rounds)
+                  for k, h in enumerate(self.rdv.gather_holdings())]
+        held, refused = {}, []
+        for info, h in zip(self.infos, [mine, *others], strict=True):
+            held |= h.held
+            refused += [Refusal(x.rank, x.round, f"node {info.node} ({info.host}): {x.why}")
+                        for x in h.refused]
+        for x in refused:
+            log(f"refused: {x.why}")
+        try:
+            point = common_point(held, range(self.cfg.workers), rows, refused)
+        except CheckpointError as exc:
+            raise ClusterError(f"--resume {self.resume_dir}: {exc}") from None
+        self.rdv.order_resume(ResumeOrder(CHECKPOINTS_VERSION, point.round))
+        self.resume_round = point.round
+        return point
+
+    def follow_resume(self, log: Log) -> None:
+        """Another node: say which checkpoints this host holds, then take node 0's round."""
+        mine = self.holdings()
+        for x in mine.refused:
+            log(f"node {self.role.node_rank}: refused: {x.why}")
+        self.rdv.publish_holdings(mine)
+        order = self.rdv.resume_order()
+        if order.round >= self.cfg.run.rounds:
+            raise ClusterError(f"node 0 ordered a resume from round {order.round}; the run has "
+                               f"{self.cfg.run.rounds}")
+        self.resume_round = order.round
 
     def labels(self) -> list[str]:
         """Every worker's device as the dashboard shows it, with its node: "n1 gpu3"."""
@@ -203,6 +260,14 @@ class ClusterSupervisor(Supervisor):
 
     def launch_spec(self) -> LaunchSpec:
         return self.node.launch_spec()
+
+    def checkpointed(self, row) -> None:
+        """As on one host, and every other node is told from which round its files may go:
+        each host keeps the two latest rounds that every worker of every host has."""
+        keep_from = self.checkpoints.row(row.worker, row.round)
+        if keep_from is not None:
+            Checkpoints(self.dir).prune(keep_from)
+            self.node.rdv.order_prune(PruneOrder(CHECKPOINTS_VERSION, keep_from))
 
     def _spawn_all(self) -> list[WorkerSlot]:
         local = dict(zip(self.node.ranks, self.devices, strict=True))
@@ -267,6 +332,10 @@ def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchRes
         sup = ClusterSupervisor(path, rec, node)
         try:
             node.join(node.info(sup.ctl_addr, sup.hb_addr))
+            if node.resume_dir is not None:
+                sup.resume = node.choose_resume(records.rows_by_round(path), log)
+                rec.resume_from(sup.resume.round)
+                log(f"node 0: every worker goes on after round {sup.resume.round}")
             with node.network:
                 log(f"node 0 of {node.role.nnodes}: {node.cfg.workers} workers on "
                     f"{len(node.infos)} hosts ({', '.join(i.host for i in node.infos)}); "
@@ -329,6 +398,8 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
     """Start this node's workers, beat, and wait for node 0's end of the run."""
     try:
         node.join(node.info())
+        if node.resume_dir is not None:
+            node.follow_resume(log)
     except BaseException:
         if node.rdv is not None:
             node.rdv.leave()  # node 0 need not wait for us to read its end
@@ -360,7 +431,7 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
     procs = {r: spawn(r) for r in node.ranks}
     try:
         with SigTerm():
-            end = _watch(node, procs, master, spawn)
+            end = _watch(node, procs, master, spawn, Pruner(local_dir, node.rdv))
         reap(list(procs.values()), EXIT_GRACE_S)
         node.rdv.leave()
         return end
@@ -369,14 +440,29 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
         zygote.close()
 
 
-def _watch(node: Node, procs: dict, master: NodeInfo, spawn) -> dict:
-    """Beat until node 0 says the run ended, starting the successors it orders; RunFailed
-    when node 0 is gone or silent."""
+class Pruner:
+    """Another node's checkpoint folder, pruned as node 0 orders (``PruneOrder``): a round
+    goes only once every worker of every host has whole files of two later ones."""
+
+    def __init__(self, local_dir: Path, rdv: Rendezvous):
+        self.store, self.rdv, self.done = Checkpoints(local_dir), rdv, -1
+
+    def __call__(self) -> None:
+        order = self.rdv.prune_order()
+        if order is not None and order.keep_from > self.done:
+            self.store.prune(order.keep_from)
+            self.done = order.keep_from
+
+
+def _watch(node: Node, procs: dict, master: NodeInfo, spawn, prune: Pruner) -> dict:
+    """Beat until node 0 says the run ended, starting the successors it orders and pruning
+    checkpoints as it says; RunFailed when node 0 is gone or silent."""
     rdv, timeout_s = node.rdv, node.cfg.run.heartbeat_timeout_s
     lives = dict.fromkeys(procs, 0)
     while True:
         try:
             _successors(rdv, procs, lives, spawn)
+            prune()
             dead = {r: p.poll() for r, p in procs.items() if p.poll() not in (None, 0)}
             rdv.beat(dead, lives)
             end = rdv.ended()
@@ -411,15 +497,18 @@ def agent_dir(cfg: Config, out: str | None, node: int, label: str = "run") -> Pa
 
 def launch_cluster(plan: RunPlan, path: Path | None, role: NodeRole, *,
                    secret_file: str | None, out: str | None = None, progress_factory=None,
-                   log: Log, env=os.environ, zygote: Zygote | None = None) -> LaunchResult:
+                   log: Log, env=os.environ, zygote: Zygote | None = None,
+                   resume_dir: Path | None = None) -> LaunchResult:
     """``gasloc-emu run`` on one node of a multi-node run; node 0 gets the record's ``path``.
-    ``zygote``: this node's workers' zygote, when the caller started it early."""
+    ``zygote``: this node's workers' zygote, when the caller started it early; ``resume_dir``:
+    this host's folder of the run to go on from (node 0: ``path``)."""
     cfg = plan.cfg
-    node = Node(plan, role, load_secret(secret_file, env), zygote)
+    node = Node(plan, role, load_secret(secret_file, env), zygote, resume_dir)
     if role.is_master:
         return _run_master(node, path, progress_factory, log)
     try:
-        return _run_agent(node, agent_dir(cfg, out, role.node_rank, plan.run_label()), log)
+        local = resume_dir or agent_dir(cfg, out, role.node_rank, plan.run_label())
+        return _run_agent(node, local, log)
     except BaseException as exc:  # noqa: BLE001 - every ending is one line and an exit code
         code, summary = _ending(exc)
         log(f"error: node {role.node_rank}: {summary['error']}")

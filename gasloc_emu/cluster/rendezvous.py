@@ -9,7 +9,10 @@ and metrics travel only over the authenticated planes.
 
 Keys (under the role's prefix): ``node/<k>`` (NodeInfo, JSON), ``status/<k>`` (NodeStatus,
 JSON: a beat counter and the exit codes of dead local workers), ``end`` (how the run ended,
-written by node 0), ``left/<k>`` (node k saw the end and is leaving).
+written by node 0), ``left/<k>`` (node k saw the end and is leaving); for checkpoints,
+``holdings/<k>`` (Holdings: which rounds node k's workers have whole on its disk, sent when a
+run resumes), ``resume`` (ResumeOrder: the round node 0 chose from them) and ``prune``
+(PruneOrder: below which round every node may remove its files), all versioned.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from datetime import timedelta
 
 from gasloc_emu import config as C
 from gasloc_emu.cluster.roles import ClusterError, NodeRole
+from gasloc_emu.training.checkpoint import Refusal
 
 # Settings that may differ between hosts: where the record goes, how progress is shown, and
 # how the host's own cores and GPUs are used.
@@ -50,8 +54,12 @@ class NodeInfo:
     ctl_addr: str = ""              # node 0 only: the control plane's ROUTER (tcp://)
     hb_addr: str = ""               # node 0 only: the control plane's heartbeat PULL (tcp://)
     pid: int = 0
+    resuming: int = 0               # 1: started with --resume (every node must be, or none)
 
     def __post_init__(self) -> None:
+        if self.resuming not in (0, 1):
+            raise RendezvousError(f"node {self.node}: resuming = {self.resuming!r}; expected 0 "
+                                  "or 1")
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "labels", tuple(self.labels))
         for name in ("devices", "labels"):
@@ -117,6 +125,119 @@ class Successor:
         return _typed(cls, text, "successor order")
 
 
+CHECKPOINTS_VERSION = 1   # of Holdings, ResumeOrder and PruneOrder in the store
+MAX_WHY_CHARS = 1000      # a refusal's line, as a host reports it
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """A node's checkpoints, checked on its own disk before a resumed run starts: ``held`` =
+    {rank: rounds of which its file is whole} for each of its workers, ``refused`` = the files
+    that failed their check (``training.checkpoint.Refusal``). Node 0 trusts a rank's rounds
+    only from the node that runs it (``checked``)."""
+
+    version: int
+    node: int
+    held: dict[int, tuple[int, ...]]
+    refused: tuple[Refusal, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "node": self.node,
+                           "held": {str(k): list(v) for k, v in self.held.items()},
+                           "refused": [asdict(x) for x in self.refused]}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Holdings:
+        raw = _json_object(text, "checkpoint holdings", {"version", "node", "held", "refused"})
+        _check_version(raw, "checkpoint holdings")
+        node, held, refused = raw["node"], raw["held"], raw["refused"]
+        ok = _nonneg(node) and isinstance(held, dict) and isinstance(refused, list) and all(
+            isinstance(k, str) and k.isdecimal() and isinstance(v, list)
+            and all(_nonneg(r) for r in v) for k, v in held.items()) and all(
+            isinstance(x, dict) and set(x) == {"rank", "round", "why"} and _nonneg(x["rank"])
+            and _nonneg(x["round"]) and isinstance(x["why"], str) for x in refused)
+        if not ok:
+            raise RendezvousError(f"checkpoint holdings in the store are malformed: "
+                                  f"{str(raw)[:200]}")
+        return cls(CHECKPOINTS_VERSION, node,
+                   {int(k): tuple(sorted(set(v))) for k, v in held.items()},
+                   tuple(Refusal(x["rank"], x["round"], x["why"][:MAX_WHY_CHARS])
+                         for x in refused))
+
+    def checked(self, node: int, ranks: range, rounds: int) -> Holdings:
+        """These holdings, when they are ``node``'s, of exactly its ``ranks``, and of rounds
+        the run has; else a RendezvousError naming what is wrong."""
+        bad = [r for v in self.held.values() for r in v if r >= rounds] + \
+              [x.round for x in self.refused if x.round >= rounds]
+        if self.node != node or set(self.held) != set(ranks) or bad or \
+                any(x.rank not in ranks for x in self.refused):
+            raise RendezvousError(f"node {node}'s checkpoint holdings do not fit the run "
+                                  f"(workers {list(ranks)}, rounds < {rounds}): node "
+                                  f"{self.node}, workers {sorted(self.held)}, rounds {bad}")
+        return self
+
+
+@dataclass(frozen=True)
+class ResumeOrder:
+    """Node 0's choice for a resumed run: every worker restores its checkpoint of ``round``."""
+
+    version: int
+    round: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ResumeOrder:
+        return _versioned(cls, text, "resume order")
+
+
+@dataclass(frozen=True)
+class PruneOrder:
+    """Node 0 to every node: checkpoints of rounds before ``keep_from`` may go (every worker
+    has whole files of two later rounds: ``CheckpointWatch``)."""
+
+    version: int
+    keep_from: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PruneOrder:
+        return _versioned(cls, text, "prune order")
+
+
+def _nonneg(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _json_object(text: str | bytes, what: str, keys: set[str]) -> dict:
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise RendezvousError(f"{what} in the store is not JSON") from None
+    if not isinstance(raw, dict) or set(raw) != keys:
+        raise RendezvousError(f"{what} in the store has the wrong fields")
+    return raw
+
+
+def _check_version(raw: dict, what: str) -> None:
+    if raw["version"] != CHECKPOINTS_VERSION:
+        raise RendezvousError(f"{what} of version {raw['version']!r}; this gasloc-emu reads "
+                              f"{CHECKPOINTS_VERSION}")
+
+
+def _versioned(cls, text: str | bytes, what: str):
+    """One of the orders above: every field an integer >= 0, of this version."""
+    raw = _json_object(text, what, {f.name for f in fields(cls)})
+    _check_version(raw, what)
+    bad = [k for k, v in raw.items() if not _nonneg(v)]
+    if bad:
+        raise RendezvousError(f"{what}: {bad[0]} = {raw[bad[0]]!r} is not an integer >= 0")
+    return cls(**raw)
+
+
 _TYPES = {"int": int, "str": str, "dict": dict, "tuple[str, ...]": list}
 
 
@@ -169,6 +290,11 @@ def check_agreement(infos: list[NodeInfo]) -> None:
     """Every node has node 0's config and version; else one line naming what differs."""
     ref = infos[0]
     for info in infos[1:]:
+        if info.resuming != ref.resuming:
+            how = {0: "starts afresh", 1: "resumes (--resume)"}
+            raise RendezvousError(f"node {info.node} ({info.host}) {how[info.resuming]}, node 0 "
+                                  f"({ref.host}) {how[ref.resuming]}; give --resume on every "
+                                  "node or on none")
         if info.version != ref.version:
             raise RendezvousError(f"node {info.node} ({info.host}) runs gasloc-emu "
                                   f"{info.version}, node 0 ({ref.host}) {ref.version}")
@@ -255,6 +381,48 @@ class Rendezvous:
         if (order.rank, order.life) != (rank, life):
             raise RendezvousError(f"the store's {key} is an order for {order.rank}/{order.life}")
         return order
+
+    def publish_holdings(self, holdings: Holdings) -> None:
+        self.store.set(f"holdings/{holdings.node}", holdings.to_json())
+
+    def gather_holdings(self, timeout_s: float = JOIN_TIMEOUT_S) -> list[Holdings]:
+        """Node 0: every other node's ``Holdings``, once all have published them."""
+        keys = [f"holdings/{k}" for k in range(1, self.role.nnodes)]
+        deadline = time.monotonic() + timeout_s
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [k for k in range(1, self.role.nnodes)
+                           if not self.store.check([f"holdings/{k}"])]
+                raise RendezvousError(f"nodes {missing} did not say which checkpoints they "
+                                      f"hold within {timeout_s:g} s")
+            time.sleep(0.1)
+        return [Holdings.from_json(self.store.get(k)) for k in keys]
+
+    def order_resume(self, order: ResumeOrder) -> None:
+        self.store.set("resume", order.to_json())
+
+    def resume_order(self, timeout_s: float = JOIN_TIMEOUT_S) -> ResumeOrder:
+        """The round node 0 chose for every worker; a RendezvousError when node 0 ended the
+        run instead (it found no round every worker holds) or said nothing in time."""
+        deadline = time.monotonic() + timeout_s
+        while not self.store.check(["resume"]):
+            end = self.ended()
+            if end is not None:
+                raise RendezvousError(f"node 0 chose no round to resume from: "
+                                      f"{end.get('error')}")
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"node 0 chose no round to resume from within "
+                                      f"{timeout_s:g} s")
+            time.sleep(0.1)
+        return ResumeOrder.from_json(self.store.get("resume"))
+
+    def order_prune(self, order: PruneOrder) -> None:
+        self.store.set("prune", order.to_json())
+
+    def prune_order(self) -> PruneOrder | None:
+        if not self.store.check(["prune"]):
+            return None
+        return PruneOrder.from_json(self.store.get("prune"))
 
     def status(self, node: int) -> NodeStatus | None:
         key = f"status/{node}"

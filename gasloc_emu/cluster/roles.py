@@ -185,6 +185,17 @@ def check_split(counts: list[int], workers: int) -> None:
                            "at least 1")
 
 
+def resume_folder(run_dir: str, node_rank: int) -> Path:
+    """This host's folder of the run that ``--resume RUN_DIR`` names: node 0's record itself;
+    on node k, ``RUN_DIR`` when it is the ``.node<k>`` folder, else that folder beside it (one
+    argument for every host where they share a filesystem)."""
+    path = Path(run_dir)
+    suffix = f".node{node_rank}"
+    if node_rank == 0 or path.name.endswith(suffix):
+        return path
+    return path.with_name(path.name + suffix)
+
+
 # ---------------------------------------------------------------- the shared secret
 
 def load_secret(secret_file: str | None, env: Mapping[str, str]) -> bytes:

@@ -31,7 +31,7 @@ from gasloc_emu.report.compare import (
 from gasloc_emu.report.dashboard import LiveView
 from gasloc_emu.report.dashboard_state import header_from_plan
 from gasloc_emu.report.fmt import summary_lines
-from gasloc_emu.report.records import new_run_dir, resume_point
+from gasloc_emu.report.records import check_resumable, new_run_dir, resume_point
 from gasloc_emu.topology import Topology
 from gasloc_emu.training.devices import simulator_device
 from netem.probe import probe_links
@@ -164,7 +164,7 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
     """``resume``: a run record whose checkpoints this run goes on from, in its folder."""
     from gasloc_emu.emulator.zygote import Zygote
     if role is not None and role.multi:
-        return _run_node(cfg, out, dry_run, overwrite, role, secret_file)
+        return _run_node(cfg, out, dry_run, overwrite, role, secret_file, resume)
     # the workers' zygote imports torch on another core while this process plans the run
     with contextlib.nullcontext() if dry_run else Zygote() as zygote:
         from gasloc_emu.emulator.launcher import launch
@@ -181,8 +181,10 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
 
 
 def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role,
-              secret_file: str | None) -> int:
-    """One node of a multi-node run; node 0 keeps the record and shows the dashboard."""
+              secret_file: str | None, resume: str | None = None) -> int:
+    """One node of a multi-node run; node 0 keeps the record and shows the dashboard.
+    ``resume``: this host's folder of the run to go on from (``cluster.resume_folder``); the
+    nodes choose the round together once they have met."""
     from gasloc_emu.emulator.zygote import Zygote
     if dry_run:
         from gasloc_emu.cluster.multinode import describe_role
@@ -191,12 +193,18 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
     with Zygote() as zygote:   # imports torch while this node plans and meets the others
         from gasloc_emu.cluster.multinode import launch_cluster
         plan = _plan(cfg, data=True)
-        path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master else None
+        if resume is not None:
+            check_resumable(resume, cfg)   # refused before anything runs
+            path = Path(resume) if role.is_master else None
+        else:
+            path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master \
+                else None
         factory = (lambda labels, shaper: make_progress(plan, labels, shaper)) \
             if role.is_master else None
         result = launch_cluster(plan, path, role, secret_file=secret_file, out=out,
                                 progress_factory=factory, zygote=zygote,
-                                log=lambda line: click.echo(line, err=True))
+                                log=lambda line: click.echo(line, err=True),
+                                resume_dir=Path(resume) if resume is not None else None)
     if not role.is_master:  # node 0 has the record and prints the summary
         return result.code
     return _report(result)

@@ -33,7 +33,8 @@ RESUME_OPTION = click.option(
     "--resume", type=click.Path(file_okay=False, exists=True), metavar="RUN_DIR",
     help="Continue a run record from the latest round every worker has a checkpoint of "
          "(run.checkpoint_every), with its own config, in its own folder; a run that was "
-         "killed then ends as it would have.")
+         "killed then ends as it would have. On several hosts, give each host its folder of "
+         "the run (node k's is RUN_DIR.node<k>; RUN_DIR itself where they share a disk).")
 
 
 def friendly_errors(fn):
@@ -397,16 +398,22 @@ def run(dry_run: bool, resume: str | None, **kw) -> None:
     from gasloc_emu.cluster.roles import resolve_role
     from gasloc_emu.commands.app import run_command
     from gasloc_emu.emulator.network import enter_userns_if_needed
+    role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
     if resume is not None:
+        if dry_run:
+            raise click.UsageError("--resume continues a run; drop --dry-run")
+        if role.multi:   # this host's folder of the run: node k's is <record>.node<k>
+            from gasloc_emu.cluster.roles import resume_folder
+            resume = str(resume_folder(resume, role.node_rank))
+            if not Path(resume, "config.toml").is_file():
+                raise click.UsageError(f"--resume: {resume} holds no run of node "
+                                       f"{role.node_rank} (no config.toml)")
         cfg = _dashboard_flag(C.resolve(Path(_record_only(
-            "--resume", resume, {k: v for k, v in kw.items() if k not in _NODE_KEYS},
+            "--resume", resume, {k: v for k, v in kw.items()
+                                 if k not in (*_NODE_KEYS, "secret_file")},
             ("out", "overwrite"))) / "config.toml"), kw)
     else:
         cfg = resolve_from_flags(kw)
-    role = resolve_role({k: kw.get(k) for k in _NODE_KEYS}, os.environ)
-    if resume is not None and (role.multi or dry_run):
-        raise click.UsageError("--resume continues a run on one host; drop --nnodes and "
-                               "--dry-run")
     if kw.get("secret_file") and not role.multi:
         # a single-host run draws a fresh secret that never leaves its own processes; taking
         # one from a file instead would be weaker, and ignoring the flag would be silent

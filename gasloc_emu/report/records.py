@@ -114,7 +114,12 @@ class RunRecord:
         self._fd = -1
         self._guard("config.toml", lambda: self._start(cfg))
         if resume_from is not None:
-            self._guard("metrics.jsonl", lambda: self._keep_rows_upto(resume_from))
+            self.resume_from(resume_from)
+
+    def resume_from(self, last_round: int) -> None:
+        """A resumed run goes on after ``last_round``: the rows of later rounds (written
+        before the run stopped, and to be made again) are taken out."""
+        self._guard("metrics.jsonl", lambda: self._keep_rows_upto(last_round))
 
     def _start(self, cfg: Config) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -232,12 +237,17 @@ def rows_by_round(path: Path) -> dict[int, dict[int, float]]:
     return out
 
 
-def resume_point(run_dir: str | os.PathLike, cfg: Config) -> ResumePoint:
-    """Where ``--resume RUN_DIR`` goes on from: the latest round of which every worker has a
-    whole checkpoint and a row in the record; a ConfigError naming why when there is none."""
+def check_resumable(run_dir: str | os.PathLike, cfg: Config) -> None:
+    """A ConfigError when ``run_dir``'s run took no checkpoints to go on from."""
     if cfg.run.checkpoint_every == 0:
         raise ConfigError(f"--resume {run_dir}: its run took no checkpoints "
                           "(run.checkpoint_every = 0)")
+
+
+def resume_point(run_dir: str | os.PathLike, cfg: Config) -> ResumePoint:
+    """Where ``--resume RUN_DIR`` goes on from: the latest round of which every worker has a
+    whole checkpoint and a row in the record; a ConfigError naming why when there is none."""
+    check_resumable(run_dir, cfg)
     try:
         return Checkpoints(Path(run_dir)).latest_common(range(cfg.workers),
                                                         rows_by_round(Path(run_dir)))

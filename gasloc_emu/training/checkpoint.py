@@ -30,7 +30,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,6 +186,24 @@ class Checkpoints:
         raise CheckpointError(f"{self.dir}: no round that every worker has a checkpoint of"
                               + why)
 
+    def holdings(self, ranks: Iterable[int]) -> tuple[dict[int, tuple[int, ...]],
+                                                      tuple[Refusal, ...]]:
+        """What this folder holds of ``ranks``: {rank: the rounds of which its file is whole},
+        every file checked, and each file refused on the way (a host's side of choosing the
+        round a run on several hosts resumes from: ``common_point``)."""
+        want = set(ranks)
+        held: dict[int, list[int]] = {rank: [] for rank in sorted(want)}
+        refused = []
+        for r, found in sorted(self.rounds().items()):
+            for rank in sorted(found & want):
+                try:
+                    self.load(rank, r, check_only=True)
+                except CheckpointError as exc:
+                    refused.append(Refusal(rank, r, str(exc)))
+                    continue
+                held[rank].append(r)
+        return {rank: tuple(rs) for rank, rs in held.items()}, tuple(refused)
+
     def prune(self, keep_from: int) -> None:
         """Remove every checkpoint of a round before ``keep_from`` (a round every worker has
         a checkpoint of, or later), and what a write killed before its rename left of one."""
@@ -197,6 +215,37 @@ class Checkpoints:
             m = _NAME.match(tmp.name[:-len(".tmp")])
             if m and int(m.group(2)) < keep_from:
                 tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A checkpoint file that failed its check: worker ``rank``'s of ``round``, and why (one
+    line naming the file)."""
+
+    rank: int
+    round: int
+    why: str
+
+
+def common_point(held: Mapping[int, Iterable[int]], ranks: Iterable[int],
+                 rows: dict[int, dict[int, float]],
+                 refused: Iterable[Refusal] = ()) -> ResumePoint:
+    """The latest round of which every worker of ``ranks`` holds a whole checkpoint
+    (``held``: {rank: rounds}, each host's files checked there: ``Checkpoints.holdings``) and
+    has a row in the record (``rows``: {round: {worker: time_s}}); ``skipped`` names the files
+    refused of later rounds. A CheckpointError when there is none."""
+    need = sorted(set(ranks))
+    whole = [set(held.get(rank, ())) for rank in need]
+    both = set.intersection(*whole) if whole else set()
+    ok = [r for r in both if set(need) <= set(rows.get(r, {}))]
+    refused = sorted(refused, key=lambda x: (-x.round, x.rank))
+    if not ok:
+        why = f"; refused: {'; '.join(x.why for x in refused)}" if refused else ""
+        raise CheckpointError(f"no round that every worker of {need[0]}..{need[-1]} has a "
+                              f"whole checkpoint and a row of" + why)
+    r = max(ok)
+    return ResumePoint(r, max(rows[r][w] for w in need),
+                       tuple(x.why for x in refused if x.round > r))
 
 
 class CheckpointWatch:

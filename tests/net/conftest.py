@@ -18,6 +18,7 @@ from needs import tc_or_unavailable
 from netem.capabilities import probe
 
 SCENARIO = Path(__file__).with_name("scenario.py")
+HOSTS = Path(__file__).with_name("hosts.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -82,3 +83,23 @@ def read_result(proc: subprocess.Popen, timeout_s: float = 30.0) -> dict:
         proc.kill()
         raise AssertionError(f"scenario gave no result: {proc.stderr.read()[-2000:]}")
     return out
+
+
+@pytest.fixture
+def hosts(tc_caps, tmp_path):
+    """Run nodes on emulated hosts (``hosts.py``); returns its RESULT (exit codes, output,
+    leftovers). Each call logs into a folder of its own."""
+    calls = []
+
+    def run(nodes: list[dict], kill: dict | None = None, timeout_s: float = 150.0) -> dict:
+        log_dir = tmp_path / f"hosts{len(calls)}" if calls else tmp_path
+        log_dir.mkdir(exist_ok=True)
+        calls.append(log_dir)
+        args = {"hosts": len(nodes), "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
+                "log_dir": str(log_dir)}
+        proc = subprocess.run([sys.executable, str(HOSTS), json.dumps(args)], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout_s + 60)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"hosts.py failed: {proc.stderr[-3000:]}"
+        return json.loads(lines[-1][len("RESULT "):])
+    return run

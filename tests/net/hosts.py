@@ -10,7 +10,8 @@ built goes away with its user namespace.
 args: ``hosts``; ``nodes``: [{"host": k, "argv": [...], "env": {...}}]; ``kill``: optional
 {"node": i, "after_s": t} (SIGKILL to that node's agent t s after the start), or with
 ``"training": {"metrics": PATH, "workers": [...]}`` t s after each of those workers has a row
-in the record's metrics.jsonl (training is under way there, however busy the machine), or
+in the record's metrics.jsonl (training is under way there, however busy the machine; with
+``"rows": n`` too, once the record has n rows: a given round), or
 with ``"output": {"node": k, "text": "..."}`` t s after node k's stdout has that text;
 ``timeout_s``; ``net``: optional net.* settings (a ``bw_profile`` with the hosts as its
 workers, ``delay``): the links between the hosts are then shaped and delayed as a run's
@@ -55,10 +56,11 @@ def _training(watch: dict) -> bool:
     """Whether every worker in ``watch["workers"]`` has a row in ``watch["metrics"]``."""
     try:
         with open(watch["metrics"]) as fh:
-            seen = {json.loads(line).get("worker") for line in fh if line.endswith("\n")}
+            rows = [json.loads(line) for line in fh if line.endswith("\n")]
     except (OSError, ValueError):
         return False
-    return set(watch["workers"]) <= seen
+    return set(watch["workers"]) <= {r.get("worker") for r in rows} and \
+        len(rows) >= watch.get("rows", 0)
 
 
 def _printed(watch: dict, log_dir: str) -> bool:

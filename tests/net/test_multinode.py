@@ -19,8 +19,6 @@ from gasloc_emu import config
 from gasloc_emu.plan import build_plan
 from gasloc_emu.simulator.simulate import simulate
 
-HOSTS = Path(__file__).with_name("hosts.py")
-REPO = Path(__file__).resolve().parents[2]
 MASTER = "198.18.0.1"
 SECRET = {"GASLOC_SECRET": "multi-node test secret, not a real one"}
 BASE = ["--workers", "4", "--no-dashboard", "--seed", "3"]
@@ -29,20 +27,6 @@ BASE = ["--workers", "4", "--no-dashboard", "--seed", "3"]
 slow = pytest.mark.slow
 # the shaped run's wall-clock over its busiest link's wire time, at most: startup and compute
 WALL_OVER_FLOOR = 3.0
-
-
-@pytest.fixture
-def hosts(tc_caps, tmp_path):
-    """Run nodes on emulated hosts; returns hosts.py's RESULT (exit codes, output, leftovers)."""
-    def run(nodes: list[dict], kill: dict | None = None, timeout_s: float = 150.0) -> dict:
-        args = {"hosts": len(nodes), "nodes": nodes, "kill": kill, "timeout_s": timeout_s,
-                "log_dir": str(tmp_path)}
-        proc = subprocess.run([sys.executable, str(HOSTS), json.dumps(args)], cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout_s + 60)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, f"hosts.py failed: {proc.stderr[-3000:]}"
-        return json.loads(lines[-1][len("RESULT "):])
-    return run
 
 
 def _cli() -> list[str]:

@@ -109,6 +109,36 @@ def test_a_bad_file_passes_over_its_round_and_is_named(tmp_path):
         store.latest_common(range(3), rows(1, 3))
 
 
+def test_two_hosts_folders_resume_from_the_latest_round_both_hold_whole(tmp_path):
+    """Workers 0-1 on one host's disk, 2-3 on another's: each host checks its own files
+    (``holdings``), the round is chosen from both (``common_point``), as the latest
+    ``latest_common`` over one folder with all four would take."""
+    a, b = ck.Checkpoints(tmp_path / "a"), ck.Checkpoints(tmp_path / "b")
+    for r in (2, 3, 4):
+        for w in range(4):
+            (a if w < 2 else b).save(w, r, state(r))
+    b.save(3, 5, state(5))   # host b ran ahead of host a
+    bad = b.path(2, 4)
+    bad.write_bytes(bad.read_bytes()[:-10])
+    held_a, refused_a = a.holdings(range(2))
+    held_b, refused_b = b.holdings(range(2, 4))
+    assert held_a == {0: (2, 3, 4), 1: (2, 3, 4)} and refused_a == ()
+    assert held_b == {2: (2, 3), 3: (2, 3, 4, 5)}
+    assert [(x.rank, x.round) for x in refused_b] == [(2, 4)] and str(bad) in refused_b[0].why
+    point = ck.common_point(held_a | held_b, range(4), rows(2, 3, 4, 5, workers=4),
+                            refused_a + refused_b)
+    assert (point.round, point.time_s, point.skipped) == (3, 2.03, (refused_b[0].why,))
+    # a refusal of a round before the one chosen is no reason given for it
+    assert ck.common_point(held_a | held_b, range(4), rows(2, 3, workers=4),
+                           [ck.Refusal(0, 1, "old")]).skipped == ()
+    # no row of round 3 for worker 1 (killed between its file and its row): round 2
+    partial = rows(2, 3, 4, workers=4)
+    del partial[3][1]
+    assert ck.common_point(held_a | held_b, range(4), partial).round == 2
+    with pytest.raises(ck.CheckpointError, match=r"no round .*refused: .*truncated"):
+        ck.common_point(held_a | {2: (), 3: (5,)}, range(4), rows(2, 3, 4, workers=4), refused_b)
+
+
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9)), max_size=40),
        st.integers(1, 3))
 def test_the_watch_moves_only_when_every_worker_has_a_round(reports, every):

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -16,11 +17,15 @@ from hypothesis import strategies as st
 
 from gasloc_emu import config as C
 from gasloc_emu.cluster.rendezvous import (
+    CHECKPOINTS_VERSION,
     NODE_LOCAL,
+    Holdings,
     NodeInfo,
     NodeStatus,
+    PruneOrder,
     Rendezvous,
     RendezvousError,
+    ResumeOrder,
     Successor,
     check_agreement,
     config_diff,
@@ -28,7 +33,8 @@ from gasloc_emu.cluster.rendezvous import (
     open_store,
     shared_config,
 )
-from gasloc_emu.cluster.roles import ClusterError, NodeRole
+from gasloc_emu.cluster.roles import ClusterError, NodeRole, resume_folder
+from gasloc_emu.training.checkpoint import Refusal
 
 CFG = C.Config()
 
@@ -358,6 +364,64 @@ def test_the_version_is_checked_before_the_config():
         check_agreement([_info(0), _info(1, other, version="9")])
 
 
+def test_a_node_that_resumes_beside_one_that_starts_afresh_is_refused():
+    with pytest.raises(RendezvousError, match=r"^node 1 \(h1\) resumes \(--resume\), node 0 "
+                                              r"\(h0\) starts afresh; give --resume on every"):
+        check_agreement([_info(0), _info(1, resuming=1)])
+    check_agreement([_info(0, resuming=1), _info(1, resuming=1)])
+    with pytest.raises(RendezvousError, match="resuming = 2; expected 0 or 1"):
+        _info(1, resuming=2)
+
+
+# -- checkpoints across hosts: what each node holds, and node 0's orders
+
+HELD = Holdings(CHECKPOINTS_VERSION, 1, {2: (3, 4), 3: (4,)},
+                (Refusal(3, 3, "/d/w3-r000003.ckpt: truncated (1 of 2 payload bytes)"),))
+
+
+def test_holdings_round_trip_and_are_checked_against_the_node_that_sent_them():
+    again = Holdings.from_json(HELD.to_json())
+    assert again == HELD
+    assert again.checked(1, range(2, 4), rounds=8) is again
+    for node, ranks, rounds in ((2, range(2, 4), 8), (1, range(1, 4), 8), (1, range(2, 4), 4)):
+        with pytest.raises(RendezvousError, match="checkpoint holdings do not fit the run"):
+            again.checked(node, ranks, rounds)
+
+
+@pytest.mark.parametrize("change", [
+    {"version": 2}, {"node": -1}, {"held": {"2": [-1]}}, {"held": {"x": [1]}},
+    {"held": {"2": [True]}}, {"held": [1]}, {"refused": [{"rank": 3, "round": 3}]},
+    {"refused": [{"rank": 3, "round": 3, "why": 5}]}, {"refused": "no"}, {"extra": 1}])
+def test_malformed_holdings_from_the_store_are_refused(change):
+    raw = json.loads(HELD.to_json()) | change
+    with pytest.raises(RendezvousError, match="holdings"):
+        Holdings.from_json(json.dumps(raw))
+
+
+def test_a_refusal_line_from_the_store_is_kept_to_its_length():
+    raw = json.loads(HELD.to_json())
+    raw["refused"][0]["why"] = "x" * 10_000
+    assert len(Holdings.from_json(json.dumps(raw)).refused[0].why) == 1000
+
+
+@pytest.mark.parametrize("cls", [ResumeOrder, PruneOrder])
+@pytest.mark.parametrize("raw, match", [
+    ('{"version": 2, "X": 3}', "version 2"), ('{"version": 1, "X": -3}', "not an integer"),
+    ('{"version": 1, "X": 3.0}', "not an integer"), ('{"version": 1}', "wrong fields"),
+    ("[1]", "wrong fields"), ("{", "not JSON")])
+def test_malformed_orders_from_the_store_are_refused(cls, raw, match):
+    name = "round" if cls is ResumeOrder else "keep_from"
+    with pytest.raises(RendezvousError, match=match):
+        cls.from_json(raw.replace("X", name))
+    assert cls.from_json(cls(CHECKPOINTS_VERSION, 3).to_json()) == cls(CHECKPOINTS_VERSION, 3)
+
+
+def test_each_host_names_its_own_folder_of_the_run():
+    assert resume_folder("/runs/rec", 0) == Path("/runs/rec")
+    assert resume_folder("/runs/rec", 2) == Path("/runs/rec.node2")
+    assert resume_folder("/runs/rec.node2", 2) == Path("/runs/rec.node2")
+
+
 def test_rendezvous_errors_are_cluster_errors():
     assert issubclass(RendezvousError, ClusterError) and issubclass(RendezvousError, ValueError)
 
@@ -537,6 +601,29 @@ class _DictStore:
 
     def check(self, keys):
         return all(k in self.kv for k in keys)
+
+
+def test_node_0_gathers_holdings_and_the_others_take_its_round(cluster):
+    n0, n1 = cluster(2)
+    n1.publish_holdings(HELD)
+    assert n0.gather_holdings(timeout_s=2) == [HELD]
+    n0.order_resume(ResumeOrder(CHECKPOINTS_VERSION, 4))
+    _flush(n0)
+    assert n1.resume_order(timeout_s=2) == ResumeOrder(CHECKPOINTS_VERSION, 4)
+    assert n1.prune_order() is None
+    n0.order_prune(PruneOrder(CHECKPOINTS_VERSION, 3))
+    _flush(n0)
+    assert n1.prune_order() == PruneOrder(CHECKPOINTS_VERSION, 3)
+
+
+def test_a_node_waiting_for_the_round_learns_that_node_0_found_none(cluster):
+    n0, n1 = cluster(2)
+    n0.end("failed", "no round that every worker of 0..3 has a whole checkpoint")
+    _flush(n0)
+    with pytest.raises(RendezvousError, match="^node 0 chose no round to resume from: no round"):
+        n1.resume_order(timeout_s=2)
+    with pytest.raises(RendezvousError, match=r"^nodes \[1\] did not say which checkpoints"):
+        cluster(2)[0].gather_holdings(timeout_s=0.2)
 
 
 def test_the_end_is_seen_by_every_node(cluster):
