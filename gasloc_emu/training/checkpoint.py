@@ -17,9 +17,12 @@ earlier round is taken instead. The payload is read with ``torch.load(weights_on
 which builds tensors and plain containers only, never code.
 
 Workers do not finish a round together, so the run resumes from the latest round that every
-worker taking part in it has a valid checkpoint of (``Checkpoints.latest_common``). Older
+worker taking part in it has a valid checkpoint of (``Checkpoints.latest_common``; on
+several hosts, each checks its own folder, ``Checkpoints.holdings``, and node 0 chooses from
+all of them, ``common_point``). Older
 files are removed only below the round before that one (``prune``, called by whoever sees
-every worker's rows: the launcher, or the simulator), so two resumable rounds stay on disk (a
+every worker's rows: the launcher, or the simulator; on several hosts, each host on node 0's
+order), so two resumable rounds stay on disk (a
 damaged file of the latest leaves the other) and no more than the workers' spread in rounds
 plus one checkpoint round is kept.
 """
