@@ -543,3 +543,22 @@ def test_a_secret_file_on_a_single_host_run_is_refused_not_ignored(tmp_path, mon
     assert res.exit_code == 2, res.output
     assert f"--secret-file {path} is for runs on several hosts" in res.output
     assert not (tmp_path / "rec").exists()
+
+
+def test_resume_on_a_host_without_its_folder_of_the_run_is_refused(tmp_path, monkeypatch):
+    """``--resume RUN_DIR`` on node 1 looks for its own folder, ``RUN_DIR.node1``, with that
+    host's config; a record without it (another host's disk, a run on one host) is refused."""
+    from click.testing import CliRunner
+
+    from gasloc_emu.commands.cli import main
+    for var in ("WORLD_SIZE", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "GROUP_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    (rec / "config.toml").write_text("")
+    node = ["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"]
+    res = CliRunner().invoke(main, ["run", "--resume", str(rec), *node])
+    assert res.exit_code == 2, res.output
+    assert f"{rec}.node1 holds no run of node 1 (no config.toml)" in res.output
+    res = CliRunner().invoke(main, ["run", "--resume", str(rec), "--dry-run", *node])
+    assert res.exit_code == 2 and "drop --dry-run" in res.output, res.output
