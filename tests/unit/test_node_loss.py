@@ -32,6 +32,9 @@ class Store:
     def successor(self, rank, life):
         return None
 
+    def prune_order(self):
+        return None
+
     def silent_s(self, node, now):
         return 0.0 if self.beats >= 0 or self.how == "gone" else 99.0
 
