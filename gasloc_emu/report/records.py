@@ -244,10 +244,24 @@ def check_resumable(run_dir: str | os.PathLike, cfg: Config) -> None:
                           "(run.checkpoint_every = 0)")
 
 
+def _hosts_of(path: Path) -> int:
+    """How many hosts a record's run had (``workers.json``'s nodes; 1 when it does not say)."""
+    try:
+        rows = json.loads((path / "workers.json").read_text())
+        return len({row.get("node", 0) for row in rows}) or 1
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1
+
+
 def resume_point(run_dir: str | os.PathLike, cfg: Config) -> ResumePoint:
     """Where ``--resume RUN_DIR`` goes on from: the latest round of which every worker has a
     whole checkpoint and a row in the record; a ConfigError naming why when there is none."""
     check_resumable(run_dir, cfg)
+    hosts = _hosts_of(Path(run_dir))
+    if hosts > 1:
+        raise ConfigError(f"--resume {run_dir}: a run on {hosts} hosts keeps each host's "
+                          "checkpoints on that host; resume it with `gasloc-emu run --resume` "
+                          "on every host, with its --nnodes and --node-rank")
     try:
         return Checkpoints(Path(run_dir)).latest_common(range(cfg.workers),
                                                         rows_by_round(Path(run_dir)))

@@ -225,3 +225,15 @@ def test_resume_without_checkpoints_says_why(tmp_path):
         resume_point(tmp_path, cfg_of(**{"run.checkpoint_every": 0}))
     with pytest.raises(C.ConfigError, match="no round that every worker"):
         resume_point(tmp_path, cfg_of())
+
+
+def test_a_record_of_several_hosts_is_resumed_on_every_host_not_here(tmp_path):
+    """Its other hosts' checkpoints are on their disks: one process cannot go on from it."""
+    rows_of = [{"rank": r, "node": r // 2, "host": f"h{r // 2}"} for r in range(4)]
+    (tmp_path / "workers.json").write_text(json.dumps(rows_of))
+    with pytest.raises(C.ConfigError, match=r"a run on 2 hosts keeps each host's checkpoints "
+                                            r"on that host; resume it with `gasloc-emu run"):
+        resume_point(tmp_path, cfg_of())
+    (tmp_path / "workers.json").write_text(json.dumps([{"rank": 0, "pid": 1}]))
+    with pytest.raises(C.ConfigError, match="no round that every worker"):
+        resume_point(tmp_path, cfg_of())
