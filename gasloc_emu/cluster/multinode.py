@@ -261,13 +261,11 @@ class ClusterSupervisor(Supervisor):
     def launch_spec(self) -> LaunchSpec:
         return self.node.launch_spec()
 
-    def checkpointed(self, row) -> None:
+    def _prune(self, keep_from: int) -> None:
         """As on one host, and every other node is told from which round its files may go:
         each host keeps the two latest rounds that every worker of every host has."""
-        keep_from = self.checkpoints.row(row.worker, row.round)
-        if keep_from is not None:
-            Checkpoints(self.dir).prune(keep_from)
-            self.node.rdv.order_prune(PruneOrder(CHECKPOINTS_VERSION, keep_from))
+        super()._prune(keep_from)
+        self.node.rdv.order_prune(PruneOrder(CHECKPOINTS_VERSION, keep_from))
 
     def _spawn_all(self) -> list[WorkerSlot]:
         local = dict(zip(self.node.ranks, self.devices, strict=True))

@@ -156,7 +156,10 @@ class Supervisor:
         files go (this host's folder; the workers wrote them before their rows)."""
         keep_from = self.checkpoints.row(row.worker, row.round)
         if keep_from is not None:
-            Checkpoints(self.dir).prune(keep_from)
+            self._prune(keep_from)
+
+    def _prune(self, keep_from: int) -> None:
+        Checkpoints(self.dir).prune(keep_from)
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
