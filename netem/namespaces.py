@@ -276,7 +276,7 @@ class NetworkSession:
         self.line_stats: dict | None = None
 
     def _choose_mode(self) -> str:
-        if not self.decision.shaper_kind.namespaces:
+        if not self.decision.shaper_kind.worker_namespaces:
             return "loopback"
         if inside_userns(self.env_flag) or (self.dry_run and userns_works()):
             return "userns"     # a real run re-executes itself into its own user namespace
