@@ -410,6 +410,9 @@ class NetworkSession:
     def dry_run_text(self) -> str:
         head = [f"# shaper: {self.decision.shaper} ({self.decision.reason})",
                 f"# delay: {self.decision.delay}; mode: {self.mode}; run id: {self.run_id}"]
+        if self.spec is not None:
+            head.append(f"# the workers shape ({self.spec['mode']}): each sender queues at most "
+                        f"{self.spec['max_queue_s']:g} s of data a link")
         if not self.commands:
             return "\n".join(head + ["# nothing to create"])
         line = ([f"ip netns exec {self.topo.switch_ns} {sys.executable} -m netem.packetline "

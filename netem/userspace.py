@@ -279,8 +279,10 @@ def build_spec(plan, mode: str, max_queue_s: float = MAX_QUEUE_S) -> dict:
             "max_queue_s": max_queue_s}
 
 
-def shaping_from_spec(spec: dict | None, rank: int) -> LinkShaper | None:
-    """Worker ``rank``'s shaper from the run's spec (``spec_for``); None for no spec."""
+def shaping_from_spec(spec: dict | None, rank: int,
+                      sleep: Callable[[float], None] = time.sleep) -> LinkShaper | None:
+    """Worker ``rank``'s shaper from the run's spec (``spec_for``); None for no spec.
+    ``sleep``: how a sender waits for its backpressure (a test's clock)."""
     if not spec:
         return None
     try:
@@ -291,7 +293,7 @@ def shaping_from_spec(spec: dict | None, rank: int) -> LinkShaper | None:
         rx_links = {s: (_slower(rate, ups.get(str(s))), lat) for s, d, rate, lat in links
                     if d == rank}
         return LinkShaper(rank, mode, tx, rx, ups.get(str(rank)),
-                          spec.get("max_queue_s", MAX_QUEUE_S), rx_links=rx_links)
+                          spec.get("max_queue_s", MAX_QUEUE_S), sleep=sleep, rx_links=rx_links)
     except (KeyError, TypeError, ValueError) as exc:
         raise ShapingError(f"malformed shaping spec for worker {rank}: {exc!r}") from None
 
