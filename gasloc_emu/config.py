@@ -377,7 +377,7 @@ class NetConfig(_Validated):
     def _check(self) -> None:
         """The cloud profile has a placement, and a placement's regions are in the table (other
         profiles do not read it); the shaper is one the registry knows (``netem.shapers``: a
-        path is loaded and checked at preflight)."""
+        plugin is loaded and checked here)."""
         try:
             netem_shapers.check_request(self.shaper)
         except netem_shapers.ShaperError as exc:

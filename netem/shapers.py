@@ -162,7 +162,7 @@ def _path_of(name: str) -> str:
         return name
     ep = registered().get(name)
     if ep is None:
-        raise ShaperError(f"shaper {name!r} is unknown; expected one of "
+        raise ShaperError(f"net.shaper = {name!r} is unknown; expected one of "
                           f"{', '.join(known()[1:])}, or package.module:Class")
     return ep.value
 
@@ -184,12 +184,13 @@ def shaper(name: str) -> Shaper:
         for part in attr.split("."):
             cls = getattr(cls, part)
     except Exception as exc:  # noqa: BLE001 - any failure to load is the plugin's
-        raise ShaperError(f"shaper {name!r} ({path}) did not load: "
+        raise ShaperError(f"net.shaper = {name!r} ({path}) did not load: "
                           f"{type(exc).__name__}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, Shaper)):
-        raise ShaperError(f"shaper {name!r} is {cls!r}, not a subclass of netem.shapers.Shaper")
+        raise ShaperError(f"net.shaper = {name!r} is {cls!r}, not a subclass of "
+                          "netem.shapers.Shaper")
     if name not in BUILTIN and cls.name in BUILTIN:
-        raise ShaperError(f"shaper {name!r} calls itself {cls.name!r}, a built-in's name")
+        raise ShaperError(f"net.shaper = {name!r} calls itself {cls.name!r}, a built-in's name")
     kind = _LOADED[name] = cls()
     _LOADED.setdefault(kind.name, kind)
     return kind
@@ -215,9 +216,12 @@ SHAPERS: Mapping[str, Shaper] = _Shapers()
 
 def check_request(requested: str) -> None:
     """A ShaperError unless ``net.shaper = requested`` names something: ``auto``, a built-in,
-    a registered name, or a path (which is loaded, and checked, at preflight)."""
-    if requested == AUTO or requested in BUILTIN or ":" in requested \
-            or requested in registered():
+    or a plugin (a registered name or a path), which is loaded and checked here, so that one
+    that cannot be is refused with the config, before anything starts."""
+    if requested == AUTO or requested in BUILTIN:
+        return
+    if ":" in requested or requested in registered():
+        shaper(requested)
         return
     raise ShaperError(f"net.shaper = {requested!r} is not allowed; expected one of "
                       f"{', '.join(known())}, or package.module:Class")

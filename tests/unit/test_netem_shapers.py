@@ -91,3 +91,25 @@ def test_a_shaper_with_one_delay_mode_refuses_another():
     with pytest.raises(CapabilityError, match="net.delay = 'netem' needs the tc shaper's "
                                               "namespaces, and this run has the userspace"):
         choose_shaper("userspace", _caps(netem=True), delay="netem")
+
+
+@pytest.mark.parametrize("requested, why", [
+    ("nosuch_module:X", "did not load: ModuleNotFoundError"),
+    ("netem.userspace:LinkShaper", "not a subclass of netem.shapers.Shaper"),
+    ("netem.shaper_tc:TcShaper", "calls itself 'tc', a built-in's name"),
+    ("deep-queue", "is not allowed; expected one of auto, tc, userspace, none")])
+def test_a_plugin_that_is_no_shaper_is_refused_with_the_config(requested, why):
+    from gasloc_emu.config import ConfigError
+    with pytest.raises(ConfigError, match=f"net.shaper = '{requested}'.*{why}"):
+        NetConfig(shaper=requested)
+
+
+
+def test_a_shaper_by_path_decides_under_its_own_name(monkeypatch):
+    class Quiet(type(USERSPACE)):
+        name = "quiet"
+    monkeypatch.setattr(shapers, "_LOADED", dict(shapers._LOADED))
+    monkeypatch.setitem(globals(), "Quiet", Quiet)
+    d = choose_shaper(f"{__name__}:Quiet", _caps())
+    assert d.shaper == "quiet" and isinstance(d.shaper_kind, Quiet)
+    assert d.reason.startswith("quiet shaper requested")
