@@ -251,6 +251,17 @@ def may_take_tc(requested: str) -> bool:
     return may_take(requested, SHAPERS["tc"])
 
 
+def unshaped() -> Shaper:
+    """The shaper of a run that shapes nothing (no bandwidth profile, or shaping off)."""
+    return SHAPERS["none"]
+
+
+def for_link_events() -> Shaper:
+    """The shaper of a run without a bandwidth profile whose scenario changes links: the
+    workers pace and release from the first change on (no privileges, nothing to build)."""
+    return SHAPERS["userspace"]
+
+
 def resolve(requested: str, tc_missing: str, where: str = "here") -> tuple[Shaper, str]:
     """The shaper a request gets where tc lacks ``tc_missing`` ("" when tc can run), and why.
 

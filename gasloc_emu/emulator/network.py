@@ -14,7 +14,7 @@ from netem import shapers
 class LoopbackNetwork:
     """Unshaped: every worker binds an ephemeral port on 127.0.0.1 and starts as it is."""
 
-    kind = shapers.shaper("none")
+    kind = shapers.unshaped()
     unshaped_start = False   # whether links start unshaped under a shaper (ScenarioNetwork)
 
     @property
@@ -70,7 +70,7 @@ class ScenarioNetwork(LoopbackNetwork):
     runs at 5 Mbit/s from then on, as the simulator's link model has it. Each worker applies
     its own links' changes (``worker_process``)."""
 
-    kind = shapers.shaper("userspace")
+    kind = shapers.for_link_events()
     unshaped_start = True   # nothing to probe before the first link event (launcher._probes)
 
     def __init__(self, cfg: Config):
