@@ -310,8 +310,10 @@ BW_PROFILES = netem_profiles.NAMED
 class NetConfig(_Validated):
     _section = "net."
     shaper: str = setting("auto", "How links are shaped: auto (best available), tc (namespaces "
-                                  "+ tc), userspace (sender pacing + release queue), none.",
-                          choices=SHAPERS)
+                                  "+ tc), userspace (sender pacing + release queue), none, a "
+                                  "shaper registered under the entry-point group "
+                                  "gasloc_emu.shapers, or package.module:Class.",
+                          names=SHAPERS)
     bw_profile: str = setting("", "Bandwidth profile: a name (skewed: a few slow links; "
                                   "skewed-worker: one slow worker; two-cluster: slow between two "
                                   "halves; lognormal: seeded per-worker rates) or a .toml/.json "
@@ -374,7 +376,12 @@ class NetConfig(_Validated):
 
     def _check(self) -> None:
         """The cloud profile has a placement, and a placement's regions are in the table (other
-        profiles do not read it)."""
+        profiles do not read it); the shaper is one the registry knows (``netem.shapers``: a
+        plugin is loaded and checked here)."""
+        try:
+            netem_shapers.check_request(self.shaper)
+        except netem_shapers.ShaperError as exc:
+            raise ConfigError(str(exc)) from None
         if self.bw_profile == "cloud" and not self.placement:
             raise ConfigError("net.bw_profile = 'cloud' needs net.placement: regions like "
                               "aws:us-east-1,gcp:asia-east1 or a preset: "

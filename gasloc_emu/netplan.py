@@ -19,7 +19,7 @@ def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] 
     yet: ``auto`` takes the userspace shaper, ``tc`` is refused, before anything starts.
     """
     from netem import shapers
-    from netem.capabilities import CapabilityError, Decision, fixed_delay_decision
+    from netem.capabilities import CapabilityError, Decision
     if not shaped(cfg):
         why = "shaper = none" if shapers.turned_off(cfg.net.shaper) else "no bandwidth profile"
         return Decision("none", "none", why)
@@ -34,17 +34,7 @@ def multi_host_decision(cfg: Config, link_plan, missing_by_node: dict[int, str] 
                                     "across hosts" if k < 0 else f"on node {k}")
     except shapers.ShaperError as exc:
         raise CapabilityError(str(exc)) from None
-    if not kind.kernel_classes:
-        decision = fixed_delay_decision(kind, None, "auto", why)
-        from netem.commands import check_supported
-        check_supported(link_plan, decision)  # jitter and loss need netem: refused up front
-        return decision
-    from netem.hosttc import check_host_plan
-    check_host_plan(link_plan)
-    auto = "auto: " if shapers.asked(cfg.net.shaper) is None else ""
-    return Decision("tc", "release-queue", f"{auto}"
-                    "tc on every host's interfaces (HTB per directed link, matched on "
-                    "destination address and port); latency by the receiver's release queue")
+    return kind.decide_across_hosts(link_plan, why, shapers.asked(cfg.net.shaper) is None)
 
 def _check_multi_host_delay(cfg: Config) -> None:
     """Across hosts the latency is held by the receivers (the release queue) whatever shaper

@@ -8,8 +8,8 @@ namespaces work (``unshare -Urnm true``), whether we already run inside one, and
 are real root. The result is cached per process.
 
 ``choose_shaper(requested, caps)`` turns ``net.shaper`` into a ``Decision``: which shaper
-(tc / userspace / none) and which delay mechanism (netem, or the receiver release queue of
-``netem.userspace`` where the kernel has no netem).
+(``netem.shapers``: tc / userspace / none / a plugin) and which delay mechanism (netem, the
+packet line, or the receiver release queue of ``netem.userspace``); the shaper decides.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class Capabilities:
 class Decision:
     """The shaper chosen for a run, the delay mechanism, and why (printed and recorded)."""
 
-    shaper: str                # a netem.shapers name: 'tc' | 'userspace' | 'none'
+    shaper: str                # a netem.shapers name: 'tc' | 'userspace' | 'none' | a plugin's
     delay: str                 # a netem.delay mode: 'netem' | 'packet-line' | 'release-queue' |
     reason: str                # 'none'
     caps: Capabilities | None = None
@@ -105,7 +105,7 @@ class Decision:
     @property
     def shaper_kind(self) -> shapers.Shaper:
         """What the shaper does (``netem.shapers``)."""
-        return shapers.SHAPERS[self.shaper]
+        return shapers.shaper(self.shaper)
 
     @property
     def delay_mode(self) -> delay_modes.DelayMode:
@@ -192,22 +192,12 @@ def probe() -> Capabilities:
 
 # ---------------------------------------------------------------- choice
 
-SHAPERS = shapers.REQUESTS
-
-
-def _tc_decision(caps: Capabilities, why: str, delay: str) -> Decision:
-    try:
-        m, how = delay_modes.choose(delay, caps)
-    except delay_modes.DelayModeError as exc:
-        raise CapabilityError(str(exc)) from None
-    return Decision("tc", m.name, f"{why}; {how}", caps)
-
-
 def choose_shaper(requested: str, caps: Capabilities, delay: str = "auto") -> Decision:
     """tc when asked for or when ``auto`` finds namespaces + htb; else userspace; 'none' only on
-    request (``netem.shapers.resolve``). ``delay`` (``net.delay``): how tc's links are delayed
-    (``netem.delay.choose``); a shaper without kernel classes carries only its own delay
-    modes, and refuses any other explicit request."""
+    request (``netem.shapers.resolve``). ``delay`` (``net.delay``): how the links are delayed;
+    the shaper decides (``Shaper.decide``): tc chooses among the modes the kernel has
+    (``netem.delay.choose``), a shaper with a delay mode of its own refuses any other
+    explicit request."""
     if delay not in delay_modes.REQUESTS:
         raise CapabilityError(f"net.delay = {delay!r} is not allowed; expected one of "
                               f"{', '.join(delay_modes.REQUESTS)}")
@@ -215,12 +205,7 @@ def choose_shaper(requested: str, caps: Capabilities, delay: str = "auto") -> De
         kind, why = shapers.resolve(requested, caps.tc_missing())
     except shapers.ShaperError as exc:
         raise CapabilityError(str(exc)) from None
-    if kind.kernel_classes:
-        why = {"auto: tc is possible": "auto: network namespaces and htb work"}.get(why, why)
-        return _tc_decision(caps, why, delay)
-    if kind.shapes and shapers.asked(requested) is None:
-        why += "; using the userspace shaper"
-    return fixed_delay_decision(kind, caps, delay, why)
+    return kind.decide(caps, delay, why, shapers.asked(requested) is None)
 
 
 def fixed_delay_decision(kind: shapers.Shaper, caps: Capabilities | None, delay: str,

@@ -502,24 +502,29 @@ def check_supported(plan: LinkPlan, decision: Decision, host_tcp=None) -> None:
     kind = decision.shaper_kind
     if not kind.shapes or not plan.shaped:
         return
-    caps = decision.caps
     try:
         delay_modes.check_plan(plan, decision.delay_mode, kind.name)
     except delay_modes.DelayModeError as exc:
         raise CapabilityError(str(exc)) from None
-    if not kind.kernel_classes:
-        _check_namespace_only(plan, decision)
-    elif plan.has_caps("down") and caps is not None:
-        missing = [f for f in ("ifb", "ingress", "mirred") if not caps.has(f)]
-        if missing:
-            raise CapabilityError(f"download caps (down_mbit) need {', '.join(missing)}, which "
-                                  f"this kernel lacks: {caps.errors.get(missing[0], '')}")
+    kind.check_plan(plan, decision)
     _check_tcp(plan, host_tcp)
 
 
-def _check_namespace_only(plan: LinkPlan, decision: Decision) -> None:
-    """A bottleneck queue lives in the tc shaper's leaves. (TCP settings without namespaces are
-    the host's: compared with it and warned about, ``netem.namespaces.tcp_record``.)"""
+def check_down_caps(plan: LinkPlan, caps) -> None:
+    """Download caps (a tree on an ifb device per worker) need ifb, ingress and mirred, where
+    the kernel was probed (``caps``: None when it was not)."""
+    if not plan.has_caps("down") or caps is None:
+        return
+    missing = [f for f in ("ifb", "ingress", "mirred") if not caps.has(f)]
+    if missing:
+        raise CapabilityError(f"download caps (down_mbit) need {', '.join(missing)}, which "
+                              f"this kernel lacks: {caps.errors.get(missing[0], '')}")
+
+
+def check_default_queues(plan: LinkPlan, decision: Decision) -> None:
+    """A bottleneck queue lives in the tc shaper's leaves: a shaper without them refuses any
+    other. (TCP settings without namespaces are the host's: compared with it and warned about,
+    ``netem.namespaces.tcp_record``.)"""
     queues = {link.queue_pkts for link in plan.links.values()} - {LEAF_LIMIT_PKTS}
     if queues:
         raise CapabilityError(f"net.queue_pkts = {min(queues)} needs the tc shaper (its leaf "
@@ -580,7 +585,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
         host_tcp = tcpsettings.read_host()      # once, for the check and the commands
     check_supported(plan, decision, host_tcp)
-    if not decision.shaper_kind.namespaces:
+    if not decision.shaper_kind.worker_namespaces:
         return []
     mode = decision.delay_mode
     out = topology_commands(topo, bridge=not line_carries(plan, decision, delayed_later))

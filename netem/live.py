@@ -54,7 +54,7 @@ class LiveLinks:
         self.gso_floor_mbit = dict(gso_floor_mbit or {})
         if topo.workers != plan.workers:
             raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
-        if not decision.shaper_kind.launcher_changes_links:
+        if not decision.shaper_kind.worker_namespaces:
             raise CapabilityError(f"links are changed with tc only under the tc shaper; this run "
                                   f"has shaper {decision.shaper!r} (the userspace shaper changes "
                                   "them with LinkShaper.set_link and set_rx_link)")

@@ -276,7 +276,7 @@ class NetworkSession:
         self.line_stats: dict | None = None
 
     def _choose_mode(self) -> str:
-        if not self.decision.shaper_kind.namespaces:
+        if not self.decision.shaper_kind.worker_namespaces:
             return "loopback"
         if inside_userns(self.env_flag) or (self.dry_run and userns_works()):
             return "userns"     # a real run re-executes itself into its own user namespace
@@ -410,6 +410,9 @@ class NetworkSession:
     def dry_run_text(self) -> str:
         head = [f"# shaper: {self.decision.shaper} ({self.decision.reason})",
                 f"# delay: {self.decision.delay}; mode: {self.mode}; run id: {self.run_id}"]
+        if self.spec is not None:
+            head.append(f"# the workers shape ({self.spec['mode']}): each sender queues at most "
+                        f"{self.spec['max_queue_s']:g} s of data a link")
         if not self.commands:
             return "\n".join(head + ["# nothing to create"])
         line = ([f"ip netns exec {self.topo.switch_ns} {sys.executable} -m netem.packetline "

@@ -256,26 +256,33 @@ class LinkShaper:
 
 def spec_for(plan, decision) -> dict | None:
     """The JSON-able shaping spec of a run for every worker, or None when nothing is done in
-    userspace."""
+    userspace: the decision's shaper says (``Shaper.worker_spec``)."""
     if not plan.shaped:
         return None
-    if decision.shaper_kind.paces_in_workers:
-        mode = "userspace"
-    elif decision.delay_mode.at_receiver and plan.max_of("latency_ms"):
-        mode = "delay-only"    # tc shapes the rates, the workers hold the latency
-    else:
-        return None
+    return decision.shaper_kind.worker_spec(plan, decision)
+
+
+def build_spec(plan, mode: str, max_queue_s: float = MAX_QUEUE_S) -> dict:
+    """The spec of ``mode`` for every worker of a shaped ``plan``: ``userspace`` (the senders
+    pace each link at its rate, the receivers hold the latency) or ``delay-only`` (the
+    receivers hold the latency, rates are someone else's); ``max_queue_s``: each sender's
+    backpressure (``LinkShaper``)."""
+    if mode not in MODES:
+        raise ShapingError(f"mode = {mode!r} is not a shaping mode; expected one of "
+                           f"{', '.join(MODES)}")
     links = []
     for (s, d), link in sorted(plan.links.items()):
         rate = min(r for r in (link.rate_mbit, plan.cap(d).down_mbit) if r is not None)
         links.append([s, d, rate if mode == "userspace" else None, link.latency_ms])
     ups = {str(k): c.up_mbit for k, c in plan.caps.items() if c.up_mbit and mode == "userspace"}
     return {"mode": mode, "workers": plan.workers, "links": links, "up_mbit": ups,
-            "max_queue_s": MAX_QUEUE_S}
+            "max_queue_s": max_queue_s}
 
 
-def shaping_from_spec(spec: dict | None, rank: int) -> LinkShaper | None:
-    """Worker ``rank``'s shaper from the run's spec (``spec_for``); None for no spec."""
+def shaping_from_spec(spec: dict | None, rank: int,
+                      sleep: Callable[[float], None] = time.sleep) -> LinkShaper | None:
+    """Worker ``rank``'s shaper from the run's spec (``spec_for``); None for no spec.
+    ``sleep``: how a sender waits for its backpressure (a test's clock)."""
     if not spec:
         return None
     try:
@@ -286,7 +293,7 @@ def shaping_from_spec(spec: dict | None, rank: int) -> LinkShaper | None:
         rx_links = {s: (_slower(rate, ups.get(str(s))), lat) for s, d, rate, lat in links
                     if d == rank}
         return LinkShaper(rank, mode, tx, rx, ups.get(str(rank)),
-                          spec.get("max_queue_s", MAX_QUEUE_S), rx_links=rx_links)
+                          spec.get("max_queue_s", MAX_QUEUE_S), sleep=sleep, rx_links=rx_links)
     except (KeyError, TypeError, ValueError) as exc:
         raise ShapingError(f"malformed shaping spec for worker {rank}: {exc!r}") from None
 

@@ -14,7 +14,7 @@ from netem import shapers
 class LoopbackNetwork:
     """Unshaped: every worker binds an ephemeral port on 127.0.0.1 and starts as it is."""
 
-    kind = shapers.SHAPERS["none"]
+    kind = shapers.unshaped()
     unshaped_start = False   # whether links start unshaped under a shaper (ScenarioNetwork)
 
     @property
@@ -70,7 +70,7 @@ class ScenarioNetwork(LoopbackNetwork):
     runs at 5 Mbit/s from then on, as the simulator's link model has it. Each worker applies
     its own links' changes (``worker_process``)."""
 
-    kind = shapers.SHAPERS["userspace"]
+    kind = shapers.for_link_events()
     unshaped_start = True   # nothing to probe before the first link event (launcher._probes)
 
     def __init__(self, cfg: Config):
@@ -100,7 +100,8 @@ class ShapedNetwork:
         self.kind = session.decision.shaper_kind
         self.shaper = self.kind.name
         self.probe_rows: list[dict] = []
-        self._live = None   # netem.live.LiveLinks, made at the first change under tc
+        # what applies a scenario's link changes in the launcher; None: the workers do
+        self._changer = self.kind.link_changer(session)
         self._tcp = None    # netem.tcpsample.TcpSampler, while training runs
 
     def watch_tcp(self) -> None:
@@ -128,27 +129,11 @@ class ShapedNetwork:
         return self._tcp.summary()
 
     def change_links(self, changes: dict) -> None:
-        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)}: rates with tc, in
-        place (``netem.live.LiveLinks``); latencies where the delay mode puts them: netem's
-        qdiscs (tc too), the packet line (``session.set_line_latency``), or the receivers'
-        release queues (the workers apply those). Under the userspace shaper the workers
-        apply everything."""
-        if not self.kind.launcher_changes_links or not changes:
-            return
-        from netem.live import LiveLinks
-        from netem.namespaces import run_commands
-        if self._live is None:
-            s = self.session
-            self._live = LiveLinks(s.plan, s.topo, s.decision, gso_floor_mbit=s.gso_floor_mbit)
-        mode = self.session.decision.delay_mode
-        cmds = []
-        for (src, dst), (rate, latency) in sorted(changes.items()):
-            rate = rate if rate is not None else self._live.rate_mbit(src, dst)
-            cmds += self._live.change(src, dst, rate_mbit=rate,
-                                      latency_ms=latency if mode.kernel_qdisc else None)
-            if self.session.runs_line and latency is not None:
-                self.session.set_line_latency(src, dst, latency)
-        run_commands(cmds)
+        """Apply a round's link changes {(src, dst): (rate_mbit, latency_ms)} where the shaper
+        applies them in the launcher (``Shaper.link_changer``: tc's classes in place); where it
+        has the workers apply them (the userspace shaper), nothing here."""
+        if self._changer is not None and changes:
+            self._changer(changes)
 
     def bind_address(self, rank: int) -> str:
         return self.session.bind_address(rank)
@@ -227,14 +212,14 @@ class HostNetwork:
         self.plays_links = plays_links  # the scenario changes links: tc is not taken
         self.plan = link_plan if shaped(cfg) else None
         self.tc_missing = _host_tc_missing() if self.plan is not None and \
-            shapers.may_take(cfg.net.shaper, shapers.SHAPERS["tc"]) else "not asked for"
+            shapers.may_take_tc(cfg.net.shaper) else "not asked for"
         # one port per sender for each local worker, found free now; used only with tc, which
         # needs every node able to do it
         self.port_base = _free_port_block(addr, local_workers * cfg.workers) \
             if not self.tc_missing else 0
         self.decision = None
         self.bases: dict[int, tuple[str, int]] = {}
-        self.tc = None
+        self.host = shapers.HostPart()   # the shaper's part on this host (decide)
         self.spec = None
 
     def watch_tcp(self) -> None:
@@ -256,7 +241,7 @@ class HostNetwork:
 
     @property
     def link_ports(self) -> bool:
-        return self.kind is not None and self.kind.ports_per_sender
+        return self.host.ports_per_sender
 
     def decide(self, missing_by_node: dict[int, str], nodes: list[tuple[str, int, int]],
                local: list[int]) -> None:
@@ -271,28 +256,21 @@ class HostNetwork:
                 rank += 1
         from netem.userspace import spec_for
         self.spec = spec_for(self.plan, self.decision) if self.plan is not None else None
-        if self.kind.kernel_classes:
-            from netem.hosttc import HostShaping, host_links, route_dev
-            from netem.namespaces import new_run_id
-            links = host_links(self.plan, local, self.bases, route_dev)
-            self.tc = HostShaping(new_run_id(), links, self.cfg.net.mtu)
+        if self.plan is not None:
+            self.host = self.kind.on_host(self.plan, local, self.bases, self.cfg.net.mtu)
 
     def __enter__(self) -> HostNetwork:
-        if self.tc is not None:
-            self.tc.start()
+        self.host.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.tc is not None:
-            self.tc.close()
+        self.host.close()
 
     def change_links(self, changes: dict) -> None:
-        """Under the userspace shaper the workers apply a scenario's link changes; host tc
-        classes are not changed by scenarios yet, so tc is not taken for such a scenario
-        (``multi_host_decision``), and a change that comes anyway is an error, never skipped."""
-        if changes and self.kind.kernel_classes:
-            raise RuntimeError("a scenario's link changes on a multi-node tc network are not "
-                               "applied yet; use net.shaper = 'userspace'")
+        """The shaper's part on this host applies a scenario's link changes, or leaves them to
+        the workers (``HostPart.change_links``; host tc refuses them: ``multi_host_decision``
+        does not take tc for such a scenario)."""
+        self.host.change_links(changes)
 
     def bind_address(self, rank: int) -> str:
         addr, base = self.bases[rank]
@@ -322,8 +300,9 @@ class HostNetwork:
         rows = [r | {"configured_mbit": self.configured_mbit(r["src"], r["dst"])}
                 for r in link_bytes]
         out = {"shaper": self.shaper, "links": rows}
-        if self.tc is not None:
-            out["tc"] = self.tc.describe()
+        built = self.host.describe()
+        if built is not None:
+            out["tc"] = built
         return out
 
 def host_tcp_record(plan) -> dict:
@@ -377,9 +356,7 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     """
     if dry_run or not shaped(cfg):
         return
-    if shaping_decision(cfg).shaper_kind.namespaces:
-        from netem.namespaces import reexec_in_userns
-        reexec_in_userns(argv)  # returns only when already inside, or when userns is unavailable
+    shaping_decision(cfg).shaper_kind.before_launch(argv)
 
 @contextmanager
 def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):

@@ -286,7 +286,8 @@ class RunSummary(_Record):
     resumed: dict | None = opt("where a resumed run went on from: {round, time_s} of its "
                                "checkpoint, and the checkpoint files refused on the way")
     # -- the network of an emulator run (emulator.network's describe_summary)
-    shaper: str | None = opt("tc, userspace or none", group="network")
+    shaper: str | None = opt("tc, userspace, none or a registered shaper's name",
+                             group="network")
     shaper_reason: str | None = opt("why that shaper", group="network")
     bw_profile: str | None = opt("net.bw_profile (null: unshaped)", group="network")
     delay: str | None = opt("how latency reaches the packets: netem, packet-line or "

@@ -208,7 +208,8 @@ def sample(key: str) -> tuple[str, object]:
                "run.scenario": ("/tmp/s.toml", "/tmp/s.toml"),
                "net.link_trace": ("/tmp/t.csv", "/tmp/t.csv"),
                "algo.name": ("diloco", "diloco"), "model.preset": ("small", "small"),
-               "comm.codec": ("int8", "int8"), "net.placement": ("aws8", "aws8")}
+               "comm.codec": ("int8", "int8"), "net.placement": ("aws8", "aws8"),
+               "net.shaper": ("userspace", "userspace")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):

@@ -117,9 +117,9 @@ def check_path(raw: str, suffix: str) -> str | None:
 
 @functools.cache
 def entry_point_groups() -> frozenset[str]:
-    """The entry-point groups the package reads (``"gasloc_emu.models"``): dotted names that
-    are no module."""
-    return frozenset(g for f in (ROOT / "gasloc_emu").rglob("*.py")
+    """The entry-point groups the packages read (``"gasloc_emu.models"``; netem reads
+    ``"gasloc_emu.shapers"``): dotted names that are no module."""
+    return frozenset(g for pkg in ("gasloc_emu", "netem") for f in (ROOT / pkg).rglob("*.py")
                      for g in re.findall(r"[\"'](gasloc_emu\.\w+)[\"']", f.read_text()))
 
 

@@ -2,7 +2,8 @@
 examples/extending/ (included in the doc verbatim) plus its entry-point registration, and goes
 through the real code path: the codec through the channel, the wire schema, framing and a
 short ``simulate``; the event kind through scenario loading and a short ``simulate`` of
-``tiny`` with nominal step times."""
+``tiny`` with nominal step times; the shaper through config validation, ``run --dry-run``, the
+workers' pacer built from the run's spec, and a short ``simulate``."""
 from __future__ import annotations
 
 import json
@@ -23,6 +24,8 @@ from gasloc_emu.scenario.load import load_scenario
 from gasloc_emu.simulator.simulate import simulate
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.schema import Wire, WireSchema
+from netem import shapers
+from netem.userspace import shaping_from_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "extending"
@@ -34,7 +37,7 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
-@pytest.mark.parametrize("name", ["fp16_codec.py", "slowdown_event.py"])
+@pytest.mark.parametrize("name", ["fp16_codec.py", "slowdown_event.py", "deep_queue_shaper.py"])
 def test_the_doc_shows_each_example_file_verbatim(name):
     assert (EXAMPLES / name).read_text() in _blocks("python")
 
@@ -48,15 +51,21 @@ def registered(monkeypatch):
     eps = {group: {name: metadata.EntryPoint(name, value, group)
                    for name, value in re.findall(rf'\[project\.entry-points\."{group}"\]\n'
                                                  r'(\S+) = "([^"]+)"', tables)}
-           for group in (codecs.GROUP, events.GROUP)}
+           for group in (codecs.GROUP, events.GROUP, shapers.GROUP)}
     assert eps[codecs.GROUP] == {"fp16": metadata.EntryPoint("fp16", "fp16_codec:FP16",
                                                              codecs.GROUP)}
     assert set(eps[events.GROUP]) == {"slowdown"}
+    assert eps[shapers.GROUP] == {"deep-queue": metadata.EntryPoint(
+        "deep-queue", "deep_queue_shaper:DeepQueue", shapers.GROUP)}
     real = plugins.registered
 
     def with_examples(group: str):
         return {**real(group), **eps.get(group, {})}
     monkeypatch.setattr(plugins, "registered", with_examples)
+    # the shaper registry is netem's own (netem imports nothing of gasloc_emu)
+    real_shapers = shapers.registered()
+    monkeypatch.setattr(shapers, "registered", lambda: {**real_shapers, **eps[shapers.GROUP]})
+    monkeypatch.setattr(shapers, "_LOADED", dict(shapers._LOADED))
 
 
 # -- the codec
@@ -170,3 +179,58 @@ def test_simulate_plays_the_event_kind(registered, tmp_path):
                 if x]
     assert [(e["type"], e["worker"]) for e in recorded if e.get("type") == "speed"] == \
         [("speed", 0), ("speed", 2)]
+
+
+# -- the shaper
+
+def _shaped(shaper: str) -> C.Config:
+    return _cfg(**{"net.shaper": shaper, "net.bw_profile": "uniform", "net.rate_mbit": 8.0,
+                   "net.latency_ms": 10.0, "algo.name": "diloco"})
+
+
+def test_the_shaper_is_refused_until_it_is_registered():
+    with pytest.raises(C.ConfigError, match="net.shaper = 'deep-queue' is not allowed; expected "
+                                            "one of auto, tc, userspace, none"):
+        _shaped("deep-queue")
+
+
+def test_a_dry_run_decides_the_registered_shaper(registered):
+    from click.testing import CliRunner
+
+    from gasloc_emu.commands.cli import main
+    assert "deep-queue" in shapers.known()
+    out = CliRunner().invoke(main, ["run", "--dry-run", "--workers", "3", "--bw-profile",
+                                    "uniform", "--latency-ms", "10", "--shaper", "deep-queue"],
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "# shaper: deep-queue (deep-queue shaper requested: sender pacing with a 8 s " \
+        "queue" in out.output
+    assert "each sender queues at most 8 s of data a link" in out.output
+
+
+@pytest.mark.parametrize("shaper, waits", [("userspace", [0.5]), ("deep-queue", [])])
+def test_the_workers_pace_with_the_shapers_queue(registered, shaper, waits):
+    """Two seconds of data handed to an 8 Mbit/s link at once: the userspace shaper's sender
+    waits until the link holds at most half a second, the deep queue's takes both."""
+    plan = build_plan(_shaped(shaper))
+    from gasloc_emu.netplan import shaping_decision
+    decision = shaping_decision(plan.cfg)
+    assert decision.shaper == shaper and decision.delay == "release-queue"
+    spec = decision.shaper_kind.worker_spec(plan.link_plan, decision)
+    slept: list[float] = []
+    pacer = shaping_from_spec(spec, 0, sleep=slept.append)
+    first = pacer.stamp(1, 1_000_000, now=0.0)          # 1 s of data at 8 Mbit/s
+    second = pacer.stamp(1, 1_000_000, now=0.0)
+    assert slept == [pytest.approx(w) for w in waits]
+    # the rate and the latency are the userspace shaper's either way
+    assert (first, second) == (pytest.approx(1.01), pytest.approx(2.01))
+
+
+def test_simulate_predicts_the_shaper_as_the_userspace_one(registered, tmp_path):
+    walls = {}
+    for shaper in ("userspace", "deep-queue"):
+        simulate(build_plan(_shaped(shaper)), tmp_path / shaper)
+        summary = json.loads((tmp_path / shaper / "summary.json").read_text())
+        assert summary["status"] == "ok"
+        walls[shaper] = summary["predicted_wall_s"]
+    assert walls["deep-queue"] == walls["userspace"] > 0

@@ -173,6 +173,37 @@ def test_the_shaper_rule_passes_asking_the_shaper(line):
     assert not SHAPER_BRANCH.search(line)
 
 
+# What a shaper does is its methods (netem.shapers.Shaper): no call site reads the kind traits
+# they replaced, and none imports a shaper's own module (the registry loads them by name).
+KIND_TRAITS = re.compile(r"\.(?:kernel_classes|paces_in_workers|launcher_changes_links)\b"
+                         r"|(?:kind|shaper_kind)\.(?:namespaces|ports_per_sender)\b")
+
+
+def test_no_call_site_reads_a_shapers_kind_traits():
+    hits = _code_lines(KIND_TRAITS, set())
+    assert hits == [], "call the shaper's methods (netem.shapers.Shaper): " + ", ".join(hits)
+
+
+@pytest.mark.parametrize("line", ["if decision.shaper_kind.kernel_classes:",
+                                  "    if self.kind.paces_in_workers:",
+                                  "return self.kind is not None and self.kind.ports_per_sender",
+                                  "if shaping_decision(cfg).shaper_kind.namespaces:"])
+def test_the_trait_rule_sees_a_trait(line):
+    assert KIND_TRAITS.search(line)
+
+
+def test_the_trait_rule_passes_a_method_call():
+    assert not KIND_TRAITS.search("shaping_decision(cfg).shaper_kind.before_launch(argv)")
+    assert not KIND_TRAITS.search("return self.host.ports_per_sender")
+
+
+def test_only_the_registry_names_a_shapers_module():
+    mods = {"netem.shaper_tc", "netem.shaper_userspace", "netem.shaper_none"}
+    assert mods <= set(import_graph())
+    importers = {m for m, targets in import_graph().items() if targets & mods}
+    assert importers == set(), importers
+
+
 def test_the_config_offers_the_shaper_requests_of_the_registry_not_a_copy():
     from gasloc_emu import config
     from netem import shapers
