@@ -204,13 +204,19 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
                                  "round's end"),
         (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
         (world is not None and world.fixer is not None,
-         "leaves, joins or partitions at a time are fixed on the run's own clock"),
-        (world is not None and world.churns,
-         "the scenario's leaves and joins change who must have a checkpoint of a round"))
+         "leaves, joins or partitions at a time are fixed on the run's own clock"))
     why = next((text for applies, text in reasons if applies), "")
     if why:
         raise ConfigError(f"run.checkpoint_every = {cfg.run.checkpoint_every} cannot be used: "
                           f"{why}; set run.checkpoint_every = 0")
+
+
+def refuse_resume(plan: RunPlan, run_dir: str) -> None:
+    """``--resume``: a run whose workers leave and join is not resumed (who must have a
+    checkpoint of which round changes with the scenario; its checkpoints serve rejoins)."""
+    if plan.world is not None and plan.world.churns:
+        raise ConfigError(f"--resume {run_dir}: its scenario has workers leave or join, which "
+                          "a resumed run cannot take up where it stopped; run it again")
 
 
 def _refuse_codec(cfg: Config, algo: type[Algorithm], world: World | None) -> None:

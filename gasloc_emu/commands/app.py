@@ -94,6 +94,9 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     plan = _plan(cfg)
     if fixings is not None:
         plan.world.replay(fixings)
+    if resume is not None:
+        from gasloc_emu.plan import refuse_resume
+        refuse_resume(plan, resume)
     point = resume_point(resume, cfg) if resume is not None else None
     path = Path(resume) if resume is not None else \
         new_run_dir(cfg, out, overwrite, plan.run_label())
@@ -170,6 +173,9 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
         from gasloc_emu.emulator.launcher import launch
         plan = _plan(cfg, data=not dry_run)
         # refused before anything runs
+        if resume is not None:
+            from gasloc_emu.plan import refuse_resume
+            refuse_resume(plan, resume)
         point = resume_point(resume, cfg) if resume is not None else None
         path = Path(resume) if resume is not None else \
             None if dry_run else new_run_dir(cfg, out, overwrite, plan.run_label())
@@ -194,7 +200,9 @@ def _run_node(cfg: Config, out: str | None, dry_run: bool, overwrite: bool, role
         from gasloc_emu.cluster.multinode import launch_cluster
         plan = _plan(cfg, data=True)
         if resume is not None:
-            check_resumable(resume, cfg)   # refused before anything runs
+            from gasloc_emu.plan import refuse_resume
+            refuse_resume(plan, resume)   # refused before anything runs
+            check_resumable(resume, cfg)
             path = Path(resume) if role.is_master else None
         else:
             path = new_run_dir(cfg, out, overwrite, plan.run_label()) if role.is_master \

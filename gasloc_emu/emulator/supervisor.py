@@ -78,7 +78,8 @@ class Supervisor:
         self.plan, self.cfg, self.dir, self.rec, self.network = plan, cfg, run_dir, rec, network
         self.resume = resume
         # which round every worker has a checkpoint of, from their rows: older files go
-        self.checkpoints = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers))
+        self.checkpoints = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers),
+                                           plan.world.alive if plan.world is not None else None)
         self.devices, self.progress = devices, progress
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
         self.security = security or auth.Security(auth.RunCredentials.new(cfg.workers),

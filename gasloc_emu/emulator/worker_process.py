@@ -303,6 +303,12 @@ class WorkerProcess:
         self.state.phase = "joining"
         return self.worker
 
+    def rejoined(self, t: int, round_idx: int, refused: tuple[str, ...]) -> None:
+        for line in refused:   # a damaged file passed over for the one before it
+            print(f"worker {self.rank}: refused {line}", flush=True)
+        print(f"worker {self.rank}: rejoins at round {t} from its checkpoint of round "
+              f"{round_idx}", flush=True)
+
     def due(self, plan, t: int):
         """The round's plan with this worker's speed and pause events at a time that are due
         (``world.SelfTimeline``): taken at the start of its first round at or after their

@@ -117,6 +117,32 @@ def check_with_config(scenario: Scenario, cfg, algo, trace: LinkTrace | None = N
     if churn and cfg.fault.worker >= 0:
         raise ScenarioError(f"{scenario.source}: workers leave or join, and fault.worker = "
                             f"{cfg.fault.worker} injects a failure too; use one or the other")
+    _check_checkpoint_joins(scenario, cfg, algo)
+
+
+def _check_checkpoint_joins(scenario: Scenario, cfg, algo) -> None:
+    """A join from a checkpoint needs checkpoints, a worker that wrote one before it left,
+    at a round (the checkpoint rounds are rounds), and an algorithm whose state between
+    rounds is each worker's own: an all-reduce's shared state (DiLoCo's momentum) taken
+    from an old checkpoint would differ from the others'."""
+    every = cfg.run.checkpoint_every
+    for ev in scenario.events:
+        if not (isinstance(ev, JoinEvent) and ev.from_checkpoint):
+            continue
+        head = f"{scenario.source}: join of worker {ev.worker} at {ev.when()} from its checkpoint"
+        if every == 0:
+            raise ScenarioError(f"{head}: the run writes none; set run.checkpoint_every")
+        if not ev.by_round:
+            raise ScenarioError(f"{head}: give it a round (round = R); checkpoints are taken "
+                                "at rounds")
+        if algo.groups_all_reduce():
+            raise ScenarioError(f"{head}: {algo.name} shares its outer state across workers, "
+                                "which an old checkpoint would not match; join from a donor")
+        wrote = [r for r in range(ev.round) if ev.worker in scenario.membership_at(r)
+                 and (r + 1) % every == 0]
+        if not wrote:
+            raise ScenarioError(f"{head}: it takes part in no checkpoint round before it "
+                                f"(every {every} rounds: {every - 1}, {2 * every - 1}, ...)")
 
 
 def _check_partitions_for(scenario: Scenario, cfg, algo) -> None:

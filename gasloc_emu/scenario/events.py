@@ -317,14 +317,24 @@ class LeaveEvent(_Event):
 class JoinEvent(_Event):
     """A departed worker, or a new one with the next id, enters. It starts from
     ``from_worker``'s parameters; None leaves the choice to the caller (the lowest-ranked
-    living neighbour)."""
+    living neighbour). ``from_checkpoint``: a departed worker starts instead from its own
+    last checkpoint (``run.checkpoint_every``): its parameters, optimizers and data position
+    as they were then, however stale."""
 
     kind: ClassVar[str] = "join"
     worker: int
     from_worker: int | None = None
+    # in events.jsonl only when set: a join from a donor is recorded as it always was
+    from_checkpoint: bool = dataclasses.field(default=False, metadata={"recorded_if_set": True})
 
     def _check(self) -> None:
         check_int("worker", self.worker)
+        if not isinstance(self.from_checkpoint, bool):
+            raise ScenarioError(f"from_checkpoint = {self.from_checkpoint!r} must be true or "
+                                "false")
+        if self.from_checkpoint and self.from_worker is not None:
+            raise ScenarioError(f"from_worker = {self.from_worker} and from_checkpoint = true: "
+                                "a joiner starts from a donor or from its checkpoint; give one")
         if self.from_worker is not None:
             check_int("from_worker", self.from_worker)
             if self.from_worker == self.worker:
@@ -406,10 +416,14 @@ def named_workers(ev: Event) -> set[int]:
 
 def as_record(event: Event) -> dict[str, Any]:
     """The event as a JSON object for events.jsonl: ``type``, ``round``, ``at_s`` (one of them
-    null), then the type's fields in declaration order (pairs as lists)."""
+    null), then the type's fields in declaration order (pairs as lists; a field added later
+    and marked ``recorded_if_set`` only when it is not its default)."""
     record: dict[str, Any] = {"type": event.kind}
     for f in dataclasses.fields(event):
-        record[f.name] = _jsonable(getattr(event, f.name))
+        value = getattr(event, f.name)
+        if f.metadata.get("recorded_if_set") and value == f.default:
+            continue
+        record[f.name] = _jsonable(value)
     return record
 
 

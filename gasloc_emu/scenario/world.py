@@ -100,6 +100,7 @@ class RoundPlan:
     active: bool              # this worker takes part in round t
     leaving: bool = False     # it leaves now (its process is killed before the round)
     join_from: int | None = None  # it joins now, from this donor's parameters
+    join_checkpoint: bool = False  # it joins now, from its own last checkpoint
     donate_to: tuple = ()     # joiners of round t that start from this worker's parameters
     detect_s: float = 0.0     # seconds spent noticing departed peers, before communicating
     speed: float | None = None  # its compute speed from this round on (None: unchanged)
@@ -277,6 +278,8 @@ class World:
         return RoundPlan(
             alive=alive, active=rank in alive, leaving=rank in was - alive,
             join_from=joins.get(rank), donate_to=tuple(j for j, d in joins.items() if d == rank),
+            join_checkpoint=any(ev.worker == rank and ev.from_checkpoint
+                                for ev in self._events(t, JoinEvent)),
             detect_s=self._detect_s(rank, t, was, alive), speed=self._speed(rank, t),
             pause_s=self._pause_s(rank, t))
 
@@ -285,8 +288,10 @@ class World:
 
     def _donors(self, t: int, stay: frozenset) -> dict[int, int]:
         """{joiner: donor} for the joins of round t; donors are alive in rounds t-1 and t
-        (the parameters of the end of t-1, sent at the start of t)."""
-        return {ev.worker: self.donor(ev, stay) for ev in self._events(t, JoinEvent)}
+        (the parameters of the end of t-1, sent at the start of t). A join from a checkpoint
+        has no donor."""
+        return {ev.worker: self.donor(ev, stay) for ev in self._events(t, JoinEvent)
+                if not ev.from_checkpoint}
 
     def donor(self, ev: JoinEvent, stay: frozenset) -> int:
         """The scenario's ``from_worker``, else the lowest-ranked living neighbour, else the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +73,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
     link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
     checkpoints = Checkpoints(out) if cfg.run.checkpoint_every else None
-    watch = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers))
+    watch = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers),
+                            world.alive if world is not None else None)
     offset_s = resume.time_s if resume is not None else 0.0   # the run's clock goes on
     with RunRecord(Path(out), cfg, resume.round if resume is not None else None) as rec:
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
@@ -302,6 +304,10 @@ class _Life:
 
     def joiner(self, t: int) -> Worker:
         return self.new_worker()
+
+    def rejoined(self, t: int, round_idx: int, refused: tuple[str, ...]) -> None:
+        for line in refused:   # a damaged file passed over for the one before it
+            print(f"worker {self.rank}: refused {line}", file=sys.stderr)
 
     def due(self, plan: RoundPlan | None, t: int) -> RoundPlan | None:
         return plan   # the virtual clock applies speed and pause events at a time itself

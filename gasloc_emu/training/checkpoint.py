@@ -33,7 +33,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +189,22 @@ class Checkpoints:
         raise CheckpointError(f"{self.dir}: no round that every worker has a checkpoint of"
                               + why)
 
+    def last_whole(self, rank: int, before: int) -> tuple[int, dict, tuple[str, ...]]:
+        """Worker ``rank``'s latest checkpoint of a round before ``before``, read whole: (its
+        round, its state, one line per damaged file passed over on the way); a
+        CheckpointError naming them when none is left (a worker rejoining from its own
+        checkpoint: ``training.rounds``)."""
+        refused = []
+        for r in sorted((r for r, ranks in self.rounds().items()
+                         if rank in ranks and r < before), reverse=True):
+            try:
+                return r, self.load(rank, r), tuple(refused)
+            except CheckpointError as exc:
+                refused.append(str(exc))
+        why = f"; refused: {'; '.join(refused)}" if refused else ""
+        raise CheckpointError(f"{self.dir}: worker {rank} has no checkpoint of a round before "
+                              f"{before}" + why)
+
     def holdings(self, ranks: Iterable[int]) -> tuple[dict[int, tuple[int, ...]],
                                                       tuple[Refusal, ...]]:
         """What this folder holds of ``ranks``: {rank: the rounds of which its file is whole},
@@ -209,11 +225,19 @@ class Checkpoints:
 
     def prune(self, keep_from: int) -> None:
         """Remove every checkpoint of a round before ``keep_from`` (a round every worker has
-        a checkpoint of, or later), and what a write killed before its rename left of one."""
-        for r, ranks in self.rounds().items():
+        a checkpoint of, or later) but each worker's latest, and what a write killed before
+        its rename left of one. A worker's latest stays: a departed worker may rejoin from it
+        (``JoinEvent.from_checkpoint``) however long it is away."""
+        files = self.rounds()
+        latest = {}
+        for r, ranks in files.items():
+            for rank in ranks:
+                latest[rank] = max(latest.get(rank, r), r)
+        for r, ranks in files.items():
             if r < keep_from:
                 for rank in ranks:
-                    self.path(rank, r).unlink(missing_ok=True)
+                    if latest[rank] != r:
+                        self.path(rank, r).unlink(missing_ok=True)
         for tmp in self.dir.glob("*.ckpt.tmp"):
             m = _NAME.match(tmp.name[:-len(".tmp")])
             if m and int(m.group(2)) < keep_from:
@@ -255,10 +279,12 @@ class CheckpointWatch:
     """Who has checkpointed which round, from the rows every worker reports after its
     checkpoint rounds. The latest round all have is ``common``; the one before it is kept
     too, so that a damaged file of the latest still leaves a round to resume from, and files
-    below that can go (``row`` says from when)."""
+    below that can go (``row`` says from when). ``alive``: the workers taking part in a round
+    (a scenario's ``World.alive``), who alone write its checkpoints; None: all of ``ranks``."""
 
-    def __init__(self, every: int, ranks: Iterable[int]):
-        self.every, self.ranks = every, frozenset(ranks)
+    def __init__(self, every: int, ranks: Iterable[int],
+                 alive: Callable[[int], Iterable[int]] | None = None):
+        self.every, self.ranks, self.alive = every, frozenset(ranks), alive
         self.done: dict[int, set[int]] = {}
         self.common, self.before = -1, -1
 
@@ -268,7 +294,8 @@ class CheckpointWatch:
         if not due(self.every, round_idx):
             return None
         self.done.setdefault(round_idx, set()).add(rank)
-        if round_idx > self.common and self.ranks <= self.done[round_idx]:
+        expected = self.ranks if self.alive is None else frozenset(self.alive(round_idx))
+        if round_idx > self.common and expected <= self.done[round_idx]:
             self.before, self.common = self.common, round_idx
             for r in [r for r in self.done if r <= round_idx]:
                 del self.done[r]

@@ -8,7 +8,8 @@ Round t of worker i, in order:
    by this round's start (``scenario.fixing``); a worker absent until a join that is not fixed
    yet waits for it, and one whose join never comes is released for good;
 3. **membership**: the scenario's plan of the round (``World.plan``): a departure (the worker
-   is gone without a word), a join from a donor's parameters, or absence;
+   is gone without a word), a join from a donor's parameters or from its own last
+   checkpoint, or absence;
 4. **timed self**: this worker's speed and pause events at a time that are due;
 5. **begin**: the runner's links take round t's values before anything of it is sent;
 6. **donate**: parameters to the workers joining from this one;
@@ -51,6 +52,10 @@ class Host(Protocol):
 
     def joiner(self, t: int) -> Worker:
         """The worker that joins at round t (its state is built afresh, as a new process's)."""
+
+    def rejoined(self, t: int, round_idx: int, refused: tuple[str, ...]) -> None:
+        """It joined at round t from its checkpoint of ``round_idx``, passing over the damaged
+        files ``refused`` names (one line each)."""
 
     def due(self, plan: RoundPlan | None, t: int) -> RoundPlan | None:
         """The round's plan with this worker's speed and pause events at a time that are due."""
@@ -109,10 +114,22 @@ class RoundDriver:
         if plan.leaving:
             self.host.leave(t)
             self.worker = None
-        if plan.join_from is not None:
+        if plan.join_from is not None or plan.join_checkpoint:
             self.worker = self.host.joiner(t)
-            self.worker.join(plan.join_from, t)
+            if plan.join_checkpoint:
+                self.restore_last(t)
+            else:
+                self.worker.join(plan.join_from, t)
         return plan.active, plan
+
+    def restore_last(self, t: int) -> int:
+        """A rejoin from a checkpoint (step 3): the worker's state of the last round before t
+        of which it has a whole checkpoint; the round taken. A damaged file is passed over for
+        the one before (``Checkpoints.last_whole``)."""
+        round_idx, state, refused = self.checkpoints.last_whole(self.rank, before=t)
+        self.worker.restore(state)
+        self.host.rejoined(t, round_idx, refused)
+        return round_idx
 
     def present(self, t: int) -> bool:
         """With events at a time: whether this worker has a part in round t, once the events

@@ -87,3 +87,65 @@ def test_bad_scenario_is_refused_before_anything_runs(tmp_path):
     assert res.returncode == 2
     assert "worker 9" in res.stderr
     assert not (tmp_path / "run").exists()
+
+
+REJOIN = """
+[[event]]
+type = "leave"
+round = 3
+worker = 2
+
+[[event]]
+type = "join"
+round = 5
+worker = 2
+{source}
+"""
+
+
+def steps(run_dir: Path) -> dict[tuple[int, int], int]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {(r["round"], r["worker"]): r["step"] for r in rows}
+
+
+def test_a_worker_rejoins_from_its_last_checkpoint_and_run_equals_simulate(tmp_path):
+    """Worker 2 checkpoints at rounds 1 (and would at 3, but leaves before it), is away for
+    rounds 3 and 4 and rejoins at 5 from its own state of round 1: its step counter goes on
+    from there, not from 0 as a donor's joiner's does, and run equals simulate."""
+    runs = {}
+    for source in ("from_checkpoint = true", ""):
+        scenario = tmp_path / f"rejoin{len(source)}.toml"
+        scenario.write_text(REJOIN.format(source=source))
+        for mode in ("simulate", "run"):
+            out = tmp_path / f"{mode}{len(source)}"
+            res = cli(mode, *BASE, "--rounds", "7", "--checkpoint-every", "2",
+                      "--scenario", str(scenario), "--out", str(out))
+            assert res.returncode == 0, res.stderr
+            runs[mode, bool(source)] = out
+    sim, emu = losses(runs["simulate", True]), losses(runs["run", True])
+    assert set(emu) == set(sim) == \
+        {(t, w) for t in range(7) for w in range(4)} - {(3, 2), (4, 2)}
+    assert max(abs(sim[k] - emu[k]) for k in sim) <= 1e-5
+    # 2 local steps a round: 4 steps by its checkpoint of round 1, 6 after round 5
+    assert steps(runs["run", True])[5, 2] == steps(runs["simulate", True])[5, 2] == 6
+    assert steps(runs["run", False])[5, 2] == 2   # a donor's joiner starts afresh
+    assert losses(runs["run", False])[5, 2] != emu[5, 2]
+    log = (runs["run", True] / "workers" / "worker2.log").read_text()
+    assert "worker 2: rejoins at round 5 from its checkpoint of round 1" in log
+    events = [json.loads(line) for line in
+              (runs["run", True] / "events.jsonl").read_text().splitlines()]
+    assert [(e["round"], e["worker"], e["from_worker"], e["from_checkpoint"])
+            for e in events if e["type"] == "join"] == [(5, 2, None, True)]
+    assert summary(runs["run", True])["status"] == "ok"
+
+
+def test_a_rejoin_from_a_checkpoint_is_refused_where_it_cannot_be(tmp_path):
+    scenario = tmp_path / "rejoin.toml"
+    scenario.write_text(REJOIN.format(source="from_checkpoint = true"))
+    for extra, words in ((["--checkpoint-every", "0"], "writes none"),
+                         (["--checkpoint-every", "4"], "no checkpoint round before it"),
+                         (["--checkpoint-every", "2", "--algo", "diloco"], "join from a donor")):
+        res = cli("simulate", *BASE, "--rounds", "7", "--scenario", str(scenario), *extra,
+                  "--out", str(tmp_path / "never"))
+        assert res.returncode == 2, res.stderr
+        assert words in res.stderr and "\n" not in res.stderr.strip(), res.stderr

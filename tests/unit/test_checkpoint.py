@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
-from gasloc_emu.plan import build_plan
+from gasloc_emu.plan import build_plan, refuse_resume
 from gasloc_emu.report.records import RunRecord, resume_point, rows_by_round
 from gasloc_emu.training import checkpoint as ck
 
@@ -180,11 +180,49 @@ def test_what_a_resumed_run_could_not_repeat_is_refused(over, says):
         build_plan(cfg_of(**over), data=False)
 
 
-def test_a_scenario_with_leaves_is_refused(tmp_path):
+def test_a_scenario_with_leaves_checkpoints_but_is_not_resumed(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[[event]]\ntype = "leave"\nworker = 1\nround = 2\n')
-    with pytest.raises(C.ConfigError, match="leaves and joins"):
-        build_plan(cfg_of(**{"run.scenario": str(path)}), data=False)
+    plan = build_plan(cfg_of(**{"run.scenario": str(path)}), data=False)
+    with pytest.raises(C.ConfigError, match="--resume rec: its scenario has workers leave or "
+                                            "join"):
+        refuse_resume(plan, "rec")
+    refuse_resume(build_plan(cfg_of(), data=False), "rec")   # without churn: taken
+
+
+def test_a_rejoin_takes_the_latest_whole_checkpoint_before_its_round(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    for r in (1, 3, 5):
+        store.save(2, r, state(r))
+    path = store.path(2, 3)
+    path.write_bytes(path.read_bytes()[:-10])   # cut short: passed over for round 1
+    got, st, refused = store.last_whole(2, before=5)
+    assert got == 1 and torch.equal(st["theta"], state(1)["theta"])
+    assert len(refused) == 1 and "w2-r000003.ckpt" in refused[0]
+    assert store.last_whole(2, before=6)[0] == 5
+    with pytest.raises(ck.CheckpointError, match="worker 2 has no checkpoint of a round before "
+                                                 "1"):
+        store.last_whole(2, before=1)
+
+
+def test_prune_keeps_a_departed_workers_latest_checkpoint(tmp_path):
+    store = ck.Checkpoints(tmp_path)
+    for r in (1, 3, 5, 7):
+        for w in range(3):
+            if w != 2 or r < 3:   # worker 2 left after round 1
+                store.save(w, r, state(r))
+    store.prune(5)
+    assert store.rounds() == {1: {2}, 5: {0, 1}, 7: {0, 1}}
+
+
+def test_the_watch_counts_only_the_workers_alive_in_a_round():
+    alive = {1: {0, 1, 2}, 3: {0, 1}, 5: {0, 1}}
+    watch = ck.CheckpointWatch(2, range(3), lambda r: alive[r])
+    for w in range(3):
+        assert watch.row(w, 1) is None
+    # round 3 is whole without the departed worker 2: files below round 1 may go, then 3
+    assert [watch.row(w, 3) for w in (0, 1)] == [None, 1]
+    assert [watch.row(w, 5) for w in (0, 1)] == [None, 3]
 
 
 def test_gasloc_diloco_and_gossip_take_checkpoints():
