@@ -27,6 +27,7 @@ from gasloc_emu.netplan import (
     placement_regions,
     sim_link_model,
 )
+from gasloc_emu.scenario.faults import FaultTimeline
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
@@ -129,10 +130,12 @@ def _describe_world(world: World) -> dict:
             "link_changes": link_changes(world.links) if world.changes_links else []}
 
 
-def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> RunPlan:
+def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
+               faults: FaultTimeline | None = None) -> RunPlan:
     """Check ``cfg`` against everything a run needs and derive the run; raises the first
     bad-input error. ``corpus``: one already built for this config (tests share one);
-    ``data=False``: no corpus (a plan to describe, not to train)."""
+    ``data=False``: no corpus (a plan to describe, not to train); ``faults``: a run record's
+    random faults (faults.json), played instead of drawing the scenario's again."""
     cfg = follow_tokenizer(cfg)
     resolved = algorithms.resolve(cfg.algo)
     algo = resolved.cls
@@ -141,7 +144,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
     check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
-    world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
+    world = world_from_config(cfg, topo, algo, link_plan, faults)  # every event checked
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)

@@ -264,6 +264,7 @@ def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchRes
     """Host the run: rendezvous, shape this host's links, supervise every worker, keep the
     record, and tell the other nodes how it ended, whatever ended it."""
     with records.RunRecord(path, node.cfg) as rec:
+        rec.faults(node.plan.world)
         sup = ClusterSupervisor(path, rec, node)
         try:
             node.join(node.info(sup.ctl_addr, sup.hb_addr))

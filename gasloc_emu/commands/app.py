@@ -85,14 +85,16 @@ def use_dashboard(cfg: Config) -> bool:
 
 
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
-                     fixings: list | None = None, resume: str | None = None) -> int:
+                     fixings: list | None = None, resume: str | None = None,
+                     faults=None) -> int:
     """``fixings``: a run record's rounds for its timed leaves, joins and partitions, played
-    instead of fixing them on the virtual clock (``--replay``); ``resume``: a run record
+    instead of fixing them on the virtual clock (``--replay``); ``faults``: its random faults
+    as drawn (faults.json), played instead of drawing them again; ``resume``: a run record
     whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
-    plan = _plan(cfg)
-    if fixings is not None:
+    plan = _plan(cfg, faults=faults)
+    if fixings:
         plan.world.replay(fixings)
     point = resume_point(resume, cfg) if resume is not None else None
     path = Path(resume) if resume is not None else \
@@ -113,10 +115,10 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     return exitcodes.OK
 
 
-def _plan(cfg: Config, data: bool = True):
+def _plan(cfg: Config, data: bool = True, faults=None):
     """The run plan (every bad input refused here), its warnings printed."""
     from gasloc_emu.plan import build_plan
-    plan = build_plan(cfg, data=data)
+    plan = build_plan(cfg, data=data, faults=faults)
     for text in plan.warnings:
         click.echo(f"warning: {text}", err=True)
     return plan

@@ -43,6 +43,9 @@ class Scenario:
     # ids absent from the start besides the newcomers the events show: those whose join at a
     # time is not fixed at a round yet (``World.fix``)
     absent: frozenset[int] = frozenset()
+    # the random faults (``faults.FaultTimeline``) whose played events end ``events``; None
+    # without a [faults] section. The run record keeps it (faults.json).
+    faults: object = None
     round_events: tuple[Event, ...] = field(init=False)
     time_events: tuple[Event, ...] = field(init=False)
     membership_trigger: str | None = field(init=False)

@@ -22,6 +22,8 @@ from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
 from gasloc_emu.report.summary import final_summary
+from gasloc_emu.scenario.events import ScenarioError
+from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
@@ -75,6 +77,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
     watch = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers))
     offset_s = resume.time_s if resume is not None else 0.0   # the run's clock goes on
     with RunRecord(Path(out), cfg, resume.round if resume is not None else None) as rec:
+        rec.faults(world)
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
@@ -134,21 +137,25 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
 SIMULATORS = {Rounds: _simulate, Pairwise: simulate_async}
 
 
-def replay_source(run_dir: str) -> tuple[Config, list]:
-    """A run record's config and the fixings of its timed events; a ConfigError when the
-    record has none to replay."""
+def replay_source(run_dir: str) -> tuple[Config, list, FaultTimeline | None]:
+    """A run record's config, the fixings of its timed events and its random faults as drawn
+    (faults.json; None without); a ConfigError when the record has nothing to replay."""
     folder = Path(run_dir)
     try:
         summary = json.loads((folder / "summary.json").read_text())
         cfg = resolve(folder / "config.toml")
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: not a readable run record ({exc})") from None
+    try:
+        faults = read_recorded(folder)
+    except ScenarioError as err:
+        raise ConfigError(f"--replay {run_dir}: {err}") from None
     fixings = (summary.get("membership") or {}).get("fixings")
-    if fixings is None:
+    if fixings is None and faults is None:
         raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
                           "partition at a time; simulate its config.toml instead)")
     try:
-        return cfg, [Fixing.from_json(f) for f in fixings]
+        return cfg, [Fixing.from_json(f) for f in fixings or ()], faults
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 
