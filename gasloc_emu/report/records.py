@@ -24,7 +24,6 @@ from pathlib import Path
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.config_toml import to_toml
 from gasloc_emu.report.schema import MetricRow, RunSummary, links_document
-from gasloc_emu.scenario.faults import FAULTS_FILE
 from gasloc_emu.training.checkpoint import CheckpointError, Checkpoints, ResumePoint
 
 
@@ -34,7 +33,7 @@ def default_name(cfg: Config, label: str) -> str:
 
 
 RECORD_FILES = ("config.toml", "metrics.jsonl", "summary.json", "links.json", "workers.json",
-                "launch.json", FAULTS_FILE)
+                "launch.json", "faults.json")   # the last: scenario.faults.FAULTS_FILE
 
 
 class RecordError(Exception):
@@ -185,7 +184,7 @@ class RunRecord:
         before the run starts: workers and ``simulate --replay`` play what is written."""
         timeline = getattr(getattr(world, "scenario", None), "faults", None)
         if timeline is not None:
-            self.write_json(FAULTS_FILE, timeline.to_json())
+            self.write_json(timeline.file, timeline.to_json())
 
     def summary(self, obj: RunSummary | Mapping) -> None:
         """summary.json: ``obj``, or the ``RunSummary`` of its keys; when the disk is full,

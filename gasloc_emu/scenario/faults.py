@@ -43,7 +43,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gasloc_emu.scenario.events import (
     EVENT_TYPES,
@@ -494,6 +494,7 @@ class FaultTimeline:
     spec: FaultSpec
     faults: tuple[Fault, ...]
     events: tuple[Event, ...]
+    file: ClassVar[str] = FAULTS_FILE
 
     @property
     def counts(self) -> dict[str, dict[str, int]]:

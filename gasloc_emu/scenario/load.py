@@ -49,6 +49,21 @@ A link trace (``--link-trace FILE.csv``) replays measured bandwidth: the header 
 ``time_s,src,dst,rate_mbit`` or ``time_s,src,dst,rate_mbit,latency_ms``, one row per change of
 one directed link (a link keeps a row's values until its next row).
 
+A ``[faults]`` section draws faults from distributions (crashes, hangs, slow-downs, link
+flaps, partitions, lost hosts) into more events of these types, all at a time, after the
+file's own (``faults.spec_from_table``; the format and a worked example in docs/NETWORK.md,
+"Random faults")::
+
+    [faults]
+    seed = 7
+    horizon_s = 60.0
+
+    [[faults.crash]]
+    mtbf_s = 30.0
+    distribution = "weibull"   # or "exponential" (the default)
+    weibull_shape = 1.5
+    duration_median_s = 5.0    # optional: the worker restarts after this long
+
 A ``type`` may also name a kind an installed package registers under the entry-point group
 ``gasloc_emu.scenario_events``, or ``package.module:Class`` (``events.event_type``; how to
 write one: docs/EXTENDING.md); its keys are its class's fields.

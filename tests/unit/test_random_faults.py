@@ -3,14 +3,17 @@ seed on any machine, its statistics those of the distributions asked for, the pl
 rules, the record's round trip, and the scenario file's ``[faults]`` section."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
+import textwrap
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gasloc_emu.report.records import RECORD_FILES
 from gasloc_emu.scenario.events import (
     JoinEvent,
     LeaveEvent,
@@ -20,6 +23,7 @@ from gasloc_emu.scenario.events import (
     SpeedEvent,
 )
 from gasloc_emu.scenario.faults import (
+    FAULTS_FILE,
     Fault,
     FaultSource,
     FaultSpec,
@@ -114,7 +118,7 @@ def test_a_renewal_counts_from_the_end_of_the_last_fault():
     n = len(draw(spec, 1))
     assert n == pytest.approx(4000.0 / (3.0 + math.exp(0.125)), rel=0.06)
     faults = draw(spec, 1)
-    assert all(b.at_s >= a.end_s for a, b in zip(faults, faults[1:]))
+    assert all(b.at_s >= a.end_s for a, b in itertools.pairwise(faults))
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -219,6 +223,7 @@ def test_the_timeline_reads_back_from_its_record(tmp_path):
     tl = timeline(PINNED_SPEC, 3)
     (tmp_path / "faults.json").write_text(json.dumps(tl.to_json()))
     assert read_recorded(tmp_path) == tl
+    assert tl.file == FAULTS_FILE and FAULTS_FILE in RECORD_FILES   # --overwrite clears it
     assert read_recorded(tmp_path / "nothing") is None
     (tmp_path / "faults.json").write_text(json.dumps(tl.to_json() | {"version": 9}))
     with pytest.raises(ScenarioError, match="version 9 is not 1"):
@@ -268,3 +273,18 @@ def test_a_bad_section_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(ScenarioError, match=r"^scenario s.toml: faults.hang #1: mtbf_s = -3 is "
                                             r"out of range; expected a finite value > 0$"):
         load_scenario(tmp_path / "s.toml", 4, 100)
+
+
+def test_the_examples_of_the_docstring_and_the_docs_load(tmp_path):
+    from pathlib import Path
+
+    from gasloc_emu.scenario import load
+    doc = load.__doc__.split("::\n\n    [faults]", 1)[1].split("\n\nA ``type``", 1)[0]
+    (tmp_path / "d.toml").write_text(textwrap.dedent("    [faults]" + doc))
+    sc = load_scenario(tmp_path / "d.toml", 4, 100)
+    assert sc.faults.spec.sources[0].weibull_shape == 1.5 and sc.faults.events
+    page = (Path(__file__).resolve().parents[2] / "docs" / "NETWORK.md").read_text()
+    worked = page.split("A worked example", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "w.toml").write_text(worked)
+    sc = load_scenario(tmp_path / "w.toml", 4, 12)
+    assert {s.kind for s in sc.faults.spec.sources} == {"crash", "hang", "slow", "link_flap"}
