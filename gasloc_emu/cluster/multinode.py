@@ -128,7 +128,15 @@ class Node:
             labels=tuple(d.label for d in self.devices), config_hash=config_hash(self.cfg),
             config=shared_config(self.cfg), version=_version(),
             tc_missing=self.network.tc_missing, port_base=self.network.port_base,
-            ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid())
+            ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid(), threads=self.threads)
+
+    @property
+    def threads(self) -> int:
+        """Torch CPU threads per worker on this node: the cores over its own workers. The
+        record keeps each node's (workers.json), so that ``simulate --replay`` computes each
+        worker with its count: sums in the same order, the same losses."""
+        return self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
+                                                      // len(self.devices))
 
     def join(self, info: NodeInfo) -> list[NodeInfo]:
         """Publish, gather, check: every node's info, or a RendezvousError on every node."""
@@ -156,8 +164,7 @@ class Node:
         master = self.infos[0]
         devices = [d for info in self.infos for d in info.devices]
         binds = [self.network.bind_address(r) for r in range(self.cfg.workers)]
-        threads = self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
-                                                         // len(self.devices))
+        threads = self.threads
         return LaunchSpec(
             ctl_addr=master.ctl_addr, heartbeat_addr=master.hb_addr, devices=tuple(devices),
             bind_addrs=tuple(binds), shaping=self.network.shaping_spec(), threads=threads,
@@ -222,7 +229,8 @@ class ClusterSupervisor(Supervisor):
         info = self.node.node_of(s.rank)
         return {"rank": s.rank, "node": info.node, "host": info.host,
                 "pid": s.proc.pid if s.proc is not None else None,
-                "device": s.device.device, "gpu": s.device.gpu, "addr": s.ready["addr"]}
+                "device": s.device.device, "gpu": s.device.gpu, "addr": s.ready["addr"],
+                "threads": info.threads or None}
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
         """A silent worker on a silent node: the node is what failed, so name it."""

@@ -50,6 +50,7 @@ class NodeInfo:
     ctl_addr: str = ""              # node 0 only: the control plane's ROUTER (tcp://)
     hb_addr: str = ""               # node 0 only: the control plane's heartbeat PULL (tcp://)
     pid: int = 0
+    threads: int = 0                # torch CPU threads of each of its workers (the record's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))

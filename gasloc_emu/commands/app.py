@@ -85,17 +85,16 @@ def use_dashboard(cfg: Config) -> bool:
 
 
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
-                     fixings: list | None = None, resume: str | None = None,
-                     faults=None) -> int:
-    """``fixings``: a run record's rounds for its timed leaves, joins and partitions, played
-    instead of fixing them on the virtual clock (``--replay``); ``faults``: its random faults
-    as drawn (faults.json), played instead of drawing them again; ``resume``: a run record
-    whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
+                     resume: str | None = None, replay=None) -> int:
+    """``replay``: a run record's ``simulate.ReplaySource`` (``--replay``): its rounds for its
+    timed leaves, joins and partitions, played instead of fixing them on the virtual clock,
+    its random faults as drawn (not drawn again) and each worker's CPU threads; ``resume``: a
+    run record whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
-    plan = _plan(cfg, faults=faults)
-    if fixings:
-        plan.world.replay(fixings)
+    plan = _plan(cfg, faults=replay.faults if replay is not None else None)
+    if replay is not None and replay.fixings:
+        plan.world.replay(replay.fixings)
     point = resume_point(resume, cfg) if resume is not None else None
     path = Path(resume) if resume is not None else \
         new_run_dir(cfg, out, overwrite, plan.run_label())
@@ -104,7 +103,8 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
                              shaper="virtual clock" if plan.link_model else "none")
     try:
         with progress:
-            summary = simulate(plan, path, progress=progress, device=device, resume=point)
+            summary = simulate(plan, path, progress=progress, device=device, resume=point,
+                               threads=replay.threads if replay is not None else None)
     except Diverged as exc:
         click.echo(f"error: {exc}; record: {path}", err=True)
         return exitcodes.DIVERGED

@@ -7,6 +7,7 @@ a user would: torchrun's flag names by hand, torchrun itself, or Slurm's environ
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -167,17 +168,16 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path)
 def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     """Three hosts with 1, 2 and 3 workers on random matchings; worker 4 (on the third host)
     leaves at a time and joins again at a time: its node kills nothing itself, node 0 orders
-    its successor there. The run ends ok and `simulate --replay` gives its final loss."""
+    its successor there. The run ends ok and `simulate --replay` gives its losses to the bit,
+    with each host's CPU threads per worker (the cores over its own workers: the lone worker
+    of the first host has more, and sums in another order, than those sharing a host), which
+    the record keeps and the replay computes each worker with."""
     out, scenario = tmp_path / "rec", tmp_path / "churn.toml"
     scenario.write_text("[[event]]\ntype = 'leave'\nworker = 4\nat_s = 0.3\n\n"
                         "[[event]]\ntype = 'join'\nworker = 4\nat_s = 0.7\n")
     result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "10", "--nproc-per-node",
                              str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
-                             "--topology", "matching", "--scenario", str(scenario),
-                             # one CPU thread in every worker and in the replay, which sums in
-                             # the same order then (test_two_hosts_by_hand_equal_simulate)
-                             "--set", "run.threads_per_worker=1", "--set", "sim.batched=false",
-                             nnodes=3)
+                             "--topology", "matching", "--scenario", str(scenario), nnodes=3)
                     for k in range(3)])
     _ok(result)
     summary = _summary(out)
@@ -187,6 +187,9 @@ def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     worker4 = sorted(r for (w, r) in _losses(out) if w == 4)
     assert len(worker4) < 10 and worker4[-1] == 9   # away for some rounds, back to the end
     assert (tmp_path / "rec.node2" / "workers" / "worker4.log").exists()
+    threads = [r["threads"] for r in json.loads((out / "workers.json").read_text())]
+    cores = os.cpu_count() or 1
+    assert threads == [cores] + [max(1, cores // 2)] * 2 + [max(1, cores // 3)] * 3
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, replay.stderr
