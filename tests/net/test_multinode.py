@@ -198,6 +198,56 @@ def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
 
 
+# seed 27 draws (faults.json): hangs, worker 1's crash at 0.477 s and its restart at 0.668 s,
+# the third host lost at 0.592 s (a hang of worker 4 after it is not played: "down")
+RANDOM_FAULTS = """
+[faults]
+seed = 27
+horizon_s = 0.9
+
+[[faults.crash]]
+mtbf_s = 1.5
+workers = [1, 2]
+duration_median_s = 0.3
+
+[[faults.hang]]
+mtbf_s = 1.0
+duration_median_s = 0.05
+
+[[faults.host]]
+mtbf_s = 0.6
+hosts = [[3, 4, 5]]
+"""
+
+
+def test_random_faults_and_a_lost_host_across_three_hosts_are_replayed(hosts, tmp_path):
+    """Three hosts with 1, 2 and 3 workers on random matchings and a random-fault section:
+    crashes with restarts, hangs, and the third host lost (each of its workers leaves at
+    once). The run ends ok, its record has the timeline as drawn, and `simulate --replay`
+    gives its losses row by row."""
+    out, scenario = tmp_path / "rec", tmp_path / "faults.toml"
+    scenario.write_text(RANDOM_FAULTS)
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "14", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--scenario", str(scenario), nnodes=3)
+                    for k in range(3)])
+    _ok(result)
+    summary = _summary(out)
+    assert summary["status"] == "ok", summary.get("error")
+    drawn = json.loads((out / "faults.json").read_text())
+    assert drawn["counts"]["host"] == {"played": 1}
+    assert drawn["counts"]["crash"] == {"played": 1}
+    changes = summary["membership"]["changes"]
+    assert [(c["type"], c["worker"]) for c in changes] == [
+        ("leave", 1), ("leave", 3), ("leave", 4), ("leave", 5), ("join", 1)]
+    assert summary["membership"]["alive_at_end"] == [0, 1, 2]
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
+                             str(tmp_path / "replay")], capture_output=True, text=True)
+    assert replay.returncode == 0, replay.stderr
+    assert _summary(tmp_path / "replay")["membership"]["changes"] == changes
+    assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
+
+
 def test_torchrun_launch(hosts, tmp_path):
     """Two hosts launched by torchrun itself (its rendezvous names the nodes)."""
     if shutil.which("torchrun") is None:
