@@ -92,7 +92,7 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     run record whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
-    plan = _plan(cfg, faults=replay.faults if replay is not None else None)
+    plan = _plan(cfg, faults=replay.faults if replay is not None else _recorded(resume))
     if replay is not None and replay.fixings:
         plan.world.replay(replay.fixings)
     point = resume_point(resume, cfg) if resume is not None else None
@@ -113,6 +113,15 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
         return exitcodes.RUN_FAILED
     _echo_lines(summary_lines(summary, path))
     return exitcodes.OK
+
+
+def _recorded(resume: str | None):
+    """A resumed run's random faults as its record has them (faults.json), not drawn again;
+    None for a new run or a record without."""
+    if resume is None:
+        return None
+    from gasloc_emu.scenario.faults import read_recorded
+    return read_recorded(resume)
 
 
 def _plan(cfg: Config, data: bool = True, faults=None):
@@ -170,7 +179,7 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
     # the workers' zygote imports torch on another core while this process plans the run
     with contextlib.nullcontext() if dry_run else Zygote() as zygote:
         from gasloc_emu.emulator.launcher import launch
-        plan = _plan(cfg, data=not dry_run)
+        plan = _plan(cfg, data=not dry_run, faults=_recorded(resume))
         # refused before anything runs
         point = resume_point(resume, cfg) if resume is not None else None
         path = Path(resume) if resume is not None else \
