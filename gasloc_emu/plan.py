@@ -13,6 +13,7 @@ from the config again. Checks only worth a warning come back as text for the com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gasloc_emu import algorithms, topology
@@ -27,7 +28,7 @@ from gasloc_emu.netplan import (
     placement_regions,
     sim_link_model,
 )
-from gasloc_emu.scenario.faults import FaultTimeline
+from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
@@ -156,6 +157,12 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
+
+
+def recorded_faults(run_dir: str | Path) -> FaultTimeline | None:
+    """A run record's random faults as drawn (faults.json), for ``build_plan``'s ``faults``
+    when the run goes on (``--resume``); None without."""
+    return read_recorded(run_dir)
 
 
 def follow_tokenizer(cfg: Config) -> Config:

@@ -120,8 +120,8 @@ def _recorded(resume: str | None):
     None for a new run or a record without."""
     if resume is None:
         return None
-    from gasloc_emu.scenario.faults import read_recorded
-    return read_recorded(resume)
+    from gasloc_emu.plan import recorded_faults
+    return recorded_faults(resume)
 
 
 def _plan(cfg: Config, data: bool = True, faults=None):

@@ -70,6 +70,7 @@ def test_simulate_plays_the_written_timeline_and_replays_it_after_the_seed_chang
     written = json.loads((tmp_path / "a" / "faults.json").read_text())
     assert written["version"] == 1 and written["spec"]["seed"] == 11
     assert written["counts"]["crash"]["played"] >= 1 and written["counts"]["hang"]["played"] >= 1
+    assert summary["membership"]["faults"] == written["counts"]
     fired = [json.loads(x) for x in (tmp_path / "a" / "events.jsonl").read_text().splitlines()]
     assert {"leave", "join", "pause", "speed"} <= {e["type"] for e in fired}
     assert [c["type"] for c in summary["membership"]["changes"]].count("leave") >= 1

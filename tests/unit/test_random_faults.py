@@ -288,3 +288,12 @@ def test_the_examples_of_the_docstring_and_the_docs_load(tmp_path):
     (tmp_path / "w.toml").write_text(worked)
     sc = load_scenario(tmp_path / "w.toml", 4, 12)
     assert {s.kind for s in sc.faults.spec.sources} == {"crash", "hang", "slow", "link_flap"}
+
+
+def test_the_run_ends_with_a_line_of_the_faults_drawn_and_played():
+    from gasloc_emu.report.fmt import summary_lines
+    counts = {"crash": {"played": 2, "last_worker": 1}, "hang": {"down": 2, "played": 3}}
+    lines = summary_lines({"membership": {"faults": counts}}, "rec")
+    assert "random faults: 8 drawn, 5 played; not played: down 2, last_worker 1 " \
+           "(faults.json)" in lines
+    assert not [ln for ln in summary_lines({"membership": {}}, "rec") if "random" in ln]
