@@ -297,3 +297,23 @@ def test_the_run_ends_with_a_line_of_the_faults_drawn_and_played():
     assert "random faults: 8 drawn, 5 played; not played: down 2, last_worker 1 " \
            "(faults.json)" in lines
     assert not [ln for ln in summary_lines({"membership": {}}, "rec") if "random" in ln]
+
+
+def test_errors_name_a_drawn_event_by_the_section_its_kind_and_time(tmp_path):
+    (tmp_path / "s.toml").write_text(SECTION.replace("at_s = 50.0", "round = 5"))
+    with pytest.raises(ScenarioError, match=r"^scenario s.toml \[faults\] \(leave at [0-9.]+ s, "
+                                            r"drawn\): uses at_s while event #1 uses round"):
+        load_scenario(tmp_path / "s.toml", 4, 100)
+
+
+def test_a_kind_the_algorithm_cannot_play_is_refused_in_one_line(tmp_path):
+    from gasloc_emu import config as C
+    from gasloc_emu.plan import build_plan
+    (tmp_path / "s.toml").write_text("[faults]\nseed = 3\nhorizon_s = 5.0\n"
+                                     "[[faults.link_flap]]\nmtbf_s = 1.0\n"
+                                     "duration_median_s = 0.2\n")
+    cfg = C.resolve(overrides={"workers": 4, "algo.name": "diloco", "run.rounds": 12,
+                               "run.scenario": str(tmp_path / "s.toml")})
+    with pytest.raises(ScenarioError, match=r"^scenario s.toml: faults.link_flap cannot be "
+                                            r"played with diloco: .* use partition faults$"):
+        build_plan(cfg, data=False)
