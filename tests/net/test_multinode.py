@@ -159,10 +159,9 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path)
     assert replay.returncode == 0, replay.stderr
     again = _summary(tmp_path / "replay")
     assert again["final_eval_loss"] == pytest.approx(summary["final_eval_loss"], abs=1e-5)
-    ran, replayed = _losses(out), _losses(tmp_path / "replay")
-    # within the by-hand test's bound: node 0's one worker has more CPU threads than simulate's
-    assert ran.keys() == replayed.keys()
-    assert all(ran[k] == pytest.approx(replayed[k], rel=1e-6) for k in ran)
+    # to the bit: the replay computes each worker with the CPU threads it had (node 0's one
+    # worker more than node 1's three), as workers.json has them
+    assert _losses(tmp_path / "replay") == _losses(out)
 
 
 def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
