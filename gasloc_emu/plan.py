@@ -13,6 +13,7 @@ from the config again. Checks only worth a warning come back as text for the com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gasloc_emu import algorithms, topology
@@ -27,6 +28,7 @@ from gasloc_emu.netplan import (
     placement_regions,
     sim_link_model,
 )
+from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.world import World
 from gasloc_emu.scenario.world import from_config as world_from_config
 from gasloc_emu.topology import Topology
@@ -129,10 +131,12 @@ def _describe_world(world: World) -> dict:
             "link_changes": link_changes(world.links) if world.changes_links else []}
 
 
-def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> RunPlan:
+def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
+               faults: FaultTimeline | None = None) -> RunPlan:
     """Check ``cfg`` against everything a run needs and derive the run; raises the first
     bad-input error. ``corpus``: one already built for this config (tests share one);
-    ``data=False``: no corpus (a plan to describe, not to train)."""
+    ``data=False``: no corpus (a plan to describe, not to train); ``faults``: a run record's
+    random faults (faults.json), played instead of drawing the scenario's again."""
     cfg = follow_tokenizer(cfg)
     resolved = algorithms.resolve(cfg.algo)
     algo = resolved.cls
@@ -141,7 +145,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
     check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
-    world = world_from_config(cfg, topo, algo, link_plan)  # every event and row checked
+    world = world_from_config(cfg, topo, algo, link_plan, faults)  # every event checked
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
@@ -153,6 +157,12 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True) -> 
         corpus = build_corpus(cfg)
     return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
+
+
+def recorded_faults(run_dir: str | Path) -> FaultTimeline | None:
+    """A run record's random faults as drawn (faults.json), for ``build_plan``'s ``faults``
+    when the run goes on (``--resume``); None without."""
+    return read_recorded(run_dir)
 
 
 def follow_tokenizer(cfg: Config) -> Config:

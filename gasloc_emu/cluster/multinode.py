@@ -144,7 +144,15 @@ class Node:
             config=shared_config(self.cfg), version=_version(),
             tc_missing=self.network.tc_missing, port_base=self.network.port_base,
             ctl_addr=ctl_addr, hb_addr=hb_addr, pid=os.getpid(),
-            resuming=int(self.resume_dir is not None))
+            resuming=int(self.resume_dir is not None), threads=self.threads)
+
+    @property
+    def threads(self) -> int:
+        """Torch CPU threads per worker on this node: the cores over its own workers. The
+        record keeps each node's (workers.json), so that ``simulate --replay`` computes each
+        worker with its count: sums in the same order, the same losses."""
+        return self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
+                                                      // len(self.devices))
 
     def join(self, info: NodeInfo) -> list[NodeInfo]:
         """Publish, gather, check: every node's info, or a RendezvousError on every node."""
@@ -172,8 +180,7 @@ class Node:
         master = self.infos[0]
         devices = [d for info in self.infos for d in info.devices]
         binds = [self.network.bind_address(r) for r in range(self.cfg.workers)]
-        threads = self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
-                                                         // len(self.devices))
+        threads = self.threads
         return LaunchSpec(
             ctl_addr=master.ctl_addr, heartbeat_addr=master.hb_addr, devices=tuple(devices),
             bind_addrs=tuple(binds), shaping=self.network.shaping_spec(), threads=threads,
@@ -285,7 +292,8 @@ class ClusterSupervisor(Supervisor):
         info = self.node.node_of(s.rank)
         return {"rank": s.rank, "node": info.node, "host": info.host,
                 "pid": s.proc.pid if s.proc is not None else None,
-                "device": s.device.device, "gpu": s.device.gpu, "addr": s.ready["addr"]}
+                "device": s.device.device, "gpu": s.device.gpu, "addr": s.ready["addr"],
+                "threads": info.threads or None}
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
         """A silent worker on a silent node: the node is what failed, so name it."""
@@ -327,6 +335,7 @@ def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchRes
     """Host the run: rendezvous, shape this host's links, supervise every worker, keep the
     record, and tell the other nodes how it ended, whatever ended it."""
     with records.RunRecord(path, node.cfg) as rec:
+        rec.faults(node.plan.world)
         sup = ClusterSupervisor(path, rec, node)
         try:
             node.join(node.info(sup.ctl_addr, sup.hb_addr))

@@ -55,6 +55,7 @@ class NodeInfo:
     hb_addr: str = ""               # node 0 only: the control plane's heartbeat PULL (tcp://)
     pid: int = 0
     resuming: int = 0               # 1: started with --resume (every node must be, or none)
+    threads: int = 0                # torch CPU threads of each of its workers (the record's)
 
     def __post_init__(self) -> None:
         if self.resuming not in (0, 1):

@@ -85,15 +85,16 @@ def use_dashboard(cfg: Config) -> bool:
 
 
 def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
-                     fixings: list | None = None, resume: str | None = None) -> int:
-    """``fixings``: a run record's rounds for its timed leaves, joins and partitions, played
-    instead of fixing them on the virtual clock (``--replay``); ``resume``: a run record
-    whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
+                     resume: str | None = None, replay=None) -> int:
+    """``replay``: a run record's ``simulate.ReplaySource`` (``--replay``): its rounds for its
+    timed leaves, joins and partitions, played instead of fixing them on the virtual clock,
+    its random faults as drawn (not drawn again) and each worker's CPU threads; ``resume``: a
+    run record whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
-    plan = _plan(cfg)
-    if fixings is not None:
-        plan.world.replay(fixings)
+    plan = _plan(cfg, faults=replay.faults if replay is not None else _recorded(resume))
+    if replay is not None and replay.fixings:
+        plan.world.replay(replay.fixings)
     if resume is not None:
         from gasloc_emu.plan import refuse_resume
         refuse_resume(plan, resume)
@@ -105,7 +106,8 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
                              shaper="virtual clock" if plan.link_model else "none")
     try:
         with progress:
-            summary = simulate(plan, path, progress=progress, device=device, resume=point)
+            summary = simulate(plan, path, progress=progress, device=device, resume=point,
+                               threads=replay.threads if replay is not None else None)
     except Diverged as exc:
         click.echo(f"error: {exc}; record: {path}", err=True)
         return exitcodes.DIVERGED
@@ -116,10 +118,19 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     return exitcodes.OK
 
 
-def _plan(cfg: Config, data: bool = True):
+def _recorded(resume: str | None):
+    """A resumed run's random faults as its record has them (faults.json), not drawn again;
+    None for a new run or a record without."""
+    if resume is None:
+        return None
+    from gasloc_emu.plan import recorded_faults
+    return recorded_faults(resume)
+
+
+def _plan(cfg: Config, data: bool = True, faults=None):
     """The run plan (every bad input refused here), its warnings printed."""
     from gasloc_emu.plan import build_plan
-    plan = build_plan(cfg, data=data)
+    plan = build_plan(cfg, data=data, faults=faults)
     for text in plan.warnings:
         click.echo(f"warning: {text}", err=True)
     return plan
@@ -171,7 +182,7 @@ def run_command(cfg: Config, out: str | None, dry_run: bool = False,
     # the workers' zygote imports torch on another core while this process plans the run
     with contextlib.nullcontext() if dry_run else Zygote() as zygote:
         from gasloc_emu.emulator.launcher import launch
-        plan = _plan(cfg, data=not dry_run)
+        plan = _plan(cfg, data=not dry_run, faults=_recorded(resume))
         # refused before anything runs
         if resume is not None:
             from gasloc_emu.plan import refuse_resume

@@ -338,17 +338,18 @@ def simulate(replay: str | None, resume: str | None, **kw) -> None:
     from gasloc_emu.simulator.simulate import replay_source
     if replay is not None and resume is not None:
         raise click.UsageError("--replay and --resume are two different runs; give one")
-    fixings = None
+    source = None
     if replay is not None:
-        cfg, fixings = replay_source(_record_only("--replay", replay, kw))
+        source = replay_source(_record_only("--replay", replay, kw))
+        cfg = source.cfg
         cfg = _dashboard_flag(cfg, kw)
     elif resume is not None:
         cfg = _dashboard_flag(C.resolve(Path(_record_only("--resume", resume, kw, ("out",)))
                                         / "config.toml"), kw)
     else:
         cfg = resolve_from_flags(kw)
-    sys.exit(simulate_command(cfg, kw.get("out"), kw.get("overwrite", False), fixings,
-                              resume=resume))
+    sys.exit(simulate_command(cfg, kw.get("out"), kw.get("overwrite", False), resume=resume,
+                              replay=source))
 
 
 def _record_only(flag: str, run_dir: str, kw: dict, also: tuple[str, ...] = ()) -> str:

@@ -85,6 +85,7 @@ def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
         remove_stale_socket_dirs()
         rec = stack.enter_context(records.RunRecord(
             path, cfg, resume.round if resume is not None else None))
+        rec.faults(plan.world)   # before any worker starts: they play what is written
         try:
             code, summary = _launch(plan, path, rec, network, stack, progress_factory, log,
                                     zygote, resume)

@@ -164,7 +164,8 @@ class Supervisor:
 
     def _worker_row(self, s: WorkerSlot) -> dict:
         return {"rank": s.rank, "pid": s.proc.pid, "device": s.device.device,
-                "gpu": s.device.gpu, "addr": s.ready["addr"]}
+                "gpu": s.device.gpu, "addr": s.ready["addr"],
+                "threads": threads_per_worker(self.cfg)}
 
     def _spawn_all(self) -> list[WorkerSlot]:
         return [self._spawn(rank, dev) for rank, dev in enumerate(self.devices)]

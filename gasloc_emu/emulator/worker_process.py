@@ -209,6 +209,7 @@ class WorkerProcess:
         """Bind the data plane, say ready, and wait for start; None when told to stop instead."""
         # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
         from gasloc_emu.plan import build_plan
+        from gasloc_emu.scenario.faults import read_recorded
         from gasloc_emu.training.model import count_parameters
         from gasloc_emu.training.worker import Worker, ring_members
         from gasloc_emu.transport.faults import plan_from_config, with_fault
@@ -216,7 +217,8 @@ class WorkerProcess:
         from gasloc_emu.transport.zmq_transport import ZmqTransport
         # the run plan, built in this process from the launcher's resolved config (the
         # launcher checked the same plan before spawning anything)
-        self.plan = plan = build_plan(self.cfg)
+        # the random faults as the launcher wrote them, not drawn again
+        self.plan = plan = build_plan(self.cfg, faults=read_recorded(self.run_dir))
         self.world = world = plan.world
         self.timeline = world.timed_self(self.rank) if world is not None else None
         numel = count_parameters(self.cfg.model)

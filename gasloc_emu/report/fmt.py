@@ -65,8 +65,25 @@ def summary_lines(summary: dict, record_path) -> list[str]:
             f"consensus {_num(summary.get('consensus_distance'))}  "
             f"wall {_num(summary.get('wall_s'))}s"
             + (f"  predicted wall {_num(predicted)}s" if predicted is not None else ""),
-            f"run record: {record_path}"] + _overrun_lines(summary.get("compute")) \
-        + _steal_lines(summary.get("host_cpu"))
+            f"run record: {record_path}"] + _fault_lines(summary.get("membership")) \
+        + _overrun_lines(summary.get("compute")) + _steal_lines(summary.get("host_cpu"))
+
+
+def _fault_lines(membership) -> list[str]:
+    """How many random faults were drawn and played, and why the others were not (the
+    scenario's [faults] section; each one is in faults.json)."""
+    counts = membership.get("faults") if isinstance(membership, dict) else None
+    if not isinstance(counts, dict):
+        return []
+    by_outcome: dict[str, int] = {}
+    for outcomes in counts.values():
+        for outcome, n in outcomes.items():
+            by_outcome[outcome] = by_outcome.get(outcome, 0) + n
+    played = by_outcome.pop("played", 0)
+    drawn = played + sum(by_outcome.values())
+    rest = ", ".join(f"{reason} {n}" for reason, n in sorted(by_outcome.items()))
+    return [f"random faults: {drawn} drawn, {played} played"
+            + (f"; not played: {rest}" if rest else "") + " (faults.json)"]
 
 
 def stolen(steal) -> str | None:

@@ -4,6 +4,7 @@
     <dir>/metrics.jsonl   one JSON object per worker per round, flushed line by line
     <dir>/summary.json    final numbers, written at the end (also when the run failed)
     <dir>/links.json      configured vs measured links (emulator runs)
+    <dir>/faults.json     a scenario's random faults as drawn, written before the run starts
 
 Their schemas (keys, versions, how older records read) are ``report.schema``'s, documented in
 docs/RECORDS.md.
@@ -32,7 +33,7 @@ def default_name(cfg: Config, label: str) -> str:
 
 
 RECORD_FILES = ("config.toml", "metrics.jsonl", "summary.json", "links.json", "workers.json",
-                "launch.json")
+                "launch.json", "faults.json")   # the last: scenario.faults.FAULTS_FILE
 
 
 class RecordError(Exception):
@@ -181,6 +182,14 @@ class RunRecord:
             tmp.replace(self.path / name)  # atomic: readers never see half a summary
         finally:
             tmp.unlink(missing_ok=True)
+
+    def faults(self, world) -> None:
+        """faults.json: the random faults of ``world``'s scenario as drawn (each with its
+        outcome) and the events they became; nothing without a [faults] section. Written
+        before the run starts: workers and ``simulate --replay`` play what is written."""
+        timeline = getattr(getattr(world, "scenario", None), "faults", None)
+        if timeline is not None:
+            self.write_json(timeline.file, timeline.to_json())
 
     def summary(self, obj: RunSummary | Mapping) -> None:
         """summary.json: ``obj``, or the ``RunSummary`` of its keys; when the disk is full,

@@ -278,7 +278,8 @@ class RunSummary(_Record):
                                     "lanes' overlap and the algorithm's pairing constants")
     # -- a scenario's
     membership: dict | None = opt("who left and joined in which round, who is alive at the "
-                                  "end, the fixings of events at a time")
+                                  "end, the fixings of events at a time, the random faults "
+                                  "by kind and outcome (faults.json has each)")
     link_changes: list | None = opt("a scenario's link changes and the rates observed after "
                                     "each (run)")
     timed_events: dict | None = opt("events at a time: {fired, max_late_ms} (run)")

@@ -149,6 +149,13 @@ def _check_partitions_for(scenario: Scenario, cfg, algo) -> None:
     """An algorithm that all-reduces within each group (DiLoCo): a living worker in neither
     group would have no ring (it reaches both sides, which cannot reach each other). Link
     events need a shaper."""
+    flaps = scenario.faults is not None and any(
+        s.kind == "link_flap" for s in scenario.faults.spec.sources)
+    if flaps and algo.groups_all_reduce():
+        raise ScenarioError(f"{scenario.source}: faults.link_flap cannot be played with "
+                            f"{algo.name}: a flap cuts one link, and with {algo.name} every "
+                            "living worker must be in one group of a cut; use partition "
+                            "faults")
     for ev in scenario.events:
         if isinstance(ev, LinkEvent) and turned_off(cfg.net.shaper):
             raise ScenarioError(f"{scenario.source}: link event at {ev.when()} with "

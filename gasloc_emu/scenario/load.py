@@ -49,6 +49,21 @@ A link trace (``--link-trace FILE.csv``) replays measured bandwidth: the header 
 ``time_s,src,dst,rate_mbit`` or ``time_s,src,dst,rate_mbit,latency_ms``, one row per change of
 one directed link (a link keeps a row's values until its next row).
 
+A ``[faults]`` section draws faults from distributions (crashes, hangs, slow-downs, link
+flaps, partitions, lost hosts) into more events of these types, all at a time, after the
+file's own (``faults.spec_from_table``; the format and a worked example in docs/NETWORK.md,
+"Random faults")::
+
+    [faults]
+    seed = 7
+    horizon_s = 60.0
+
+    [[faults.crash]]
+    mtbf_s = 30.0
+    distribution = "weibull"   # or "exponential" (the default)
+    weibull_shape = 1.5
+    duration_median_s = 5.0    # optional: the worker restarts after this long
+
 A ``type`` may also name a kind an installed package registers under the entry-point group
 ``gasloc_emu.scenario_events``, or ``package.module:Class`` (``events.event_type``; how to
 write one: docs/EXTENDING.md); its keys are its class's fields.
@@ -81,16 +96,20 @@ from pathlib import Path
 from typing import Any
 
 from gasloc_emu.config import load_toml
-from gasloc_emu.scenario.events import Event, ScenarioError, event_type, known_kinds
+from gasloc_emu.scenario.events import Event, ScenarioError, event_type, expand, known_kinds
+from gasloc_emu.scenario.faults import FaultTimeline, spec_from_table, timeline
 from gasloc_emu.scenario.script import Scenario
 
 
-def load_scenario(path: str | Path, workers: int, rounds: int) -> Scenario:
+def load_scenario(path: str | Path, workers: int, rounds: int,
+                  recorded: FaultTimeline | None = None) -> Scenario:
     """The scenario file at ``path`` for a run of ``workers`` workers and ``rounds`` rounds,
-    every event validated (see the module docstring)."""
+    every event validated (see the module docstring). ``recorded``: a run record's random
+    faults (faults.json), played instead of drawing the file's ``[faults]`` section."""
     p = Path(path)
     source = f"scenario {p.name}"
-    tables = _event_tables(source, _read_toml(p))
+    data = _read_toml(p)
+    tables = _event_tables(source, data)
     events = []
     for k, table in enumerate(tables, 1):
         kind = table.get("type") if isinstance(table, dict) else None
@@ -100,7 +119,21 @@ def load_scenario(path: str | Path, workers: int, rounds: int) -> Scenario:
             events.append(_event_from_table(table))
         except ScenarioError as err:
             raise ScenarioError(f"{where}: {err}") from None
-    return Scenario(tuple(events), workers, rounds, source)
+    drawn = recorded
+    if drawn is None and "faults" in data:
+        drawn = _draw(source, data["faults"], workers, tuple(events))
+    if drawn is None:
+        return Scenario(tuple(events), workers, rounds, source)
+    return Scenario((*events, *drawn.events), workers, rounds, source, faults=drawn)
+
+
+def _draw(source: str, table: Any, workers: int, own: tuple[Event, ...]) -> FaultTimeline:
+    """The ``[faults]`` section drawn, around the file's own events."""
+    try:
+        spec = spec_from_table(table)
+        return timeline(spec, workers, tuple(e for ev in own for e in expand(ev)))
+    except ScenarioError as err:
+        raise ScenarioError(f"{source}: {err}") from None
 
 
 def _read_toml(p: Path) -> dict:
@@ -108,10 +141,10 @@ def _read_toml(p: Path) -> dict:
 
 
 def _event_tables(source: str, data: dict) -> list:
-    unknown = sorted(set(data) - {"event"})
+    unknown = sorted(set(data) - {"event", "faults"})
     if unknown:
         raise ScenarioError(f"{source}: unknown top-level key {unknown[0]!r}; a scenario has "
-                            "only [[event]] tables")
+                            "only [[event]] tables and a [faults] section")
     tables = data.get("event", [])
     if not isinstance(tables, list):
         raise ScenarioError(f"{source}: event must be a list of tables ([[event]] in TOML)")

@@ -31,7 +31,10 @@ def membership_summary(world: World) -> dict:
                 # `simulate --replay` plays again
                 {"not_fired": world.not_fired(),
                  "fixings": [f.to_json() for f in world.fixings]}
-                if world.fixer is not None else {})
+                if world.fixer is not None else {}) | (
+                # {kind: {outcome: count}} of the [faults] section's draws
+                {"faults": world.scenario.faults.counts}
+                if world.scenario is not None and world.scenario.faults is not None else {})
 
 
 def link_changes(links) -> list[dict]:

@@ -43,6 +43,9 @@ class Scenario:
     # ids absent from the start besides the newcomers the events show: those whose join at a
     # time is not fixed at a round yet (``World.fix``)
     absent: frozenset[int] = frozenset()
+    # the random faults (``faults.FaultTimeline``) whose played events end ``events``; None
+    # without a [faults] section. The run record keeps it (faults.json).
+    faults: object = None
     round_events: tuple[Event, ...] = field(init=False)
     time_events: tuple[Event, ...] = field(init=False)
     membership_trigger: str | None = field(init=False)
@@ -94,11 +97,23 @@ class Scenario:
 
     def _where(self, index: int, ev: Event) -> str:
         n, kind = self.origins[index - 1]
+        if self._drawn(n):
+            return f"{self.source} [faults] ({kind} at {ev.when()}, drawn)"
         return f"{self.source} event #{n} ({kind})"
 
     def _ref(self, index: int) -> str:
-        """``event #N``: the given event that event ``index`` (1-based, expanded) came from."""
-        return f"event #{self.origins[index - 1][0]}"
+        """``event #N``: the given event that event ``index`` (1-based, expanded) came from;
+        one of the [faults] section's, by its kind and time."""
+        n, kind = self.origins[index - 1]
+        if self._drawn(n):
+            return f"the drawn {kind} at {self.events[index - 1].when()}"
+        return f"event #{n}"
+
+    def _drawn(self, n: int) -> bool:
+        """Whether given event ``n`` (1-based) is one the [faults] section drew: they come
+        after the file's own."""
+        drawn = len(self.faults.events) if self.faults is not None else 0
+        return n > self.origins[-1][0] - drawn if self.origins else False
 
     def membership_at(self, round_idx: int) -> frozenset[int]:
         """The workers alive at the start of round ``round_idx`` (after that round's leaves and

@@ -400,14 +400,15 @@ def by_round(scenario: Scenario, fixings: list[Fixing]) -> tuple[Scenario, dict]
                   if old in at_s}
 
 
-def from_config(cfg, topo, algo, link_plan) -> World | None:
+def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
     """The world of a resolved config (the run plan builds it once): None without a scenario
     or a link trace. ``topo``: the full gossip graph (None for an algorithm without one, whose
     exchange partners are its ring's neighbours); ``algo``: the algorithm's class, whose traits
-    decide what a scenario may do with it; ``link_plan``: the bandwidth profile's."""
+    decide what a scenario may do with it; ``link_plan``: the bandwidth profile's;
+    ``faults``: a run record's random faults, played instead of drawing the scenario's."""
     if not (cfg.run.scenario or cfg.net.link_trace):
         return None
-    scenario = (load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds)
+    scenario = (load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds, faults)
                 if cfg.run.scenario else Scenario((), cfg.workers, cfg.run.rounds, "no scenario"))
     trace = (load_link_trace(cfg.net.link_trace, scenario.total_workers)
              if cfg.net.link_trace else None)

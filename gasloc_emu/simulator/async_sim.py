@@ -242,6 +242,7 @@ def simulate_async(plan, out: Path, progress, device: str) -> RunSummary:
     as the round-based simulator writes it, plus per-worker steps and pairings."""
     cfg, t_start = plan.cfg, time.perf_counter()
     with RunRecord(Path(out), cfg) as rec:
+        rec.faults(plan.world)
         boxes: dict = {}
         sim, lanes = None, LaneTally(cfg.workers)
         workers = [Worker(plan, r, PostTransport(r, cfg.workers, boxes, lambda: sim.now_s),

@@ -49,11 +49,14 @@ class Hub:
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
                  timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None,
                  background: bool = False, timed_self: dict | None = None,
-                 timed_world=None):
+                 timed_world=None, threads: tuple[int, ...] | None = None):
         """``timed_self``: {rank: (timeline, speed)} of workers with speed or pause events at a
         time; ``timed_world``: what fixes leaves, joins and partitions at a time at rounds; both
-        for the clock (``VirtualClock``)."""
+        for the clock (``VirtualClock``). ``threads``: each worker's torch CPU threads (a
+        run's, for its replay); None: the process's setting for all."""
         self.world_size, self.background = world_size, background
+        self.threads = threads
+        self._turn = threading.local()
         self.cond = threading.Condition(threading.RLock())
         self.mail: dict[tuple, torch.Tensor] = {}
         # slots=None: as many cores as workers, i.e. no CPU sharing in the prediction
@@ -67,6 +70,20 @@ class Hub:
         self.waiting: dict[int, tuple] = {}
         self.hung: dict[int, int] = {}
         self.done: set[int] = set()
+
+    def take_turn(self, rank: int) -> None:
+        """The calling thread computes for ``rank`` from now on (it holds ``cond``)."""
+        self._turn.threads = self.threads[rank] if self.threads else None
+        self._own_threads()
+
+    def _own_threads(self) -> None:
+        """Torch's thread count for the worker whose turn it now is: CPU kernels sum in an
+        order that depends on it, so a worker replayed with the count it ran with computes
+        what it computed. Set at every turn: the count is per thread under OpenMP but global
+        for MKL, and only one worker computes at a time."""
+        n = getattr(self._turn, "threads", None)
+        if n:
+            torch.set_num_threads(n)
 
     def report(self, lane: int, op) -> None:
         """Hand one operation to the clock (the caller holds ``cond``); it counts as progress."""
@@ -89,6 +106,7 @@ class Hub:
                 idle_s += took
             if idle_s >= self.timeout_s:
                 return False
+        self._own_threads()
         return True
 
     def abort(self, exc: BaseException) -> None:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
 from gasloc_emu.report.summary import final_summary
+from gasloc_emu.scenario.events import ScenarioError
+from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
@@ -45,30 +48,35 @@ Progress = Callable[[dict], None]
 
 
 def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
-             device: str | None = None, resume: ResumePoint | None = None) -> RunSummary:
+             device: str | None = None, resume: ResumePoint | None = None,
+             threads: tuple[int, ...] | None = None) -> RunSummary:
     """Run ``plan`` in one process, write the run record under ``out``, return the summary.
-    ``resume``: go on from the checkpoints under ``out`` at that point (``--resume``).
+    ``resume``: go on from the checkpoints under ``out`` at that point (``--resume``);
+    ``threads``: each worker's torch CPU threads, as a run's record has them (``--replay``:
+    a worker on a host of its own ran with more than one sharing a host), for the workers
+    that run in rounds (the per-worker simulator).
 
     Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
     the CPU); they take turns, so one device is shared without contention. The links are the
     plan's model of them (none when unshaped: then the clock predicts nothing).
     """
     cfg = plan.cfg
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
     # as each emulator process does; batched, one computation at a time uses every core
     torch.set_num_threads((os.cpu_count() or 1) if cfg.sim.batched else threads_per_worker(cfg))
     run = SIMULATORS[type(plan.drive)]
+    device = device or simulator_device(cfg.run.device)
     try:
-        if resume is not None:   # checkpoints are refused up front for the other drives
-            return _simulate(plan, Path(out), progress,
-                             device or simulator_device(cfg.run.device), resume)
-        return run(plan, Path(out), progress, device or simulator_device(cfg.run.device))
+        if resume is not None or run is _simulate:  # checkpoints are refused for the others
+            return _simulate(plan, Path(out), progress, device, resume, threads)
+        return run(plan, Path(out), progress, device)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def _simulate(plan: RunPlan, out: Path, progress, device: str,
-              resume: ResumePoint | None = None) -> RunSummary:
+              resume: ResumePoint | None = None,
+              threads: tuple[int, ...] | None = None) -> RunSummary:
     cfg, t_start = plan.cfg, time.perf_counter()
     link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
@@ -77,6 +85,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
                             world.alive if world is not None else None)
     offset_s = resume.time_s if resume is not None else 0.0   # the run's clock goes on
     with RunRecord(Path(out), cfg, resume.round if resume is not None else None) as rec:
+        rec.faults(world)
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
@@ -92,7 +101,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
         timed = _TimedWorld(world) if world is not None and world.fixer is not None else None
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
                   background=plan.algo.reduces_in_background(cfg.algo),
-                  timed_self=timed_self(plan), timed_world=timed)
+                  timed_self=timed_self(plan), timed_world=timed,
+                  threads=None if cfg.sim.batched else threads)
         if timed is not None:
             timed.hub = hub
         gate = batched_gate(plan, hub, device)
@@ -136,21 +146,50 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
 SIMULATORS = {Rounds: _simulate, Pairwise: simulate_async}
 
 
-def replay_source(run_dir: str) -> tuple[Config, list]:
-    """A run record's config and the fixings of its timed events; a ConfigError when the
-    record has none to replay."""
+@dataclass(frozen=True)
+class ReplaySource:
+    """What ``simulate --replay`` takes from a run record: its config, the rounds its events
+    at a time landed on, its random faults as drawn (faults.json; None without) and each
+    worker's torch CPU threads (workers.json; None where the record does not say)."""
+
+    cfg: Config
+    fixings: list[Fixing]
+    faults: FaultTimeline | None
+    threads: tuple[int, ...] | None
+
+
+def _recorded_threads(folder: Path, workers: int) -> tuple[int, ...] | None:
+    """Each worker's threads from workers.json: None unless every worker has a count."""
+    try:
+        rows = json.loads((folder / "workers.json").read_text())
+        counts = {int(r["rank"]): r.get("threads") for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    threads = tuple(counts.get(rank) for rank in range(workers))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in threads):
+        return None
+    return threads
+
+
+def replay_source(run_dir: str) -> ReplaySource:
+    """A run record's ``ReplaySource``; a ConfigError when it has nothing to replay."""
     folder = Path(run_dir)
     try:
         summary = json.loads((folder / "summary.json").read_text())
         cfg = resolve(folder / "config.toml")
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: not a readable run record ({exc})") from None
+    try:
+        faults = read_recorded(folder)
+    except ScenarioError as err:
+        raise ConfigError(f"--replay {run_dir}: {err}") from None
     fixings = (summary.get("membership") or {}).get("fixings")
-    if fixings is None:
+    if fixings is None and faults is None:
         raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
                           "partition at a time; simulate its config.toml instead)")
     try:
-        return cfg, [Fixing.from_json(f) for f in fixings]
+        return ReplaySource(cfg, [Fixing.from_json(f) for f in fixings or ()], faults,
+                            _recorded_threads(folder, cfg.workers))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 
@@ -348,6 +387,7 @@ def _join_for(threads: list[threading.Thread], grace_s: float) -> None:
 def _worker_loop(life: _Life, hub: Hub) -> None:
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
+            hub.take_turn(life.rank)
             life.driver.run(life.first)
             life.transport.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker

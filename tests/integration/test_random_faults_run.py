@@ -1,0 +1,105 @@
+"""A scenario's random faults in whole runs: the timeline is written to the record before the
+run starts (faults.json), the same seed gives the same run, and ``simulate --replay`` plays
+the written timeline (not a new draw) to the run's losses, also after a ``run``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gasloc_emu import config as C
+from gasloc_emu.commands.cli import main
+from gasloc_emu.plan import build_plan
+from gasloc_emu.scenario.load import load_scenario
+from gasloc_emu.simulator.simulate import simulate
+
+pytestmark = pytest.mark.integration
+
+# 3 steps of 0.05 s: a round takes 0.15 s, 12 rounds about 1.8 s
+FAULTS = """
+[faults]
+seed = 11
+horizon_s = 1.6
+
+[[faults.crash]]
+mtbf_s = 2.0
+workers = [1, 2]
+duration_median_s = 0.4
+
+[[faults.hang]]
+mtbf_s = 1.5
+duration_median_s = 0.1
+
+[[faults.slow]]
+mtbf_s = 1.5
+duration_median_s = 0.3
+speed = 0.5
+
+[[faults.link_flap]]
+mtbf_s = 3.0
+duration_median_s = 0.3
+links = [[0, 3]]
+"""
+
+
+def _cfg(tmp_path, seed: int = 11) -> C.Config:
+    (tmp_path / "s.toml").write_text(FAULTS.replace("seed = 11", f"seed = {seed}"))
+    return C.resolve(overrides={
+        "workers": 4, "algo.name": "gasloc", "topology.name": "ring", "algo.local_steps": 3,
+        "run.rounds": 12, "run.eval_every": 4, "run.scenario": str(tmp_path / "s.toml"),
+        "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05})
+
+
+def _losses(run_dir) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {(r["worker"], r["round"]): r["train_loss"] for r in rows}
+
+
+def _replay(tmp_path, run: str, out: str) -> dict:
+    res = CliRunner().invoke(main, ["simulate", "--replay", str(tmp_path / run),
+                                    "--out", str(tmp_path / out)])
+    assert res.exit_code == 0, res.output
+    return json.loads((tmp_path / out / "summary.json").read_text())
+
+
+def test_simulate_plays_the_written_timeline_and_replays_it_after_the_seed_changed(tmp_path):
+    plan = build_plan(_cfg(tmp_path))
+    summary = simulate(plan, tmp_path / "a")
+    assert summary["status"] == "ok"
+    written = json.loads((tmp_path / "a" / "faults.json").read_text())
+    assert written["version"] == 1 and written["spec"]["seed"] == 11
+    assert written["counts"]["crash"]["played"] >= 1 and written["counts"]["hang"]["played"] >= 1
+    assert summary["membership"]["faults"] == written["counts"]
+    fired = [json.loads(x) for x in (tmp_path / "a" / "events.jsonl").read_text().splitlines()]
+    assert {"leave", "join", "pause", "speed"} <= {e["type"] for e in fired}
+    assert [c["type"] for c in summary["membership"]["changes"]].count("leave") >= 1
+    # the same seed: the same run, to the bit
+    again = simulate(build_plan(_cfg(tmp_path), corpus=plan.corpus), tmp_path / "b")
+    assert _losses(tmp_path / "b") == _losses(tmp_path / "a")
+    assert again["final_eval_loss"] == summary["final_eval_loss"]
+    # another seed in the file now, drawing other faults: the replay still plays the
+    # record's timeline
+    cfg = _cfg(tmp_path, seed=12)
+    assert load_scenario(cfg.run.scenario, 4, 12).faults.to_json()["faults"] != written["faults"]
+    replayed = _replay(tmp_path, "a", "replay")
+    assert replayed["membership"]["changes"] == summary["membership"]["changes"]
+    assert _losses(tmp_path / "replay") == _losses(tmp_path / "a")
+    assert json.loads((tmp_path / "replay" / "faults.json").read_text()) == written
+
+
+def test_a_run_with_random_faults_replays_to_its_losses(tmp_path):
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
+    cfg = _cfg(tmp_path)
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
+    assert result.code == 0, result.error
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert [c["type"] for c in summary["membership"]["changes"]].count("leave") >= 1
+    replayed = _replay(tmp_path, "run", "replay")
+    assert replayed["membership"]["changes"] == summary["membership"]["changes"]
+    assert replayed["final_eval_loss"] == pytest.approx(summary["final_eval_loss"], abs=1e-5)
+    run = _losses(tmp_path / "run")
+    assert _losses(tmp_path / "replay").keys() == run.keys()
+    assert _losses(tmp_path / "replay") == pytest.approx(run, abs=1e-5)
