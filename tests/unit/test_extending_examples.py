@@ -15,7 +15,7 @@ import torch
 from test_channel import decode, frames, gossip_rounds, ring_mean, vec
 
 from gasloc_emu import config as C
-from gasloc_emu import plugins
+from gasloc_emu import plugins, topology
 from gasloc_emu.comm import codecs
 from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import events
@@ -34,7 +34,7 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
-@pytest.mark.parametrize("name", ["fp16_codec.py", "slowdown_event.py"])
+@pytest.mark.parametrize("name", ["fp16_codec.py", "hypercube_topology.py", "slowdown_event.py"])
 def test_the_doc_shows_each_example_file_verbatim(name):
     assert (EXAMPLES / name).read_text() in _blocks("python")
 
@@ -48,15 +48,18 @@ def registered(monkeypatch):
     eps = {group: {name: metadata.EntryPoint(name, value, group)
                    for name, value in re.findall(rf'\[project\.entry-points\."{group}"\]\n'
                                                  r'(\S+) = "([^"]+)"', tables)}
-           for group in (codecs.GROUP, events.GROUP)}
+           for group in (codecs.GROUP, events.GROUP, topology.GROUP)}
     assert eps[codecs.GROUP] == {"fp16": metadata.EntryPoint("fp16", "fp16_codec:FP16",
                                                              codecs.GROUP)}
     assert set(eps[events.GROUP]) == {"slowdown"}
+    assert eps[topology.GROUP] == {"hypercube": metadata.EntryPoint(
+        "hypercube", "hypercube_topology:Hypercube", topology.GROUP)}
     real = plugins.registered
 
     def with_examples(group: str):
         return {**real(group), **eps.get(group, {})}
     monkeypatch.setattr(plugins, "registered", with_examples)
+    monkeypatch.setattr(C, "registered_names", lambda group: frozenset(with_examples(group)))
 
 
 # -- the codec
@@ -112,6 +115,48 @@ def test_simulate_runs_with_the_registered_codec(registered, tmp_path):
     assert summary["status"] == "ok" and summary["comm"]["codec"] == "fp16"
     assert summary["comm"]["bytes_sent_total"] == pytest.approx(
         0.5 * summary["comm"]["raw_bytes_sent_total"], rel=1e-3)
+
+
+# -- the topology
+
+def test_the_config_names_exactly_the_builtin_topologies():
+    assert C.TOPOLOGIES == topology.NAMES
+    assert all(name == fam.name for name, fam in topology.BUILTIN.items())
+
+
+def test_the_hypercube_is_found_by_name_and_path_and_mixes_as_the_closed_form(registered):
+    for d in (1, 2, 3, 4):
+        cube = topology.Topology("hypercube", 2 ** d)
+        assert [len(p) for p in cube.neighbors(0)] == [d] * 2 ** d
+        assert all(bin(i ^ j).count("1") == 1 for i, j in cube.possible_edges)
+        # W = I - L / (d + 1) with L's eigenvalues 2k, k = 0..d
+        assert cube.lambda2 == pytest.approx((d - 1) / (d + 1), abs=1e-12)
+    by_path = topology.Topology("hypercube_topology:Hypercube", 8)
+    assert by_path.possible_edges == topology.Topology("hypercube", 8).possible_edges
+    with pytest.raises(topology.TopologyError, match="power of two workers; got N = 6"):
+        topology.Topology("hypercube", 6)
+    with pytest.raises(topology.TopologyError,
+                       match="'hypercub'; expected one of ring, .*, hypercube, or"):
+        topology.Topology("hypercub", 8)
+    with pytest.raises(topology.TopologyError, match="not a subclass of gasloc_emu.topology"):
+        topology.Topology("hypercube_topology:_bits", 8)
+
+
+def test_simulate_gossips_over_the_registered_topology(registered, tmp_path):
+    cfg = _cfg(**{"workers": 8, "algo.name": "local-gossip", "topology.name": "hypercube",
+                  "run.rounds": 2})
+    simulate(build_plan(cfg), tmp_path / "sim")
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["peers"]["rule"].startswith("hypercube: workers whose indices differ")
+    links = json.loads((tmp_path / "sim" / "links.json").read_text())
+    used = {(int(s), int(d)) for s, d in _used_links(links)}
+    assert used == {(i, i ^ b) for i in range(8) for b in (1, 2, 4)}
+
+
+def _used_links(links: dict) -> list[tuple[int, int]]:
+    """The directed links that carried bytes in a simulate's links.json."""
+    return [(row["src"], row["dst"]) for row in links["links"] if row["bytes"] > 0]
 
 
 # -- the event kind
