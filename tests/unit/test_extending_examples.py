@@ -15,7 +15,7 @@ import torch
 from test_channel import decode, frames, gossip_rounds, ring_mean, vec
 
 from gasloc_emu import config as C
-from gasloc_emu import plugins, topology
+from gasloc_emu import netplan, plugins, topology
 from gasloc_emu.comm import codecs
 from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import events
@@ -23,6 +23,7 @@ from gasloc_emu.scenario.load import load_scenario
 from gasloc_emu.simulator.simulate import simulate
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.schema import Wire, WireSchema
+from netem.profiles import ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "extending"
@@ -34,7 +35,8 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
-@pytest.mark.parametrize("name", ["fp16_codec.py", "hypercube_topology.py", "slowdown_event.py"])
+@pytest.mark.parametrize("name", ["fp16_codec.py", "hypercube_topology.py", "slowdown_event.py",
+                                  "distance_profile.py"])
 def test_the_doc_shows_each_example_file_verbatim(name):
     assert (EXAMPLES / name).read_text() in _blocks("python")
 
@@ -48,12 +50,13 @@ def registered(monkeypatch):
     eps = {group: {name: metadata.EntryPoint(name, value, group)
                    for name, value in re.findall(rf'\[project\.entry-points\."{group}"\]\n'
                                                  r'(\S+) = "([^"]+)"', tables)}
-           for group in (codecs.GROUP, events.GROUP, topology.GROUP)}
+           for group in (codecs.GROUP, events.GROUP, topology.GROUP, netplan.PROFILE_GROUP)}
     assert eps[codecs.GROUP] == {"fp16": metadata.EntryPoint("fp16", "fp16_codec:FP16",
                                                              codecs.GROUP)}
     assert set(eps[events.GROUP]) == {"slowdown"}
     assert eps[topology.GROUP] == {"hypercube": metadata.EntryPoint(
         "hypercube", "hypercube_topology:Hypercube", topology.GROUP)}
+    assert set(eps[netplan.PROFILE_GROUP]) == {"distance"}
     real = plugins.registered
 
     def with_examples(group: str):
@@ -157,6 +160,51 @@ def test_simulate_gossips_over_the_registered_topology(registered, tmp_path):
 def _used_links(links: dict) -> list[tuple[int, int]]:
     """The directed links that carried bytes in a simulate's links.json."""
     return [(row["src"], row["dst"]) for row in links["links"] if row["bytes"] > 0]
+
+
+# -- the bandwidth profile
+
+def test_the_profile_gives_every_link_the_rate_of_its_distance(registered):
+    for ref in ("distance", "distance_profile:distance"):
+        plan = build_plan(_cfg(**{"workers": 6, "net.bw_profile": ref, "net.rate_mbit": 60.0,
+                                  "net.latency_ms": 5.0}), data=False)
+        links = plan.link_plan.links
+        assert len(links) == 6 * 5
+        for (i, j), link in links.items():
+            hops = min(abs(i - j), 6 - abs(i - j))
+            assert (link.rate_mbit, link.latency_ms) == (pytest.approx(60.0 / hops, abs=1e-3), 5.0)
+        assert plan.link_plan.note == "rate_mbit / hops around a ring of 6 sites"
+
+
+def test_a_bad_profile_is_one_line_naming_it(registered, monkeypatch):
+    with pytest.raises(ProfileError, match="'distanse' is not a profile; expected one of "
+                                            "uniform, .*, distance, a path"):
+        build_plan(_cfg(**{"net.bw_profile": "distanse"}), data=False)
+    import distance_profile
+    monkeypatch.setattr(distance_profile, "distance", lambda net, n, seed: ({(0, 1): 5.0}, ""))
+    with pytest.raises(ProfileError, match=r"'distance' gave no rate for pair \(0, 2\)"):
+        build_plan(_cfg(**{"net.bw_profile": "distance"}), data=False)
+    monkeypatch.setattr(distance_profile, "distance",
+                        lambda net, n, seed: ({(0, 1): 5.0, (0, 2): -1.0, (1, 2): 5.0}, ""))
+    with pytest.raises(ProfileError, match=r"pair \(0, 2\).*-1.0"):
+        build_plan(_cfg(**{"net.bw_profile": "distance"}), data=False)
+
+
+def _round_times(run_dir) -> list[float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().split("\n") if x]
+    return [r["time_s"] for r in sorted(rows, key=lambda r: (r["round"], r["worker"]))]
+
+
+def test_simulate_times_the_links_at_the_profile_rates(registered, tmp_path):
+    def run(name, profile, graph):
+        simulate(build_plan(_cfg(**{"workers": 4, "topology.name": graph, "net.rate_mbit": 20.0,
+                                    "net.bw_profile": profile})), tmp_path / name)
+        return _round_times(tmp_path / name)
+    # on a ring every gossip link is one hop: the profile is the uniform one there, to the bit
+    assert run("ring-distance", "distance", "ring") == run("ring-uniform", "uniform", "ring")
+    # on the complete graph worker i also waits for i + 2, two hops and half the rate away
+    assert run("complete-distance", "distance", "complete")[-1] > \
+        run("complete-uniform", "uniform", "complete")[-1]
 
 
 # -- the event kind
