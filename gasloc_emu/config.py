@@ -14,6 +14,7 @@ import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, NamedTuple, Union, get_args, get_origin, get_type_hints
 
@@ -36,14 +37,17 @@ class ConfigError(ValueError):
 
 
 def setting(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
-            choices: tuple | None = None, names: tuple | None = None) -> Any:
+            choices: tuple | None = None, names: tuple | None = None,
+            group: str | None = None) -> Any:
     """A documented field, so that validation, errors, CLI help and ``config --fields`` agree.
 
     ``lo``/``hi`` are inclusive bounds, ``choices`` the only allowed values. ``names`` are the
     known words of a field that also takes something else (a profile file, a number); they are
-    listed in help but not enforced here.
+    listed in help but not enforced here, unless ``group`` is given: then the field takes
+    ``names``, a name an installed package registers under that entry-point group, or a
+    ``package.module:Name`` path (which the registry that loads it checks further).
     """
-    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "names": names}
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "names": names, "group": group}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -53,6 +57,9 @@ def allowed(meta: Mapping[str, Any]) -> str:
     """What a setting accepts, in words; empty when anything of its type goes."""
     if meta.get("choices"):
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    if meta.get("group"):
+        return ("one of " + ", ".join(repr(n) for n in meta["names"]) + ", a name registered "
+                f"under the entry-point group {meta['group']}, or package.module:Name")
     parts = []
     lo, hi = meta.get("lo"), meta.get("hi")
     if lo is not None or hi is not None:
@@ -62,10 +69,27 @@ def allowed(meta: Mapping[str, Any]) -> str:
     return " or ".join(parts)
 
 
+def _in_registry(value: Any, meta: Mapping[str, Any]) -> bool:
+    """Whether a field with an entry-point ``group`` may take ``value``: a known name, a
+    ``package.module:Name`` path, or a name an installed package registers under the group
+    (the registry that loads it, above this module, says what a bad one is)."""
+    group = meta.get("group")
+    if not group or not isinstance(value, str) or value in meta["names"] or ":" in value:
+        return True
+    return value in registered_names(group)
+
+
+@functools.cache
+def registered_names(group: str) -> frozenset[str]:
+    """The short names installed packages register under the entry-point ``group``
+    (``plugins.registered`` loads them; this module only checks a setting's word)."""
+    return frozenset(ep.name for ep in importlib_metadata.entry_points(group=group))
+
+
 def _check_value(key: str, value: Any, meta: dict) -> None:
     items = value if isinstance(value, tuple) else (value,)
     for v in items:
-        if meta["choices"] and v not in meta["choices"]:
+        if meta["choices"] and v not in meta["choices"] or not _in_registry(v, meta):
             raise ConfigError(f"{key} = {value!r} is not allowed; expected {allowed(meta)}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             bad = (isinstance(v, float) and not math.isfinite(v)) \
@@ -273,7 +297,9 @@ class AlgoConfig(_Validated):
         return h or default
 
 
-# the topology module's NAMES (it sits above config; a unit test keeps the two equal)
+# the built-in graphs' names, for help texts (the topology module's NAMES, which sits above
+# config; a unit test keeps the two equal); any family registered under the entry-point group
+# gasloc_emu.topologies, or package.module:Class, is allowed too (``topology.family``)
 TOPOLOGIES = ("ring", "torus", "exponential", "expander", "complete", "matching", "matching2",
               "fastest")
 
@@ -284,8 +310,10 @@ class TopologyConfig(_Validated):
     name: str = setting("ring", "Graph: ring, torus, exponential, expander (random d-regular), "
                                 "complete, matching (random one-peer per round), matching2 "
                                 "(two matchings), fastest (degree <= d on the fastest "
-                                "measured links of the bandwidth profile, connected).",
-                         choices=TOPOLOGIES)
+                                "measured links of the bandwidth profile, connected), a "
+                                "family registered under the entry-point group "
+                                "gasloc_emu.topologies or package.module:Class.",
+                         names=TOPOLOGIES, group="gasloc_emu.topologies")
     degree: int = setting(4, "Degree d of the expander graph; the most peers of fastest.",
                           lo=1, hi=4096)
     base: str = setting("complete", "Base graph whose edges the random matchings are drawn from.",
@@ -698,6 +726,47 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return list(obj)
     return obj
+
+# -- the tree written back as TOML (run records, ``config --show``), read back by ``resolve``
+# to an equal Config: the same format both ways, so the round trip lives with the reader
+
+
+def _toml_char(c: str) -> str:
+    """One character of a TOML basic string: quotes, backslashes and control codes escaped."""
+    if c in '"\\':
+        return "\\" + c
+    if ord(c) < 0x20 or ord(c) == 0x7F:
+        return f"\\u{ord(c):04x}"
+    return c
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + "".join(_toml_char(c) for c in v) + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as TOML that ``resolve(file=...)`` reads back to an equal Config."""
+    lines: list[str] = []
+    _emit_table(to_dict(cfg), "", lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _emit_table(table: dict, name: str, lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if name:
+        lines.append(f"\n[{name}]")
+    lines.extend(f"{k} = {_toml_value(v)}" for k, v in scalars.items())
+    for k, v in table.items():
+        if isinstance(v, dict):
+            _emit_table(v, f"{name}.{k}" if name else k, lines)
 
 
 class SettingSpec(NamedTuple):

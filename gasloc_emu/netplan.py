@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from gasloc_emu import plugins
 from gasloc_emu.config import Config
 
 
@@ -90,7 +91,34 @@ def check_network(cfg: Config):
         if given:
             raise ProfileError(f"{', '.join(given)} with net.shaper = 'none' would not be "
                                "applied; drop it, or choose a shaper (auto, tc or userspace)")
-    return build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp)
+    return build_link_plan(cfg.net, cfg.workers, cfg.seed, tcp=cfg.tcp,
+                           builder=profile_builder(cfg.net.bw_profile))
+
+
+PROFILE_GROUP = "gasloc_emu.profiles"
+
+
+def profile_builder(name: str):
+    """The pair-rate builder of a profile that is none of netem's (``netem.profiles``' named
+    profiles, a file, or unshaped: None): a function registered under the entry-point group
+    ``gasloc_emu.profiles``, or ``package.module:function`` (docs/EXTENDING.md, "A bandwidth
+    profile"). A name that is neither is one ``ProfileError`` line listing what is known."""
+    from netem.profiles import NAMED, ProfileError, is_file_profile
+    if not name or name in NAMED or is_file_profile(name):
+        return None
+    if not plugins.is_path(name) and name not in plugins.registered(PROFILE_GROUP):
+        known = ", ".join([*NAMED, *sorted(plugins.registered(PROFILE_GROUP))])
+        raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
+                           f"{known}, a path to a .toml or .json file, or "
+                           "package.module:function")
+    try:
+        builder = plugins.load(name, PROFILE_GROUP, "net.bw_profile")
+    except plugins.PluginError as exc:
+        raise ProfileError(str(exc)) from None
+    if not callable(builder) or isinstance(builder, type):
+        raise ProfileError(f"net.bw_profile = {name!r} is {builder!r}, not a function "
+                           "(net, workers, seed) -> (rates, note)")
+    return builder
 
 def sim_link_model(cfg: Config, link_plan, world=None, host=None):
     """The simulator's link model from the bandwidth profile, or None when unshaped.

@@ -9,15 +9,12 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 
 import numpy as np
 
-FIXED = ("ring", "torus", "exponential", "expander", "complete")
-RANDOM = ("matching", "matching2")
-# graphs chosen from the run's measured link rates (``Topology.rates``, from the link plan)
-MEASURED = ("fastest",)
-NAMES = FIXED + RANDOM + MEASURED  # every topology.name (config.TOPOLOGIES lists the same)
+from gasloc_emu import plugins
+
 MAX_RECORDED_EDGES = 4096  # a run record lists a fixed graph's edges up to this many
 _MAX_TRIES = 1000
 _SEARCH_STEPS_PER_WORKER = 16  # cap of one try of the matching search over a living subset
@@ -217,17 +214,6 @@ def check_rates(rates, n: int) -> tuple[tuple[float, ...], ...]:
     return rows
 
 
-def base_edges(name: str, n: int, degree: int = 4, seed: int = 0) -> set[tuple[int, int]]:
-    builders = {"ring": _edges_ring, "torus": _edges_torus, "exponential": _edges_exponential,
-                "complete": _edges_complete}
-    if name == "expander":
-        return _edges_expander(n, degree, seed)
-    if name not in builders:
-        raise TopologyError(f"unknown graph {name!r}; expected one of {', '.join(FIXED + RANDOM)}"
-                            " (fastest needs the link rates: Topology(..., rates=))")
-    return builders[name](n)
-
-
 def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
                     complete: bool, living: frozenset[int] | None = None,
                     cut: frozenset[tuple[int, int]] = frozenset()) -> set[tuple[int, int]]:
@@ -333,12 +319,153 @@ def _match(free: frozenset, adj: list[frozenset], rng: np.random.Generator, slac
     return None
 
 
+class Family:
+    """One way of choosing a gossip graph's edges, registered under its ``topology.name``.
+
+    The built-in families are below (``BUILTIN``); a user's is a subclass registered under the
+    entry-point group ``gasloc_emu.topologies`` or named ``package.module:Class``
+    (docs/EXTENDING.md, "A topology"). A family is stateless: the ``Topology`` it is handed
+    carries N, the degree, the seed, the base graph and the link rates. Mixing weights,
+    lambda_2 and the living view over a scenario's workers come from the edges, the same for
+    every family."""
+
+    name: str = ""
+    time_varying: bool = False  # a new set of edges each round (``draw``)
+    needs_rates: bool = False   # chooses edges by the link plan's rates (``Topology.rates``)
+    even_workers: bool = False  # needs an even N (perfect matchings)
+
+    @property
+    def fixed(self) -> bool:
+        """The same edges every round, from N, degree and seed alone: a base for matchings."""
+        return not (self.time_varying or self.needs_rates)
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        """The graph's edges (i < j); for a time-varying family every edge a round may use."""
+        raise NotImplementedError
+
+    def rule(self, topo: Topology) -> str:
+        """How the peers are chosen, in words (for the run record)."""
+        return f"{self.name}: fixed by worker index"
+
+    def draw(self, topo: Topology, rng: np.random.Generator, living: frozenset[int] | None,
+             cut: frozenset[tuple[int, int]]) -> set[tuple[int, int]]:
+        """A time-varying family's edges of one round among ``living`` (None: everyone) without
+        the ``cut`` edges, drawn from ``rng`` (seeded by the run's seed and the round)."""
+        raise NotImplementedError(f"topology {self.name!r} is not time-varying")
+
+    def exact_mixing(self, topo: Topology) -> np.ndarray | None:
+        """E[W_t] in closed form where the family knows it; None: averaged over rounds."""
+        return None
+
+
+class _Fixed(Family):
+    """A graph fixed by worker index (ring, torus, exponential, complete)."""
+
+    def __init__(self, name: str, build: Callable[[int], set[tuple[int, int]]]):
+        self.name, self._build = name, build
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        return self._build(topo.n)
+
+
+class Expander(Family):
+    name = "expander"
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        return _edges_expander(topo.n, topo.degree, topo.seed)
+
+    def rule(self, topo: Topology) -> str:
+        return f"expander: a random connected {topo.degree}-regular graph from seed {topo.seed}"
+
+
+class Matchings(Family):
+    """``count`` random perfect matchings of the base graph per round (``matching``: one,
+    ``matching2``: two), drawn from (seed, round) so every worker draws the same."""
+
+    time_varying = True
+    even_workers = True
+
+    def __init__(self, name: str, count: int):
+        self.name, self.count = name, count
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        base = family(topo.base)
+        if not base.fixed:
+            raise TopologyError(f"topology.base = {topo.base!r} is not a fixed graph; expected "
+                                f"one of {', '.join(FIXED)}")
+        return base.edges(topo)
+
+    def rule(self, topo: Topology) -> str:
+        return (f"{self.name}: random perfect matchings of the {topo.base} graph, drawn each "
+                f"round from (seed {topo.seed}, round)")
+
+    def draw(self, topo: Topology, rng: np.random.Generator, living: frozenset[int] | None,
+             cut: frozenset[tuple[int, int]]) -> set[tuple[int, int]]:
+        complete = topo.base == "complete"
+        out: set[tuple[int, int]] = set()
+        for _ in range(self.count):
+            out |= random_matching(topo.possible_edges, topo.n, rng, complete, living, cut)
+        return out
+
+    def exact_mixing(self, topo: Topology) -> np.ndarray | None:
+        if self.count != 1 or topo.base != "complete":
+            return None
+        # a uniform perfect matching pairs i with j with probability 1/(n-1)
+        off = topo.alpha / 2 / (topo.n - 1)
+        return np.full((topo.n, topo.n), off) + np.eye(topo.n) * (1 - topo.alpha / 2 - off)
+
+
+class Fastest(Family):
+    """Degree <= d on the fastest links of the run's link plan (``FASTEST_RULE``)."""
+
+    name = "fastest"
+    needs_rates = True
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        return _edges_fastest(topo.n, topo.degree, topo.rates, topo.slack)
+
+    def rule(self, topo: Topology) -> str:
+        return FASTEST_RULE.replace(" d ", f" d = {topo.degree} ", 1).replace(
+            "(1 - slack)", f"(1 - slack = {topo.slack:g})", 1)
+
+
+BUILTIN: dict[str, Family] = {f.name: f for f in (
+    _Fixed("ring", _edges_ring), _Fixed("torus", _edges_torus),
+    _Fixed("exponential", _edges_exponential), Expander(), _Fixed("complete", _edges_complete),
+    Matchings("matching", 1), Matchings("matching2", 2), Fastest())}
+NAMES = tuple(BUILTIN)  # the built-in topology.name values (config.TOPOLOGIES lists the same)
+FIXED = tuple(n for n, f in BUILTIN.items() if f.fixed)
+RANDOM = tuple(n for n, f in BUILTIN.items() if f.time_varying)
+MEASURED = tuple(n for n, f in BUILTIN.items() if f.needs_rates)
+GROUP = "gasloc_emu.topologies"
+
+
+@cache
+def family(name: str) -> Family:
+    """The family ``topology.name = name`` means: a built-in, a name registered under
+    ``gasloc_emu.topologies``, or ``package.module:Class`` (a Family subclass)."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if not plugins.is_path(name) and name not in plugins.registered(GROUP):
+        known = ", ".join([*NAMES, *sorted(plugins.registered(GROUP))])
+        raise TopologyError(f"unknown topology {name!r}; expected one of {known}, or "
+                            "package.module:Class")
+    try:
+        cls = plugins.load(name, GROUP, "topology.name")
+    except plugins.PluginError as exc:
+        raise TopologyError(str(exc)) from None
+    if not (isinstance(cls, type) and issubclass(cls, Family)):
+        raise TopologyError(f"topology.name = {name!r} is {cls!r}, not a subclass of "
+                            "gasloc_emu.topology.Family")
+    return cls()
+
+
 @dataclass(frozen=True)
 class Topology:
     """A (possibly time-varying) graph with Metropolis–Hastings weights, W_t = I - alpha L_t.
 
     ``rates``: the run's directed link rates in Mbit/s (``rates[i][j]``: i -> j, the link
-    plan's), None when unshaped; the ``MEASURED`` graphs choose their edges by them, every
+    plan's), None when unshaped; the families that need rates choose their edges by them, every
     graph reports its bottleneck with them (``bottleneck_mbit``)."""
 
     name: str
@@ -354,9 +481,7 @@ class Topology:
     rates_digest: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.name not in NAMES:
-            raise TopologyError(f"unknown topology {self.name!r}; expected one of "
-                                f"{', '.join(NAMES)}")
+        fam = self.family  # an unknown name fails here
         if not 0.0 <= self.slack < 1.0:
             raise TopologyError(f"rate slack = {self.slack!r} must be in [0, 1)")
         if self.rates is not None:
@@ -364,37 +489,31 @@ class Topology:
             object.__setattr__(self, "rates", rows)
             object.__setattr__(self, "rates_digest", hashlib.blake2b(
                 np.asarray(rows, dtype=np.float64).tobytes(), digest_size=16).hexdigest())
-        elif self.name in MEASURED:
+        elif fam.needs_rates:
             raise TopologyError(f"topology {self.name!r} chooses peers by the links' measured "
                                 "rates: it needs a shaped bandwidth profile (net.bw_profile, "
                                 "e.g. cloud with net.placement)")
         if self.n < 2:
             raise TopologyError(f"topology {self.name!r} needs at least 2 workers; "
                                 f"got N = {self.n}")
-        if self.name in RANDOM and self.n % 2:
+        if fam.even_workers and self.n % 2:
             raise TopologyError(f"a perfect matching needs an even number of workers; N = {self.n}")
         _ = self.possible_edges  # build now so that bad requests fail at construction
+
+    @property
+    def family(self) -> Family:
+        """The way this graph's edges are chosen (``family(name)``)."""
+        return family(self.name)
 
     @cached_property
     def possible_edges(self) -> set[tuple[int, int]]:
         """The graph's edges; for random matchings, every edge of the base graph a round may use."""
-        if self.name in MEASURED:
-            return _edges_fastest(self.n, self.degree, self.rates, self.slack)
-        name = self.base if self.name in RANDOM else self.name
-        return base_edges(name, self.n, self.degree, self.seed)
+        return self.family.edges(self)
 
     @property
     def rule(self) -> str:
         """How the peers were chosen, in words (for the run record)."""
-        if self.name in MEASURED:
-            return FASTEST_RULE.replace(" d ", f" d = {self.degree} ", 1).replace(
-                "(1 - slack)", f"(1 - slack = {self.slack:g})", 1)
-        if self.name in RANDOM:
-            return (f"{self.name}: random perfect matchings of the {self.base} graph, drawn each "
-                    f"round from (seed {self.seed}, round)")
-        if self.name == "expander":
-            return f"expander: a random connected {self.degree}-regular graph from seed {self.seed}"
-        return f"{self.name}: fixed by worker index"
+        return self.family.rule(self)
 
     def bottleneck_mbit(self) -> float | None:
         """The slowest edge rate a round of this graph uses (the slowest edge of the base
@@ -417,7 +536,7 @@ class Topology:
 
     @property
     def time_varying(self) -> bool:
-        return self.name in RANDOM
+        return self.family.time_varying
 
     def edges(self, t: int) -> set[tuple[int, int]]:
         """Edges used in round t (the same for every t on a fixed graph)."""
@@ -430,11 +549,7 @@ class Topology:
         """Round t's matching (two for matching2) among ``living`` (default: everyone),
         without the ``cut`` edges."""
         rng = np.random.default_rng([self.seed, t, 0x3A7C])
-        complete = self.base == "complete"
-        out = random_matching(self.possible_edges, self.n, rng, complete, living, cut)
-        if self.name == "matching2":
-            out |= random_matching(self.possible_edges, self.n, rng, complete, living, cut)
-        return out
+        return self.family.draw(self, rng, living, cut)
 
     def neighbors(self, t: int) -> list[list[int]]:
         return _adjacency(self.n, self.edges(t))
@@ -459,10 +574,9 @@ class Topology:
         """E[W_t]: W itself for a fixed graph, an average over rounds for random matchings."""
         if not self.time_varying:
             return self.mixing_matrix(0)
-        if self.name == "matching" and self.base == "complete":
-            # exact: a uniform perfect matching pairs i with j with probability 1/(n-1)
-            off = self.alpha / 2 / (self.n - 1)
-            return np.full((self.n, self.n), off) + np.eye(self.n) * (1 - self.alpha / 2 - off)
+        exact = self.family.exact_mixing(self)
+        if exact is not None:
+            return exact
         return sum(self.mixing_matrix(t) for t in range(samples)) / samples
 
     @cached_property

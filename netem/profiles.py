@@ -681,9 +681,15 @@ def _refuse_cloud_settings_elsewhere(net, name: str) -> None:
                            "--bw-profile cloud")
 
 
-def build_link_plan(net, workers: int, seed: int, tcp=None) -> LinkPlan:
+PairBuilder = Callable[[Any, int, int], tuple[dict, str]]
+
+
+def build_link_plan(net, workers: int, seed: int, tcp=None,
+                    builder: PairBuilder | None = None) -> LinkPlan:
     """The link plan of ``net.bw_profile`` for ``workers`` workers (see the module docstring);
-    ``tcp``: the run's ``tcp.*`` section (None: the hosts' TCP)."""
+    ``tcp``: the run's ``tcp.*`` section (None: the hosts' TCP); ``builder``: the pair rates
+    of a profile that is none of ours (a user's, found by its name in the caller's plugin
+    registry), called as the built-ins are: ``builder(net, workers, seed) -> (rates, note)``."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ProfileError(f"workers = {workers!r} is out of range; expected an integer >= 1")
     name = net.bw_profile
@@ -693,14 +699,35 @@ def build_link_plan(net, workers: int, seed: int, tcp=None) -> LinkPlan:
     run = run_tcp(tcp)
     if is_file_profile(name):
         return _plan_from_file(net, workers, Path(name), run)
-    if name not in NAMED:
-        raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
-                           f"{', '.join(NAMED)}, or a path to a .toml or .json file")
     if name == "cloud":
         return _cloud_plan(net, workers, run)
-    rates, note = _NAMED_BUILDERS[name](net, workers, seed)
+    if name in _NAMED_BUILDERS:
+        rates, note = _NAMED_BUILDERS[name](net, workers, seed)
+    elif builder is not None:
+        rates, note = _checked_pairs(name, builder(net, workers, seed), workers)
+    else:
+        raise ProfileError(f"net.bw_profile = {name!r} is not a profile; expected one of "
+                           f"{', '.join(NAMED)}, or a path to a .toml or .json file")
     return LinkPlan(workers, _links_from_pairs(net, rates, run), {}, profile=name, note=note,
                     mtu=net.mtu)
+
+
+def _checked_pairs(name: str, result: Any, workers: int) -> tuple[dict, str]:
+    """A user's builder's (rates, note), refused with one line naming the first fault: every
+    unordered pair (i, j), i < j, once, with a rate in range (the ``Link`` checks it)."""
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], str)
+            and isinstance(result[0], dict)):
+        raise ProfileError(f"net.bw_profile = {name!r} returned {type(result).__name__}; "
+                           "expected (rates: {(i, j): Mbit/s}, note: str)")
+    rates, note = result
+    want = set(_pairs(workers))
+    missing, extra = sorted(want - set(rates)), sorted(set(rates) - want, key=repr)
+    if missing or extra:
+        raise ProfileError(f"net.bw_profile = {name!r} gave no rate for pair {missing[0]}"
+                           if missing else f"net.bw_profile = {name!r} gave a rate for "
+                           f"{extra[0]!r}, not a pair (i, j) with 0 <= i < j < {workers}")
+    return {pair: _check_rate(f"net.bw_profile = {name!r} pair {pair}", rates[pair])
+            for pair in sorted(want)}, note
 
 
 def _cloud_plan(net, workers: int, tcp: TcpSettings) -> LinkPlan:

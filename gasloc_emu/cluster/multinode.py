@@ -50,8 +50,7 @@ from gasloc_emu.cluster.roles import (
     load_secret,
     route_address,
 )
-from gasloc_emu.config import Config
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import Config, to_toml
 from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.emulator.launch_spec import LaunchSpec
 from gasloc_emu.emulator.launcher import LaunchResult, SigTerm, outcome, supervise

@@ -14,7 +14,7 @@ import click
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import to_toml
 from gasloc_emu.report.records import RecordError
 from netem.measureplan import MeasureBounds
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from gasloc_emu import config as C
 from gasloc_emu import exitcodes
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import to_toml
 from gasloc_emu.experiments import data, stats
 from gasloc_emu.experiments.plots import plot_sweep, plot_tuning
 from gasloc_emu.experiments.spec import (

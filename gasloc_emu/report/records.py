@@ -21,8 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from gasloc_emu.config import Config, ConfigError
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import Config, ConfigError, to_toml
 from gasloc_emu.report.schema import MetricRow, RunSummary, links_document
 from gasloc_emu.training.checkpoint import CheckpointError, Checkpoints, ResumePoint
 

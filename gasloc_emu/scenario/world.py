@@ -423,6 +423,14 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
                                      for j in e if j != rank), base_link=base, trace=trace)
 
 
+def living_graph(topo, world: World | None):
+    """The gossip graph the algorithm mixes over: the full one (``topo``), or its view over the
+    workers ``world`` keeps alive in each round, without the edges a partition cuts."""
+    if topo is None or world is None or not world.reshapes:
+        return topo
+    return LivingGraph(topo, world.alive, world.cut_edges)
+
+
 def graph_peers(topo) -> PeersFn:
     """Gossip's exchange partners: the living graph's neighbours without the cut edges."""
     def peers(rank: int, t: int, alive: frozenset, cut: frozenset = frozenset()) -> list[int]:

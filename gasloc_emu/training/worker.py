@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gasloc_emu import algorithms, topology
+from gasloc_emu import algorithms
 from gasloc_emu.comm.channel import Channel
-from gasloc_emu.scenario.world import RoundPlan, World
+from gasloc_emu.scenario.world import RoundPlan, World, living_graph
 from gasloc_emu.training import compute, data, model, recipe
 
 
@@ -322,14 +322,6 @@ class Worker:
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every
         return every > 0 and (round_idx + 1) % every == 0
-
-
-def living_graph(topo: topology.Topology | None, world: World | None):
-    """The gossip graph the algorithm mixes over: the full one, or its view over the workers
-    a scenario keeps alive in each round, without the edges a partition cuts."""
-    if topo is None or world is None or not world.reshapes:
-        return topo
-    return topology.LivingGraph(topo, world.alive, world.cut_edges)
 
 
 def ring_members(world: World | None, rank: int):

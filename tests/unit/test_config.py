@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gasloc_emu import config as C
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import to_toml
 
 
 def write(tmp_path, text: str, name: str = "cfg.toml"):

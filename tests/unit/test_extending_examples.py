@@ -16,7 +16,7 @@ import torch
 from test_channel import decode, frames, gossip_rounds, ring_mean, vec
 
 from gasloc_emu import config as C
-from gasloc_emu import plugins
+from gasloc_emu import netplan, plugins, topology
 from gasloc_emu.comm import codecs
 from gasloc_emu.plan import build_plan
 from gasloc_emu.scenario import events
@@ -25,6 +25,7 @@ from gasloc_emu.simulator.simulate import simulate
 from gasloc_emu.transport import framing
 from gasloc_emu.transport.schema import Wire, WireSchema
 from netem import shapers
+from netem.profiles import ProfileError
 from netem.userspace import shaping_from_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,8 @@ def _blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
-@pytest.mark.parametrize("name", ["fp16_codec.py", "slowdown_event.py", "deep_queue_shaper.py"])
+@pytest.mark.parametrize("name", ["fp16_codec.py", "hypercube_topology.py", "slowdown_event.py",
+                                  "distance_profile.py", "deep_queue_shaper.py"])
 def test_the_doc_shows_each_example_file_verbatim(name):
     assert (EXAMPLES / name).read_text() in _blocks("python")
 
@@ -51,10 +53,14 @@ def registered(monkeypatch):
     eps = {group: {name: metadata.EntryPoint(name, value, group)
                    for name, value in re.findall(rf'\[project\.entry-points\."{group}"\]\n'
                                                  r'(\S+) = "([^"]+)"', tables)}
-           for group in (codecs.GROUP, events.GROUP, shapers.GROUP)}
+           for group in (codecs.GROUP, events.GROUP, topology.GROUP, netplan.PROFILE_GROUP,
+                         shapers.GROUP)}
     assert eps[codecs.GROUP] == {"fp16": metadata.EntryPoint("fp16", "fp16_codec:FP16",
                                                              codecs.GROUP)}
     assert set(eps[events.GROUP]) == {"slowdown"}
+    assert eps[topology.GROUP] == {"hypercube": metadata.EntryPoint(
+        "hypercube", "hypercube_topology:Hypercube", topology.GROUP)}
+    assert set(eps[netplan.PROFILE_GROUP]) == {"distance"}
     assert eps[shapers.GROUP] == {"deep-queue": metadata.EntryPoint(
         "deep-queue", "deep_queue_shaper:DeepQueue", shapers.GROUP)}
     real = plugins.registered
@@ -62,6 +68,7 @@ def registered(monkeypatch):
     def with_examples(group: str):
         return {**real(group), **eps.get(group, {})}
     monkeypatch.setattr(plugins, "registered", with_examples)
+    monkeypatch.setattr(C, "registered_names", lambda group: frozenset(with_examples(group)))
     # the shaper registry is netem's own (netem imports nothing of gasloc_emu)
     real_shapers = shapers.registered()
     monkeypatch.setattr(shapers, "registered", lambda: {**real_shapers, **eps[shapers.GROUP]})
@@ -121,6 +128,93 @@ def test_simulate_runs_with_the_registered_codec(registered, tmp_path):
     assert summary["status"] == "ok" and summary["comm"]["codec"] == "fp16"
     assert summary["comm"]["bytes_sent_total"] == pytest.approx(
         0.5 * summary["comm"]["raw_bytes_sent_total"], rel=1e-3)
+
+
+# -- the topology
+
+def test_the_config_names_exactly_the_builtin_topologies():
+    assert C.TOPOLOGIES == topology.NAMES
+    assert all(name == fam.name for name, fam in topology.BUILTIN.items())
+
+
+def test_the_hypercube_is_found_by_name_and_path_and_mixes_as_the_closed_form(registered):
+    for d in (1, 2, 3, 4):
+        cube = topology.Topology("hypercube", 2 ** d)
+        assert [len(p) for p in cube.neighbors(0)] == [d] * 2 ** d
+        assert all(bin(i ^ j).count("1") == 1 for i, j in cube.possible_edges)
+        # W = I - L / (d + 1) with L's eigenvalues 2k, k = 0..d
+        assert cube.lambda2 == pytest.approx((d - 1) / (d + 1), abs=1e-12)
+    by_path = topology.Topology("hypercube_topology:Hypercube", 8)
+    assert by_path.possible_edges == topology.Topology("hypercube", 8).possible_edges
+    with pytest.raises(topology.TopologyError, match="power of two workers; got N = 6"):
+        topology.Topology("hypercube", 6)
+    with pytest.raises(topology.TopologyError,
+                       match="'hypercub'; expected one of ring, .*, hypercube, or"):
+        topology.Topology("hypercub", 8)
+    with pytest.raises(topology.TopologyError, match="not a subclass of gasloc_emu.topology"):
+        topology.Topology("hypercube_topology:_bits", 8)
+
+
+def test_simulate_gossips_over_the_registered_topology(registered, tmp_path):
+    cfg = _cfg(**{"workers": 8, "algo.name": "local-gossip", "topology.name": "hypercube",
+                  "run.rounds": 2})
+    simulate(build_plan(cfg), tmp_path / "sim")
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["peers"]["rule"].startswith("hypercube: workers whose indices differ")
+    links = json.loads((tmp_path / "sim" / "links.json").read_text())
+    used = {(int(s), int(d)) for s, d in _used_links(links)}
+    assert used == {(i, i ^ b) for i in range(8) for b in (1, 2, 4)}
+
+
+def _used_links(links: dict) -> list[tuple[int, int]]:
+    """The directed links that carried bytes in a simulate's links.json."""
+    return [(row["src"], row["dst"]) for row in links["links"] if row["bytes"] > 0]
+
+
+# -- the bandwidth profile
+
+def test_the_profile_gives_every_link_the_rate_of_its_distance(registered):
+    for ref in ("distance", "distance_profile:distance"):
+        plan = build_plan(_cfg(**{"workers": 6, "net.bw_profile": ref, "net.rate_mbit": 60.0,
+                                  "net.latency_ms": 5.0}), data=False)
+        links = plan.link_plan.links
+        assert len(links) == 6 * 5
+        for (i, j), link in links.items():
+            hops = min(abs(i - j), 6 - abs(i - j))
+            assert (link.rate_mbit, link.latency_ms) == (pytest.approx(60.0 / hops, abs=1e-3), 5.0)
+        assert plan.link_plan.note == "rate_mbit / hops around a ring of 6 sites"
+
+
+def test_a_bad_profile_is_one_line_naming_it(registered, monkeypatch):
+    with pytest.raises(ProfileError, match="'distanse' is not a profile; expected one of "
+                                            "uniform, .*, distance, a path"):
+        build_plan(_cfg(**{"net.bw_profile": "distanse"}), data=False)
+    import distance_profile
+    monkeypatch.setattr(distance_profile, "distance", lambda net, n, seed: ({(0, 1): 5.0}, ""))
+    with pytest.raises(ProfileError, match=r"'distance' gave no rate for pair \(0, 2\)"):
+        build_plan(_cfg(**{"net.bw_profile": "distance"}), data=False)
+    monkeypatch.setattr(distance_profile, "distance",
+                        lambda net, n, seed: ({(0, 1): 5.0, (0, 2): -1.0, (1, 2): 5.0}, ""))
+    with pytest.raises(ProfileError, match=r"pair \(0, 2\).*-1.0"):
+        build_plan(_cfg(**{"net.bw_profile": "distance"}), data=False)
+
+
+def _round_times(run_dir) -> list[float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().split("\n") if x]
+    return [r["time_s"] for r in sorted(rows, key=lambda r: (r["round"], r["worker"]))]
+
+
+def test_simulate_times_the_links_at_the_profile_rates(registered, tmp_path):
+    def run(name, profile, graph):
+        simulate(build_plan(_cfg(**{"workers": 4, "topology.name": graph, "net.rate_mbit": 20.0,
+                                    "net.bw_profile": profile})), tmp_path / name)
+        return _round_times(tmp_path / name)
+    # on a ring every gossip link is one hop: the profile is the uniform one there, to the bit
+    assert run("ring-distance", "distance", "ring") == run("ring-uniform", "uniform", "ring")
+    # on the complete graph worker i also waits for i + 2, two hops and half the rate away
+    assert run("complete-distance", "distance", "complete")[-1] > \
+        run("complete-uniform", "uniform", "complete")[-1]
 
 
 # -- the event kind

@@ -87,7 +87,7 @@ def test_the_graph_sees_function_local_imports():
 # only those below it, so data flows one way between concerns, not just between modules.
 LAYERS = ("__main__", "commands", "experiments", "testing", "cluster", "emulator", "simulator",
           "report", "plan", "netplan", "training", "algorithms", "comm", "scenario", "transport",
-          "topology", "plugins", "config_toml", "config", "netem", "params", "exitcodes")
+          "topology", "plugins", "config", "netem", "params", "exitcodes")
 
 
 def _layer(module: str) -> str:
@@ -257,7 +257,7 @@ def test_the_protocol_rules_see_a_second_copy(line):
 # Imports between concerns, counted as the pairs of layers of which one imports the other: a
 # ratchet, lowered as concerns are untangled and never raised to let a new import through (ask
 # whether the thing imported belongs lower, or the importer higher).
-MAX_LAYER_PAIRS = 94
+MAX_LAYER_PAIRS = 90
 
 
 def layer_pairs(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

@@ -17,7 +17,7 @@ import torch
 from gasloc_emu import algorithms
 from gasloc_emu import config as C
 from gasloc_emu.algorithms import OuterAlgorithm, gossip
-from gasloc_emu.config_toml import to_toml
+from gasloc_emu.config import to_toml
 from gasloc_emu.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
