@@ -4,8 +4,6 @@ carry traffic, and the simulator's link model over the same plan.
 """
 from __future__ import annotations
 
-import functools
-
 from gasloc_emu import plugins
 from gasloc_emu.config import Config
 
@@ -255,6 +253,20 @@ class RoundLinkModel:
         return (min(rates) if rates else None), latency_ms / 1e3
 
 
+class _HostTcp:
+    """The host's TCP settings, read once, when a link is first timed (``read``), or the ones
+    given; an object rather than a cached closure, so a plan holding it can be handed to the
+    workers serialised."""
+
+    def __init__(self, read, host=None):
+        self._read, self._host = read, host
+
+    def __call__(self):
+        if self._host is None:
+            self._host = self._read()
+        return self._host
+
+
 class TcpLinkModel:
     """The virtual clock's link model where TCP sees the latency: one ``tcpmodel``
     connection per directed link (src, dst), its window kept from message to message, so a
@@ -301,8 +313,8 @@ class TcpLinkModel:
         from netem.tcpmodel import params_for
         from netem.tcpsettings import TcpSettings, read_original_host
         # the host's TCP is read when a link is first timed, not when the plan is built: a
-        # worker process of ``run`` builds the plan too and never times a message by it
-        host_tcp = functools.cache(read_original_host) if host is None else lambda: host
+        # worker process of ``run`` holds the plan too and never times a message by it
+        host_tcp = _HostTcp(read_original_host, host)
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 

@@ -6,13 +6,15 @@ simulator's model of it, the scenario's world and the corpus, and checks them ag
 other. Bad input (an unknown algorithm or setting, an impossible graph, a broken profile,
 network settings that would not be applied, a model whose width does not split into its
 heads, a corpus too small for the workers) fails here, before a run folder, a namespace or a
-process exists. ``simulate``, ``run`` (the launcher, node agents and every worker process),
-``sweep``, the dashboard header and the summary take the plan; nothing below it derives these
-from the config again. Checks only worth a warning come back as text for the command layer.
+process exists. ``simulate``, ``run`` (the launcher and node agents, which hand it to every
+worker serialised: ``handed``, ``received``), ``sweep``, the dashboard header and the summary
+take the plan; nothing below it derives these from the config again. Checks only worth a
+warning come back as text for the command layer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import replace as replace_plan
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,32 @@ class RunPlan:
                 "links": self.link_plan.describe() if shaped else None,
                 "link_model": describe_link_model(self.link_model),
                 "world": None if self.world is None else _describe_world(self.world)}
+
+
+def handed(plan: RunPlan) -> bytes:
+    """The plan as the launcher hands it to its workers (through their zygote's pipe, never a
+    network): serialised without the corpus, which each worker opens itself (``received``).
+
+    cloudpickle, not pickle: a plan holds the functions its parts were built with (the world's
+    peers, the links' models), which pickle could only carry as values if each were rewritten
+    as a class; the bytes go only from a launcher to the processes it forks."""
+    import cloudpickle
+    return cloudpickle.dumps(replace_plan(plan, corpus=None))
+
+
+def received(blob: bytes, cfg: Config) -> RunPlan:
+    """A worker's run plan from its launcher's ``handed`` bytes, with the corpus opened here;
+    the plan's config must be this run's (``cfg``, read from the record), else ``PlanError``."""
+    import pickle
+    plan = pickle.loads(blob)
+    if not isinstance(plan, RunPlan) or plan.cfg != follow_tokenizer(cfg):
+        raise PlanError("the plan handed by the launcher is not this run's (config.toml "
+                        "differs): started from another run's zygote?")
+    return replace_plan(plan, corpus=build_corpus(plan.cfg))
+
+
+class PlanError(RuntimeError):
+    """A worker was handed a plan that is not its run's."""
 
 
 def _describe_world(world: World) -> dict:

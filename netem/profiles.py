@@ -228,6 +228,20 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
+@dataclass(frozen=True, eq=False)
+class PlainLinkModel:
+    """bytes / rate + latency per directed link (``LinkPlan.link_model``); with no links, every
+    message is free (unshaped). A value, not a closure, so a run plan holding it pickles."""
+
+    rate_bps: dict
+    latency_s: dict
+
+    def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
+        if not self.rate_bps:
+            return 0.0, 0.0
+        return nbytes * 8 / self.rate_bps[(src, dst)], self.latency_s[(src, dst)]
+
+
 @dataclass(frozen=True)
 class LinkPlan:
     """Every directed link of a run (all N(N-1) when shaped) and the per-worker caps."""
@@ -278,13 +292,9 @@ class LinkPlan:
         are not modelled (their means would only add noise to a prediction).
         """
         if not self.shaped:
-            return lambda src, dst, nbytes: (0.0, 0.0)
-        rate_bps = {key: self.effective_rate_mbit(*key) * 1e6 for key in self.links}
-        latency_s = {key: link.latency_ms / 1e3 for key, link in self.links.items()}
-
-        def model(src: int, dst: int, nbytes: int) -> tuple[float, float]:
-            return nbytes * 8 / rate_bps[(src, dst)], latency_s[(src, dst)]
-        return model
+            return PlainLinkModel({}, {})
+        return PlainLinkModel({key: self.effective_rate_mbit(*key) * 1e6 for key in self.links},
+                              {key: link.latency_ms / 1e3 for key, link in self.links.items()})
 
     def table(self) -> list[dict]:
         """One row per directed link, in (src, dst) order, for display and the run record."""

@@ -64,7 +64,7 @@ from gasloc_emu.emulator.supervisor import (
 )
 from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
-from gasloc_emu.plan import RunPlan
+from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
 from gasloc_emu.training.checkpoint import (
     CheckpointError,
@@ -127,6 +127,7 @@ class Node:
         self.resume_round = -1   # the round every worker restores, once the nodes agreed
         self.plan, self.cfg, self.role = plan, cfg, role
         self.zygote = zygote or Zygote()   # this node's workers are forked from it
+        self.zygote.hand_plan(handed(plan))  # with this node's plan: none derives it again
         self.security = security_for(cfg, secret)
         self.addr = route_address(role.master_addr, role.master_port)
         self.devices = worker_devices(cfg.run.device, local_worker_count(cfg, role))

@@ -25,7 +25,7 @@ from gasloc_emu.emulator.processes import (
 )
 from gasloc_emu.emulator.tally import Goodput, drops_so_far, run_summary
 from gasloc_emu.emulator.zygote import Zygote
-from gasloc_emu.plan import RunPlan
+from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.schema import RunSummary
@@ -106,6 +106,7 @@ class Supervisor:
         # workers forked from a process that imported torch already; started now, it
         # imports while the launcher sets up
         self.zygote = (zygote or Zygote()).start()
+        self.zygote.hand_plan(handed(plan))   # every worker gets this plan, none derives it
 
     def _clock(self) -> float | None:
         """Seconds since the run's start; None before it."""

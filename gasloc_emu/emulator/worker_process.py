@@ -120,7 +120,10 @@ class WorkerState:
                 "wait_share": self.wait_share()}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], plan: bytes | None = None) -> int:
+    """``plan``: the run plan its launcher handed the zygote this worker was forked from
+    (``plan.handed``); None for a worker started on its own, which derives it from the
+    record's config."""
     die_with_parent()
     run_dir, rank = Path(argv[0]), int(argv[1])
     rejoin = Rejoin(argv[2], int(argv[3])) if len(argv) == 4 else None
@@ -137,7 +140,7 @@ def main(argv: list[str]) -> int:
     ctx = zmq.Context()
     ctl = WorkerControl(ctx, spec.ctl_addr, rank, security=security)
     try:
-        return WorkerProcess(run_dir, rank, spec, ctx, ctl, rejoin).serve()
+        return WorkerProcess(run_dir, rank, spec, ctx, ctl, rejoin, plan).serve()
     except BaseException as exc:  # noqa: BLE001 - report every failure to the launcher, then exit
         ctl.send(_error_report(exc, rank))
         return 1
@@ -174,9 +177,10 @@ class WorkerProcess:
     """One worker's side of the run protocol: connect, train, report."""
 
     def __init__(self, run_dir: Path, rank: int, spec: LaunchSpec, ctx, ctl,
-                 rejoin: Rejoin | None = None):
+                 rejoin: Rejoin | None = None, plan: bytes | None = None):
         from gasloc_emu import config
         self.rank, self.spec, self.ctx, self.ctl, self.rejoin = rank, spec, ctx, ctl, rejoin
+        self.handed_plan = plan
         self.run_dir = run_dir
         self.cfg = config.resolve(run_dir / "config.toml")
         self.state = WorkerState()
@@ -208,17 +212,22 @@ class WorkerProcess:
     def connect(self) -> orders.Start | None:
         """Bind the data plane, say ready, and wait for start; None when told to stop instead."""
         # imported here, not at the top: torch must load after main() sets OMP_NUM_THREADS
-        from gasloc_emu.plan import build_plan
+        from gasloc_emu.plan import build_plan, received
         from gasloc_emu.scenario.faults import read_recorded
         from gasloc_emu.training.model import count_parameters
         from gasloc_emu.training.worker import Worker, ring_members
         from gasloc_emu.transport.faults import plan_from_config, with_fault
         from gasloc_emu.transport.schema import WireSchema
         from gasloc_emu.transport.zmq_transport import ZmqTransport
-        # the run plan, built in this process from the launcher's resolved config (the
-        # launcher checked the same plan before spawning anything)
-        # the random faults as the launcher wrote them, not drawn again
-        self.plan = plan = build_plan(self.cfg, faults=read_recorded(self.run_dir))
+        # the launcher's run plan, handed down serialised (its random faults as drawn);
+        # derived here only for a worker started on its own, with the faults the launcher
+        # recorded, not drawn again
+        self.plan = plan = \
+            build_plan(self.cfg, faults=read_recorded(self.run_dir)) \
+            if self.handed_plan is None else received(self.handed_plan, self.cfg)
+        print(f"worker {self.rank}: run plan "
+              + ("derived from config.toml" if self.handed_plan is None else
+                 f"handed by the launcher ({len(self.handed_plan)} bytes)"), flush=True)
         self.world = world = plan.world
         self.timeline = world.timed_self(self.rank) if world is not None else None
         numel = count_parameters(self.cfg.model)

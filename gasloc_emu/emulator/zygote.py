@@ -12,12 +12,19 @@ launcher's handle on one, with the part of ``subprocess.Popen`` the launcher use
 wait; ``processes.kill_group`` kills its session). A worker that lives in its own network
 namespace (tc shaping on one host) enters it after the fork, as ``ip netns exec`` would have.
 
-Protocol (JSON lines): launcher -> zygote {"argv", "env", "log", "append", "netns"}; zygote ->
-launcher {"pid"} for each request, in order, and {"exit": pid, "code"} when one ends (a
-negative code: killed by that signal, as Popen reports it).
+The run plan travels the same way: the launcher hands the zygote the plan it built
+(``plan.handed``: serialised, base64 in one line), the zygote keeps the bytes without reading
+them, and every worker forked after that reads them back (``plan.received``) instead of
+deriving the plan from the config again.
+
+Protocol (JSON lines, one request in flight at a time): launcher -> zygote {"plan"} once,
+answered {"planned": bytes}, then {"argv", "env", "log", "append", "netns"} per worker,
+answered {"pid"}; zygote -> launcher {"exit": pid, "code"} when a worker ends (a negative
+code: killed by that signal, as Popen reports it).
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -65,6 +72,7 @@ class Zygote:
         self.pids: list[int] = []
         self.exits: dict[int, int] = {}
         self.alive = False
+        self.planned = False   # the zygote has the run plan (``hand_plan``)
 
     def start(self) -> Zygote:
         """Start the zygote now, so that it imports while the caller does something else.
@@ -82,6 +90,20 @@ class Zygote:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def hand_plan(self, blob: bytes) -> None:
+        """Give the zygote the run plan (``plan.handed``) for every worker it forks from now."""
+        self.start()
+        with self.cond:
+            if not self.alive:
+                raise ZygoteError("the worker zygote has exited")
+            self.proc.stdin.write(json.dumps({"plan": base64.b64encode(blob).decode()}) + "\n")
+            self.proc.stdin.flush()
+            # one request in flight at a time: the zygote reads its pipe a line per select()
+            if not self.cond.wait_for(lambda: self.planned or not self.alive, timeout=30):
+                raise ZygoteError("the worker zygote did not take the run plan within 30 s")
+            if not self.planned:
+                raise ZygoteError("the worker zygote exited instead of taking the run plan")
 
     def spawn(self, argv: list[str], env: dict[str, str], log: str, append: bool,
               netns: str | None = None) -> Forked:
@@ -125,6 +147,8 @@ class Zygote:
             with self.cond:
                 if "exit" in msg:
                     self.exits[msg["exit"]] = msg["code"]
+                elif "planned" in msg:
+                    self.planned = True
                 else:
                     self.pids.append(msg["pid"])
                 self.cond.notify_all()
@@ -148,8 +172,9 @@ def _preload() -> None:
     import gasloc_emu.transport.zmq_transport  # noqa: F401
 
 
-def _child(request: dict) -> None:
-    """In the forked child: become the worker the request describes; never returns."""
+def _child(request: dict, plan: bytes | None) -> None:
+    """In the forked child: become the worker the request describes, with the launcher's
+    ``plan``; never returns."""
     code = 1
     try:
         os.setsid()   # its own session: Ctrl-C reaches only the launcher
@@ -165,7 +190,7 @@ def _child(request: dict) -> None:
         os.environ.update(request["env"])
         from gasloc_emu.emulator import worker_process
         sys.argv = ["gasloc_emu.emulator.worker_process", *request["argv"]]
-        code = worker_process.main(request["argv"])
+        code = worker_process.main(request["argv"], plan)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the worker's log says why, the exit code that it did
@@ -212,24 +237,29 @@ def main() -> int:
     _preload()
     inp, out = sys.stdin, sys.stdout
     live: set[int] = set()
+    plan: bytes | None = None   # kept as bytes: the zygote runs nothing of the run
     open_input = True
     while open_input or live:   # it outlives its children: they die with it
         if open_input and select.select([inp], [], [], _POLL_S)[0]:
             line = inp.readline()
-            if line:
-                live.add(_fork(json.loads(line), out))
-            else:
+            if not line:
                 open_input = False
+            elif "plan" in (request := json.loads(line)):
+                plan = base64.b64decode(request["plan"])
+                out.write(json.dumps({"planned": len(plan)}) + "\n")
+                out.flush()
+            else:
+                live.add(_fork(request, out, plan))
         elif not open_input:
             time.sleep(_POLL_S)
         _reap(out, live)
     return 0
 
 
-def _fork(request: dict, out) -> int:
+def _fork(request: dict, out, plan: bytes | None) -> int:
     pid = os.fork()
     if pid == 0:
-        _child(request)
+        _child(request, plan)
     out.write(json.dumps({"pid": pid}) + "\n")
     out.flush()
     return pid

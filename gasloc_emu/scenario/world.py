@@ -62,6 +62,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from gasloc_emu.scenario.checks import check_supported, check_with_config, churns
 from gasloc_emu.scenario.events import (
@@ -418,9 +419,7 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                      ring_peers, base_link=base, trace=trace)
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
-                 graph_peers(topo),
-                 lambda rank: sorted(j for e in topo.possible_edges if rank in e
-                                     for j in e if j != rank), base_link=base, trace=trace)
+                 graph_peers(topo), GraphNeighbours(topo), base_link=base, trace=trace)
 
 
 def living_graph(topo, world: World | None):
@@ -433,9 +432,29 @@ def living_graph(topo, world: World | None):
 
 def graph_peers(topo) -> PeersFn:
     """Gossip's exchange partners: the living graph's neighbours without the cut edges."""
-    def peers(rank: int, t: int, alive: frozenset, cut: frozenset = frozenset()) -> list[int]:
-        return LivingGraph(topo, lambda _t: alive, lambda _t: cut).peers(rank, t)
-    return peers
+    return GraphPeers(topo)
+
+
+@dataclass(frozen=True)
+class GraphPeers:
+    """``graph_peers(topo)``: a value, not a closure, so a run plan holding its world pickles
+    (the launcher hands the plan to its workers that way)."""
+
+    topo: Any
+
+    def __call__(self, rank: int, t: int, alive: frozenset,
+                 cut: frozenset = frozenset()) -> list[int]:
+        return LivingGraph(self.topo, lambda _t: alive, lambda _t: cut).peers(rank, t)
+
+
+@dataclass(frozen=True)
+class GraphNeighbours:
+    """Every worker ``rank`` may ever exchange with on the full graph, sorted."""
+
+    topo: Any
+
+    def __call__(self, rank: int) -> list[int]:
+        return sorted(j for e in self.topo.possible_edges if rank in e for j in e if j != rank)
 
 
 def ring_peers(rank: int, t: int, alive: frozenset,

@@ -49,6 +49,10 @@ def test_sigkill_of_the_launcher_takes_the_forked_workers_with_it(tmp_path, aliv
         assert len(zygotes) == 1 and all(alive(p) for p in pids), (zygotes, pids)
         # forked: the zygote is every worker's parent
         assert {_parent(p) for p in pids} == set(zygotes)
+        # with the launcher's plan: no worker derives its own
+        for rank in range(3):
+            assert "run plan handed by the launcher" in \
+                (out / "workers" / f"worker{rank}.log").read_text()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
