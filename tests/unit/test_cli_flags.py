@@ -209,7 +209,7 @@ def sample(key: str) -> tuple[str, object]:
                "net.link_trace": ("/tmp/t.csv", "/tmp/t.csv"),
                "algo.name": ("diloco", "diloco"), "model.preset": ("small", "small"),
                "comm.codec": ("int8", "int8"), "net.placement": ("aws8", "aws8"),
-               "net.shaper": ("userspace", "userspace")}
+               "net.shaper": ("userspace", "userspace"), "topology.name": ("torus", "torus")}
     if key in special:
         return special[key]
     if spec.meta.get("choices"):
