@@ -528,13 +528,29 @@ def test_a_live_change_applies_to_the_next_packets(basic):
     assert not basic["bad_control"]["ok"] and "delay_ms" in basic["bad_control"]["error"]
 
 
-def test_eof_on_stdin_writes_stats_and_exits_0(basic):
+@pytest.fixture(scope="module")
+def preempted_ms() -> float:
+    """How long a runnable process waits for a core on this host now: the longest gap in one
+    second of spinning (0 on an idle machine; several milliseconds beside a busy job on every
+    core). The packet line is such a process: on a busy machine its releases are late by
+    this much before any fault of its own, so its bound is its idle one plus this, measured
+    in the same session."""
+    longest, t = 0.0, time.perf_counter()
+    end = t + 1.0
+    while t < end:
+        now = time.perf_counter()
+        longest, t = max(longest, now - t), now
+    return longest * 1e3
+
+
+def test_eof_on_stdin_writes_stats_and_exits_0(basic, preempted_ms):
     stop = basic["stop"]
     assert stop["rc"] == 0 and stop["stats"]["stop_reason"] == "eof"
     assert basic["stats_reply_ok"]
     late = stop["stats"]["late_release"]
     # the loss phase offers 20,000 packets a second: the line keeps up, a little behind
-    assert late["count"] > 20_000 and late["p50_ms"] < 0.5 and late["p99_ms"] < 3.0, late
+    assert late["count"] > 20_000 and late["p50_ms"] < 0.5, late
+    assert late["p99_ms"] < 3.0 + preempted_ms, (late, preempted_ms)
 
 
 def test_shaped_bulk_goodput_is_not_reduced_by_a_50ms_delay(bulk):
@@ -543,7 +559,8 @@ def test_shaped_bulk_goodput_is_not_reduced_by_a_50ms_delay(bulk):
     assert abs(flow["goodput_mbit"] / bulk["rate_mbit"] - 1) <= 0.05, flow
 
 
-def test_loss_on_gso_frames_is_per_segment_and_cut_frames_have_good_checksums(bulk):
+def test_loss_on_gso_frames_is_per_segment_and_cut_frames_have_good_checksums(bulk,
+                                                                             preempted_ms):
     flow = bulk["lossy"]["flows"][0]
     assert flow["recv_sha"] == flow["sent_sha"] and flow["recv_bytes"] > 10 << 20, flow
     stats = bulk["stop"]["stats"]
@@ -558,4 +575,5 @@ def test_loss_on_gso_frames_is_per_segment_and_cut_frames_have_good_checksums(bu
         assert after[proto][key] == before[proto][key], (proto, key)
     # every lost segment had to be sent again
     assert flow["retrans"] >= 0.5 * c["dropped_pkts"]["loss"], (flow, c)
-    assert stats["late_release"]["p99_ms"] < 3.0, stats["late_release"]
+    assert stats["late_release"]["p99_ms"] < 3.0 + preempted_ms, \
+        (stats["late_release"], preempted_ms)
