@@ -1,5 +1,6 @@
-"""A run that survives: kill -9 of the launcher (or of ``simulate``, or of one worker) at a random
-``--resume RUN_DIR``; the record must end as an uninterrupted run's would, bit for bit."""
+"""A run that survives: kill -9 of the launcher (or of ``simulate``, or of one worker) at a
+random round, then ``--resume RUN_DIR``; the record must end as an uninterrupted run's would,
+bit for bit."""
 from __future__ import annotations
 
 import json
