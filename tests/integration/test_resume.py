@@ -1,8 +1,10 @@
-"""A run that survives: kill -9 of the launcher (or of ``simulate``) at a random round, then
-``--resume RUN_DIR``; the record must end as an uninterrupted run's would, bit for bit."""
+"""A run that survives: kill -9 of the launcher (or of ``simulate``, or of one worker) at a
+random round, then ``--resume RUN_DIR``; the record must end as an uninterrupted run's would,
+bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -78,6 +80,33 @@ def test_run_killed_at_a_random_round_resumes_to_the_uninterrupted_losses(
     # and nothing of a write the kill cut short
     assert {p.name.split("-")[1] for p in (cut / "checkpoints").iterdir()} == \
         {f"r{ROUNDS - 2:06d}.ckpt", f"r{ROUNDS - 1:06d}.ckpt"}
+
+
+def test_a_worker_killed_at_a_random_round_ends_the_run_and_resume_repeats_it(
+        tmp_path, uninterrupted):
+    """kill -9 of one worker (not the launcher): the run ends failed naming it, and
+    ``--resume`` goes on from the last round every worker has, to the uninterrupted losses."""
+    kill_round = random.Random().randrange(2, ROUNDS - 2)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", "run", *ARGS, "--out", str(cut)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    path, deadline = cut / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while not (path.exists() and path.read_text().count("\n") >= 4 * kill_round + 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "no kill before the end"
+            time.sleep(0.02)
+        victim = json.loads((cut / "workers.json").read_text())[2]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "worker 2" in err, err
+    assert summary(cut)["status"] == "failed"
+    res = cli("run", "--resume", str(cut), "--no-dashboard")
+    assert res.returncode == 0, res.stderr
+    assert summary(cut)["status"] == "ok"
+    assert losses(cut) == losses(uninterrupted), f"worker 2 killed after round {kill_round}"
+    assert summary(cut)["final_eval_loss"] == summary(uninterrupted)["final_eval_loss"]
 
 
 def test_simulate_resumes_past_a_damaged_checkpoint(tmp_path, uninterrupted):
