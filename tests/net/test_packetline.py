@@ -465,7 +465,22 @@ def bulk(tc_caps, tmp_path_factory):
                         tmp_path_factory)
 
 
-def test_udp_one_way_delay_is_the_configured_delay_within_1ms_at_p95(basic):
+@pytest.fixture(scope="module")
+def preempted_ms() -> float:
+    """How long a runnable process waits for a core on this host now: the longest gap in one
+    second of spinning (0 on an idle machine; several milliseconds beside a busy job on every
+    core). The packet line is such a process: on a busy machine its releases are late by
+    this much before any fault of its own, so its bound is its idle one plus this, measured
+    in the same session."""
+    longest, t = 0.0, time.perf_counter()
+    end = t + 1.0
+    while t < end:
+        now = time.perf_counter()
+        longest, t = max(longest, now - t), now
+    return longest * 1e3
+
+
+def test_udp_one_way_delay_is_the_configured_delay_within_1ms_at_p95(basic, preempted_ms):
     """Sender and receiver are Python threads beside the line on 2 cores: on CI a few of 300
     probes (1-2 %) read 1-4 ms late, from a wake-up of either; the line's delay under load is
     benchmarks/bench_packetline.py's table (release lateness from the line's own histogram)."""
@@ -473,7 +488,7 @@ def test_udp_one_way_delay_is_the_configured_delay_within_1ms_at_p95(basic):
     assert len(r["delays_ms"]) == r["sent"]
     errors = abs_err(r["delays_ms"], 20.0)
     assert statistics.median(errors) <= 0.3, sorted(r["delays_ms"])[-5:]
-    assert p95(errors) <= 1.0, sorted(r["delays_ms"])[-5:]
+    assert p95(errors) <= 1.0 + preempted_ms, (sorted(r["delays_ms"])[-5:], preempted_ms)
     assert min(r["delays_ms"]) >= 20.0 - 0.05           # never early
 
 
@@ -521,26 +536,11 @@ def test_garbage_frames_are_counted_and_the_line_keeps_forwarding(basic):
     assert len(basic["udp_delay_after_set"]["delays_ms"]) == 100
 
 
-def test_a_live_change_applies_to_the_next_packets(basic):
+def test_a_live_change_applies_to_the_next_packets(basic, preempted_ms):
     assert basic["set_reply"]["ok"] and basic["set_reply"]["impairment"]["delay_ms"] == 5.0
     d = basic["udp_delay_after_set"]["delays_ms"]
-    assert p95(abs_err(d, 5.0)) <= 1.0, sorted(d)[-5:]     # as the one-way delay test
+    assert p95(abs_err(d, 5.0)) <= 1.0 + preempted_ms, sorted(d)[-5:]  # as the one-way test
     assert not basic["bad_control"]["ok"] and "delay_ms" in basic["bad_control"]["error"]
-
-
-@pytest.fixture(scope="module")
-def preempted_ms() -> float:
-    """How long a runnable process waits for a core on this host now: the longest gap in one
-    second of spinning (0 on an idle machine; several milliseconds beside a busy job on every
-    core). The packet line is such a process: on a busy machine its releases are late by
-    this much before any fault of its own, so its bound is its idle one plus this, measured
-    in the same session."""
-    longest, t = 0.0, time.perf_counter()
-    end = t + 1.0
-    while t < end:
-        now = time.perf_counter()
-        longest, t = max(longest, now - t), now
-    return longest * 1e3
 
 
 def test_eof_on_stdin_writes_stats_and_exits_0(basic, preempted_ms):
