@@ -43,9 +43,9 @@ def _check_multi_host_delay(cfg: Config) -> None:
     requested = getattr(cfg.net, "delay", "auto")
     if requested == "auto":
         return
-    if not delay_modes.mode(requested).at_receiver:
+    if not delay_modes.mode(requested).across_hosts:
         allowed = [n for n in delay_modes.REQUESTS
-                   if n == "auto" or delay_modes.mode(n).at_receiver]
+                   if n == "auto" or delay_modes.mode(n).across_hosts]
         raise delay_modes.DelayModeError(
             f"net.delay = {requested!r} is not possible across hosts: a multi-node run holds "
             f"the latency at the receivers (release queue); expected one of {allowed}")

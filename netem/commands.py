@@ -579,7 +579,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     ``gso_floor_mbit``: per worker, the slowest rate its links will be changed to during the
     run (``egress_commands``; ``LiveLinks`` must be told the same). ``host_tcp``: the host's
     TCP (``tcpsettings.read_host``), read when the plan sets TCP and this is None.
-    ``delayed_later``: a scenario will give some link a latency (``line_carries``)."""
+    ``delayed_later``: a scenario will give some link a latency (``DelayMode.replaces_bridge``)."""
     if topo.workers != plan.workers:
         raise ValueError(f"topology has {topo.workers} workers, the plan {plan.workers}")
     if host_tcp is None and any(not link.tcp.is_default for link in plan.links.values()):
@@ -588,7 +588,7 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
     if not decision.shaper_kind.worker_namespaces:
         return []
     mode = decision.delay_mode
-    out = topology_commands(topo, bridge=not line_carries(plan, decision, delayed_later))
+    out = topology_commands(topo, bridge=not mode.replaces_bridge(plan, delayed_later))
     if not plan.shaped:
         return out
     for k in range(plan.workers):
@@ -596,17 +596,8 @@ def plan_commands(plan: LinkPlan, topo: NetTopology, decision: Decision, *,
         out += egress_commands(plan, topo, k, floor) + ingress_commands(plan, topo, k)
         if host_tcp is not None:
             out += tcp_commands(plan, topo, k, host_tcp)
-        if mode.kernel_qdisc:
-            out += delay_commands(plan, topo, k, per_sender_delay)
+        out += mode.port_commands(plan, topo, k, per_sender_delay)
     return out
-
-
-def line_carries(plan: LinkPlan, decision: Decision, delayed_later: bool = False) -> bool:
-    """Whether the packet line replaces the bridge: under a delay mode that puts it there, and
-    only where a link has something for it to do now (``plan.impaired``) or will have
-    (``delayed_later``: a scenario gives a link a latency); a rate alone is tc's."""
-    return (decision.delay_mode.replaces_bridge and plan.shaped
-            and (plan.impaired or delayed_later))
 
 
 def check_number(what: str, value: object, lo: float, hi: float, note: str = "") -> float:

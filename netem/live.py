@@ -118,20 +118,9 @@ class LiveLinks:
         v = check_number(f"link {src}->{dst} latency_ms", value, *LATENCY_RANGE_MS)
         if v == self._latency_ms[(src, dst)]:
             return v                                # nothing to change (e.g. a restore)
-        where = f"latency_ms = {v:g} on link {src}->{dst}"
-        if not self.decision.delay_mode.kernel_qdisc:
-            why = self.decision.caps.errors.get("netem", "") if self.decision.caps else ""
-            raise CapabilityError(
-                f"{where} needs the netem qdisc, which this run's tc shaper does not have (delay "
-                f"{self.decision.delay!r}{': ' + why if why else ''}); latency is then the "
-                f"receiver's release queue: change it on worker {dst} with "
-                f"LinkShaper.set_rx_link({src}, ...)")
-        layout = delay_layout(self.plan, dst, self.per_sender_delay)
-        if layout == "none" or (layout == "root" and len(peers_of(self.plan, dst)) > 1):
-            what = ("the run was set up without delay towards worker" if layout == "none" else
-                    "its netem qdisc is shared by every sender to worker")
-            raise CapabilityError(f"{where} cannot be changed in place: {what} {dst}; set the "
-                                  "network up with per_sender_delay=True (one netem per sender)")
+        why = self.decision.delay_mode.latency_refusal(self, src, dst)
+        if why is not None:
+            raise CapabilityError(f"latency_ms = {v:g} on link {src}->{dst} {why}")
         return v
 
     # -- commands
@@ -180,11 +169,16 @@ class LiveLinks:
         return [after] + out if shrinks else out + [after]
 
     def _netem(self, src: int, dst: int) -> Command | None:
-        """netem's ``change`` for src -> dst as the links are now (None: no netem to change).
+        """The delay mode's restated delay for src -> dst as the links are now (None: it puts
+        none on the switch port)."""
+        return self.decision.delay_mode.port_delay_change(self, src, dst)
+
+    def netem_command(self, src: int, dst: int) -> Command | None:
+        """netem's ``change`` for src -> dst as the links are now (None: no netem towards dst).
 
         netem's limit follows the rate, so a rate change alone may change it too."""
         layout = delay_layout(self.plan, dst, self.per_sender_delay)
-        if not self.decision.delay_mode.kernel_qdisc or layout == "none":
+        if layout == "none":
             return None
         sw, dev, mtu = self.topo.switch_ns, self.topo.port_dev(dst), self.topo.mtu
         link = replace(self.plan.links[(src, dst)], latency_ms=self._latency_ms[(src, dst)])

@@ -36,7 +36,6 @@ from netem.commands import (
     Command,
     NetTopology,
     check_supported,
-    line_carries,
     plan_commands,
     teardown_commands,
 )
@@ -262,7 +261,8 @@ class NetworkSession:
                      if self.mode != "loopback" else None)
         # both validate what the shaper cannot do, before anything exists
         # the packet line runs when a link is impaired now or a scenario delays one later
-        self.runs_line = self.topo is not None and line_carries(plan, decision, delayed_later)
+        self.runs_line = (self.topo is not None
+                          and decision.delay_mode.replaces_bridge(plan, delayed_later))
         self.commands = (plan_commands(plan, self.topo, decision,
                                        gso_floor_mbit=self.gso_floor_mbit,
                                        delayed_later=delayed_later) if self.topo else [])

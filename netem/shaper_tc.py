@@ -61,18 +61,14 @@ class TcShaper(Shaper):
     def worker_spec(self, plan: Any, decision: Decision) -> dict | None:
         """The workers hold the latency when the delay mode is the receivers' release queue;
         tc shapes the rates."""
-        if decision.delay_mode.at_receiver and plan.max_of("latency_ms"):
-            from netem.userspace import build_spec
-            return build_spec(plan, "delay-only")
-        return None
+        return decision.delay_mode.worker_spec(plan)
 
 
 class TcLinkChanger:
     """A round's link changes {(src, dst): (rate_mbit, latency_ms)} on a running tc network:
     rates with tc, in place (``netem.live.LiveLinks``, made at the first change); latencies
-    where the delay mode puts them: netem's qdiscs (tc too), the packet line
-    (``session.set_line_latency``), or the receivers' release queues (the workers apply
-    those)."""
+    where the run's delay mode holds them (``DelayMode.change_link``): netem's qdiscs, the
+    packet line, or the receivers' release queues (the workers apply those)."""
 
     def __init__(self, session: Any):
         self.session = session
@@ -84,14 +80,10 @@ class TcLinkChanger:
         s = self.session
         if self._live is None:
             self._live = LiveLinks(s.plan, s.topo, s.decision, gso_floor_mbit=s.gso_floor_mbit)
-        in_qdisc = s.decision.delay_mode.kernel_qdisc
-        cmds = []
+        mode, cmds = s.decision.delay_mode, []
         for (src, dst), (rate, latency) in sorted(changes.items()):
             rate = rate if rate is not None else self._live.rate_mbit(src, dst)
-            cmds += self._live.change(src, dst, rate_mbit=rate,
-                                      latency_ms=latency if in_qdisc else None)
-            if s.runs_line and latency is not None:
-                s.set_line_latency(src, dst, latency)
+            cmds += mode.change_link(s, self._live, src, dst, rate, latency)
         run_commands(cmds)
 
 

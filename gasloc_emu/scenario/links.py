@@ -125,7 +125,8 @@ class LinkSchedule:
     @property
     def delays(self) -> bool:
         """Whether any event (by round or by time) gives a link a latency above zero, which
-        the delay mode must then carry though the profile had none (``line_carries``)."""
+        the delay mode must then carry though the profile had none
+        (``DelayMode.replaces_bridge``)."""
         states = [state for changed in self.changes.values() for state in changed.values()]
         if self.timed is not None:
             states += [state for steps in self.timed.steps.values() for _, state in steps]

@@ -14,7 +14,6 @@ from netem.commands import (
     NetTopology,
     check_supported,
     htb_rate_bps,
-    line_carries,
     overhead_factor,
     plan_commands,
     teardown_commands,
@@ -240,9 +239,10 @@ def test_the_packet_line_replaces_the_bridge_only_where_it_has_work_now_or_later
     line = Decision("tc", "packet-line", "t", caps(netem=False))
     rate_only, delayed = plan_of(), plan_of(latency_ms=5.0)
     bridged = lambda cmds: any(c.argv[:4] == ("ip", "link", "add", "br0") for c in cmds)  # noqa: E731
-    assert not line_carries(rate_only, line) and line_carries(delayed, line)
-    assert line_carries(rate_only, line, delayed_later=True)      # a scenario adds a latency
-    assert not line_carries(delayed, TC_NETEM, delayed_later=True)
+    carries = lambda plan, d, later=False: d.delay_mode.replaces_bridge(plan, later)  # noqa: E731
+    assert not carries(rate_only, line) and carries(delayed, line)
+    assert carries(rate_only, line, later=True)      # a scenario adds a latency
+    assert not carries(delayed, TC_NETEM, later=True)
     assert bridged(plan_commands(rate_only, NetTopology("ab", 4), line))
     assert not bridged(plan_commands(rate_only, NetTopology("ab", 4), line, delayed_later=True))
     assert not bridged(plan_commands(delayed, NetTopology("ab", 4), line))

@@ -82,3 +82,56 @@ def test_auto_prefers_netem_then_the_line_then_the_release_queue():
     assert delay.choose("auto", caps(netem=False))[0].name == "packet-line"
     m, why = delay.choose("auto", caps(netem=False, packet=False))
     assert m.name == "release-queue" and "not faithful to TCP" in why
+
+
+class _Live:
+    """A LiveLinks stand-in that records what a mode asks of it."""
+
+    def __init__(self):
+        self.asked = []
+
+    def change(self, src, dst, **values):
+        self.asked.append((src, dst, values))
+        return [f"tc {src}->{dst}"]
+
+
+class _Session:
+    runs_line = True
+
+    def __init__(self):
+        self.latencies = {}
+
+    def set_line_latency(self, src, dst, latency_ms):
+        self.latencies[(src, dst)] = latency_ms
+
+
+@pytest.mark.parametrize("name, qdisc_latency, line_latency", [
+    ("netem", 30.0, None), ("packet-line", None, 30.0), ("release-queue", None, None)])
+def test_each_mode_puts_a_changed_latency_where_it_holds_latency(name, qdisc_latency,
+                                                                  line_latency):
+    live, session = _Live(), _Session()
+    cmds = delay.mode(name).change_link(session, live, 0, 1, 8.0, 30.0)
+    assert cmds == ["tc 0->1"]                      # the rate always goes to tc
+    assert live.asked == [(0, 1, {"rate_mbit": 8.0} | (
+        {"latency_ms": qdisc_latency} if qdisc_latency is not None else {}))]
+    assert session.latencies.get((0, 1)) == line_latency
+
+
+def test_only_the_release_queue_has_the_workers_hold_latency_and_only_with_latency():
+    delayed = build_link_plan(NetConfig(bw_profile="uniform", latency_ms=20), 3, 0)
+    rate_only = build_link_plan(NetConfig(bw_profile="uniform"), 3, 0)
+    specs = {name: delay.mode(name).worker_spec(delayed) for name in delay.MODES}
+    assert [n for n, spec in specs.items() if spec is not None] == ["release-queue"]
+    assert specs["release-queue"]["mode"] == "delay-only"
+    assert delay.mode("release-queue").worker_spec(rate_only) is None
+
+
+def test_only_netem_puts_qdiscs_on_the_ports_and_only_the_line_replaces_the_bridge():
+    plan = build_link_plan(NetConfig(bw_profile="uniform", latency_ms=20), 3, 0)
+    topo = NetTopology("ab", 3)
+    ports = {n: delay.mode(n).port_commands(plan, topo, 0, False) for n in delay.MODES}
+    assert [n for n, c in ports.items() if c] == ["netem"]
+    assert all("netem" in c.argv for c in ports["netem"])
+    assert [n for n in delay.MODES if delay.mode(n).replaces_bridge(plan, False)] == [
+        "packet-line"]
+    assert [n for n in delay.MODES if delay.mode(n).across_hosts] == ["release-queue"]
