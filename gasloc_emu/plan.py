@@ -240,9 +240,7 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
          f"{algo.name} does not declare the state it keeps between rounds (checkpoint_state)"),
         (bool(cfg.algo.overlap), "algo.overlap = 1 keeps an exchange in flight at every "
                                  "round's end"),
-        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
-        (world is not None and world.fixer is not None,
-         "leaves, joins or partitions at a time are fixed on the run's own clock"))
+        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"))
     why = next((text for applies, text in reasons if applies), "")
     if why:
         raise ConfigError(f"run.checkpoint_every = {cfg.run.checkpoint_every} cannot be used: "
@@ -251,10 +249,17 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
 
 def refuse_resume(plan: RunPlan, run_dir: str) -> None:
     """``--resume``: a run whose workers leave and join is not resumed (who must have a
-    checkpoint of which round changes with the scenario; its checkpoints serve rejoins)."""
-    if plan.world is not None and plan.world.churns:
+    checkpoint of which round changes with the scenario; its checkpoints serve rejoins), nor
+    one with events at a time (the rounds they fell on are the interrupted run's clock's)."""
+    if plan.world is None:
+        return
+    if plan.world.churns:
         raise ConfigError(f"--resume {run_dir}: its scenario has workers leave or join, which "
                           "a resumed run cannot take up where it stopped; run it again")
+    if plan.world.fixer is not None:
+        raise ConfigError(f"--resume {run_dir}: its scenario has partitions at a time, fixed "
+                          "at rounds on the interrupted run's clock, which a resumed run "
+                          "cannot repeat; run it again")
 
 
 def _refuse_codec(cfg: Config, algo: type[Algorithm], world: World | None) -> None:

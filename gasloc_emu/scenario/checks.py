@@ -120,9 +120,19 @@ def check_with_config(scenario: Scenario, cfg, algo, trace: LinkTrace | None = N
     _check_checkpoint_joins(scenario, cfg, algo)
 
 
+def checkpoint_rounds_before(scenario: Scenario, worker: int, t: int, every: int) -> list[int]:
+    """The rounds before t that end with a checkpoint (every K rounds: K-1, 2K-1, ...; the
+    rule of ``training.checkpoint.due``) and in which ``worker`` takes part: those it has
+    files of. ``scenario``: by round (a world's view, its timed events fixed so far)."""
+    if every <= 0:
+        return []
+    return [r for r in range(every - 1, t, every) if worker in scenario.membership_at(r)]
+
+
 def _check_checkpoint_joins(scenario: Scenario, cfg, algo) -> None:
-    """A join from a checkpoint needs checkpoints, a worker that wrote one before it left,
-    at a round (the checkpoint rounds are rounds), and an algorithm whose state between
+    """A join from a checkpoint needs checkpoints, a worker that wrote one before it left
+    (at a round: checked here; at a time: the round is known only as the run goes, and
+    without one it joins from a donor, ``World``), and an algorithm whose state between
     rounds is each worker's own: an all-reduce's shared state (DiLoCo's momentum) taken
     from an old checkpoint would differ from the others'."""
     every = cfg.run.checkpoint_every
@@ -132,15 +142,10 @@ def _check_checkpoint_joins(scenario: Scenario, cfg, algo) -> None:
         head = f"{scenario.source}: join of worker {ev.worker} at {ev.when()} from its checkpoint"
         if every == 0:
             raise ScenarioError(f"{head}: the run writes none; set run.checkpoint_every")
-        if not ev.by_round:
-            raise ScenarioError(f"{head}: give it a round (round = R); checkpoints are taken "
-                                "at rounds")
         if algo.groups_all_reduce():
             raise ScenarioError(f"{head}: {algo.name} shares its outer state across workers, "
                                 "which an old checkpoint would not match; join from a donor")
-        wrote = [r for r in range(ev.round) if ev.worker in scenario.membership_at(r)
-                 and (r + 1) % every == 0]
-        if not wrote:
+        if ev.by_round and not checkpoint_rounds_before(scenario, ev.worker, ev.round, every):
             raise ScenarioError(f"{head}: it takes part in no checkpoint round before it "
                                 f"(every {every} rounds: {every - 1}, {2 * every - 1}, ...)")
 

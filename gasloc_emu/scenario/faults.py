@@ -63,6 +63,7 @@ from gasloc_emu.scenario.events import (
 
 KINDS = ("crash", "hang", "slow", "link_flap", "partition", "host")
 DISTRIBUTIONS = ("exponential", "weibull")
+RESTARTS = ("peer", "checkpoint")   # FaultSource.restart_from
 FAULTS_FILE = "faults.json"
 VERSION = 1
 PLAYED = "played"
@@ -89,7 +90,11 @@ class FaultSource:
     duration), partition (``workers`` cut from the others for the duration), host (every
     worker of a host lost; with a duration, they restart after it). Targets: ``workers`` for
     crash, hang and slow (empty: every worker), ``links`` for link_flap (empty: every pair),
-    ``workers`` (the set cut off) for partition, ``hosts`` for host.
+    ``workers`` (the set cut off) for partition, ``hosts`` for host. ``restart_from``: how a
+    crashed worker (or a lost host's) comes back after its duration: ``peer``, from a living
+    neighbour's current parameters sent over the shaped link (a join from a donor), or
+    ``checkpoint``, from its own last checkpoint (``run.checkpoint_every``; a worker that took
+    part in no checkpoint round before it comes back from a peer).
     """
 
     kind: str
@@ -102,6 +107,7 @@ class FaultSource:
     links: tuple[Pair, ...] = ()
     hosts: tuple[tuple[int, ...], ...] = ()
     speed: float | None = None
+    restart_from: str = "peer"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -146,6 +152,13 @@ class FaultSource:
             self._set("speed", check_number("speed", self.speed, 0.0, 1.0, open_lo=True))
         if self.kind == "partition" and not self.workers:
             raise ScenarioError("a partition fault needs workers (the set cut from the others)")
+        if self.restart_from not in RESTARTS:
+            raise ScenarioError(f"restart_from = {self.restart_from!r} is not allowed; expected "
+                                f"one of {', '.join(RESTARTS)}")
+        if self.restart_from != "peer" and (self.kind not in ("crash", "host")
+                                            or self.duration_median_s is None):
+            raise ScenarioError(f"restart_from = {self.restart_from!r} goes with a crash or "
+                                "host fault that has a duration (after which it restarts)")
         if self.kind == "host" and not (self.hosts and all(self.hosts)):
             raise ScenarioError("a host fault needs hosts = [[workers of host 0], ...], each "
                                 "non-empty")
@@ -359,7 +372,7 @@ def place(faults: list[Fault], sources: tuple[FaultSource, ...], workers: int,
     """
     outcomes: dict[int, str] = {}
     events: list[Event] = []
-    alive_spans = _membership(faults, workers, fixed, outcomes, events)
+    alive_spans = _membership(faults, sources, workers, fixed, outcomes, events)
     cuts = [(ev.at_s, ev.end_s if ev.end_s is not None else math.inf)
             for ev in fixed if isinstance(ev, PartitionEvent) and ev.at_s is not None]
     busy: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -393,7 +406,8 @@ def _up(spans: list[tuple[float, float]], f: Fault) -> bool:
     return any(a <= f.at_s and f.end_s <= b for a, b in spans)
 
 
-def _membership(faults: list[Fault], workers: int, fixed: tuple[Event, ...],
+def _membership(faults: list[Fault], sources: tuple[FaultSource, ...], workers: int,
+                fixed: tuple[Event, ...],
                 outcomes: dict[int, str], events: list[Event]) -> dict[int, list]:
     """Crashes, lost hosts and their restarts in time order, with the scenario's own leaves
     and joins at a time; each worker's spans alive ``[from, to)``."""
@@ -429,10 +443,11 @@ def _membership(faults: list[Fault], workers: int, fixed: tuple[Event, ...],
                 join(w, t)
             continue
         if action == "restart":
-            for w in payload:
+            gone, from_checkpoint = payload
+            for w in gone:
                 if w not in alive and changed_at.get(w) != t:
                     join(w, t)
-                    events.append(JoinEvent(worker=w, at_s=t))
+                    events.append(JoinEvent(worker=w, at_s=t, from_checkpoint=from_checkpoint))
             continue
         f = faults[payload]
         gone = [w for w in f.target if w in alive and changed_at.get(w) != t]
@@ -446,7 +461,8 @@ def _membership(faults: list[Fault], workers: int, fixed: tuple[Event, ...],
             leave(w, t)
             events.append(LeaveEvent(worker=w, at_s=t))
         if f.duration_s is not None:
-            heapq.heappush(queue, (f.end_s, 1, next(seq), "restart", tuple(gone)))
+            restart = (tuple(gone), sources[f.source].restart_from == "checkpoint")
+            heapq.heappush(queue, (f.end_s, 1, next(seq), "restart", restart))
     for w in alive:
         spans[w].append((since[w], math.inf))
     return spans

@@ -127,7 +127,7 @@ def round_records(world: World, t: int) -> list[dict]:
         if isinstance(ev, (LinkEvent, PartitionEvent)):
             continue   # from the schedule below, as fired
         rec = as_record(ev) | world.fixed_time(ev)
-        if isinstance(ev, JoinEvent) and not ev.from_checkpoint:
+        if isinstance(ev, JoinEvent) and world.plan(ev.worker, t).join_from is not None:
             rec["from_worker"] = world.plan(ev.worker, t).join_from
         if isinstance(ev, LeaveEvent):
             rec["detected_by"] = sorted(r for r in world.alive(t)

@@ -64,7 +64,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from gasloc_emu.scenario.checks import check_supported, check_with_config, churns
+from gasloc_emu.scenario.checks import (
+    check_supported,
+    check_with_config,
+    checkpoint_rounds_before,
+    churns,
+)
 from gasloc_emu.scenario.events import (
     Event,
     JoinEvent,
@@ -138,12 +143,14 @@ class World:
     def __init__(self, scenario: Scenario | None, workers: int, rounds: int,
                  failure_detect_s: float, peers: PeersFn,
                  neighbours: Callable[[int], list] | None = None,
-                 base_link: BaseLink = unshaped_link, trace: LinkTrace | None = None):
+                 base_link: BaseLink = unshaped_link, trace: LinkTrace | None = None,
+                 checkpoint_every: int = 0):
         if not (math.isfinite(failure_detect_s) and 0.0 <= failure_detect_s <= 3600.0):
             raise ScenarioError(f"run.failure_detect_s = {failure_detect_s!r} is out of range; "
                                 "expected [0, 3600] seconds")
         self.scenario, self.workers, self.rounds = scenario, workers, rounds
         self.failure_detect_s, self._peers = failure_detect_s, peers
+        self.checkpoint_every = checkpoint_every
         self._neighbours = neighbours or (lambda rank: [])
         if scenario is not None:
             check_supported(scenario, trace)
@@ -279,7 +286,7 @@ class World:
         return RoundPlan(
             alive=alive, active=rank in alive, leaving=rank in was - alive,
             join_from=joins.get(rank), donate_to=tuple(j for j, d in joins.items() if d == rank),
-            join_checkpoint=any(ev.worker == rank and ev.from_checkpoint
+            join_checkpoint=any(ev.worker == rank and self._restores(ev, t)
                                 for ev in self._events(t, JoinEvent)),
             detect_s=self._detect_s(rank, t, was, alive), speed=self._speed(rank, t),
             pause_s=self._pause_s(rank, t))
@@ -292,7 +299,16 @@ class World:
         (the parameters of the end of t-1, sent at the start of t). A join from a checkpoint
         has no donor."""
         return {ev.worker: self.donor(ev, stay) for ev in self._events(t, JoinEvent)
-                if not ev.from_checkpoint}
+                if not self._restores(ev, t)}
+
+    def _restores(self, ev: JoinEvent, t: int) -> bool:
+        """Whether the join of round t comes from the joiner's own checkpoint: it asks to,
+        and it took part in a checkpoint round before t. A join at a time lands on a round
+        known only as the run goes, so where its worker wrote no checkpoint before it, it
+        joins from a donor instead, as every worker can tell from the rounds alone (a join
+        by round without one is refused before the run: ``checks``)."""
+        return ev.from_checkpoint and bool(
+            checkpoint_rounds_before(self.view, ev.worker, t, self.checkpoint_every))
 
     def donor(self, ev: JoinEvent, stay: frozenset) -> int:
         """The scenario's ``from_worker``, else the lowest-ranked living neighbour, else the
@@ -417,9 +433,11 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
     base = base_link(cfg, link_plan)
     if topo is None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
-                     ring_peers, base_link=base, trace=trace)
+                     ring_peers, base_link=base, trace=trace,
+                     checkpoint_every=cfg.run.checkpoint_every)
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
-                 graph_peers(topo), GraphNeighbours(topo), base_link=base, trace=trace)
+                 graph_peers(topo), GraphNeighbours(topo), base_link=base, trace=trace,
+                 checkpoint_every=cfg.run.checkpoint_every)
 
 
 def living_graph(topo, world: World | None):

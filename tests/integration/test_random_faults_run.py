@@ -103,3 +103,53 @@ def test_a_run_with_random_faults_replays_to_its_losses(tmp_path):
     run = _losses(tmp_path / "run")
     assert _losses(tmp_path / "replay").keys() == run.keys()
     assert _losses(tmp_path / "replay") == pytest.approx(run, abs=1e-5)
+
+
+RESTART_FROM_CHECKPOINT = """
+[faults]
+seed = 11
+horizon_s = 1.6
+
+[[faults.crash]]
+mtbf_s = 1.0
+workers = [1, 2]
+duration_median_s = 0.4
+restart_from = "checkpoint"
+"""
+
+
+def test_crashed_workers_restart_from_their_checkpoints_and_the_run_replays(tmp_path):
+    """Checkpoints every 2 rounds (rounds 1, 3, ...): a crashed worker that took part in one
+    comes back from its own last checkpoint (its step counter goes on from there; no peer
+    sends it parameters), one that did not comes back from a peer; which, is decided from
+    the rounds the run fixed its faults at, so ``simulate --replay`` repeats it."""
+    from gasloc_emu.emulator.launcher import launch
+    from gasloc_emu.report.records import new_run_dir
+    (tmp_path / "s.toml").write_text(RESTART_FROM_CHECKPOINT)
+    cfg = C.resolve(overrides={
+        "workers": 4, "algo.name": "gasloc", "topology.name": "ring", "algo.local_steps": 3,
+        "run.rounds": 12, "run.eval_every": 4, "run.scenario": str(tmp_path / "s.toml"),
+        "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05,
+        "run.checkpoint_every": 2})
+    result = launch(build_plan(cfg), new_run_dir(cfg, tmp_path / "run"))
+    assert result.code == 0, result.error
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    took_part = {(r["worker"], r["round"]) for r in rows}
+    joins = [e for e in events if e["type"] == "join"]
+    assert joins and all(e["from_checkpoint"] for e in joins)
+    step = {(r["worker"], r["round"]): r["step"] for r in rows}
+    restored = 0
+    for e in joins:
+        w, t = e["worker"], e["round"]
+        wrote = [r for r in range(1, t, 2) if (w, r) in took_part]
+        assert (e["from_worker"] is None) == bool(wrote), e
+        # 3 local steps a round: from its checkpoint's step count, or from 0 after a peer's
+        assert step[w, t] == 3 * (1 + (len([r for r in range(wrote[-1] + 1)
+                                             if (w, r) in took_part]) if wrote else 0))
+        restored += bool(wrote)
+    assert restored >= 1
+    replayed = _replay(tmp_path, "run", "replay")
+    assert replayed["membership"]["changes"] == json.loads(
+        (tmp_path / "run" / "summary.json").read_text())["membership"]["changes"]
+    assert _losses(tmp_path / "replay") == pytest.approx(_losses(tmp_path / "run"), abs=1e-5)

@@ -190,6 +190,18 @@ def test_a_scenario_with_leaves_checkpoints_but_is_not_resumed(tmp_path):
     refuse_resume(build_plan(cfg_of(), data=False), "rec")   # without churn: taken
 
 
+def test_a_scenario_with_a_partition_at_a_time_checkpoints_but_is_not_resumed(tmp_path):
+    """Its rounds were fixed on the interrupted run's clock: a resumed run could not repeat
+    them, so its checkpoints serve rejoins only."""
+    path = tmp_path / "s.toml"
+    path.write_text('[[event]]\ntype = "partition"\ngroups = [[0, 1], [2, 3]]\nat_s = 1.0\n'
+                    'end_s = 2.0\n')
+    plan = build_plan(cfg_of(**{"run.scenario": str(path)}), data=False)
+    with pytest.raises(C.ConfigError, match="--resume rec: its scenario has partitions at a "
+                                            "time"):
+        refuse_resume(plan, "rec")
+
+
 def test_a_rejoin_takes_the_latest_whole_checkpoint_before_its_round(tmp_path):
     store = ck.Checkpoints(tmp_path)
     for r in (1, 3, 5):

@@ -95,6 +95,24 @@ def test_a_world_plays_what_is_fixed_and_nothing_before():
     assert world.not_fired() == []
 
 
+@pytest.mark.parametrize("leave_round, restores", [(1, False), (2, False), (3, True)])
+def test_a_join_at_a_time_from_a_checkpoint_takes_one_only_where_its_worker_wrote_one(
+        leave_round, restores):
+    """Checkpoints every 3 rounds end rounds 2, 5, 8: a worker that leaves at round 1 or 2
+    took part in none of them and comes back from a donor; one that leaves at round 3 took
+    part in round 2 and comes back from its checkpoint. Every worker can tell which from the
+    rounds alone."""
+    world = World(_scenario(LeaveEvent(at_s=1.0, worker=2),
+                            JoinEvent(at_s=3.0, worker=2, from_checkpoint=True)),
+                  4, ROUNDS, 0.5, ring_peers, checkpoint_every=3)
+    world.fix([Fixing(0, "start", 1.0, leave_round), Fixing(1, "start", 3.0, 7)])
+    plan = world.plan(2, 7)
+    assert plan.join_checkpoint is restores
+    assert plan.join_from == (None if restores else 0)    # the lowest living worker
+    assert world.plan(0, 7).donate_to == (() if restores else (2,))
+    assert round_records(world, 7)[0].get("from_worker") == plan.join_from
+
+
 def test_a_new_worker_is_absent_until_its_join_is_fixed():
     world = _world(JoinEvent(at_s=2.0, worker=3))
     assert world.alive(0) == {0, 1, 2} and world.alive(9) == {0, 1, 2}

@@ -140,6 +140,12 @@ def test_a_renewal_counts_from_the_end_of_the_last_fault():
     ({"kind": "partition", "mtbf_s": 1.0, "duration_median_s": 1.0}, "needs workers"),
     ({"kind": "host", "mtbf_s": 1.0}, "needs hosts"),
     ({"kind": "crash", "mtbf_s": 1.0, "workers": [1, 1]}, "names a worker twice"),
+    ({"kind": "crash", "mtbf_s": 1.0, "duration_median_s": 1.0, "restart_from": "disk"},
+     "restart_from = 'disk' is not allowed; expected one of peer, checkpoint"),
+    ({"kind": "crash", "mtbf_s": 1.0, "restart_from": "checkpoint"},
+     "goes with a crash or host fault that has a duration"),
+    ({"kind": "hang", "mtbf_s": 1.0, "duration_median_s": 1.0, "restart_from": "checkpoint"},
+     "goes with a crash or host fault that has a duration"),
 ])
 def test_a_bad_source_is_refused_naming_the_value_and_the_range(kwargs, message):
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -207,6 +213,16 @@ def test_a_lost_host_takes_its_living_workers_and_brings_back_only_those():
     _, events = place(faults, SOURCES, 3)
     assert events == [LeaveEvent(worker=1, at_s=1.0), LeaveEvent(worker=0, at_s=2.0),
                       JoinEvent(worker=0, at_s=3.0)]
+
+
+def test_restarts_come_from_a_peer_or_from_the_checkpoint_as_each_source_says():
+    sources = (FaultSource(kind="crash", mtbf_s=1.0, duration_median_s=1.0),
+               FaultSource(kind="host", mtbf_s=1.0, duration_median_s=1.0, hosts=((2, 3),),
+                           restart_from="checkpoint"))
+    faults = [_f("crash", [1], 1.0, 2.0), _f("host", [2, 3], 2.0, 2.0, source=1)]
+    _, events = place(faults, sources, 4)
+    assert [(ev.worker, ev.at_s, ev.from_checkpoint) for ev in events
+            if isinstance(ev, JoinEvent)] == [(1, 3.0, False), (2, 4.0, True), (3, 4.0, True)]
 
 
 def test_the_scenarios_own_leaves_and_cuts_count():
