@@ -119,6 +119,15 @@ class Worker:
         # the run's start (time.time()), set by the worker process: link observations are
         # reported on the run's clock. None (the simulator): no observations are reported
         self.t0: float | None = None
+        # the transport's counters where the next round's count starts, when something of
+        # that round crossed before it (a join's parameters: ``count_from_here``)
+        self._counted_from: dict | None = None
+
+    def count_from_here(self) -> None:
+        """Count what crosses from now on in the next round's stats: a joiner's copy of its
+        donor's parameters, and the donor's, are traffic of the round they start."""
+        if self._counted_from is None:
+            self._counted_from = self.transport.counters()
 
     def set_recipe(self, plan, rank: int) -> None:
         """The inner recipe (docs/RECIPE.md): the lr schedule on this worker's step counter,
@@ -209,7 +218,7 @@ class Worker:
         time, and whether it is nominal (it then takes that long whatever else runs). ``plan``
         (a scenario's round): a new speed and a pause before the inner phase, and the time spent
         noticing departed peers before communicating."""
-        before = self.transport.counters()
+        before, self._counted_from = self._counted_from or self.transport.counters(), None
         if plan is not None:
             self.begin_round(plan)
         train_loss, phase = (self.inner_phase() if self.batched is None
@@ -260,7 +269,9 @@ class Worker:
             self.transport.idle(seconds)
 
     def donate(self, joiner: int, round_idx: int) -> None:
-        """Send this worker's parameters (the start of round ``round_idx``) to a joiner."""
+        """Send this worker's parameters (the start of round ``round_idx``) to a joiner:
+        traffic of that round."""
+        self.count_from_here()
         self.transport.send(joiner, round_idx, "join", self.theta.detach().clone())
         for kind, tensor in self.algo.handover().items():   # DiLoCo: its shared momentum
             self.transport.send(joiner, round_idx, kind, tensor)
@@ -268,7 +279,9 @@ class Worker:
     def join(self, donor: int, round_idx: int) -> None:
         """Start from ``donor``'s parameters at the start of round ``round_idx``: a fresh inner
         optimizer and outer state around them, but what the algorithm hands over (DiLoCo's
-        shared momentum buffer; docs/ALGORITHM.md, "Churn")."""
+        shared momentum buffer; docs/ALGORITHM.md, "Churn"). The copy is traffic of that
+        round."""
+        self.count_from_here()
         received = self.transport.recv(donor, round_idx, "join")
         with torch.no_grad():
             self.theta.copy_(received.to(self.theta.device))

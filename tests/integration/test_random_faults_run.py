@@ -115,14 +115,20 @@ mtbf_s = 1.0
 workers = [1, 2]
 duration_median_s = 0.4
 restart_from = "checkpoint"
+
+[[faults.crash]]
+mtbf_s = 1.0
+workers = [3]
+duration_median_s = 0.3
 """
 
 
 def test_crashed_workers_restart_from_their_checkpoints_and_the_run_replays(tmp_path):
-    """Checkpoints every 2 rounds (rounds 1, 3, ...): a crashed worker that took part in one
-    comes back from its own last checkpoint (its step counter goes on from there; no peer
-    sends it parameters), one that did not comes back from a peer; which, is decided from
-    the rounds the run fixed its faults at, so ``simulate --replay`` repeats it."""
+    """Checkpoints every 2 rounds (rounds 1, 3, ...): a crashed worker 1 or 2 that took part
+    in one comes back from its own last checkpoint (its step counter goes on from there; no
+    peer sends it parameters), one that did not comes back from a peer; which, is decided
+    from the rounds the run fixed its faults at, so ``simulate --replay`` repeats it. Worker
+    3 restarts from a peer (the default), and the copy is counted in both ends' bytes."""
     from gasloc_emu.emulator.launcher import launch
     from gasloc_emu.report.records import new_run_dir
     (tmp_path / "s.toml").write_text(RESTART_FROM_CHECKPOINT)
@@ -137,18 +143,30 @@ def test_crashed_workers_restart_from_their_checkpoints_and_the_run_replays(tmp_
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     took_part = {(r["worker"], r["round"]) for r in rows}
     joins = [e for e in events if e["type"] == "join"]
-    assert joins and all(e["from_checkpoint"] for e in joins)
+    assert {e["worker"] for e in joins} >= {1, 3}
+    assert all(e.get("from_checkpoint", False) == (e["worker"] != 3) for e in joins)
     step = {(r["worker"], r["round"]): r["step"] for r in rows}
     restored = 0
     for e in joins:
         w, t = e["worker"], e["round"]
-        wrote = [r for r in range(1, t, 2) if (w, r) in took_part]
+        wrote = [r for r in range(1, t, 2) if (w, r) in took_part and w != 3]
         assert (e["from_worker"] is None) == bool(wrote), e
         # 3 local steps a round: from its checkpoint's step count, or from 0 after a peer's
         assert step[w, t] == 3 * (1 + (len([r for r in range(wrote[-1] + 1)
                                              if (w, r) in took_part]) if wrote else 0))
         restored += bool(wrote)
     assert restored >= 1
+    # a copy from a peer is traffic of the joining round, on both ends; a checkpoint is not
+    # (no codec: every message is the whole model, one per peer each way on a ring)
+    row = {(r["worker"], r["round"]): r for r in rows}
+    model_bytes = row[0, 0]["bytes_sent"] // len(row[0, 0]["peers"])
+    for e in joins:
+        w, t = e["worker"], e["round"]
+        extra = row[w, t]["bytes_recv"] - row[w, t]["bytes_sent"]
+        assert extra == (model_bytes if e["from_worker"] is not None else 0), e
+        if e["from_worker"] is not None:
+            donor = row[e["from_worker"], t]
+            assert donor["bytes_sent"] - donor["bytes_recv"] == model_bytes
     replayed = _replay(tmp_path, "run", "replay")
     assert replayed["membership"]["changes"] == json.loads(
         (tmp_path / "run" / "summary.json").read_text())["membership"]["changes"]
