@@ -33,7 +33,7 @@ import numpy as np
 
 from gasloc_emu import config as C
 from gasloc_emu.experiments import data
-from gasloc_emu.experiments.engines import Engine, LocalEngine, Point
+from gasloc_emu.experiments.engines import LOCAL_WORDS, Engine, LocalEngine, Point
 from gasloc_emu.experiments.spec import Arm, arm_config
 from gasloc_emu.experiments.sweep import machine
 
@@ -339,7 +339,7 @@ def section(header: dict, rows: list[dict]) -> str:
     run_s = sum(r.get("run_wall_s") or 0.0 for r in rows)  # not the last call's: runs resume
     lines.append(f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
                  f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {len(rows)} runs took "
-                 f"{run_s / 60:.1f} min of wall-clock, one after another.")
+                 f"{run_s / 60:.1f} min of wall-clock, {header.get('engine', LOCAL_WORDS)}.")
     return "\n".join(lines)
 
 

@@ -106,7 +106,12 @@ class Engine(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """Where the runs were made, in words (for a data file's header)."""
+        """How the runs were made, in words that follow "the runs took N min of wall-clock,"
+        (a data file's header keeps them for its section)."""
+
+
+# how the local engine makes runs; also what a data file from before engines means
+LOCAL_WORDS = "one after another"
 
 
 class LocalEngine(Engine):
@@ -118,7 +123,7 @@ class LocalEngine(Engine):
             yield run_one(p.cfg, p.out, p.mode)
 
     def describe(self) -> str:
-        return "local: one run after another in one process"
+        return LOCAL_WORDS
 
 
 class SubmititEngine(Engine):
@@ -169,7 +174,7 @@ class SubmititEngine(Engine):
         jobs = self.executor.map_array(run_one, [p.cfg for p in todo],
                                        [p.out for p in todo], [p.mode for p in todo])
         self.submitted += len(jobs)
-        log(f"  {len(jobs)} jobs submitted ({self.describe()}; first job {jobs[0].job_id}), "
+        log(f"  {len(jobs)} jobs submitted {self.describe()} (first job {jobs[0].job_id}), "
             f"{reused} finished runs reused; logs in {self.logs}")
         failures = self._wait(todo, jobs)
         if failures:
@@ -190,7 +195,7 @@ class SubmititEngine(Engine):
 
     def describe(self) -> str:
         where = f", partition {self.cfg.partition}" if self.cfg.partition else ""
-        return f"submitit on {self.cfg.cluster}{where}"
+        return f"as jobs of submitit on {self.cfg.cluster}{where}"
 
 
 def _failure(point: Point, job) -> str | None:
