@@ -617,10 +617,11 @@ class EngineConfig(_Validated):
     time_limit_min: int = setting(60, "submitit: each job's time limit in minutes (Slurm's "
                                       "--time); a run still going then is killed and reported.",
                                   lo=1, hi=60 * 24 * 30)
-    cpus_per_task: int = setting(1, "submitit: CPU cores of each job (Slurm's "
+    cpus_per_task: int = setting(1, "submitit on slurm: CPU cores of each job (Slurm's "
                                     "--cpus-per-task).", lo=1, hi=1024)
-    gpus_per_task: int = setting(0, "submitit: GPUs of each job (Slurm's --gpus-per-node; one "
-                                    "task per job).", lo=0, hi=64)
+    gpus_per_task: int = setting(0, "submitit: GPUs of each job (Slurm's --gpus-per-node, one "
+                                    "task per job; on the local cluster, CUDA_VISIBLE_DEVICES).",
+                                 lo=0, hi=64)
     mem_gb: float = setting(0.0, "submitit on slurm: memory of each job in GB (Slurm's --mem); "
                                  "0: the partition's default.", lo=0.0, hi=1e5)
     array_parallelism: int = setting(64, "submitit on slurm: at most this many jobs of one "

@@ -155,13 +155,13 @@ class SubmititEngine(Engine):
         the chosen cluster, and slurm_ ones, which only a Slurm cluster reads."""
         cfg = self.cfg
         out = {"name": "gasloc-emu", "timeout_min": cfg.time_limit_min,
-               "cpus_per_task": cfg.cpus_per_task, "gpus_per_node": cfg.gpus_per_task,
+               "cpus_per_task": cfg.cpus_per_task,
                "slurm_array_parallelism": cfg.array_parallelism}
-        if cfg.partition:
-            out["slurm_partition"] = cfg.partition
-        if cfg.mem_gb:
-            out["mem_gb"] = cfg.mem_gb
-        return out
+        # unset rather than 0 or empty: the cluster's default, and no `--gpus-per-node=0`
+        # for a Slurm without GPUs to refuse (the local cluster hides GPUs either way)
+        optional = {"gpus_per_node": cfg.gpus_per_task, "slurm_partition": cfg.partition,
+                    "mem_gb": cfg.mem_gb}
+        return out | {k: v for k, v in optional.items() if v}
 
     def run(self, points, log=print):
         todo = [p for p in points if not reusable(p)]
@@ -176,26 +176,28 @@ class SubmititEngine(Engine):
         self.submitted += len(jobs)
         log(f"  {len(jobs)} jobs submitted {self.describe()} (first job {jobs[0].job_id}), "
             f"{reused} finished runs reused; logs in {self.logs}")
-        failures = self._wait(todo, jobs)
+        failures = wait_for(todo, jobs)
         if failures:
             raise EngineError(failures)
         log(f"  {len(jobs)} jobs done")
         yield from (p.out for p in points)
 
-    def _wait(self, todo: list[Point], jobs: list) -> list[str]:
-        """Every job's outcome: a line for each that failed (its point, why, its log)."""
-        try:
-            return [line for p, job in zip(todo, jobs, strict=True)
-                    if (line := _failure(p, job)) is not None]
-        except BaseException:
-            for job in jobs:   # interrupted: leave nothing running on the cluster
-                with contextlib.suppress(Exception):
-                    job.cancel(check=False)
-            raise
-
     def describe(self) -> str:
         where = f", partition {self.cfg.partition}" if self.cfg.partition else ""
         return f"as jobs of submitit on {self.cfg.cluster}{where}"
+
+
+def wait_for(points: list[Point], jobs: list) -> list[str]:
+    """Every job's outcome, waiting for each: a line for each that failed (its point, why, its
+    log). Interrupted (Ctrl-C), it cancels every job first: nothing is left running."""
+    try:
+        return [line for p, job in zip(points, jobs, strict=True)
+                if (line := _failure(p, job)) is not None]
+    except BaseException:
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+        raise
 
 
 def _failure(point: Point, job) -> str | None:

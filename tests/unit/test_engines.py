@@ -53,7 +53,7 @@ def test_the_default_slurm_job_asks_for_no_partition_or_memory(tmp_path, monkeyp
     monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     engine = engines.make_engine(C.resolve_engine({"engine.name": "submitit"}), tmp_path)
     params = engine.executor._executor.parameters
-    assert "partition" not in params and "mem" not in params
+    assert "partition" not in params and "mem" not in params and "gpus_per_node" not in params
     assert params["time"] == 60 and params["cpus_per_task"] == 1
 
 
@@ -70,6 +70,30 @@ def test_a_setting_the_chosen_engine_does_not_read_is_refused(tmp_path, key, val
     with pytest.raises(C.ConfigError, match=rf"{key} = .* is not read by engine.name = 'local'"):
         engines.make_engine(C.resolve_engine({key: value}), tmp_path)
     assert isinstance(engines.make_engine(C.resolve_engine({}), tmp_path), engines.LocalEngine)
+
+
+class _Job:
+    """A job of which only waiting is asked: it is interrupted (Ctrl-C) or ends well."""
+
+    def __init__(self, interrupted: bool):
+        self.interrupted, self.cancelled = interrupted, False
+
+    def exception(self):
+        if self.interrupted:
+            raise KeyboardInterrupt
+        return None
+
+    def cancel(self, check: bool = True):
+        self.cancelled = True
+
+
+def test_an_interrupt_while_waiting_cancels_every_job(tmp_path):
+    jobs = [_Job(False), _Job(True), _Job(False)]
+    points = [engines.Point(C.Config(), tmp_path / str(k), "simulate") for k in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        engines.wait_for(points, jobs)
+    assert [j.cancelled for j in jobs] == [True, True, True]
+    assert engines.wait_for(points, [_Job(False)] * 3) == []
 
 
 def test_engine_settings_are_checked_like_any_setting():
