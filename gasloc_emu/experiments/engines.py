@@ -174,7 +174,7 @@ class SubmititEngine(Engine):
         jobs = self.executor.map_array(run_one, [p.cfg for p in todo],
                                        [p.out for p in todo], [p.mode for p in todo])
         self.submitted += len(jobs)
-        log(f"  {len(jobs)} jobs submitted {self.describe()} (first job {jobs[0].job_id}), "
+        log(f"  {len(jobs)} runs submitted {self.describe()} (first job {jobs[0].job_id}), "
             f"{reused} finished runs reused; logs in {self.logs}")
         failures = wait_for(todo, jobs)
         if failures:

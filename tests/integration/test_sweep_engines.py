@@ -66,7 +66,7 @@ def test_jobs_make_the_local_engines_records_name_failures_and_are_not_resubmitt
     engine = _submitit(out)
     with pytest.raises(engines.EngineError) as caught:
         sweep.run_sweep(preset, out, log=said.append, engine=engine)
-    assert engine.submitted == 4 and sum("jobs submitted" in s for s in said) == 1
+    assert engine.submitted == 4 and sum("runs submitted as jobs" in s for s in said) == 1
     assert len(caught.value.failures) == 2
     for seed, line in enumerate(caught.value.failures):
         assert line.startswith(f"{out / f'bad-s{seed}'} (simulate): job ") and "DataError" in line
