@@ -591,6 +591,59 @@ class Config(_Validated):
                               f"({self.workers})")
 
 
+# Where an experiment's runs are made (`gasloc-emu sweep` and `crossover`); the engines
+# themselves are in experiments/engines.py, whose registry a unit test keeps equal to this.
+ENGINES = ("local", "submitit")
+ENGINE_SECTION = "engine."
+
+
+@dataclass(frozen=True)
+class EngineConfig(_Validated):
+    """Where the runs of a sweep or a crossover map are made. Not part of a run's Config: a run
+    is the same run wherever it was made, so its record (and the reuse of finished runs, which
+    compares records' configs) does not change with the engine."""
+
+    _section = ENGINE_SECTION
+    name: str = setting("local", "Where an experiment's runs are made: local (one after "
+                                 "another in this process) or submitit (each run one job of a "
+                                 "job array through submitit: Slurm, or processes on this "
+                                 "machine); finished runs are reused either way.",
+                        choices=ENGINES)
+    cluster: str = setting("slurm", "submitit: slurm (sbatch job arrays) or local (every job "
+                                    "a process on this machine, all at once).",
+                           choices=("slurm", "local"))
+    partition: str = setting("", "submitit on slurm: the partition; empty: the cluster's "
+                                 "default.")
+    time_limit_min: int = setting(60, "submitit: each job's time limit in minutes (Slurm's "
+                                      "--time); a run still going then is killed and reported.",
+                                  lo=1, hi=60 * 24 * 30)
+    cpus_per_task: int = setting(1, "submitit on slurm: CPU cores of each job (Slurm's "
+                                    "--cpus-per-task).", lo=1, hi=1024)
+    gpus_per_task: int = setting(0, "submitit: GPUs of each job (Slurm's --gpus-per-node, one "
+                                    "task per job; on the local cluster, CUDA_VISIBLE_DEVICES).",
+                                 lo=0, hi=64)
+    mem_gb: float = setting(0.0, "submitit on slurm: memory of each job in GB (Slurm's --mem); "
+                                 "0: the partition's default.", lo=0.0, hi=1e5)
+    array_parallelism: int = setting(64, "submitit on slurm: at most this many jobs of one "
+                                         "array run at once (the %N of --array).",
+                                     lo=1, hi=100_000)
+    log_dir: str = setting("engine-logs", "submitit: the folder of its job files and each "
+                                          "job's stdout/stderr logs, inside the experiment's "
+                                          "folder (--out).")
+
+
+def engine_specs() -> list[SettingSpec]:
+    """The engine's settings, keyed engine.<name> (the flags of sweep and crossover)."""
+    return setting_specs(EngineConfig, ENGINE_SECTION)
+
+
+def resolve_engine(overrides: Mapping[str, Any] | None = None) -> EngineConfig:
+    """The engine's settings from dotted keys (engine.name, ...); a value of None is unset."""
+    given = {k.removeprefix(ENGINE_SECTION): v for k, v in (overrides or {}).items()
+             if v is not None}
+    return _build(EngineConfig, given, ENGINE_SECTION)
+
+
 # ---------------------------------------------------------------- building from dicts
 
 _UNIONS = (Union, types.UnionType)  # ``int | tuple`` hints are types.UnionType, not Union
@@ -797,8 +850,9 @@ def setting_specs(cls: type = Config, prefix: str = "") -> list[SettingSpec]:
 
 @functools.cache
 def _specs_by_key() -> dict[str, SettingSpec]:
-    """The tree's specs by key, built once: the CLI looks up every flag row at import."""
-    return {spec.key: spec for spec in setting_specs()}
+    """The tree's specs by key, and the engine's (engine.<name>), built once: the CLI looks up
+    every flag row at import."""
+    return {spec.key: spec for spec in (*setting_specs(), *engine_specs())}
 
 
 def setting_spec(key: str) -> SettingSpec:

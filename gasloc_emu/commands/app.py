@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gasloc_emu import exitcodes
-from gasloc_emu.config import Config, to_dict
+from gasloc_emu.config import Config, EngineConfig, to_dict
 from gasloc_emu.emulator.network import open_network
 from gasloc_emu.experiments import data as data_file
+from gasloc_emu.experiments.engines import EngineError, make_engine
 from gasloc_emu.experiments.page import markdown_section, update_results_page
 from gasloc_emu.experiments.sweep import build_report, run_sweep
 from gasloc_emu.netplan import shaped, shaping_decision, used_pairs
@@ -336,9 +337,10 @@ def _warn_damage(runs) -> None:
 
 
 def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
-                  from_data: str | None = None) -> int:
+                  from_data: str | None = None, engine: EngineConfig | None = None) -> int:
     """Run a preset's sweep (or, ``from_data``, rebuild its report from a data file without
-    running anything); with ``report``, write its section, plots and data into that page."""
+    running anything); with ``report``, write its section, plots and data into that page.
+    ``engine``: where its runs are made (default: one after another here)."""
     name = Path(from_data or preset).stem
     out_dir = Path(out) if out else Path("runs") / f"sweep-{name}"
     # with a page, finished runs are kept beside it until the data file is written, so that a
@@ -348,9 +350,13 @@ def sweep_command(preset: str | None, out: str | None, arms, report: str | None,
         header, rows = data_file.read(Path(from_data))
         result = build_report(header, rows, out_dir)
     else:
-        result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms),
-                           command=_sweep_line(preset, out, arms, report),
-                           kept=None if arms else kept)
+        try:
+            result = run_sweep(preset, out_dir, log=click.echo, arms=tuple(arms),
+                               command=_sweep_line(preset, out, arms, report),
+                               kept=None if arms else kept,
+                               engine=make_engine(engine or EngineConfig(), out_dir))
+        except EngineError as exc:
+            return _engine_failed(exc)
     click.echo(f"results: {out_dir / 'results.json'}  plot: {out_dir / 'plot.png'}")
     if report:
         page = Path(report)
@@ -383,17 +389,30 @@ def _copy_results(result: dict, out_dir: Path, folder: Path, name: str, from_dat
         target.write_bytes(source.read_bytes())
 
 
+def _engine_failed(exc: EngineError) -> int:
+    """Runs whose jobs failed: each named with its log on stderr, exit 1. The runs that
+    finished are kept in their folders and reused by the next call."""
+    for line in exc.failures:
+        click.echo(f"error: {line}", err=True)
+    return exitcodes.RUN_FAILED
+
+
 def crossover_command(preset: str | None, out: str | None, report: str | None,
-                      from_data: str | None) -> int:
+                      from_data: str | None, engine: EngineConfig | None = None) -> int:
     """Make the crossover map (or rebuild it from its data file); with ``report``, write its
-    section, map and data file beside that page."""
+    section, map and data file beside that page. ``engine``: where its runs are made."""
     from gasloc_emu.experiments import crossover as X
     name = Path(from_data or preset).stem
     out_dir = Path(out) if out else Path("runs") / f"crossover-{name}"
     if from_data:
         header, rows = data_file.read(Path(from_data), kind=X.KIND)
     else:
-        header, rows = X.run_crossover(preset, out_dir, log=click.echo)
+        try:
+            header, rows = X.run_crossover(preset, out_dir, log=click.echo,
+                                           engine=make_engine(engine or EngineConfig(),
+                                                              out_dir))
+        except EngineError as exc:
+            return _engine_failed(exc)
         data_file.write(out_dir / "data.jsonl", header, rows, kind=X.KIND)
     out_dir.mkdir(parents=True, exist_ok=True)
     X.plot_map(header["spec"], rows, out_dir / "map.png")

@@ -150,6 +150,19 @@ RUN_FLAGS: tuple[tuple[str, ...], ...] = (
 SIM_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--batched", "sim.batched"),
 )
+# Rows only `sweep` and `crossover` have: where an experiment's runs are made (the engine's
+# settings, config.EngineConfig, which no run's config holds).
+ENGINE_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--engine", "engine.name"),
+    ("--cluster", "engine.cluster"),
+    ("--partition", "engine.partition"),
+    ("--time-limit-min", "engine.time_limit_min"),
+    ("--cpus-per-task", "engine.cpus_per_task"),
+    ("--gpus-per-task", "engine.gpus_per_task"),
+    ("--mem-gb", "engine.mem_gb"),
+    ("--array-parallelism", "engine.array_parallelism"),
+    ("--engine-logs", "engine.log_dir"),
+)
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper",
              "--delay", "--placement", "--cloud-rate", "--cloud-missing")
@@ -307,6 +320,18 @@ run_options = _apply(RUN_OPTIONS)
 net_options = _apply(NET_OPTIONS)
 run_only_options = _apply([_setting_option(*row) for row in RUN_FLAGS])
 sim_only_options = _apply([_setting_option(*row) for row in SIM_FLAGS])
+engine_options = _apply([_setting_option(*row) for row in ENGINE_FLAGS])
+
+
+def engine_from_flags(kw: dict, from_data: str | None) -> C.EngineConfig:
+    """The engine's settings from its flags (popped from ``kw``); none with --from-data, which
+    makes no run."""
+    given = {key: kw.pop(_dest(flag), None) for flag, key, *_ in ENGINE_FLAGS}
+    if from_data and any(v is not None for v in given.values()):
+        flags = [flag for flag, key, *_ in ENGINE_FLAGS if given[key] is not None]
+        raise click.UsageError(f"{', '.join(flags)} choose where runs are made; --from-data "
+                               "runs nothing")
+    return C.resolve_engine(given)
 
 
 def resolve_from_flags(kw: dict) -> C.Config:
@@ -535,16 +560,18 @@ def _report_options(example: str):
                    "same settings is reused.")
 @click.option("--arm", "arms", multiple=True, help="Run only these arms (repeatable).")
 @_report_options("docs/results/h1-search.jsonl")
+@engine_options
 @friendly_errors
 def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: str | None,
-          from_data: str | None) -> None:
+          from_data: str | None, **kw) -> None:
     """Run every arm of a preset over its seeds, with the same tuning for each arm."""
     if (preset is None) == (from_data is None):
         raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
     if from_data and arms:
         raise click.UsageError("--arm chooses arms to run; --from-data runs nothing")
+    engine = engine_from_flags(kw, from_data)
     from gasloc_emu.commands.app import sweep_command
-    sys.exit(sweep_command(preset, out, arms, report, from_data))
+    sys.exit(sweep_command(preset, out, arms, report, from_data, engine))
 
 
 @main.command()
@@ -553,16 +580,18 @@ def sweep(preset: str | None, out: str | None, arms: tuple[str, ...], report: st
               help="Where the runs go (default runs/crossover-<preset>); a finished run with "
                    "the same settings is reused.")
 @_report_options("docs/results/crossover.jsonl")
+@engine_options
 @friendly_errors
 def crossover(preset: str | None, out: str | None, report: str | None,
-              from_data: str | None) -> None:
+              from_data: str | None, **kw) -> None:
     """At each link rate and step time of a preset's grid, which of its algorithms reaches the
     target loss first, each against a baseline (simulated; a few points checked in the
     emulator)."""
     if (preset is None) == (from_data is None):
         raise click.UsageError("give a PRESET to run, or --from-data FILE to rebuild from")
+    engine = engine_from_flags(kw, from_data)
     from gasloc_emu.commands.app import crossover_command
-    sys.exit(crossover_command(preset, out, report, from_data))
+    sys.exit(crossover_command(preset, out, report, from_data, engine))
 
 
 @main.group()

@@ -33,8 +33,9 @@ import numpy as np
 
 from gasloc_emu import config as C
 from gasloc_emu.experiments import data
+from gasloc_emu.experiments.engines import LOCAL_WORDS, Engine, LocalEngine, Point
 from gasloc_emu.experiments.spec import Arm, arm_config
-from gasloc_emu.experiments.sweep import machine, run_one
+from gasloc_emu.experiments.sweep import machine
 
 
 @dataclass(frozen=True)
@@ -114,81 +115,109 @@ def replays_exactly(preset: Path, arm: Arm, seed: int) -> bool:
 
 
 class _Maker:
-    def __init__(self, preset: Path, spec: CrossoverSpec, out: Path, log):
+    """The map's runs, a phase at a time (every arm's probe, every arm's grid, the checks), each
+    phase one batch for the engine: its runs do not depend on one another."""
+
+    def __init__(self, preset: Path, spec: CrossoverSpec, out: Path, log,
+                 engine: Engine | None = None):
         self.preset, self.spec, self.out, self.log = preset, spec, out, log
+        self.engine = engine if engine is not None else LocalEngine(C.EngineConfig(), out)
 
-    def run(self, arm: Arm, tag: str, overrides: dict, mode: str) -> dict:
-        cfg = arm_config(self.preset, arm, self.spec.seed, overrides)
-        d = run_one(cfg, self.out / f"{arm.name}-{tag}", mode)
-        row = data.run_row(d, arm, mode, self.spec.seed, (), mode)
-        last = row["curve"][-1] if row["curve"] else [None, None, None]
-        self.log(f"  {arm.name}-{tag}: loss {last[2]}, {last[1]} s")
-        return row | {"tag": tag, "time_s": last[1], "loss": last[2]}
-
-    def arm(self, arm: Arm) -> list[dict]:
-        """The probe and the grid of one arm."""
-        rate, step = self.spec.rates_mbit[-1], self.spec.step_times_s[0]
-        timed = replays_exactly(self.preset, arm, self.spec.seed)
-        probe = self.run(arm, "probe", {"run.eval_every": 1} | _net(rate, step), "simulate")
-        rounds, _ = rounds_to_target(probe, self.spec.target_loss)
-        rows = [probe | {"phase": "probe", "timed": timed}]
-        if rounds is None:
-            return rows
-        budget = rounds if timed else math.ceil(BUDGET * rounds)
-        for rate in self.spec.rates_mbit:
-            for step in self.spec.step_times_s:
-                rows.append(self.point(arm, rate, step, budget, timed))
+    def runs(self, requests: list[tuple[Arm, str, dict, str]]) -> list[dict]:
+        """The row of each (arm, tag, overrides, mode), in order, made by the engine."""
+        points = [Point(arm_config(self.preset, arm, self.spec.seed, overrides),
+                        self.out / f"{arm.name}-{tag}", mode)
+                  for arm, tag, overrides, mode in requests]
+        made = self.engine.run(points, self.log)
+        rows = []
+        for arm, tag, _, mode in requests:
+            row = data.run_row(next(made), arm, mode, self.spec.seed, (), mode)
+            last = row["curve"][-1] if row["curve"] else [None, None, None]
+            self.log(f"  {arm.name}-{tag}: loss {last[2]}, {last[1]} s")
+            rows.append(row | {"tag": tag, "time_s": last[1], "loss": last[2]})
         return rows
 
-    def checks(self, arm: Arm, rows: list[dict]) -> list[dict]:
+    def arms(self, arms: tuple[Arm, ...]) -> list[dict]:
+        """Every arm's probe, then the grid of every arm whose probe reached the target; each
+        arm's probe row followed by its grid rows."""
+        rate, step = self.spec.rates_mbit[-1], self.spec.step_times_s[0]
+        timed = {a.name: replays_exactly(self.preset, a, self.spec.seed) for a in arms}
+        probes = self.runs([(a, "probe", {"run.eval_every": 1} | _net(rate, step), "simulate")
+                            for a in arms])
+        probes = [p | {"phase": "probe", "timed": timed[a.name]}
+                  for a, p in zip(arms, probes, strict=True)]
+        asked = []   # (arm, rate, step, rounds) of every grid point
+        for arm, probe in zip(arms, probes, strict=True):
+            rounds, _ = rounds_to_target(probe, self.spec.target_loss)
+            if rounds is not None:
+                budget = rounds if timed[arm.name] else math.ceil(BUDGET * rounds)
+                asked += [(arm, r, s, budget) for r in self.spec.rates_mbit
+                          for s in self.spec.step_times_s]
+        grid = self.points(asked, timed)
+        return [r for arm, probe in zip(arms, probes, strict=True)
+                for r in [probe, *(g for g in grid if g["arm"] == arm.name)]]
+
+    def checks(self, arms: tuple[Arm, ...], rows: list[dict]) -> list[dict]:
         """The emulator's runs (after every simulation, so that a busy host can be quietened
         for them alone), each for the rounds or steps its grid point took to the target."""
-        grid = {(r["rate_mbit"], r["step_time_s"]): r
-                for r in rows if r.get("phase") == "grid" and r["arm"] == arm.name}
-        return [self.check(arm, grid[point]) for point in self.spec.checks
-                if grid.get(point, {}).get("rounds_to_target") is not None]
+        grid = {(r["arm"], r["rate_mbit"], r["step_time_s"]): r
+                for r in rows if r.get("phase") == "grid"}
+        asked = [(arm, grid[(arm.name, *point)]) for arm in arms for point in self.spec.checks
+                 if grid.get((arm.name, *point), {}).get("rounds_to_target") is not None]
+        made = self.runs([(arm, f"{g['rate_mbit']:g}mbit-{g['step_time_s']:g}s-run",
+                           point_overrides(g["rate_mbit"], g["step_time_s"], g["rounds"],
+                                           g["rounds_to_target"]), "run")
+                          for arm, g in asked])
+        return [self.check(row, g) for (_, g), row in zip(asked, made, strict=True)]
 
-    def point(self, arm: Arm, rate: float, step: float, rounds: int, timed: bool) -> dict:
-        """A grid point on the simulator: a timed arm for exactly ``rounds``; an arm without
-        rounds for up to ``rounds`` steps, evaluated every step, timed at its target."""
-        row = self.run(arm, f"{rate:g}mbit-{step:g}s",
-                       point_overrides(rate, step, rounds, 1 if not timed else 0), "simulate")
+    def points(self, asked: list[tuple[Arm, float, float, int]], timed: dict) -> list[dict]:
+        """Grid points on the simulator: a timed arm for exactly its rounds; an arm without
+        rounds for up to its budget of steps, evaluated every step, timed at its target."""
+        made = self.runs([(arm, f"{rate:g}mbit-{step:g}s",
+                           point_overrides(rate, step, rounds, 0 if timed[arm.name] else 1),
+                           "simulate") for arm, rate, step, rounds in asked])
+        return [self.point(row, rate, step, rounds, timed[arm.name])
+                for (arm, rate, step, rounds), row in zip(asked, made, strict=True)]
+
+    def point(self, row: dict, rate: float, step: float, rounds: int, timed: bool) -> dict:
+        """A grid point's row: where it reached the target, for an arm without rounds."""
         if not timed:
             rounds, time_s, loss = first_at_target(row, self.spec.target_loss)
             row |= {"time_s": time_s, "loss": loss}
         return row | {"phase": "grid", "rate_mbit": rate, "step_time_s": step,
                       "rounds_to_target": rounds, "timed": timed}
 
-    def check(self, arm: Arm, grid: dict) -> dict:
+    def check(self, row: dict, grid: dict) -> dict:
         """A grid point in the emulator, run as long as its simulation was (so that an arm
         without rounds is not timed at its run's end, where neighbours stop pairing), and
         evaluated where that reached the target."""
-        rate, step, n = grid["rate_mbit"], grid["step_time_s"], grid["rounds_to_target"]
-        row = self.run(arm, f"{rate:g}mbit-{step:g}s-run",
-                       point_overrides(rate, step, grid["rounds"], n), "run")
+        n = grid["rounds_to_target"]
         at = next((p for p in row["curve"] if p[0] == n), [n, None, None])
-        return row | {"phase": "check", "rate_mbit": rate, "step_time_s": step,
-                      "rounds_to_target": n, "timed": grid["timed"], "time_s": at[1],
-                      "loss": at[2]}
+        return row | {"phase": "check", "rate_mbit": grid["rate_mbit"],
+                      "step_time_s": grid["step_time_s"], "rounds_to_target": n,
+                      "timed": grid["timed"], "time_s": at[1], "loss": at[2]}
 
 
 def _net(rate: float, step: float) -> dict:
     return {"net.bw_profile": "uniform", "net.rate_mbit": rate, "compute.step_time_s": step}
 
 
-def run_crossover(preset: str | Path, out: str | Path, log=print) -> tuple[dict, list[dict]]:
-    """Every run of the map (reusing finished ones), and the data file's header."""
+def run_crossover(preset: str | Path, out: str | Path, log=print,
+                  engine: Engine | None = None) -> tuple[dict, list[dict]]:
+    """Every run of the map (reusing finished ones), and the data file's header. ``engine``:
+    where the runs are made (``engines``; default: one after another in this process)."""
     preset, out = Path(preset), Path(out)
     spec, t0 = load_crossover(preset), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    maker = _Maker(preset, spec, out, log)
-    rows = [r for arm in spec.arms for r in maker.arm(arm)]
+    maker = _Maker(preset, spec, out, log, engine)
+    rows = maker.arms(spec.arms)
     if spec.checks:
         log("emulator checks (timed: keep the host otherwise idle)")
-    rows += [r for arm in spec.arms for r in maker.checks(arm, rows)]
+    rows += maker.checks(spec.arms, rows)
     header = {"preset": str(preset), "spec": spec_dict(spec),
               "machine": machine(), "seconds": time.perf_counter() - t0,
-              "command": f"gasloc-emu crossover {preset} --report docs/RESULTS.md"}
+              "command": f"gasloc-emu crossover {preset} --report docs/RESULTS.md",
+              "engine": maker.engine.describe()}
     return header, rows
 
 
@@ -310,7 +339,7 @@ def section(header: dict, rows: list[dict]) -> str:
     run_s = sum(r.get("run_wall_s") or 0.0 for r in rows)  # not the last call's: runs resume
     lines.append(f"Machine: {m['platform']}, {m['cpus']} CPUs, Python {m['python']}, torch "
                  f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {len(rows)} runs took "
-                 f"{run_s / 60:.1f} min of wall-clock, one after another.")
+                 f"{run_s / 60:.1f} min of wall-clock, {header.get('engine', LOCAL_WORDS)}.")
     return "\n".join(lines)
 
 

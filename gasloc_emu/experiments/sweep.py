@@ -31,21 +31,20 @@ A preset in runs/ is an ordinary config file plus a ``[sweep]`` table::
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import platform
-import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from gasloc_emu import config as C
-from gasloc_emu import exitcodes
 from gasloc_emu.config import to_toml
 from gasloc_emu.experiments import data, stats
+from gasloc_emu.experiments.engines import Engine, LocalEngine, Point
 from gasloc_emu.experiments.plots import plot_sweep, plot_tuning
 from gasloc_emu.experiments.spec import (
     Arm,
@@ -59,39 +58,6 @@ from gasloc_emu.experiments.spec import (
     spec_dict,
     spec_from_dict,
 )
-from gasloc_emu.report.records import new_run_dir
-
-
-def run_one(cfg: C.Config, out: Path, mode: str) -> Path:
-    """One run of the sweep, in the simulator or the emulator; returns its record folder. A
-    finished run of the same resolved config is reused; any other is made again."""
-    if mode == "run":
-        cfg = C.replace(cfg, **{"run.dashboard": "off"})
-    if data.finished_record(out) and _recorded_config(out) == to_toml(cfg):
-        return out  # resumable: a finished run is not repeated
-    if out.exists():
-        shutil.rmtree(out)  # cut short, failed, or made with other settings: start afresh
-    # these load torch, which reading and reporting results does not need
-    from gasloc_emu.plan import build_plan
-    from gasloc_emu.training.worker import Diverged
-    if mode == "simulate":
-        from gasloc_emu.simulator.simulate import simulate
-        # a tuning value can diverge: its record says so, and it counts as failed
-        with contextlib.suppress(Diverged):
-            simulate(build_plan(cfg), out)
-    else:
-        from gasloc_emu.emulator.launcher import launch
-        result = launch(build_plan(cfg), new_run_dir(cfg, out, overwrite=True))
-        if result.code not in (exitcodes.OK, exitcodes.DIVERGED):
-            raise RuntimeError(f"run failed ({result.error}): see {out}/summary.json")
-    return out
-
-
-def _recorded_config(out: Path) -> str | None:
-    try:
-        return (out / "config.toml").read_text()
-    except OSError:
-        return None
 
 
 def final_loss(row: dict) -> float:
@@ -106,46 +72,77 @@ def failed_runs(rows: list[dict]) -> int:
 
 
 class _Runner:
-    """Runs of one sweep: each made (or reused) in its folder and read back as a data row."""
+    """Runs of one sweep: each made (or reused) in its folder by the engine and read back as a
+    data row. A phase's runs go to the engine together (``rows``): they do not depend on one
+    another, so an engine may make them at once."""
 
     def __init__(self, preset: Path, spec: SweepSpec, out: Path, log,
-                 kept: data.KeptRows | None = None):
+                 kept: data.KeptRows | None = None, engine: Engine | None = None):
         self.preset, self.spec, self.out, self.log = preset, spec, out, log
         self.kept = kept if kept is not None else data.KeptRows(None)
+        self.engine = engine if engine is not None else LocalEngine(C.EngineConfig(), out)
 
-    def row(self, arm: Arm, phase: str, seed: int, point: tuple) -> dict:
-        tag = _run_tag(arm, seed, point)
-        cfg = arm_config(self.preset, arm, seed, self.spec.settings(point, arm))
-        sha = data.config_sha(to_toml(cfg), self.spec.mode, self.spec.predict)
-        kept = self.kept.get(tag, phase, sha)
-        if kept is not None:
-            self.log(f"  {tag}: kept from an earlier sweep")
-            return kept
-        row = self._run(cfg, tag, arm, phase, seed, point)
-        self.kept.add(tag, phase, sha, row)
-        return row
+    def rows(self, requests: list[tuple[Arm, str, int, tuple]]) -> list[dict]:
+        """The data row of each (arm, phase, seed, point), in order: kept from an earlier sweep
+        (``data.KeptRows``), else made by the engine, with the runs not kept as one batch."""
+        todo = []
+        for arm, phase, seed, point in requests:
+            tag = _run_tag(arm, seed, point)
+            cfg = arm_config(self.preset, arm, seed, self.spec.settings(point, arm))
+            sha = data.config_sha(to_toml(cfg), self.spec.mode, self.spec.predict)
+            todo.append((tag, cfg, sha, self.kept.get(tag, phase, sha)))
+        points = [p for (tag, cfg, _, kept), (_, phase, _, _) in zip(todo, requests, strict=True)
+                  if kept is None for p in self._points(cfg, tag, phase)]
+        made = self.engine.run(points, self.log)
+        out = []
+        for (tag, _, sha, kept), (arm, phase, seed, point) in zip(todo, requests, strict=True):
+            if kept is not None:
+                self.log(f"  {tag}: kept from an earlier sweep")
+                out.append(kept)
+                continue
+            row = self._row(made, tag, arm, phase, seed, point)
+            self.kept.add(tag, phase, sha, row)
+            out.append(row)
+        return out
 
-    def _run(self, cfg: C.Config, tag: str, arm: Arm, phase: str, seed: int,
+    def _points(self, cfg: C.Config, tag: str, phase: str) -> list[Point]:
+        """A run's point, and in a predicting sweep a reported run's simulation beside it."""
+        points = [Point(cfg, self.out / tag, self.spec.mode)]
+        if self.spec.predict and phase == data.REPORT:
+            points.append(Point(cfg, self.out / f"{tag}-sim", "simulate"))
+        return points
+
+    def _row(self, made: Iterator[Path], tag: str, arm: Arm, phase: str, seed: int,
              point: tuple) -> dict:
-        d = run_one(cfg, self.out / tag, self.spec.mode)
-        row = data.run_row(d, arm, phase, seed, point, self.spec.mode)
+        """The row of a run the engine made (the next folder of ``made``, and its
+        simulation's where the sweep predicts)."""
+        row = data.run_row(next(made), arm, phase, seed, point, self.spec.mode)
         if self.spec.predict and phase == data.REPORT:   # the simulator's word beside it
-            sim = run_one(cfg, self.out / f"{tag}-sim", "simulate")
-            row["predicted_s"] = data.run_row(sim, arm, phase, seed, point, "simulate")["clock_s"]
+            sim = data.run_row(next(made), arm, phase, seed, point, "simulate")
+            row["predicted_s"] = sim["clock_s"]
         loss = row["final_eval_loss"]
         self.log(f"  {tag}: final eval loss {'-' if loss is None else f'{loss:.4f}'}")
         return row
 
-    def arm(self, arm: Arm) -> ArmResult:
-        """The arm's search on the tune seeds, then its best point on the reported seeds."""
-        res = ArmResult(arm)
-        if self.spec.tune_of(arm):
-            for point in self.spec.grid(arm):
-                rows = [self.row(arm, data.TUNE, seed, point) for seed in self.spec.tune_seeds]
-                res.tuning += rows
-        res.tuned, res.best = search_result(res.tuning)
-        res.runs = [self.row(arm, data.REPORT, seed, res.best) for seed in self.spec.seeds]
-        return res
+    def arms(self, arms: list[Arm]) -> list[ArmResult]:
+        """Every arm's search on the tune seeds (one batch), then each arm's best point on the
+        reported seeds (another)."""
+        spec = self.spec
+        results = [ArmResult(a) for a in arms]
+        searched = [(a, data.TUNE, seed, point) for a in arms if spec.tune_of(a)
+                    for point in spec.grid(a) for seed in spec.tune_seeds]
+        if searched:
+            self.log(f"search on tune seeds {list(spec.tune_seeds)}: {len(searched)} runs")
+        tuning = self.rows(searched)
+        for res in results:
+            res.tuning = [r for r in tuning if r["arm"] == res.arm.name]
+            res.tuned, res.best = search_result(res.tuning)
+        self.log(f"reported seeds {list(spec.seeds)}: {len(arms) * len(spec.seeds)} runs")
+        reported = self.rows([(res.arm, data.REPORT, seed, res.best) for res in results
+                              for seed in spec.seeds])
+        for res in results:
+            res.runs = [r for r in reported if r["arm"] == res.arm.name]
+        return results
 
 
 def search_result(tuning: list[dict]) -> tuple[dict, tuple]:
@@ -167,11 +164,12 @@ def _run_tag(arm: Arm, seed: int, point: tuple) -> str:
 
 
 def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, ...] = (),
-              command: str = "", kept: Path | None = None) -> dict:
+              command: str = "", kept: Path | None = None, engine: Engine | None = None) -> dict:
     """Every chosen arm over the preset's seeds (and more where a verdict is close); writes
     the data file, results.json and the plots under ``out`` and returns the report.
     ``command``: the command line, kept in the data file for the section to show. ``kept``:
-    where finished runs' rows are appended and reused from (``data.KeptRows``)."""
+    where finished runs' rows are appended and reused from (``data.KeptRows``). ``engine``:
+    where the runs are made (``engines``; default: one after another in this process)."""
     preset, out = Path(preset), Path(out)
     spec = load_spec(preset)
     chosen = [a for a in spec.arms if not arms or a.name in arms]
@@ -179,16 +177,14 @@ def run_sweep(preset: str | Path, out: str | Path, log=print, arms: tuple[str, .
         for point in spec.grid(a):
             arm_config(preset, a, spec.seeds[0], spec.settings(point, a))
     out.mkdir(parents=True, exist_ok=True)
-    t0, runner = time.time(), _Runner(preset, spec, out, log, data.KeptRows(kept))
-    results = []
-    for a in chosen:
-        log(f"arm {a.name}")
-        results.append(runner.arm(a))
+    t0 = time.time()
+    runner = _Runner(preset, spec, out, log, data.KeptRows(kept), engine)
+    results = runner.arms(chosen)
     _more_seeds_where_close(runner, results)
     rows = [r for res in results for r in res.tuning + res.runs]
     header = {"preset": str(preset), "spec": spec_dict(spec), "machine": machine(),
               "seconds": time.time() - t0, "command": command,
-              "batched": C.resolve(preset).sim.batched}
+              "batched": C.resolve(preset).sim.batched, "engine": runner.engine.describe()}
     data.write(out / "data.jsonl", header, rows)
     return build_report(header, rows, out)
 
@@ -200,13 +196,15 @@ def _more_seeds_where_close(runner: _Runner, results: list[ArmResult]) -> None:
     table = summarize(spec, results)
     close = {g for g, judged in verdict(spec, table).items()
              for j in judged for c in j.get("against", ()) if c.get("close")}
-    for res in results:
-        if (res.arm.group or "all") not in close:
-            continue
-        seed = max(spec.seeds) + 1
-        while len(res.runs) < spec.close_seeds:
-            res.runs.append(runner.row(res.arm, data.REPORT, seed, res.best))
-            seed += 1
+    more = [res for res in results if (res.arm.group or "all") in close]
+    requests = [(res.arm, data.REPORT, seed, res.best) for res in more
+                for seed in range(max(spec.seeds) + 1,
+                                  max(spec.seeds) + 1 + spec.close_seeds - len(res.runs))]
+    if requests:
+        runner.log(f"close verdicts: {len(requests)} runs on more seeds")
+    rows = runner.rows(requests)
+    for res in more:
+        res.runs += [r for r in rows if r["arm"] == res.arm.name]
 
 
 def build_report(header: dict, rows: list[dict], out: Path | None) -> dict:

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from gasloc_emu import config as C
 from gasloc_emu.experiments import crossover as X
-from gasloc_emu.experiments import data
+from gasloc_emu.experiments import data, engines
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,26 @@ set = { "algo.name" = "a2cid2", "run.rounds" = 24 }
 """
 
 
+class _Batches(engines.LocalEngine):
+    """The local engine, noting the batches of runs it is handed."""
+
+    def __init__(self, folder):
+        super().__init__(C.EngineConfig(), folder)
+        self.batches = []
+
+    def run(self, points, log=print):
+        self.batches.append([p.out.name for p in points])
+        return super().run(points, log)
+
+
 def test_an_arm_without_rounds_runs_to_the_target_at_every_point(tmp_path):
     preset = tmp_path / "mini.toml"
     preset.write_text(MINI)
-    header, rows = X.run_crossover(preset, tmp_path / "out", log=lambda *_: None)
+    engine = _Batches(tmp_path / "out")
+    header, rows = X.run_crossover(preset, tmp_path / "out", log=lambda *_: None, engine=engine)
+    # every arm's probe, then every arm's grid, each one batch an engine may make at once
+    grid = [f"{a}-{r}mbit-0.05s" for a in "gda" for r in (10, 1000)]
+    assert engine.batches == [["g-probe", "d-probe", "a-probe"], grid, []]
     probe = {r["arm"]: r for r in rows if r["phase"] == "probe"}
     assert [probe[a]["timed"] for a in "gda"] == [True, True, False]
     steps, _ = X.rounds_to_target(probe["a"], 3.6)

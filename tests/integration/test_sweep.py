@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gasloc_emu import config as C
-from gasloc_emu.experiments import crossover, data, page, plots, sweep
+from gasloc_emu.experiments import crossover, data, engines, page, plots, sweep
 from gasloc_emu.experiments import spec as sweep_spec
 
 pytestmark = pytest.mark.integration
@@ -436,12 +436,12 @@ def test_a_predicting_sweep_simulates_each_reported_run_beside_it(tmp_path, monk
     preset = tmp_path / "p.toml"
     preset.write_text(MINI.replace('seeds = [0, 1]', 'seeds = [0]\nmode = "run"\npredict = true')
                       .replace("[0.001, 0.003]", "[0.003]").replace("rounds = 3", "rounds = 1"))
-    made, real = [], sweep.run_one
+    made, real = [], engines.run_one
 
     def run_one(cfg, out, mode):
         made.append((out.name, mode))
         return real(cfg, out, "simulate")
-    monkeypatch.setattr(sweep, "run_one", run_one)
+    monkeypatch.setattr(engines, "run_one", run_one)
     report = sweep.run_sweep(preset, tmp_path / "out", log=lambda *_: None)
     assert ("g-s0-0.003-sim", "simulate") in made and ("g-s0-0.003", "run") in made
     assert not any(name.startswith("g-s100") and name.endswith("-sim") for name, _ in made)

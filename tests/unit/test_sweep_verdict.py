@@ -95,6 +95,10 @@ class _StubRunner:
 
     def __init__(self, spec, losses):
         self.spec, self.losses, self.made = spec, losses, []
+        self.log = lambda *_: None
+
+    def rows(self, requests):
+        return [self.row(*r) for r in requests]
 
     def row(self, arm, phase, seed, point):
         self.made.append((arm.name, seed))
