@@ -639,6 +639,28 @@ def _mh_row(adj, rank: int, alpha: float) -> tuple[float, dict[int, float]]:
     return 1.0 - sum(off.values()), off
 
 
+def mh_table(n: int, edges: Iterable[tuple[int, int]], alpha: float
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """W = I - alpha L with the Metropolis–Hastings weights of ``_mh_row``, for all n workers at
+    once, as a padded neighbour table: (self weight (n,), peers (n, K) in increasing rank,
+    weights (n, K)), K the largest degree; a row with fewer peers is padded with its own index
+    and weight 0. Vectorised (no Python loop over workers), for thousands of workers per round
+    (the consensus surrogate); equal to ``row`` to rounding (a test holds them equal)."""
+    pairs = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
+    src = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    dst = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    deg = np.bincount(src, minlength=n)
+    k = int(deg.max(initial=0))
+    col = np.arange(len(src)) - (np.cumsum(deg) - deg)[src]
+    peers = np.tile(np.arange(n, dtype=np.int64)[:, None], (1, k))
+    weights = np.zeros((n, k))
+    peers[src, col] = dst
+    weights[src, col] = alpha / (1.0 + np.maximum(deg[src], deg[dst]))
+    return 1.0 - weights.sum(1), peers, weights
+
+
 def _mixing_matrix(graph, t: int) -> np.ndarray:
     """The dense W of round t, built row by row from ``graph.row`` (one shared adjacency)."""
     w = np.zeros((graph.n, graph.n))

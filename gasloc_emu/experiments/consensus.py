@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from gasloc_emu.algorithms.base import mixing_table
 from gasloc_emu.algorithms.diloco import DiLoCo, nesterov_step
 from gasloc_emu.algorithms.gasloc import GASLoC, outer_proposal
 from gasloc_emu.algorithms.gossip import PlainGossip
@@ -121,9 +122,8 @@ def consensus_distance(x: torch.Tensor) -> float:
 @dataclass(frozen=True)
 class Mixing:
     """One round's W as a padded neighbour table: (Wz)_i = W_ii z_i + sum_k w[i, k] z[nbr[i, k]],
-    peers in increasing rank and padding (weight 0) pointing at i itself. Built from
-    the graph's ``neighbors`` and ``row`` (``topology.Topology``), the weights the algorithms
-    gossip with."""
+    peers in increasing rank and padding (weight 0) pointing at i itself: round t's edges
+    with the Metropolis–Hastings weights the algorithms gossip with (``base.mixing_table``)."""
 
     self_w: torch.Tensor   # (N, 1)
     nbr: torch.Tensor      # (N, K) int64
@@ -131,18 +131,7 @@ class Mixing:
 
     @classmethod
     def of(cls, topo, t: int) -> Mixing:
-        adj = topo.neighbors(t)
-        k = max((len(a) for a in adj), default=0)
-        self_w, nbr, w = [], [], []
-        for i, peers in enumerate(adj):
-            own, off = topo.row(i, t, adj)
-            pad = k - len(peers)
-            self_w.append([own])
-            nbr.append([*peers, *[i] * pad])
-            w.append([*(off[j] for j in peers), *[0.0] * pad])
-        return cls(torch.tensor(self_w, dtype=torch.float64),
-                   torch.tensor(nbr, dtype=torch.int64).reshape(len(adj), k),
-                   torch.tensor(w, dtype=torch.float64).reshape(len(adj), k))
+        return cls(*mixing_table(topo, t))
 
     def apply(self, z: torch.Tensor) -> torch.Tensor:
         """W z for the stack z (N, d), one peer column at a time: memory N x d, not N x K x d."""

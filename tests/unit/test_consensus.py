@@ -32,7 +32,7 @@ from gasloc_emu.experiments.consensus import (
 )
 from gasloc_emu.plan import build_plan
 from gasloc_emu.simulator.memory import Hub
-from gasloc_emu.topology import Topology
+from gasloc_emu.topology import LivingGraph, Topology
 
 
 def plan_of(**sets):
@@ -193,6 +193,15 @@ def test_the_neighbour_table_is_w(topology, n):
     for t in range(3):
         w = torch.from_numpy(topo.mixing_matrix(t))
         torch.testing.assert_close(Mixing.of(topo, t).apply(z), w @ z, rtol=1e-13, atol=1e-13)
+
+
+def test_the_neighbour_table_pads_uneven_degrees():
+    """Workers 2 and 5 gone from a 4-regular expander: degrees differ, the dead rows are I."""
+    full = Topology("expander", 10, 4, seed=1, alpha=0.7)
+    living = LivingGraph(full, lambda t: {0, 1, 3, 4, 6, 7, 8, 9})
+    z = torch.randn(10, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    w = torch.from_numpy(living.mixing_matrix(0))
+    torch.testing.assert_close(Mixing.of(living, 0).apply(z), w @ z, rtol=1e-13, atol=1e-13)
 
 
 @settings(max_examples=25, deadline=None)
