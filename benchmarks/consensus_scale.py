@@ -70,7 +70,7 @@ class Graphs:
 def summary(part: str, arm: str, res) -> dict:
     out = {k: v for k, v in dataclasses.asdict(res).items()
            if k not in ("consensus", "loss_gap", "worker_gap", "settings")}
-    out |= {"part": part, "arm": arm,
+    out |= {"part": part, "arm": arm, "local_steps": sorted(set(res.local_steps)),
             "consensus_at": {str(t): res.consensus[t] for t in SHOWN_ROUNDS
                              if t < len(res.consensus)},
             "final_consensus": res.consensus[-1], "final_loss_gap": res.loss_gap[-1],
