@@ -169,6 +169,24 @@ def test_the_surrogate_takes_gaslocs_outer_step(topology, eta, gamma, steps):
         torch.testing.assert_close(x, real[t], rtol=1e-12, atol=1e-12, msg=f"round {t}")
 
 
+@pytest.mark.parametrize("name", ["dsgd", "local-gossip"])
+def test_plain_gossip_is_gasloc_with_eta_1_and_gamma_0(name):
+    """dsgd and local-gossip take GASLoC's rule at eta = 1, gamma = 0 (docs/ALGORITHM.md)."""
+    sets = {"workers": 8, "topology.name": "ring", "algo.local_steps": 1, "run.rounds": 6}
+    plain = run_consensus(plan_of(**{**sets, "algo.name": name}))
+    gasloc = run_consensus(plan_of(**{**sets, "algo.outer_lr": 1.0, "algo.momentum": 0.0}))
+    assert (plain.eta, plain.gamma) == (1.0, 0.0)
+    assert plain.consensus == gasloc.consensus and plain.loss_gap == gasloc.loss_gap
+
+
+def test_a_seed_repeats_and_gradient_noise_moves_the_run():
+    sets = {"workers": 8, "topology.name": "expander", "topology.degree": 3, "run.rounds": 5}
+    one, two = (run_consensus(plan_of(**sets)) for _ in range(2))
+    noisy = run_consensus(plan_of(**sets, **{"surrogate.grad_noise": 0.5}))
+    assert one.consensus == two.consensus and one.worker_gap == two.worker_gap
+    assert noisy.consensus[-1] != pytest.approx(one.consensus[-1], rel=1e-3)
+
+
 @pytest.mark.parametrize("mean", ["plain", "steps"])
 def test_the_surrogate_takes_dilocos_outer_step(mean):
     """DiLoCo's All-Reduce and Nesterov step, with unequal H_i (and weights n H_i / sum H)."""
