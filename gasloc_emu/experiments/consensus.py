@@ -52,7 +52,7 @@ from gasloc_emu.config import ConfigError
 from gasloc_emu.plan import RunPlan
 
 VERSION = 1
-MAX_ELEMENTS = 1 << 26   # N x rows x d (the A_i drawn once): 512 MiB of float64 at most
+MAX_ELEMENTS = 1 << 26   # N x max(rows, d) x d (the A_i, then the H_i): 512 MiB of float64
 # the measured rate is fitted where the distance is above this share of its start (rounding
 # floors it near 1e-32 of the start in float64)
 FIT_FLOOR = 1e-24
@@ -74,9 +74,10 @@ class Quadratics:
     @classmethod
     def draw(cls, n: int, dim: int, rows: int, heterogeneity: float,
              gen: torch.Generator) -> Quadratics:
-        if n * rows * dim > MAX_ELEMENTS:
-            raise ConfigError(f"workers x surrogate.rows x surrogate.dim = {n * rows * dim} is "
-                              f"too large; expected at most {MAX_ELEMENTS}")
+        size = n * max(rows, dim) * dim
+        if size > MAX_ELEMENTS:
+            raise ConfigError(f"workers x max(surrogate.rows, surrogate.dim) x surrogate.dim = "
+                              f"{size} is too large; expected at most {MAX_ELEMENTS}")
         a = torch.randn(n, rows, dim, generator=gen, dtype=torch.float64) / math.sqrt(rows)
         centre = torch.randn(dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
         own = centre + heterogeneity * torch.randn(n, dim, generator=gen,

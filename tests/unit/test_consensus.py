@@ -261,6 +261,8 @@ def test_the_command_prints_rates_and_writes_json_and_csv(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--algo", "a2cid2"], "a2cid2"), (["--dim", "0"], "surrogate.dim"),
+    (["-n", "4096", "--algo", "diloco", "--dim", "1024", "--set", "surrogate.rows=1"],
+     "too large"),
     (["--set", "algo.overlap=1", "--set", "algo.alpha=0.5"], "not modelled"),
     (["--set", "comm.codec=int8"], "comm.codec")])
 def test_the_command_refuses_what_it_does_not_model_in_one_line(args, needle):
