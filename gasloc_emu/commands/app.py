@@ -505,6 +505,11 @@ def consensus_command(cfg: Config, out_file: str | None, csv_file: str | None) -
     if csv_file:
         res.write_csv(Path(csv_file))
         click.echo(f"rows: {csv_file}")
+    bad = next((t for t, v in enumerate(res.consensus) if not np.isfinite(v)), None)
+    if bad is not None:
+        click.echo(f"error: diverged: the consensus distance is not finite from round {bad}",
+                   err=True)
+        return exitcodes.DIVERGED
     return exitcodes.OK
 
 
@@ -520,10 +525,9 @@ def _log_rounds(rounds: int) -> set[int]:
 def _consensus_summary(res) -> str:
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.6f}"
-    eta = "-" if res.eta is None else f"{res.eta:g}"
     lines = [
         f"{res.algorithm} on {res.topology}, N = {res.workers}, H = "
-        f"{_steps_text(res.local_steps)}, eta = {eta}, gamma = {res.gamma:g}, "
+        f"{_steps_text(res.local_steps)}, eta = {res.eta:g}, gamma = {res.gamma:g}, "
         f"{res.rounds} rounds in {res.seconds:.2f} s",
         f"lambda2 (W)                   {num(res.lambda2)}",
         f"consensus rate, predicted     {num(res.predicted_rate)}"

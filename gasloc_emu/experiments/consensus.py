@@ -232,7 +232,7 @@ class ConsensusRun:
     topology: str
     workers: int
     rounds: int
-    eta: float | None            # the outer lr (DiLoCo's lr)
+    eta: float                   # the outer lr (DiLoCo's lr)
     gamma: float                 # the outer momentum (DiLoCo's mu)
     local_steps: list[int]
     settings: dict               # the config's surrogate section and seed
@@ -321,12 +321,12 @@ def predicted_rate(rule, topo) -> float | None:
 
 def measured_rate(series: list[float]) -> float | None:
     """The per-round factor fitted on the second half of ``series`` (geometric mean of the
-    ratios), over the rounds where it is still above ``FIT_FLOOR`` of its start; None when
-    fewer than 4 rounds remain or it starts at 0."""
+    ratios), over the rounds where it is still above ``FIT_FLOOR`` of its start and finite (a
+    diverging run overflows); None when fewer than 4 rounds remain or it starts at 0."""
     if not series or series[0] <= 0.0:
         return None
     floor = FIT_FLOOR * series[0]
-    last = max((t for t, v in enumerate(series) if v > floor), default=0)
+    last = max((t for t, v in enumerate(series) if floor < v < math.inf), default=0)
     first = len(series) // 2
     if last - first < 4:
         first = last // 2

@@ -259,6 +259,19 @@ def test_the_command_prints_rates_and_writes_json_and_csv(tmp_path):
         ConsensusRun.from_json(json.dumps(bad))
 
 
+def test_a_diverging_run_exits_3_with_its_growth_measured(tmp_path):
+    """gamma = 0.9 past the 16-worker expander's stability edge: the predicted growth per round
+    is measured until the distance overflows, and the command says where (exit 3)."""
+    out = tmp_path / "c.json"
+    result = CliRunner().invoke(main, [
+        "consensus", "-n", "16", "--topology", "expander", "--outer-lr", "0", "--momentum",
+        "0.9", "-R", "4000", "-H", "1", "--init-spread", "1", "--dim", "4", "--out", str(out)])
+    assert result.exit_code == 3 and "diverged" in result.stderr
+    res = ConsensusRun.from_json(out.read_text())
+    assert res.predicted_rate > 1.0
+    assert res.measured_rate == pytest.approx(res.predicted_rate, rel=1e-3)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--algo", "a2cid2"], "a2cid2"), (["--dim", "0"], "surrogate.dim"),
     (["-n", "4096", "--algo", "diloco", "--dim", "1024", "--set", "surrogate.rows=1"],
