@@ -32,7 +32,7 @@ from gasloc_emu.experiments.consensus import (
 )
 from gasloc_emu.plan import build_plan
 from gasloc_emu.simulator.memory import Hub
-from gasloc_emu.topology import LivingGraph, Topology
+from gasloc_emu.topology import Family, LivingGraph, Topology, TopologyError
 
 
 def plan_of(**sets):
@@ -70,6 +70,31 @@ def test_plain_gossip_contracts_by_lambda2_squared_on_circulant_graphs(topology,
         assert lam == pytest.approx(1 - 2 / 3 * (1 - math.cos(2 * math.pi / n)), abs=1e-12)
     res = run_consensus(plan)
     assert res.predicted_rate == pytest.approx(lam ** 2, rel=1e-9)
+    assert res.measured_rate == pytest.approx(lam ** 2, rel=1e-3)
+
+
+class Hypercube(Family):
+    """The d-cube on N = 2^d workers (i ~ i xor 2^k), brought as a plugin family
+    (``topology.name = test_consensus:Hypercube``): the surrogate takes any graph the
+    registry loads."""
+
+    name = "hypercube"
+
+    def edges(self, topo: Topology) -> set[tuple[int, int]]:
+        d = topo.n.bit_length() - 1
+        if 1 << d != topo.n:
+            raise TopologyError(f"a hypercube needs N = 2^d; got N = {topo.n}")
+        return {(i, i ^ (1 << k)) for i in range(topo.n) for k in range(d) if i < i ^ (1 << k)}
+
+
+@pytest.mark.parametrize("n", [16, 64, 256])
+def test_plain_gossip_contracts_by_lambda2_squared_on_hypercubes(n):
+    """The d-cube's Laplacian has eigenvalues 2k (k = 0..d); with weights 1/(d + 1) W's are
+    1 - 2k/(d + 1), whose second-largest modulus is (d - 1)/(d + 1), at both ends."""
+    d = n.bit_length() - 1
+    res = run_consensus(gossip_plan("test_consensus:Hypercube", n, 120))
+    lam = (d - 1) / (d + 1)
+    assert res.lambda2 == pytest.approx(lam, rel=1e-9)
     assert res.measured_rate == pytest.approx(lam ** 2, rel=1e-3)
 
 
