@@ -521,6 +521,30 @@ class SimConfig(_Validated):
                                  "(docs/ALGORITHM.md).", lo=0.0, hi=1.0)
 
 
+@dataclass(frozen=True)
+class SurrogateConfig(_Validated):
+    """``gasloc-emu consensus``: the algorithms' outer rules on per-worker quadratics instead of
+    a model (``experiments/consensus.py``); the other commands ignore it."""
+
+    _section = "surrogate."
+    dim: int = setting(16, "consensus: dimension d of every worker's quadratic "
+                           "f_i(x) = 1/2 |A_i x - b_i|^2.", lo=1, hi=1024)
+    rows: int = setting(32, "consensus: rows of A_i (entries N(0, 1/rows), so A_i^T A_i is "
+                            "near the identity when rows >> dim).", lo=1, hi=4096)
+    heterogeneity: float = setting(1.0, "consensus: distance of each worker's own optimum from "
+                                        "the common centre (b_i = A_i x_i*, |x_i* - c| ~ this); "
+                                        "0: every worker has the same optimum.", lo=0.0, hi=1e3)
+    lr: float = setting(0.1, "consensus: step size of the inner gradient steps on f_i.",
+                        lo=0.0, hi=1.0)
+    grad_noise: float = setting(0.0, "consensus: standard deviation of Gaussian noise added "
+                                     "to each coordinate of each inner gradient (0: exact "
+                                     "gradients).", lo=0.0, hi=1e3)
+    init_spread: float = setting(0.0, "consensus: each worker starts at x_0 + this x N(0, I/d) "
+                                      "(0: all start at the same point, as the algorithms' "
+                                      "workers do); with algo.outer_lr = 0 the run is pure "
+                                      "gossip averaging of these starts.", lo=0.0, hi=1e3)
+
+
 CODECS = ("none", "bf16", "int8", "int4", "topk", "randk")
 
 
@@ -579,6 +603,7 @@ class Config(_Validated):
     run: ExecConfig = field(default_factory=ExecConfig, metadata={})
     comm: CommConfig = field(default_factory=CommConfig, metadata={})
     sim: SimConfig = field(default_factory=SimConfig, metadata={})
+    surrogate: SurrogateConfig = field(default_factory=SurrogateConfig, metadata={})
     fault: FaultConfig = field(default_factory=FaultConfig, metadata={})
 
     def _check(self) -> None:

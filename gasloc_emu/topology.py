@@ -580,9 +580,17 @@ class Topology:
         return sum(self.mixing_matrix(t) for t in range(samples)) / samples
 
     @cached_property
+    def spectrum(self) -> np.ndarray:
+        """The eigenvalues of (expected) W, ascending; computed once (a dense eigensolve, some
+        seconds at N = 4096), read-only."""
+        mus = np.linalg.eigvalsh(self.expected_mixing())
+        mus.flags.writeable = False
+        return mus
+
+    @cached_property
     def lambda2(self) -> float:
         """Second-largest eigenvalue modulus of (expected) W."""
-        eig = np.sort(np.abs(np.linalg.eigvalsh(self.expected_mixing())))[::-1]
+        eig = np.sort(np.abs(self.spectrum))[::-1]
         return float(eig[1]) if len(eig) > 1 else 0.0
 
     @property
@@ -600,7 +608,7 @@ class Topology:
         mu (bipartite-like graphs, sparse Metropolis weights) a large gamma makes a root of
         r^2 - mu (1 + gamma) r + mu gamma leave the unit circle and the workers diverge.
         """
-        mus = np.linalg.eigvalsh(self.expected_mixing())
+        mus = self.spectrum
         roots = [np.roots([1.0, -mu * (1 + gamma), mu * gamma]) for mu in mus[:-1]]
         return float(max(np.abs(r).max() for r in roots)) if roots else 0.0
 
@@ -629,6 +637,28 @@ def _mh_row(adj, rank: int, alpha: float) -> tuple[float, dict[int, float]]:
     d_i = len(adj[rank])
     off = {j: alpha / (1.0 + max(d_i, len(adj[j]))) for j in adj[rank]}
     return 1.0 - sum(off.values()), off
+
+
+def mh_table(n: int, edges: Iterable[tuple[int, int]], alpha: float
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """W = I - alpha L with the Metropolis–Hastings weights of ``_mh_row``, for all n workers at
+    once, as a padded neighbour table: (self weight (n,), peers (n, K) in increasing rank,
+    weights (n, K)), K the largest degree; a row with fewer peers is padded with its own index
+    and weight 0. Vectorised (no Python loop over workers), for thousands of workers per round
+    (the consensus surrogate); equal to ``row`` to rounding (a test holds them equal)."""
+    pairs = np.array(sorted(edges), dtype=np.int64).reshape(-1, 2)
+    src = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    dst = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    deg = np.bincount(src, minlength=n)
+    k = int(deg.max(initial=0))
+    col = np.arange(len(src)) - (np.cumsum(deg) - deg)[src]
+    peers = np.tile(np.arange(n, dtype=np.int64)[:, None], (1, k))
+    weights = np.zeros((n, k))
+    peers[src, col] = dst
+    weights[src, col] = alpha / (1.0 + np.maximum(deg[src], deg[dst]))
+    return 1.0 - weights.sum(1), peers, weights
 
 
 def _mixing_matrix(graph, t: int) -> np.ndarray:

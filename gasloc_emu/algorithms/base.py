@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from gasloc_emu.comm.channel import Channel
-from gasloc_emu.topology import Topology
+from gasloc_emu.topology import Topology, mh_table
 from gasloc_emu.transport.base import RingSum, Transport
 
 
@@ -358,3 +358,14 @@ def gossip_mix(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torc
     torch.mul(z, self_w, out=out)
     for j in peers:
         out.add_(received[j].to(out.device, non_blocking=True), alpha=weights[j])
+
+
+def mixing_table(topo: Topology, round_idx: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round ``round_idx``'s W for every worker at once, the weights ``gossip_mix`` applies row
+    by row: (self weight (n, 1), peers (n, K) in increasing rank, weights (n, K)), padded with
+    the row's own index and weight 0 (``topology.mh_table``). For a stack of all workers'
+    vectors (the consensus surrogate, ``experiments/consensus.py``)."""
+    own, peers, weights = mh_table(topo.n, topo.edges(round_idx), topo.alpha)
+    return (torch.from_numpy(own).unsqueeze(1), torch.from_numpy(peers),
+            torch.from_numpy(weights))

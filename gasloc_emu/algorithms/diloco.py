@@ -53,6 +53,20 @@ def wire_kinds(numel: int) -> dict[str, tuple[int]]:
     return {OUTER: (numel,), HEAL: (2 * numel,)}
 
 
+@torch.no_grad()
+def nesterov_step(anchor: torch.Tensor, buf: torch.Tensor | None, delta: torch.Tensor,
+                  lr: float, mu: float) -> torch.Tensor:
+    """torch.optim.SGD(lr, momentum mu, nesterov=True) on ``anchor`` (in place) with the
+    gradient ``delta``; returns the momentum buffer (``delta`` itself on the first step, None
+    ``buf``). Any shape: one worker's flat vector, or the consensus surrogate's."""
+    if buf is None:
+        buf = delta.clone()
+    else:
+        buf.mul_(mu).add_(delta)
+    anchor.add_(delta.add(buf, alpha=mu), alpha=-lr)
+    return buf
+
+
 class DiLoCo(OuterAlgorithm):
     name = "diloco"
     checkpoint_state = ("anchor", "buf", "y_prev")
@@ -133,11 +147,7 @@ class DiLoCo(OuterAlgorithm):
 
     def _step(self, delta: torch.Tensor) -> None:
         """Outer Nesterov SGD on the anchor with the mean pseudo-gradient ``delta``."""
-        if self.buf is None:
-            self.buf = delta.clone()
-        else:
-            self.buf.mul_(self.mu).add_(delta)
-        self.anchor.add_(delta.add(self.buf, alpha=self.mu), alpha=-self.lr)
+        self.buf = nesterov_step(self.anchor, self.buf, delta, self.lr, self.mu)
 
     def begin(self, theta: torch.Tensor) -> None:
         super().begin(theta)

@@ -40,6 +40,18 @@ from gasloc_emu.topology import Topology
 from gasloc_emu.transport.base import Transport
 
 
+@torch.no_grad()
+def outer_proposal(anchor: torch.Tensor, theta: torch.Tensor, y_prev: torch.Tensor, eta: float,
+                   gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, z) of a round without overlap: y = anchor + eta (theta^+ - anchor), z = y + gamma
+    (y - y_prev), in fresh tensors. Elementwise, so one worker's flat vector and a stack of
+    all workers' (the consensus surrogate, ``experiments/consensus.py``) take the same rule.
+    lerp is exact at its end points: y == theta^+ bit for bit when eta = 1, and z == y when
+    gamma = 0, so the dsgd / local-gossip special cases hold exactly."""
+    y = torch.lerp(anchor, theta, eta)
+    return y, torch.lerp(y_prev, y, 1.0 + gamma)
+
+
 class GASLoC(OuterAlgorithm):
     name = "gasloc"
     checkpoint_state = ("anchor", "y_prev")
@@ -109,10 +121,7 @@ class GASLoC(OuterAlgorithm):
         if self.overlap:
             self._overlapped_step(round_idx, theta)
             return
-        # lerp is exact at its end points: y == theta^+ bit for bit when eta = 1, and
-        # z == y when gamma = 0, so the dsgd / local-gossip special cases hold exactly.
-        y = torch.lerp(self.anchor, theta, self.eta)
-        z = torch.lerp(self.y_prev, y, 1.0 + self.gamma)  # y + gamma (y - y_prev)
+        y, z = outer_proposal(self.anchor, theta, self.y_prev, self.eta, self.gamma)
         self.y_prev = y
         gossip(self.transport, self.topology, self.rank, round_idx, z, theta, self.channel)
         self.anchor.copy_(theta)

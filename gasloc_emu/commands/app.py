@@ -498,3 +498,67 @@ def netem_measure_command(kw: dict) -> int:
     return measure_hosts(role, secret, bounds, out=out, allowlist=allowlist,
                          loss_from=kw["loss_from"], placement=kw["worker_placement"],
                          log=lambda line: click.echo(line, err=line.startswith("error")))
+
+
+def consensus_command(cfg: Config, out_file: str | None, csv_file: str | None) -> int:
+    """The surrogate run of ``experiments.consensus``: a row at rounds 0, 1, 2, 5, 10, 20, ...
+    and the last, then the rates, and the data files asked for."""
+    from gasloc_emu.experiments.consensus import run_consensus
+    from gasloc_emu.plan import build_plan
+    plan = build_plan(cfg, data=False)
+    for line in plan.warnings:
+        click.echo(f"warning: {line}", err=True)
+    shown = _log_rounds(cfg.run.rounds)
+
+    def row(t: int, consensus: float, gap: float) -> None:
+        if t == 0:   # after the surrogate has accepted the settings
+            click.echo(f"{'round':>7} {'consensus':>12} {'f(xbar)-f*':>12}")
+        if t in shown:
+            click.echo(f"{t:7d} {consensus:12.4e} {gap:12.4e}")
+
+    res = run_consensus(plan, row)
+    click.echo(_consensus_summary(res))
+    if out_file:
+        Path(out_file).write_text(res.to_json())
+        click.echo(f"data: {out_file}")
+    if csv_file:
+        res.write_csv(Path(csv_file))
+        click.echo(f"rows: {csv_file}")
+    bad = next((t for t, v in enumerate(res.consensus) if not np.isfinite(v)), None)
+    if bad is not None:
+        click.echo(f"error: diverged: the consensus distance is not finite from round {bad}",
+                   err=True)
+        return exitcodes.DIVERGED
+    return exitcodes.OK
+
+
+def _log_rounds(rounds: int) -> set[int]:
+    """0, 1, 2, 5, 10, 20, 50, ... up to ``rounds``, and ``rounds``."""
+    out, scale = {0, rounds}, 1
+    while scale <= rounds:
+        out |= {m * scale for m in (1, 2, 5) if m * scale <= rounds}
+        scale *= 10
+    return out
+
+
+def _consensus_summary(res) -> str:
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.6f}"
+    lines = [
+        f"{res.algorithm} on {res.topology}, N = {res.workers}, H = "
+        f"{_steps_text(res.local_steps)}, eta = {res.eta:g}, gamma = {res.gamma:g}, "
+        f"{res.rounds} rounds in {res.seconds:.2f} s",
+        f"lambda2 (W)                   {num(res.lambda2)}",
+        f"consensus rate, predicted     {num(res.predicted_rate)}"
+        + ("  (only for pure gossip, outer lr 0, on a fixed graph)"
+           if res.predicted_rate is None else "  (momentum_growth(gamma)^2)"),
+        f"consensus rate, measured      {num(res.measured_rate)}",
+        f"final consensus distance      {res.consensus[-1]:.4e}",
+        f"final f(xbar) - f*            {res.loss_gap[-1]:.4e}",
+        f"final mean_i f(x_i) - f*      {res.worker_gap[-1]:.4e}",
+    ]
+    return "\n".join(lines)
+
+
+def _steps_text(steps: list[int]) -> str:
+    return str(steps[0]) if len(set(steps)) == 1 else f"{min(steps)}..{max(steps)}"

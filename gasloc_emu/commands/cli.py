@@ -163,6 +163,19 @@ ENGINE_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--array-parallelism", "engine.array_parallelism"),
     ("--engine-logs", "engine.log_dir"),
 )
+# Rows only `consensus` has: the per-worker quadratics that stand in for the model there.
+CONSENSUS_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--dim", "surrogate.dim"),
+    ("--heterogeneity", "surrogate.heterogeneity"),
+    ("--surrogate-lr", "surrogate.lr"),
+    ("--grad-noise", "surrogate.grad_noise"),
+    ("--init-spread", "surrogate.init_spread"),
+)
+# The flags of FLAGS that `consensus` takes: the algorithm, its graph and H_i, no model or
+# network.
+CONSENSUS_SHARED = ("--algo", "--topology", "--workers", "--degree", "--local-steps", "--rounds",
+                    "--seed", "--outer-lr", "--momentum", "--compute-profile", "--step-time-s",
+                    "--inner-budget-s")
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper",
              "--delay", "--placement", "--cloud-rate", "--cloud-missing")
@@ -276,7 +289,8 @@ def _setting_option(flag: str, key: str, short: str | None = None):
 def flag_names() -> dict[str, str]:
     """Dotted key -> how to set it on the command line, for `config --fields`."""
     names = dict(_OTHER_FLAGS)
-    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)"), (SIM_FLAGS, " (simulate)")):
+    for rows, where in ((FLAGS, ""), (RUN_FLAGS, " (run)"), (SIM_FLAGS, " (simulate)"),
+                        (CONSENSUS_FLAGS, " (consensus)")):
         for flag, key, *short in rows:
             names[key] = ", ".join([*short, _spelled(flag, C.setting_spec(key))]) + where
     return names
@@ -337,7 +351,7 @@ def engine_from_flags(kw: dict, from_data: str | None) -> C.EngineConfig:
 def resolve_from_flags(kw: dict) -> C.Config:
     """Defaults < --config file < flags < --set; a flag not given (None) keeps the file's value."""
     overrides = {key: _flag_value(key, kw.get(_dest(flag)))
-                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS, *SIM_FLAGS)}
+                 for flag, key, *_ in (*FLAGS, *RUN_FLAGS, *SIM_FLAGS, *CONSENSUS_FLAGS)}
     if kw.get("no_dashboard"):
         overrides["run.dashboard"] = "off"
     return C.resolve(kw.get("config_file"), overrides, kw.get("sets", ()))
@@ -592,6 +606,25 @@ def crossover(preset: str | None, out: str | None, report: str | None,
     engine = engine_from_flags(kw, from_data)
     from gasloc_emu.commands.app import crossover_command
     sys.exit(crossover_command(preset, out, report, from_data, engine))
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings.")
+@_apply([_setting_option(*_ROWS[flag]) for flag in CONSENSUS_SHARED])
+@_apply([_setting_option(*row) for row in CONSENSUS_FLAGS])
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Any setting, e.g. --set algo.alpha=0.5 (repeatable).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False),
+              help="Write the run here as versioned JSON: settings, lambda_2, predicted and "
+                   "measured rates, and every round's consensus distance and loss gaps.")
+@click.option("--csv", "csv_file", type=click.Path(dir_okay=False),
+              help="Write one row per round here: round, consensus, loss_gap, worker_gap.")
+@friendly_errors
+def consensus(out_file: str | None, csv_file: str | None, **kw) -> None:
+    """Consensus distance and loss of the algorithms' outer rules on per-worker quadratics,
+    all workers as one array (thousands in seconds), with the rate W's spectrum predicts."""
+    from gasloc_emu.commands.app import consensus_command
+    sys.exit(consensus_command(resolve_from_flags(kw), out_file, csv_file))
 
 
 @main.group()

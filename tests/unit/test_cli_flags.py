@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-ROWS = [*cli.FLAGS, *cli.RUN_FLAGS, *cli.SIM_FLAGS]
+ROWS = [*cli.FLAGS, *cli.RUN_FLAGS, *cli.SIM_FLAGS, *cli.CONSENSUS_FLAGS]
 CHOICE_ROWS = [r for r in cli.FLAGS if C.setting_spec(r[1]).meta.get("choices")]
 TYPED_ROWS = [r for r in cli.FLAGS if C.setting_spec(r[1]).hint in (int, float)
               and r[1] not in cli._PARSERS]
@@ -123,6 +123,8 @@ def test_a_row_of_an_untyped_kind_is_refused(monkeypatch):
     (("run",), [*cli.FLAGS, *cli.RUN_FLAGS]),
     (("simulate",), [*cli.FLAGS, *cli.SIM_FLAGS]),
     (("netem", "show"), [r for r in cli.FLAGS if r[0] in cli.NET_FLAGS]),
+    (("consensus",), [*(r for r in cli.FLAGS if r[0] in cli.CONSENSUS_SHARED),
+                      *cli.CONSENSUS_FLAGS]),
 ])
 def test_help_shows_each_flag_with_its_fields_doc(cmd, rows):
     """The drift test: hand-written help (the old way) fails it at the first reworded doc."""
