@@ -149,6 +149,7 @@ RUN_FLAGS: tuple[tuple[str, ...], ...] = (
 # Rows only `simulate` has: how the simulator computes, which `run` has no use for.
 SIM_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--batched", "sim.batched"),
+    ("--timing-only", "sim.timing_only"),
 )
 # The flags of FLAGS that `netem show` and `netem probe` take: a network needs no model.
 NET_FLAGS = ("--bw-profile", "--workers", "--rate-mbit", "--latency-ms", "--seed", "--shaper",
