@@ -24,19 +24,17 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from gasloc_emu import algorithms
 from gasloc_emu.config import ConfigError
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
 from gasloc_emu.report.summary import run_summary
-from gasloc_emu.scenario.world import living_graph
 from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
 from gasloc_emu.training import compute as compute_mod
 from gasloc_emu.training.drivers import Rounds
 from gasloc_emu.training.model import count_parameters, shape_from_config
 from gasloc_emu.training.recipe import schedule_for
-from gasloc_emu.training.worker import ring_members
+from gasloc_emu.training.worker import build_algorithm
 from gasloc_emu.transport.schema import WireSchema
 
 LOSSES = "none (timing only)"   # the summary's ``losses``
@@ -122,11 +120,7 @@ class _Ranks:
 
 def _instance(plan: RunPlan, rank: int):
     """Worker ``rank``'s algorithm, built as ``training.Worker`` builds it, never begun."""
-    world = plan.world
-    return plan.algo.build(algorithms.Context(
-        rank, _Ranks(plan.cfg.workers), living_graph(plan.topology, world), plan.cfg.algo,
-        plan.algorithm.params, weight=plan.compute.pseudo_grad_weight(rank),
-        members=ring_members(world, rank), heals=None, channel=None))
+    return build_algorithm(plan, rank, _Ranks(plan.cfg.workers))
 
 
 @lru_cache(maxsize=4096)
