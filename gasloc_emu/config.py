@@ -514,6 +514,11 @@ class SimConfig(_Validated):
     batched: bool = setting(False, "simulate only: each round's inner steps of every worker as "
                                    "one batched computation; faster, equal to the per-worker "
                                    "path to float rounding (not to the bit, so not to run).")
+    timing_only: bool = setting(False, "simulate only: the run's timeline without training "
+                                       "(compute, sends, link queues, receives on the virtual "
+                                       "clock; simulate's times to the float), for many "
+                                       "workers; needs compute.step_time_s > 0 and refuses "
+                                       "what it does not time; its record has no loss.")
     jitter: float = setting(0.0, "simulate, algorithms without rounds (a2cid2): each step and "
                                  "each transfer takes its modelled time times (1 + jitter * u), "
                                  "u uniform in [0, 1) from the run's seed, as on a real host; 0: "

@@ -318,12 +318,16 @@ class TcpLinkModel:
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 
+        slowest_of: dict[int, float] = {}   # per sender: its links are asked one by one
+
         def params_of(src: int, dst: int):
             from netem.commands import gso_segments
             link = link_plan.links[(src, dst)]
             # the sender's GSO packets, sized for its slowest link as tc sizes them
-            slowest = min(link_plan.effective_rate_mbit(src, j) for j in
-                          range(link_plan.workers) if j != src)
+            slowest = slowest_of.get(src)
+            if slowest is None:
+                slowest = slowest_of[src] = min(link_plan.effective_rate_mbit(src, j) for j in
+                                                range(link_plan.workers) if j != src)
             return params_for(run.merged(link.tcp), host_tcp(), mtu=link_plan.mtu,
                               loss_pct=min(link.mean_loss_pct(), 99.0),
                               queue_pkts=link.queue_pkts,

@@ -552,7 +552,15 @@ class Topology:
         return self.family.draw(self, rng, living, cut)
 
     def neighbors(self, t: int) -> list[list[int]]:
+        """Sorted neighbours of every worker in round t (a fixed graph's, built once: every
+        worker asks each round; read-only)."""
+        if not self.time_varying:
+            return self._fixed_neighbors
         return _adjacency(self.n, self.edges(t))
+
+    @cached_property
+    def _fixed_neighbors(self) -> list[list[int]]:
+        return _adjacency(self.n, self.possible_edges)
 
     def peers(self, rank: int, t: int) -> list[int]:
         """Sorted neighbours of ``rank`` in round t."""

@@ -44,6 +44,26 @@ class NoSettings:
 
 
 @dataclass(frozen=True)
+class Message:
+    """One message of a worker's outer step as time sees it (``simulate --timing-only``): sent
+    to ``peer`` (``sends``) or received from it, of round ``round`` and wire ``kind``."""
+
+    peer: int
+    round: int
+    kind: str
+    sends: bool
+
+
+def gossip_messages(topo: Topology, rank: int, round_idx: int, send: bool = True,
+                    receive: bool = True) -> list[Message]:
+    """``gossip``'s messages in its order: ``gossip_send``'s (``z`` to every neighbour of the
+    round), then ``gossip_mix``'s receives, in the same peer order."""
+    peers = topo.peers(rank, round_idx)
+    return ([Message(j, round_idx, "z", True) for j in peers] if send else []) + \
+        ([Message(j, round_idx, "z", False) for j in peers] if receive else [])
+
+
+@dataclass(frozen=True)
 class Context:
     """What one worker's algorithm is built from (``OuterAlgorithm.create``).
 
@@ -236,6 +256,12 @@ class OuterAlgorithm(Algorithm):
     def finish(self, theta: torch.Tensor) -> None:
         """After the last round: complete what is still in flight (an overlapped algorithm's
         last exchange) so that ``theta`` is the final model; nothing here."""
+
+    def exchange(self, round_idx: int, last: bool, codec) -> list[Message] | None:
+        """The messages ``outer_step(round_idx)`` (and ``finish`` when ``last``) sends and
+        receives, in program order, with ``codec`` (``comm.codecs``; None: float32 values);
+        None: not declared, so ``simulate --timing-only`` refuses the algorithm."""
+        return None
 
     def peers(self, round_idx: int) -> list[int]:
         """The workers this one exchanges with in round ``round_idx``."""

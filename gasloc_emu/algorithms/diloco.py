@@ -40,10 +40,16 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from gasloc_emu.algorithms.base import Context, OuterAlgorithm, Supports, lagged_outer_step
+from gasloc_emu.algorithms.base import (
+    Context,
+    Message,
+    OuterAlgorithm,
+    Supports,
+    lagged_outer_step,
+)
 from gasloc_emu.algorithms.outer import momentum_value, outer_constants
 from gasloc_emu.topology import Topology
-from gasloc_emu.transport.base import Transport
+from gasloc_emu.transport.base import Transport, ring_steps
 
 OUTER, HEAL = "outer", "heal"   # message kinds: a joiner's buffer; a member's state at a heal
 
@@ -144,6 +150,16 @@ class DiLoCo(OuterAlgorithm):
         self._step(self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx),
                                                   self.reduce()))
         theta.copy_(self.anchor)
+
+    def exchange(self, round_idx: int, last: bool, codec) -> list[Message] | None:
+        """The ring All-Reduce of the round (the all-gather alone for a codec that does not
+        sum); None where it is not declared: overlap (a background lane) and heals."""
+        if self.overlap or (self.heals is not None and self.heals(round_idx)):
+            return None
+        ring = self._ring(round_idx) or list(range(self.transport.world_size))
+        gather = codec is not None and not codec.summable
+        return [Message(peer, round_idx, kind, sends)
+                for peer, kind, sends in ring_steps(ring, self.rank, gather)]
 
     def _step(self, delta: torch.Tensor) -> None:
         """Outer Nesterov SGD on the anchor with the mean pseudo-gradient ``delta``."""

@@ -28,9 +28,11 @@ import torch
 
 from gasloc_emu.algorithms.base import (
     Context,
+    Message,
     OuterAlgorithm,
     Supports,
     gossip,
+    gossip_messages,
     gossip_mix,
     gossip_send,
     lagged_outer_step,
@@ -125,6 +127,16 @@ class GASLoC(OuterAlgorithm):
         self.y_prev = y
         gossip(self.transport, self.topology, self.rank, round_idx, z, theta, self.channel)
         self.anchor.copy_(theta)
+
+    def exchange(self, round_idx: int, last: bool, codec) -> list[Message]:
+        """Overlap 0: the round's gossip; overlap 1: the previous round's receives
+        (``_land``), then this round's sends, and after the last round its receives."""
+        topo, rank = self.topology, self.rank
+        if not self.overlap:
+            return gossip_messages(topo, rank, round_idx)
+        landed = gossip_messages(topo, rank, round_idx - 1, send=False) if round_idx else []
+        tail = gossip_messages(topo, rank, round_idx, send=False) if last else []
+        return landed + gossip_messages(topo, rank, round_idx, receive=False) + tail
 
     def _overlapped_step(self, round_idx: int, theta: torch.Tensor) -> None:
         """The outer step of round ``round_idx`` with the previous round's gossip landing now

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from gasloc_emu.algorithms.base import OuterAlgorithm, gossip
+from gasloc_emu.algorithms.base import Message, OuterAlgorithm, gossip, gossip_messages
 
 
 class PlainGossip(OuterAlgorithm):
@@ -22,6 +22,9 @@ class PlainGossip(OuterAlgorithm):
     def outer_step(self, round_idx: int, theta: torch.Tensor) -> None:
         gossip(self.transport, self.topology, self.rank, round_idx, theta.clone(), theta,
                self.channel)
+
+    def exchange(self, round_idx: int, last: bool, codec) -> list[Message]:
+        return gossip_messages(self.topology, self.rank, round_idx)
 
     def _state(self) -> list[torch.Tensor | None]:
         return []

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gasloc_emu import exitcodes
-from gasloc_emu.config import Config, EngineConfig, to_dict
+from gasloc_emu.config import Config, ConfigError, EngineConfig, to_dict
 from gasloc_emu.emulator.network import open_network
 from gasloc_emu.experiments import data as data_file
 from gasloc_emu.experiments.engines import EngineError, make_engine
@@ -93,6 +93,8 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     run record whose checkpoints this simulation goes on from, in its folder (``--resume``)."""
     from gasloc_emu.simulator.simulate import simulate
     from gasloc_emu.training.worker import Diverged
+    if cfg.sim.timing_only:
+        return timing_command(cfg, out, overwrite, resume, replay)
     plan = _plan(cfg, faults=replay.faults if replay is not None else _recorded(resume))
     if replay is not None and replay.fixings:
         plan.world.replay(replay.fixings)
@@ -114,6 +116,26 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
         return exitcodes.DIVERGED
     except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
         click.echo(f"error: simulation failed: {exc}; record: {path}", err=True)
+        return exitcodes.RUN_FAILED
+    _echo_lines(summary_lines(summary, path))
+    return exitcodes.OK
+
+
+def timing_command(cfg: Config, out: str | None, overwrite: bool, resume: str | None,
+                   replay) -> int:
+    """``simulate --timing-only``: the run's timeline without training (``simulator.timing``);
+    what it does not time is refused (exit 2) before a run folder exists."""
+    from gasloc_emu.simulator import timing
+    if resume is not None or replay is not None:
+        raise ConfigError("simulate --timing-only: --resume and --replay go on from or replay "
+                          "a training run's record; give neither")
+    plan = _plan(cfg, data=False)
+    timing.check(plan)
+    path = new_run_dir(cfg, out, overwrite, plan.run_label())
+    try:
+        summary = timing.simulate_timing(plan, path)
+    except Exception as exc:  # noqa: BLE001 - a failed run is reported, its record kept
+        click.echo(f"error: timing simulation failed: {exc}; record: {path}", err=True)
         return exitcodes.RUN_FAILED
     _echo_lines(summary_lines(summary, path))
     return exitcodes.OK

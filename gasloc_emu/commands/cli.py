@@ -149,6 +149,7 @@ RUN_FLAGS: tuple[tuple[str, ...], ...] = (
 # Rows only `simulate` has: how the simulator computes, which `run` has no use for.
 SIM_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--batched", "sim.batched"),
+    ("--timing-only", "sim.timing_only"),
 )
 # Rows only `sweep` and `crossover` have: where an experiment's runs are made (the engine's
 # settings, config.EngineConfig, which no run's config holds).

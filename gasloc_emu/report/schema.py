@@ -255,6 +255,8 @@ class RunSummary(_Record):
     predicted_wall_s: float | None = opt("the simulator's virtual clock at the end: its "
                                          "prediction of the wall-clock time (null otherwise)",
                                          group="results")
+    losses: str | None = opt("'none (timing only)' for simulate --timing-only, whose record "
+                             "has no loss (its metrics' train_loss is null); absent otherwise")
     cpu_slots: float | None = opt("the CPU slots the simulator shared among workers computing "
                                 "at once (null where it predicts nothing)", group="results")
     drops: dict | None = opt("data-plane messages dropped: {total, by_reason, by_worker}",
@@ -333,7 +335,8 @@ class MetricRow(_Record):
     worker: int = req("the worker's rank")
     round: int = req("the round, from 0")
     step: int = req("inner steps so far")
-    train_loss: float = req("the last inner step's training loss")
+    train_loss: float | None = req("the last inner step's training loss (null: simulate "
+                                   "--timing-only, which trains nothing)")
     compute_s: float | None = req("emulated compute seconds of the inner phase (its speed and "
                                   "pacing included)")
     comm_s: float | None = req("seconds of the round spent communicating (null in a failed "
@@ -412,6 +415,8 @@ class LinkRow(_Record):
                                               "messages")
     training_messages: int | None = opt("messages measured")
     training_transfer_s: float | None = opt("their summed transfer time")
+    busy_s: float | None = opt("simulate: seconds the virtual clock had the link carrying "
+                               "bytes (its busy share: over the summary's predicted_wall_s)")
 
     def __post_init__(self):
         for name in ("src", "dst", "bytes"):
@@ -419,9 +424,12 @@ class LinkRow(_Record):
             _check(self.RECORD, name, v, _is_int(v) and v >= 0, "an int >= 0")
 
     @classmethod
-    def moved(cls, src: int, dst: int, nbytes: int, raw_bytes: int) -> LinkRow:
-        """The bytes training moved on one link, and before compression."""
-        return cls.of({"src": src, "dst": dst, "bytes": nbytes, "raw_bytes": raw_bytes})
+    def moved(cls, src: int, dst: int, nbytes: int, raw_bytes: int,
+              busy_s: float | None = None) -> LinkRow:
+        """The bytes training moved on one link, and before compression (and the seconds the
+        simulator's clock had it busy)."""
+        return cls.of({"src": src, "dst": dst, "bytes": nbytes, "raw_bytes": raw_bytes}
+                      | ({"busy_s": busy_s} if busy_s is not None else {}))
 
 
 def links_document(doc_: Mapping) -> dict:

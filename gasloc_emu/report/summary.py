@@ -32,12 +32,22 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
     ``overruns``: per worker, the inner steps slower than their nominal time (None where the
     caller did not collect them); ``raw_bytes_sent``: what the bytes sent stood for before
     compression (None: no codec, the same)."""
-    cfg, topo = plan.cfg, plan.topology
-    steps = plan.steps
     avg, consensus = average_and_consensus(thetas)
-    gpt, flat = model.build_model(cfg.model, cfg.seed, "cpu")
+    gpt, flat = model.build_model(plan.cfg.model, plan.cfg.seed, "cpu")
     with torch.no_grad():
         flat.copy_(avg)
+    loss = data.evaluate(gpt, eval_set)
+    return run_summary(plan, wall_s, bytes_sent, overruns, raw_bytes_sent).replace(
+        final_eval_loss=loss, final_perplexity=perplexity(loss), worker_eval_loss=worker_eval,
+        consensus_distance=consensus)
+
+
+def run_summary(plan, wall_s: float, bytes_sent: int, overruns: list[int] | None = None,
+                raw_bytes_sent: int | None = None) -> RunSummary:
+    """What a finished run's summary says besides its losses (``final_summary`` adds them;
+    ``simulate --timing-only`` has none)."""
+    cfg, topo = plan.cfg, plan.topology
+    steps = plan.steps
     constants = plan.constants()   # only what the algorithm shows (plain gossip: nothing)
     return RunSummary(
         status="ok", algorithm=cfg.algo.name, algorithm_source=plan.algorithm.record(),
@@ -46,9 +56,7 @@ def final_summary(plan, thetas: list[torch.Tensor], worker_eval: list[float], ev
         lambda2=None if topo is None else topo.lambda2,
         peers=None if topo is None else topo.peers_record(),
         gamma=constants.get("gamma"), eta=constants.get("eta"),
-        final_eval_loss=(loss := data.evaluate(gpt, eval_set)),
-        final_perplexity=perplexity(loss), worker_eval_loss=worker_eval,
-        consensus_distance=consensus, bytes_sent_total=bytes_sent, wall_s=wall_s,
+        bytes_sent_total=bytes_sent, wall_s=wall_s,
         # the simulator's virtual clock fills in predicted_wall_s and cpu_slots; the launcher
         # replaces drops and control_drops with what its workers and its control plane
         # dropped (the simulator has no wire, so nothing can be dropped there)

@@ -130,7 +130,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
         summary = finish(plan, workers, time.perf_counter() - t_start,
                          sent=sum(_sent(life.transport) for life in lives),
                          raw=sum(_sent(life.transport, "raw_bytes_sent") for life in lives))
-        rec.write_json("links.json", {"shaper": "simulate", "links": _links(lives),
+        rec.write_json("links.json", {"shaper": "simulate",
+                                      "links": _links(lives, hub.clock.link_busy_s),
                                       **_tcp_model_record(hub.clock.link_model)})
         predicted = predicts_wall(cfg, link_model)
         summary = summary.replace(
@@ -398,12 +399,15 @@ def _sent(tp, key: str = "bytes_sent") -> int:
     return int(sum(tp.counters()[key].values()))
 
 
-def _links(lives: list[_Life]) -> list[LinkRow]:
-    """Bytes on every directed link that carried traffic, and before compression."""
+def _links(lives: list[_Life], busy_s: dict | None = None) -> list[LinkRow]:
+    """Bytes on every directed link that carried traffic, and before compression, and the
+    seconds the clock had it busy (``busy_s``, where links are modelled)."""
     rows = []
+    busy_s = busy_s or {}
     for life in lives:
         counters = life.transport.counters()
-        rows += [LinkRow.moved(life.rank, p, b, counters["raw_bytes_sent"].get(p, b))
+        rows += [LinkRow.moved(life.rank, p, b, counters["raw_bytes_sent"].get(p, b),
+                               busy_s.get((life.rank, p)))
                  for p, b in sorted(counters["bytes_sent"].items()) if b]
     return rows
 

@@ -42,10 +42,18 @@ replays those reports as a discrete-event simulation:
 
 The replay is conservative: it only moves past a time when every worker's next step at that time
 is known, so it lags the threads a little and emits each round's row (with ``time_s``,
-``comm_s`` and ``wait_s`` on the virtual clock) once that round's end is settled.
+``comm_s`` and ``wait_s`` on the virtual clock) once that round's end is settled. Its steps
+cost what changes, not the number of lanes: the ends of dedicated computes and the wakes of
+waiting lanes are kept on a heap (a dedicated compute ends at its start plus its work, one
+addition), only the shared computes are walked at each event, and only the lanes that are
+ready are visited (in rank order, so the order of what happens at one time is the lanes').
+A ``source`` (``source(lane)``: the lane's next steps, or None when it has none) feeds lanes
+whose steps are known without threads (``simulator.timing``): a ready lane with no step
+left asks it for more.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,8 +109,11 @@ class Park:
 class _Lane:
     """One worker as the replay sees it."""
     ops: deque
+    index: int = 0  # its place among the clock's lanes
     state: str = _READY
-    remaining_s: float = 0.0  # work left in the current compute
+    remaining_s: float = 0.0  # work left in the current shared compute
+    end_s: float = 0.0  # when the current dedicated compute ends
+    token: int = 0  # bumped at every timed state, so the heap's stale entries are known
     dedicated: bool = False  # the current compute progresses at rate 1 (see ``Compute``)
     wake_s: float | None = None  # when a waiting worker's message arrives, once it is sent
     waiting_key: tuple | None = None
@@ -124,10 +135,12 @@ class VirtualClock:
 
     def __init__(self, world_size: int, link_model: LinkModel | None, slots: float,
                  emit: Emit | None = None, lanes_per_worker: int = 1,
-                 timed_self: dict | None = None, timed_world=None):
+                 timed_self: dict | None = None, timed_world=None,
+                 source: Callable[[int], object] | None = None):
         """``timed_world``: fixes events at a time at rounds (``next_alarm_s()``,
         ``alarm(now_s)``, ``started(rank, round)``, ``released()``; see the module
-        docstring), or None."""
+        docstring), or None; ``source(lane)``: more steps for a ready lane that has none
+        left (an iterable, or None: none yet)."""
         if not slots > 0:
             raise ValueError(f"slots (cores per worker's threads) must be > 0, got {slots!r}")
         if lanes_per_worker not in (1, 2):
@@ -136,13 +149,18 @@ class VirtualClock:
         self.link_model = fresh() if fresh is not None else link_model
         self.slots, self.emit = float(slots), emit
         self.world_size = world_size
-        self.lanes = [_Lane(deque()) for _ in range(world_size * lanes_per_worker)]
+        self.lanes = [_Lane(deque(), index) for index in range(world_size * lanes_per_worker)]
         for rank, (timeline, speed) in (timed_self or {}).items():
             self.lanes[rank].timeline, self.lanes[rank].base_speed = timeline, speed
         self.timed_world = timed_world
+        self.source = source
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
         self.link_free_s: dict[tuple[int, int], float] = {}
+        self.link_busy_s: dict[tuple[int, int], float] = {}  # seconds each link carried bytes
+        self._ready = set(range(len(self.lanes)))  # the lanes in _READY
+        self._shared: set[int] = set()  # the lanes in a shared (not dedicated) compute
+        self._heap: list[tuple[float, int, int]] = []  # heap: (time, lane, token)
 
     # -- what the threads call (under the simulator's turn lock)
 
@@ -159,7 +177,8 @@ class VirtualClock:
         """A parked worker goes on from now (its join may have been fixed)."""
         lane = self.lanes[rank]
         if lane.state == _PARKED:
-            lane.state, lane.woken = _READY, lane.woken + 1
+            self._to_ready(lane)
+            lane.woken += 1
 
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
@@ -171,17 +190,25 @@ class VirtualClock:
 
     # -- the replay
 
+    def run(self) -> None:
+        """Replay as far as is known (a clock fed by a ``source`` runs to its end here)."""
+        self._advance()
+
     def _advance(self) -> None:
         while True:
             self._alarms()
             self._run_instant_ops()
-            if any(lane.state == _READY for lane in self.lanes):
+            if self._ready:
                 return  # a worker's next step is not reported yet: it may start computing now
             t_next = self._next_event_s()
             if t_next is None:
                 self._release_parked()
                 return  # everyone is done, or waits on a message not sent yet
             self._step_to(t_next)
+
+    def _to_ready(self, lane: _Lane) -> None:
+        lane.state = _READY
+        self._ready.add(lane.index)
 
     def _alarms(self) -> None:
         """Fix the events at a time that are due, before anything else happens now."""
@@ -195,45 +222,69 @@ class VirtualClock:
         parked = [lane for lane in self.lanes if lane.state == _PARKED]
         if parked and all(lane.state in (_DONE, _PARKED) for lane in self.lanes):
             for lane in parked:
-                lane.state, lane.released, lane.woken = _READY, True, lane.woken + 1
+                self._to_ready(lane)
+                lane.released, lane.woken = True, lane.woken + 1
             self.timed_world.released()
 
     def _run_instant_ops(self) -> None:
-        """Apply every reported step that takes no time, for every worker that is ready.
+        """Apply every reported step that takes no time, for every worker that is ready, in
+        rank order.
 
         One pass is enough: a step changes only its own worker's state (a send only sets when
         the receiver will wake, which takes effect in ``_step_to``).
         """
-        for rank, lane in enumerate(self.lanes):
-            while lane.state == _READY and lane.ops:
-                self._apply(rank, lane, lane.ops.popleft())
+        source = self.source
+        for rank in sorted(self._ready):
+            lane = self.lanes[rank]
+            ops = lane.ops
+            while lane.state == _READY:
+                if not ops:
+                    more = source(rank) if source is not None else None
+                    if not more:
+                        break
+                    ops.extend(more)
+                self._apply(rank, lane, ops.popleft())
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
         if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
                 and not op.idle and not op.timed:
             op = self._timed(lane, op)
-        if isinstance(op, Compute):
-            if op.work_s > 0:
-                lane.state, lane.remaining_s, lane.dedicated = _COMPUTING, op.work_s, op.dedicated
-                lane.idle = op.idle
-            elif not op.idle:
-                lane.compute_end_s = self.now_s
-        elif isinstance(op, Send):
+        if isinstance(op, Send):
             self._send(rank, op)
         elif isinstance(op, Recv):
             self._recv(lane, op.key)
+        elif isinstance(op, Compute):
+            if op.work_s > 0:
+                self._ready.discard(rank)
+                lane.state, lane.dedicated, lane.idle = _COMPUTING, op.dedicated, op.idle
+                if op.dedicated:
+                    lane.end_s = self.now_s + op.work_s
+                    self._wake_at(lane, lane.end_s)
+                else:
+                    lane.remaining_s = op.work_s
+                    self._shared.add(rank)
+            elif not op.idle:
+                lane.compute_end_s = self.now_s
         elif isinstance(op, Mark):
             self._mark(lane, op.row)
         elif isinstance(op, Done):
             lane.state = _DONE
+            self._ready.discard(rank)
         elif isinstance(op, Start):
             lane.started = op.round
             if self.timed_world is not None:
                 self.timed_world.started(rank, op.round)
         elif isinstance(op, Park):
             lane.state = _PARKED
+            self._ready.discard(rank)
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
+
+    def _wake_at(self, lane: _Lane, t_s: float) -> None:
+        """The lane's timed state (a dedicated compute, a wait with its message sent) ends at
+        ``t_s``."""
+        lane.token += 1
+        heapq.heappush(self._heap, (t_s, lane.index, lane.token))
 
     def _timed(self, lane: _Lane, op: Compute) -> Compute:
         """A compute that begins now, after the worker's due timed events: a pause first (the
@@ -253,13 +304,16 @@ class VirtualClock:
         src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
         arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
-            start = max(self.now_s, self.link_free_s.get((src, dst), 0.0))
+            link = (src, dst)
+            start = max(self.now_s, self.link_free_s.get(link, 0.0))
             wire_s, latency_s = self._link(src, dst, op, start)
-            self.link_free_s[(src, dst)] = start + wire_s
+            self.link_free_s[link] = start + wire_s
+            self.link_busy_s[link] = self.link_busy_s.get(link, 0.0) + wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
         if receiver.state == _WAITING and receiver.waiting_key == op.key:
             receiver.wake_s, receiver.waiting_key = arrival, None
+            self._wake_at(receiver, arrival)
         else:
             self.arrivals[op.key] = arrival
 
@@ -281,8 +335,11 @@ class VirtualClock:
         arrival = self.arrivals.pop(key, None)
         if arrival is not None and arrival <= self.now_s:
             return
+        self._ready.discard(lane.index)
         lane.state, lane.waiting_since_s = _WAITING, self.now_s
         lane.wake_s, lane.waiting_key = arrival, (key if arrival is None else None)
+        if arrival is not None:
+            self._wake_at(lane, arrival)
 
     def _mark(self, lane: _Lane, row: dict) -> None:
         if lane.speed is not None and "compute_s" in row:  # a speed set at a time
@@ -297,16 +354,28 @@ class VirtualClock:
     def _rate(self) -> float:
         """Seconds of work per second for each worker computing on the host: cores shared
         fairly among them (dedicated computes neither share nor count)."""
-        k = sum(lane.state == _COMPUTING and not lane.dedicated for lane in self.lanes)
+        k = len(self._shared)
         return min(1.0, self.slots / k) if k else 1.0
+
+    def _next_timed_s(self) -> float | None:
+        """The earliest end of a dedicated compute or wake of a waiting lane (stale heap
+        entries, of states that have ended since, are dropped on the way)."""
+        heap, lanes = self._heap, self.lanes
+        while heap:
+            t_s, index, token = heap[0]
+            if lanes[index].token == token and lanes[index].state in (_COMPUTING, _WAITING):
+                return t_s
+            heapq.heappop(heap)
+        return None
 
     def _next_event_s(self) -> float | None:
         shared, times = self._rate(), []
-        for lane in self.lanes:
-            if lane.state == _COMPUTING:
-                times.append(self.now_s + lane.remaining_s / _lane_rate(lane, shared))
-            elif lane.state == _WAITING and lane.wake_s is not None:
-                times.append(lane.wake_s)
+        for index in self._shared:
+            lane = self.lanes[index]
+            times.append(self.now_s + lane.remaining_s / shared)
+        timed_s = self._next_timed_s()
+        if timed_s is not None:
+            times.append(timed_s)
         alarm_s = self.timed_world.next_alarm_s() if self.timed_world is not None else None
         if times and alarm_s is not None:
             times.append(alarm_s)   # the replay stops there to fix what is due
@@ -314,24 +383,33 @@ class VirtualClock:
 
     def _step_to(self, t_s: float) -> None:
         shared, dt = self._rate(), t_s - self.now_s
-        for lane in self.lanes:
+        for index in list(self._shared):
+            lane = self.lanes[index]
+            # the same expression as in _next_event_s, so the earliest finisher is exact
+            if self.now_s + lane.remaining_s / shared <= t_s:
+                lane.remaining_s = 0.0
+                self._shared.discard(index)
+                self._end_compute(lane, t_s)
+            else:
+                lane.remaining_s -= shared * dt
+        heap, lanes = self._heap, self.lanes
+        while heap and heap[0][0] <= t_s:
+            _, index, token = heapq.heappop(heap)
+            lane = lanes[index]
+            if lane.token != token:
+                continue   # stale: that state ended before
             if lane.state == _COMPUTING:
-                rate = _lane_rate(lane, shared)
-                # the same expression as in _next_event_s, so the earliest finisher is exact
-                if self.now_s + lane.remaining_s / rate <= t_s:
-                    lane.state, lane.remaining_s = _READY, 0.0
-                    if not lane.idle:
-                        lane.compute_end_s = t_s
-                else:
-                    lane.remaining_s -= rate * dt
-            elif lane.state == _WAITING and lane.wake_s is not None and lane.wake_s <= t_s:
+                self._end_compute(lane, t_s)
+            elif lane.state == _WAITING:
                 lane.wait_total_s += lane.wake_s - lane.waiting_since_s
-                lane.state, lane.wake_s = _READY, None
+                lane.wake_s = None
+                self._to_ready(lane)
         self.now_s = t_s
 
-
-def _lane_rate(lane: _Lane, shared: float) -> float:
-    return 1.0 if lane.dedicated else shared
+    def _end_compute(self, lane: _Lane, t_s: float) -> None:
+        self._to_ready(lane)
+        if not lane.idle:
+            lane.compute_end_s = t_s
 
 
 def slots_for(cores: int, threads_per_worker: int) -> float:

@@ -103,14 +103,10 @@ class Worker:
         self.set_recipe(plan, rank)
         self.eval_set = plan.corpus.eval_batches()
         self.topology = plan.topology
-        self.world = world = plan.world
+        self.world = plan.world
         channel = Channel(plan.codec, self.theta, cfg.comm.gossip_step,
                           cfg.comm.feedback_decay) if plan.codec else None
-        self.algo = plan.algo.build(algorithms.Context(
-            rank, transport, living_graph(self.topology, world), cfg.algo, plan.algorithm.params,
-            weight=plan.compute.pseudo_grad_weight(rank), members=ring_members(world, rank),
-            heals=world.heals if world is not None and world.partitions else None,
-            channel=channel))
+        self.algo = build_algorithm(plan, rank, transport, channel)
         self.algo.begin(self.theta)
         self.steps_per_round = plan.compute.fixed_steps[rank]  # H, unless a budget decides
         self.step = 0
@@ -335,6 +331,19 @@ class Worker:
     def should_eval(self, round_idx: int) -> bool:
         every = self.cfg.run.eval_every
         return every > 0 and (round_idx + 1) % every == 0
+
+
+def build_algorithm(plan, rank: int, transport, channel: Channel | None = None):
+    """Worker ``rank``'s algorithm over ``transport`` (not begun): its graph as the world has
+    it, its settings, weight, ring members and heals (``simulate --timing-only`` builds one
+    the same way, to ask it which messages it sends)."""
+    world = plan.world
+    return plan.algo.build(algorithms.Context(
+        rank, transport, living_graph(plan.topology, world), plan.cfg.algo,
+        plan.algorithm.params, weight=plan.compute.pseudo_grad_weight(rank),
+        members=ring_members(world, rank),
+        heals=world.heals if world is not None and world.partitions else None,
+        channel=channel))
 
 
 def ring_members(world: World | None, rank: int):

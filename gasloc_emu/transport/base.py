@@ -189,6 +189,22 @@ def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor,
     return out
 
 
+def ring_steps(ring: Sequence[int], rank: int, gather_only: bool = False
+               ) -> list[tuple[int, str, bool]]:
+    """The ring All-Reduce's messages for ``rank`` on ``ring`` in program order, as
+    (peer, kind, sends): each step a send to the next worker, then a receive from the one
+    before; ``ring_all_reduce_sum`` (and ``comm.reduce.ring_sum``) do n - 1 steps of
+    reduce-scatter (``rs<s>``), then n - 1 of all-gather (``ag<s>``); ``gather_only``:
+    ``comm.reduce.gather_sum``, the all-gather alone."""
+    n, r = len(ring), list(ring).index(rank)
+    if n == 1:
+        return []
+    to, frm = ring[(r + 1) % n], ring[(r - 1) % n]
+    phases = ("ag",) if gather_only else ("rs", "ag")
+    return [step for phase in phases for s in range(n - 1)
+            for step in ((to, f"{phase}{s}", True), (frm, f"{phase}{s}", False))]
+
+
 def ring_positions(tp: Transport, members: Sequence[int] | None) -> tuple[Sequence[int], int]:
     """The ranks on the ring, in order, and this worker's position on it."""
     ring = _ring(tp, members)

@@ -89,7 +89,8 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 @pytest.mark.parametrize("cmd,expected", [
     (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run",
                                                      "--resume"}),
-    (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--replay",
+    (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--timing-only",
+                                             "--no-timing-only", "--replay",
                                              "--resume"}),
     (("config",), TODAY_RUN | ADDED_RUN | {"--fields", "--plan", "--plan-json"}),
     (("netem", "show"), TODAY_NET | ADDED_NET),

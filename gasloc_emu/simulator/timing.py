@@ -1,0 +1,251 @@
+"""``simulate --timing-only``: the same run's timeline without training.
+
+``simulate`` trains every worker and reports what each did to the virtual clock
+(``virtual_clock``). What a worker of a round-based algorithm does in time does not depend on
+the values it trains when its steps have a nominal time (``compute.step_time_s`` > 0) and its
+messages have a size known before the run (every codec's frames: ``Codec.nbytes``): each
+round is a compute of the compute model's time (``training.compute.InnerPhase``, counted as
+the simulator's worker counts it), then the messages the algorithm's outer step sends and
+receives (its ``exchange``, in program order), each of the size the wire schema gives it
+(``transport.schema.WireSchema``), then the round's row. This module writes those steps for
+every worker and hands them to the same ``VirtualClock`` (as its ``source``), with the same link
+model (the plan's, the TCP-aware one included), cores and scenario timelines, so the times are
+``simulate``'s to the float, with no model, thread or tensor.
+
+What it does not model is refused before the run, one line naming the setting (``refusal``).
+Its record is ``simulate``'s files with no loss in them: metrics rows with ``train_loss`` null,
+no eval losses, and the summary's ``losses`` = ``'none (timing only)'``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from gasloc_emu.config import ConfigError
+from gasloc_emu.plan import RunPlan
+from gasloc_emu.report.records import RunRecord
+from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
+from gasloc_emu.report.summary import run_summary
+from gasloc_emu.simulator.virtual_clock import Compute, Done, Mark, Recv, Send, VirtualClock
+from gasloc_emu.training import compute as compute_mod
+from gasloc_emu.training.drivers import Rounds
+from gasloc_emu.training.model import count_parameters, shape_from_config
+from gasloc_emu.training.recipe import schedule_for
+from gasloc_emu.training.worker import build_algorithm
+from gasloc_emu.transport.schema import WireSchema
+
+LOSSES = "none (timing only)"   # the summary's ``losses``
+_ITEMSIZE = {"float32": 4, "uint8": 1}
+
+
+def refusal(plan: RunPlan) -> str | None:
+    """Why ``--timing-only`` cannot time this run as ``simulate`` would (one line naming the
+    setting and what is allowed), or None."""
+    cfg = plan.cfg
+    if not isinstance(plan.drive, Rounds):
+        return (f"algo.name = {cfg.algo.name} has no rounds; --timing-only times round-based "
+                "algorithms (gasloc, diloco, dsgd, local-gossip)")
+    if cfg.compute.step_time_s <= 0:
+        return ("compute.step_time_s = 0 (steps measured while training); --timing-only needs "
+                "a nominal step time: --step-time-s T with T > 0")
+    if cfg.fault.worker >= 0:
+        return (f"fault.worker = {cfg.fault.worker}: an injected failure is a training run's; "
+                "--timing-only takes fault.worker = -1")
+    if cfg.run.checkpoint_every:
+        return (f"run.checkpoint_every = {cfg.run.checkpoint_every}: --timing-only has no state "
+                "to checkpoint; set it to 0")
+    world = plan.world
+    if world is not None and (world.reshapes or world.fixer is not None):
+        return ("run.scenario: leaves, joins and partitions are not timed by --timing-only; "
+                "it takes link, speed and pause events (by round or at a time) and link traces")
+    if plan.algo.reduces_in_background(cfg.algo):
+        return (f"algo.overlap = {cfg.algo.overlap} with {cfg.algo.name}: its background "
+                "All-Reduce is not timed by --timing-only; set algo.overlap = 0")
+    if _instance(plan, 0).exchange(0, cfg.run.rounds == 1, plan.codec) is None:
+        return (f"algo.name = {cfg.algo.name} does not declare its messages (``exchange``); "
+                "--timing-only times gasloc, diloco, dsgd and local-gossip")
+    return None
+
+
+def check(plan: RunPlan) -> None:
+    """Raise a ConfigError (exit 2) when ``refusal`` has a reason."""
+    reason = refusal(plan)
+    if reason is not None:
+        raise ConfigError(f"simulate --timing-only: {reason}")
+
+
+class _Size:
+    """Bytes of each message on the wire and before compression, as each receiver's wire
+    schema has them (built for the receivers that get one, when they do)."""
+
+    def __init__(self, plan: RunPlan, numel: int):
+        self.plan, self.numel, self.schemas = plan, numel, {}
+        self.cache: dict[tuple, tuple[int, int]] = {}
+
+    def of(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
+        fixed = kind in self.plan.algo.wire_kinds(self.numel, self.plan.algorithm.params) \
+            or kind == "z"
+        key = (kind,) if fixed else (src, dst, kind)
+        sizes = self.cache.get(key)
+        if sizes is None:
+            sizes = self.cache[key] = self._wire(src, dst, round_idx, kind)
+        return sizes
+
+    def _wire(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
+        plan = self.plan
+        schema = self.schemas.get(dst)
+        if schema is None:
+            schema = self.schemas[dst] = WireSchema(
+                dst, plan.cfg.workers, self.numel,
+                extra=plan.algo.wire_kinds(self.numel, plan.algorithm.params),
+                codec=plan.codec, compressed=plan.algo.compressed_kinds)
+        wire = schema.wire_of(src, kind, round_idx)
+        if wire is None:
+            raise RuntimeError(f"worker {src} sends {kind!r} of round {round_idx} to worker "
+                               f"{dst}, which its wire schema does not allow")
+        values = math.prod(wire.shape)
+        return values * _ITEMSIZE[wire.dtype], 4 * (wire.values or values)
+
+
+class _Ranks:
+    """A stand-in transport for an algorithm instance that only says which messages it would
+    send (``exchange``) and to whom (``peers``)."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+
+def _instance(plan: RunPlan, rank: int):
+    """Worker ``rank``'s algorithm, built as ``training.Worker`` builds it, never begun."""
+    return build_algorithm(plan, rank, _Ranks(plan.cfg.workers))
+
+
+@lru_cache(maxsize=4096)
+def _phase(model: compute_mod.ComputeModel, fixed_steps: int) -> tuple[int, float]:
+    """(steps, compute seconds) of one inner phase, counted as the simulator's worker counts
+    it (an ``InnerPhase`` without pacing: nominal steps take their nominal time)."""
+    phase = compute_mod.InnerPhase(model, fixed_steps, lambda: 0.0, None)
+    while phase.another():
+        phase.step_done()
+    return phase.steps, phase.elapsed_s()
+
+
+class _Program:
+    """One worker's steps for the clock, a round at a time (the clock's ``source``)."""
+
+    def __init__(self, plan: RunPlan, rank: int, sizes: _Size, tokens_per_step: int,
+                 counted: dict):
+        cfg = plan.cfg
+        self.plan, self.rank, self.sizes, self.counted = plan, rank, sizes, counted
+        self.algo = _instance(plan, rank)
+        self.model = plan.compute.models[rank]
+        self.fixed = plan.compute.fixed_steps[rank]
+        self.rounds, self.t, self.step = cfg.run.rounds, 0, 0
+        self.tokens_per_step = tokens_per_step
+        steps = plan.steps
+        self.schedule = schedule_for(cfg.algo.inner, None if steps is None
+                                     else steps[rank] * cfg.run.rounds)
+
+    def __call__(self, lane: int) -> list | None:
+        t = self.t
+        if t > self.rounds:
+            return None
+        self.t += 1
+        return [Done()] if t == self.rounds else self.round(t)
+
+    def round(self, t: int) -> list:
+        ops = []
+        world = self.plan.world
+        if world is not None:   # a scenario's speed and pause by round (``Worker.begin_round``)
+            rp = world.plan(self.rank, t)
+            if rp.speed is not None:
+                self.model = dataclasses.replace(self.model, speed=rp.speed)
+            if rp.pause_s > 0:
+                ops.append(Compute(rp.pause_s, dedicated=True, idle=True))
+        steps, compute_s = _phase(self.model, self.fixed)
+        self.step += steps
+        ops.append(Compute(compute_s, self.model.nominal))
+        sent = received = 0
+        rank, counted = self.rank, self.counted
+        for m in self.algo.exchange(t, t == self.rounds - 1, self.plan.codec):
+            if m.sends:
+                nbytes, raw = self.sizes.of(rank, m.peer, m.round, m.kind)
+                ops.append(Send((m.peer, rank, m.round, m.kind), nbytes))
+                sent += nbytes
+                link = counted.setdefault((rank, m.peer), [0, 0])
+                link[0] += nbytes
+                link[1] += raw
+            else:
+                received += self.sizes.of(m.peer, rank, m.round, m.kind)[0]
+                ops.append(Recv((rank, m.peer, m.round, m.kind)))
+        row = {"worker": rank, "round": t, "step": self.step, "train_loss": None,
+               "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": sent,
+               "bytes_recv": received, "peers": self.algo.peers(t), "steps": steps,
+               "speed": self.model.speed, "overruns": 0, "overrun_ratio": 0.0,
+               "tokens": steps * self.tokens_per_step}
+        if self.schedule is not None:
+            row["lr"] = self.schedule.lr_at(max(0, self.step - 1))
+        ops.append(Mark(row))
+        return ops
+
+
+def timing_clock(plan: RunPlan, emit=None) -> tuple[VirtualClock, dict]:
+    """The clock of ``plan`` with every worker's program as its source, and the table it fills
+    of bytes per directed link ({(src, dst): [bytes, raw bytes]}); ``clock.run()`` plays it."""
+    from gasloc_emu.simulator.simulate import cpu_slots, timed_self
+    cfg = plan.cfg
+    numel = count_parameters(cfg.model)
+    sizes, counted = _Size(plan, numel), {}
+    tokens = (cfg.algo.inner.micro_batches * cfg.data.batch_size
+              * shape_from_config(cfg.model).block_size)
+    programs = [_Program(plan, r, sizes, tokens, counted) for r in range(cfg.workers)]
+    clock = VirtualClock(cfg.workers, plan.link_model, cpu_slots(cfg), emit,
+                         timed_self=timed_self(plan),
+                         source=lambda lane: programs[lane](lane))
+    return clock, counted
+
+
+def simulate_timing(plan: RunPlan, out: str | Path, progress=None) -> RunSummary:
+    """Time ``plan`` without training (the module docstring) and write its record under
+    ``out``; refused settings raise a ConfigError before anything is written."""
+    check(plan)
+    from gasloc_emu.scenario.observed import event_feed, membership_summary
+    from gasloc_emu.simulator.simulate import _tcp_model_record, cpu_slots, predicts_wall
+    cfg, t_start = plan.cfg, time.perf_counter()
+    world = plan.world
+    with RunRecord(Path(out), cfg) as rec:
+        rec.faults(world)
+        feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
+
+        def emit(row: dict) -> None:
+            row = MetricRow.from_round(row)
+            if feed is not None:
+                feed.row(row)
+            rec.metric(row)
+            if progress is not None:
+                progress(row)
+
+        clock, counted = timing_clock(plan, emit)
+        clock.run()
+        if not clock.finished():
+            raise RuntimeError("the timing simulation stalled: a worker waits for a message "
+                               "no worker sends")
+        sent = sum(b for b, _ in counted.values())
+        raw = sum(r for _, r in counted.values())
+        links = [LinkRow.moved(src, dst, b, r, clock.link_busy_s.get((src, dst)))
+                 for (src, dst), (b, r) in sorted(counted.items()) if b]
+        rec.write_json("links.json", {"shaper": "simulate", "links": links,
+                                      **_tcp_model_record(clock.link_model)})
+        predicted = predicts_wall(cfg, plan.link_model)
+        summary = run_summary(plan, time.perf_counter() - t_start, sent,
+                              overruns=[0] * cfg.workers,
+                              raw_bytes_sent=raw)
+        summary = summary.replace(
+            membership=None if world is None else membership_summary(world), mode="simulate",
+            predicted_wall_s=clock.now_s if predicted else None,
+            cpu_slots=cpu_slots(cfg) if predicted else None, losses=LOSSES)
+        rec.summary(summary)
+    return summary
