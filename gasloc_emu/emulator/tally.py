@@ -21,14 +21,29 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     return out.replace(
         dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
-        drops=drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive}))
+        drops=drops_summary(with_dead_sends(
+            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive})))
 
 
-def drops_so_far(slots: Sequence) -> dict:
+def with_dead_sends(plan: RunPlan, by_worker: dict[int, dict]) -> dict[int, dict]:
+    """Each worker's drops by reason, with its messages to workers lost with their hosts
+    (reason ``dead_peer``, from the rounds' peers: ``World.sent_to_dead``) added to those it
+    did without (counted by its transport under the same reason)."""
+    extra = plan.world.sent_to_dead() if plan.world is not None else {}
+    out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
+    for rank, reasons in extra.items():
+        mine = out.setdefault(rank, {})
+        for reason, n in reasons.items():
+            mine[reason] = mine.get(reason, 0) + n
+    return out
+
+
+def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:
     """``drops`` of a run that ended early: each worker's last word (its final counters, else
     its last heartbeat)."""
-    return drops_summary({s.rank: (s.final["counters"] if s.final is not None else s.status)
-                          .get("drop_reasons", {}) for s in slots})
+    return drops_summary(with_dead_sends(plan, {
+        s.rank: (s.final["counters"] if s.final is not None else s.status)
+        .get("drop_reasons", {}) for s in slots}))
 
 
 def link_bytes(slots: Sequence) -> list[dict]:

@@ -36,7 +36,7 @@ import torch
 import zmq
 
 from gasloc_emu.transport import auth
-from gasloc_emu.transport.orders import Exit, Order, Stop, Wire, parse_order
+from gasloc_emu.transport.orders import Exit, Lost, Order, Stop, Wire, parse_order
 from gasloc_emu.transport.zmq_sockets import check_tcp_addr
 
 
@@ -572,6 +572,9 @@ class WorkerControl:
             auth.make_client(self.sock, security, auth.user_id(rank), auth.LAUNCHER)
         self.sock.connect(ctl_addr)
         self.stop_requested = False
+        # node 0's decisions on hosts lost without warning, in order (``orders.Lost``): kept
+        # whenever they come, the worker plays them at its next chance
+        self.losses: list[Lost] = []
 
     def send(self, msg: Wire, *frames) -> None:
         self.sock.send_multipart([pack(msg.to_wire()), *frames], copy=False)
@@ -581,6 +584,8 @@ class WorkerControl:
         if self.sock.poll(int(timeout_s * 1000)):
             msg = parse_order(unpack(self.sock.recv()))
             self.stop_requested = self.stop_requested or isinstance(msg, Stop)
+            if isinstance(msg, Lost) and kind is not Lost:
+                self.losses.append(msg)
             return msg if isinstance(msg, (kind, Stop)) else self.wait_for(kind, timeout_s)
         raise TimeoutError(f"worker {self.rank}: no {kind.TYPE!r} from the launcher "
                            f"in {timeout_s:.0f} s")
@@ -588,8 +593,11 @@ class WorkerControl:
     def poll_stop(self) -> bool:
         """True once the launcher asked this worker to stop (non-blocking)."""
         while not self.stop_requested and self.sock.poll(0):
-            if unpack(self.sock.recv())["type"] in (Stop.TYPE, Exit.TYPE):
+            wire = unpack(self.sock.recv())
+            if wire["type"] in (Stop.TYPE, Exit.TYPE):
                 self.stop_requested = True
+            elif wire["type"] == Lost.TYPE:
+                self.losses.append(parse_order(wire))
         return self.stop_requested
 
     def close(self) -> None:

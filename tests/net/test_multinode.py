@@ -392,3 +392,51 @@ def test_a_cloud_placement_across_hosts(hosts, tmp_path):
     latency_s = max(plan.link_plan.links[(r["src"], r["dst"])].latency_ms for r in links) / 1e3
     assert summary["wall_s"] >= 2 * latency_s, (summary["wall_s"], latency_s)
     assert summary["final_eval_loss"] == _simulated_loss(tmp_path, 2, *sets)
+
+
+def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path):
+    """Three hosts with 1, 2 and 3 workers on random matchings; one node agent other than 0
+    (and its workers with it) is killed with SIGKILL at a random point of the run, which
+    does not know it in advance (``run.on_worker_loss = continue``). Node 0 finds the node
+    silent, decides the round its workers leave at, and tells the others: the run ends ok
+    without them, the messages lost with them are counted (``dead_peer``) in the summary,
+    the record says from which round and which messages, `simulate --replay` gives the
+    run's losses row by row, and nothing is left running on any host."""
+    import random
+    rng = random.Random()
+    node, rows = rng.choice([1, 2]), rng.randrange(8, 30)
+    why = f"node {node} killed after {rows} rows"
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "12", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                             "--set", "run.heartbeat_timeout_s=3", nnodes=3)
+                    for k in range(3)],
+                   kill={"node": node, "after_s": 0.0,
+                         "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
+                                                       "rows": rows}})
+    lost = [1, 2] if node == 1 else [3, 4, 5]
+    for k in {0, 1, 2} - {node}:
+        assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k]["err"][-1500:])
+    assert result["left"] == {}, (why, result["left"])
+    summary = _summary(out)
+    assert summary["status"] == "ok", (why, summary.get("error"))
+    [loss] = summary["membership"]["host_losses"]
+    assert loss["node"] == node and loss["ranks"] == lost, (why, loss)
+    assert summary["membership"]["alive_at_end"] == sorted({0, 1, 2, 3, 4, 5} - set(lost))
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    leaves = [e for e in events if e["type"] == "leave"]
+    assert [(e["worker"], e["round"], e["reason"]) for e in leaves] == \
+        [(r, loss["round"], "host lost") for r in lost], (why, leaves)
+    ran = _losses(out)
+    for r in lost:   # no row of a lost worker past the round it died in
+        assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
+    # every message lost with the dead host is counted, the same way as other drops
+    drops = summary["drops"]["by_reason"]
+    assert drops.get("dead_peer", 0) >= 1, (why, summary["drops"])
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
+                             str(tmp_path / "replay")], capture_output=True, text=True)
+    assert replay.returncode == 0, (why, replay.stderr)
+    again = _summary(tmp_path / "replay")
+    assert again["membership"]["changes"] == summary["membership"]["changes"], why
+    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
