@@ -466,10 +466,29 @@ _ROW = {
     "recv_links": lambda r, v, e: _recv_links(r, v, e),
     "step_span_s": lambda r, v, e: _span(r, v),
     "exchange_spans_s": lambda r, v, e: _spans(r, v),
+    "dead_peer": lambda r, v, e: _dead_peer(r, v, e),
 }
 _ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "tokens", "lr",
-                 "recv_links", "step_span_s", "exchange_spans_s")
+                 "recv_links", "step_span_s", "exchange_spans_s", "dead_peer")
+MAX_KIND_CHARS = 32   # a wire kind's name ("z", "rs3", ...)
 MAX_SPANS = 8  # a2cid2's exchanges per slot at most (algorithms.a2cid2.MAX_EXCHANGES_PER_SLOT)
+
+
+def _dead_peer(reason: str, value, expect: Expect) -> list[list]:
+    """The messages a worker did without since its last row, their sender lost with its host:
+    [[src rank, round, kind], ...], at most one per peer and kind of a round of each peer
+    (a row covers one round; overlapped GASLoC's lands the one before): 2 per other worker."""
+    if type(value) is not list or not 0 < len(value) <= 2 * expect.workers:
+        raise ControlError(reason, f"{_show(value)} is not a list of 1 to {2 * expect.workers} "
+                                   "messages")
+    out = []
+    for item in value:
+        if type(item) is not list or len(item) != 3 or type(item[2]) is not str or \
+                not 0 < len(item[2]) <= MAX_KIND_CHARS:
+            raise ControlError(reason, f"{_show(item)} is not a [src, round, kind] triple")
+        out.append([_int(reason, item[0], 0, expect.workers - 1),
+                    _int(reason, item[1], 0, expect.rounds - 1), item[2]])
+    return out
 
 
 def _span(reason: str, value) -> list[float]:

@@ -410,7 +410,7 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "12", "--nproc-per-node",
                              str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
                              "--topology", "matching", "--set", "run.on_worker_loss=continue",
-                             "--set", "run.heartbeat_timeout_s=3", nnodes=3)
+                             "--set", "run.heartbeat_timeout_s=6", nnodes=3)
                     for k in range(3)],
                    kill={"node": node, "after_s": 0.0,
                          "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
