@@ -141,6 +141,17 @@ class Algorithm:
         return None
 
     @classmethod
+    def host_loss_refusal(cls, cfg) -> str | None:
+        """Why this algorithm cannot go on after a host lost without warning (its workers'
+        messages of the rounds they died in never come: ``scenario.hostloss``), or None.
+        Gossip does without them (``gossip_mix``: the receiver's own value stands in); a
+        compressed channel's public copies would go apart."""
+        if cfg.comm.codec != "none" and cls.compressed_kinds:
+            return (f"comm.codec = {cfg.comm.codec!r}: each edge's public copy needs every "
+                    "message, and a lost host's last ones never come")
+        return None
+
+    @classmethod
     def constants(cls, acfg, topo: Topology | None) -> dict[str, float]:
         """The outer constants named by ``shows``, as numbers, for the header and summary."""
         return {}

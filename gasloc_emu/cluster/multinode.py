@@ -66,7 +66,6 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
 from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
-from gasloc_emu.scenario.hostloss import HostLoss
 from gasloc_emu.training.checkpoint import (
     CheckpointError,
     Checkpoints,
@@ -363,10 +362,12 @@ class ClusterSupervisor(Supervisor):
         if not left:
             raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost, and no "
                             "worker is left on any other node")
-        loss = HostLoss(info.node, info.host, tuple(ranks),
-                        self.plan.world.fixer.fixed_unplanned(self._clock()), self._clock(),
-                        {r: self.slots[r].round for r in ranks})
-        self.plan.world.lose(loss)
+        why = self.plan.algo.host_loss_refusal(self.cfg)
+        if why is not None:
+            raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost; the run "
+                            f"cannot go on without them: {self.plan.algo.name}: {why}")
+        loss = self.scenario.lose_host(info.node, info.host, ranks,
+                                       {r: self.slots[r].round for r in ranks})
         for r in ranks:
             self.slots[r].gone = True
         for s in left:

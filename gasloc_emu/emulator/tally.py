@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.schema import LinkRow, RunSummary
 from gasloc_emu.report.summary import drops_summary, final_summary
+from gasloc_emu.transport.base import DEAD_PEER
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
@@ -31,10 +32,9 @@ def with_dead_sends(plan: RunPlan, by_worker: dict[int, dict]) -> dict[int, dict
     did without (counted by its transport under the same reason)."""
     extra = plan.world.sent_to_dead() if plan.world is not None else {}
     out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
-    for rank, reasons in extra.items():
+    for rank, n in extra.items():
         mine = out.setdefault(rank, {})
-        for reason, n in reasons.items():
-            mine[reason] = mine.get(reason, 0) + n
+        mine[DEAD_PEER] = mine.get(DEAD_PEER, 0) + n
     return out
 
 

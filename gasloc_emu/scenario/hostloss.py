@@ -16,11 +16,11 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
 - Between the last round a lost worker reported (``last_rows``) and L it is still a member, but
   its messages of those rounds never come (it died during the first of them). A survivor that
   waits for one when the decision reaches it stops waiting: the message is *lost with a dead
-  peer*, counted (reason ``dead_peer``), and its term of the gossip sum is the receiver's own
-  value (its weight moves to the self-weight, as if the receiver had sent the message to
-  itself). Each survivor reports exactly which messages it did without (the row's
-  ``dead_peer``), because one sent just before the death may have reached some receivers and
-  not others: the replay takes those, and nothing else, as lost.
+  peer*, counted (reason ``dead_peer``, ``transport.base.DEAD_PEER``), and its term of the
+  gossip sum is the receiver's own value (its weight moves to the self-weight, as if the
+  receiver had sent the message to itself). Each survivor reports exactly which messages it
+  did without (the row's ``dead_peer``), because one sent just before the death may have
+  reached some receivers and not others: the replay takes those, and nothing else, as lost.
 - Messages to a lost worker in those rounds are lost with it; they are counted by the same
   reason from the rounds' peers (``sent_to_dead``), the same in the run and in its replay.
 """
@@ -29,10 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gasloc_emu.transport.base import DEAD_PEER
-
 HOSTLOSS_VERSION = 1
-__all__ = ["DEAD_PEER", "HOSTLOSS_VERSION", "HostLoss", "HostLossError", "sent_to_dead"]
 
 
 class HostLossError(ValueError):

@@ -75,7 +75,7 @@ from gasloc_emu.scenario.events import (
     SpeedEvent,
 )
 from gasloc_emu.scenario.fixing import TIMED_KINDS, Fixing, RoundFixer, timed_items
-from gasloc_emu.scenario.hostloss import DEAD_PEER, HostLoss, sent_to_dead
+from gasloc_emu.scenario.hostloss import HostLoss, sent_to_dead
 from gasloc_emu.scenario.links import (
     BaseLink,
     LinkSchedule,
@@ -200,13 +200,13 @@ class World:
         DiLoCo's ring)."""
         return self._peers_at(rank, t, self.alive(t))
 
-    def sent_to_dead(self) -> dict[int, dict[str, int]]:
-        """{survivor: {"dead_peer": n}}: its messages to workers lost with their hosts, in the
-        rounds they were members but dead (``hostloss.sent_to_dead``), over every loss."""
-        out: dict[int, dict[str, int]] = {}
+    def sent_to_dead(self) -> dict[int, int]:
+        """{survivor: n}: its messages to workers lost with their hosts, in the rounds they
+        were members but dead (``hostloss.sent_to_dead``), over every loss."""
+        out: dict[int, int] = {}
         for loss in self.losses:
             for rank, n in sent_to_dead(loss, self.rounds, self.peers, self.alive).items():
-                out.setdefault(rank, {DEAD_PEER: 0})[DEAD_PEER] += n
+                out[rank] = out.get(rank, 0) + n
         return out
 
     def lost_from(self, src: int) -> int | None:
