@@ -440,3 +440,26 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     again = _summary(tmp_path / "replay")
     assert again["membership"]["changes"] == summary["membership"]["changes"], why
     assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
+
+
+def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
+                                                                                 tmp_path):
+    """A kill -9 of the launcher (node 0) during a fault: node 2's agent is killed, node 0
+    decides to go on without it, and is itself killed just after. The remaining node's run
+    ends on its own, naming node 0, and no process is left on any host."""
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "400", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                             "--set", "run.heartbeat_timeout_s=4", nnodes=3)
+                    for k in range(3)],
+                   kill=[{"node": 2, "after_s": 0.0,
+                          "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5]}},
+                         {"node": 0, "after_s": 0.2,
+                          "output": {"node": 0, "text": "lost: workers [3, 4, 5]"}}])
+    assert "lost: workers [3, 4, 5]" in result["nodes"][0]["out"], result["nodes"][0]["out"]
+    other = result["nodes"][1]
+    assert other["rc"] == 1, other["err"]
+    assert "error: node 1: lost node 0" in other["err"] or \
+        "node 0 (vm) silent" in other["err"], other["err"]
+    assert result["left"] == {}, result["left"]
