@@ -191,7 +191,7 @@ class WorkerProcess:
         self.timeline = None   # its speed and pause events at a time (world.SelfTimeline)
         self.released = False   # absent to the end: its join at a time never came
         self.losses_played = 0   # node 0's host-loss decisions played so far (ctl.losses)
-        self.dead: dict[int, int] = {}   # {peer lost with its host: its first round unsent}
+        self.dead: set[int] = set()   # the peers lost with their hosts (node 0's decisions)
         self.reported_dead = 0   # dead-peer losses in the rows so far
 
     def serve(self) -> int:
@@ -417,11 +417,10 @@ class WorkerProcess:
         self.released = msg.released
         return not self.released
 
-    def _dead_peers(self) -> dict[int, int]:
+    def _dead_peers(self) -> set[int]:
         """Play node 0's host-loss decisions that came since the last call (``orders.Lost``,
         checked: a loss at a round this worker has started already would make it mix
-        otherwise than the others, so it ends the worker); {peer: first round it never sent}
-        of every peer lost so far."""
+        otherwise than the others, so it ends the worker); every peer lost so far."""
         from gasloc_emu.scenario.hostloss import HostLoss
         while self.losses_played < len(self.ctl.losses):
             loss = HostLoss.from_json(self.ctl.losses[self.losses_played].loss)
@@ -432,7 +431,7 @@ class WorkerProcess:
                                    f"{self.state.round}")
             if self.world is None or not self.world.lose(loss):
                 continue
-            self.dead |= {k: self.world.lost_from(k) for k in loss.ranks}
+            self.dead |= set(loss.ranks)
             print(f"worker {self.rank}: node {loss.node} lost; workers {list(loss.ranks)} leave"
                   f" at round {loss.round}", flush=True)
         return self.dead

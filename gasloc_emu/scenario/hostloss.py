@@ -14,13 +14,15 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
   starts one, so every survivor plays the departure at the same round, as a scenario's leave
   (Metropolis–Hastings weights over the survivors from round L, DiLoCo's ring re-formed).
 - Between the last round a lost worker reported (``last_rows``) and L it is still a member, but
-  its messages of those rounds never come (it died during the first of them). A survivor that
-  waits for one when the decision reaches it stops waiting: the message is *lost with a dead
-  peer*, counted (reason ``dead_peer``, ``transport.base.DEAD_PEER``), and its term of the
-  gossip sum is the receiver's own value (its weight moves to the self-weight, as if the
-  receiver had sent the message to itself). Each survivor reports exactly which messages it
-  did without (the row's ``dead_peer``), because one sent just before the death may have
-  reached some receivers and not others: the replay takes those, and nothing else, as lost.
+  it died during the first of those rounds, so its messages from then on never come (and one
+  it had handed to its socket before dying may not have left either). A survivor that waits
+  for a message of a lost worker when the decision reaches it, or later, stops waiting: the
+  message is *lost with a dead peer*, counted (reason ``dead_peer``,
+  ``transport.base.DEAD_PEER``), and its term of the gossip sum is the receiver's own value
+  (its weight moves to the self-weight, as if the receiver had sent the message to itself).
+  Each survivor reports exactly which messages it did without (the row's ``dead_peer``),
+  because one sent just before the death may have reached some receivers and not others:
+  the replay takes those, and nothing else, as lost.
 - Messages to a lost worker in those rounds are lost with it; they are counted by the same
   reason from the rounds' peers (``sent_to_dead``), the same in the run and in its replay.
 """
@@ -93,8 +95,8 @@ class HostLoss:
                    {int(k): v for k, v in rows.items()}, obj["version"])
 
     def dead_from(self, rank: int) -> int | None:
-        """The first round whose messages ``rank`` never sent (it died during it); None when
-        it is not one of this loss's workers."""
+        """The first round ``rank`` never finished (it died during it: what was sent to it
+        from then on is lost with it); None when it is not one of this loss's workers."""
         return self.last_rows[rank] + 1 if rank in self.last_rows else None
 
 

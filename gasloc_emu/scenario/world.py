@@ -210,8 +210,8 @@ class World:
         return out
 
     def lost_from(self, src: int) -> int | None:
-        """The first round whose messages ``src`` never sent, as a lost host's worker; None
-        when no lost host had it."""
+        """The first round ``src`` never finished, as a lost host's worker (the run has no row
+        of it from then on); None when no lost host had it."""
         rounds = [loss.dead_from(src) for loss in self.losses if src in loss.ranks]
         return min(rounds) if rounds else None
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import torch
@@ -108,10 +108,10 @@ class ZmqTransport(TransportBase):
                  schema: WireSchema | None = None,
                  security: auth.Security | None = None,
                  link_ports: bool = False,
-                 dead_peers: Callable[[], dict[int, int]] | None = None):
-        """``dead_peers``: {rank: the first round whose messages it never sent} of the peers
-        lost with their hosts, as known now (``scenario.hostloss``); asked while waiting, so
-        a wait for one of them ends (``PeerLost``) once the decision is in."""
+                 dead_peers: Callable[[], Collection[int]] | None = None):
+        """``dead_peers``: the peers lost with their hosts, as known now
+        (``scenario.hostloss``); asked while waiting, so that a wait for a message of theirs
+        that is not here ends once the decision is in (``PeerLost``): it never comes."""
         _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
         self.schema = _schema_for(rank, world_size, max_numel, schema)
         self.security = _check_security(security, world_size)
@@ -190,7 +190,7 @@ class ZmqTransport(TransportBase):
         deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, sent_at)
         seq = self._numbers.get(peer, 0)
         frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at, sent_at, seq)
-        self._wait_until(lambda: _try_send(sock, frames) or self._dead(peer, round_idx),
+        self._wait_until(lambda: _try_send(sock, frames) or self._dead(peer),
                          f"room to send {kind!r} of round {round_idx} to worker {peer}", sock)
         self._numbers[peer] = seq + 1   # a message to a dead peer is lost with it either way
 
@@ -201,7 +201,7 @@ class ZmqTransport(TransportBase):
                                  f"of round {self.mailbox.round}; its messages were dropped")
         self.mailbox.note_round(round_idx)
         key: Key = (peer, round_idx, kind)
-        self._wait_until(lambda: self.mailbox.has(key) or self._dead(peer, round_idx),
+        self._wait_until(lambda: self.mailbox.has(key) or self._dead(peer),
                          f"{kind!r} of round {round_idx} from worker {peer}")
         if not self.mailbox.has(key):   # its sender died before sending it
             self.mailbox.refuse(DEAD_PEER)
@@ -292,11 +292,10 @@ class ZmqTransport(TransportBase):
             self._check_abort(what, deadline)
             self._pump(self._slice_s(deadline), out_sock)
 
-    def _dead(self, peer: int, round_idx: int) -> bool:
-        """Whether ``peer`` was lost with its host before sending round ``round_idx``'s
-        messages (node 0's decision, asked for as the wait goes)."""
-        dead = self.dead_peers() if self.dead_peers is not None else {}
-        return peer in dead and round_idx >= dead[peer]
+    def _dead(self, peer: int) -> bool:
+        """Whether ``peer`` was lost with its host (node 0's decision, asked for as the wait
+        goes): what it had sent is here or lost, and what it had not sent never comes."""
+        return self.dead_peers is not None and peer in self.dead_peers()
 
     def _check_abort(self, what: str, deadline: float) -> None:
         if self._closed:
