@@ -5,6 +5,7 @@ across emulated hosts is tests/net/test_multinode.py's killed-host test."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from gasloc_emu import config
 from gasloc_emu.algorithms import registry
 from gasloc_emu.algorithms.base import gossip_mix
+from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.scenario.fixing import RoundFixer
 from gasloc_emu.scenario.hostloss import HostLoss, HostLossError, sent_to_dead
 from gasloc_emu.scenario.script import Scenario
@@ -169,3 +171,63 @@ def test_a_malformed_dead_peer_list_is_refused(bad):
     with pytest.raises(ControlError) as info:
         control.parse({"type": "metric", "worker": 1, "row": ROW | {"dead_peer": bad}}, EXPECT)
     assert info.value.reason == "metric.row.dead_peer"
+
+
+# ---------------------------------------------------------------- node 0's decision
+
+
+def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4)):
+    """Node 0's ``ClusterSupervisor`` without sockets or processes: three hosts of 1 + 2 + 3
+    workers, the run's clock at 5.25 s, every worker started up to round 5 (they asked for
+    the fixings), node 2's workers' last rows ``dead_rows``; what it tells each worker goes
+    to ``told``."""
+    from gasloc_emu.cluster.multinode import ClusterSupervisor
+    from gasloc_emu.emulator.conductor import Conductor
+    from gasloc_emu.plan import build_plan
+    cfg = config.resolve(overrides={"workers": 6, "run.rounds": 12}, sets=(
+        f"algo.name={algo}", f"run.on_worker_loss={on_loss}", "topology.name=ring"))
+    plan = build_plan(cfg, data=False)
+    sup = object.__new__(ClusterSupervisor)
+    sup.plan, sup.cfg, sup.t0, sup.progress, sup.lost_nodes = plan, cfg, 1.0, None, set()
+    sup.told = []
+    sup._tell = lambda rank, msg: sup.told.append((rank, msg))
+    sup.scenario = Conductor(plan.world, None, 12, lambda: 5.25, sup._tell)
+    if plan.world is not None:
+        for t in range(6):
+            plan.world.fixer.started(t)
+    rows = [5, 5, 5, *dead_rows]
+    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r]) for r in range(6)]
+    sup.node = SimpleNamespace(infos=[SimpleNamespace(node=k, host=f"h{k}", workers=k + 1)
+                                      for k in range(3)])
+    return sup, sup.node.infos[2]
+
+
+def test_node_0_decides_the_round_of_a_lost_host_and_tells_every_survivor_first():
+    sup, lost = shell("gasloc")
+    assert sup._goes_on_without(lost) and not sup._goes_on_without(sup.node.infos[0])
+    sup._lose_node(lost)
+    loss = HostLoss(2, "h2", (3, 4, 5), 6, 5.25, {3: 3, 4: 3, 5: 4})
+    assert sup.plan.world.losses == [loss] and sup.lost_nodes == {2}
+    assert [s.gone for s in sup.slots] == [False] * 3 + [True] * 3
+    assert sup.told == [(r, orders.Lost(loss.to_json()).to_wire()) for r in (0, 1, 2)]
+    assert sup.plan.world.alive(6) == frozenset({0, 1, 2})
+
+
+def test_diloco_ends_the_run_naming_why_it_cannot_go_on_without_a_lost_host():
+    """DiLoCo's elastic ring re-forms over the survivors from the loss's round (the world
+    test above), but the All-Reduce of the round the host died in cannot be finished."""
+    sup, lost = shell("diloco")
+    with pytest.raises(RunFailed, match=r"node 2 \(h2, workers \[3, 4, 5\]\) lost; the run "
+                                        r"cannot go on without them: diloco: its ring"):
+        sup._lose_node(lost)
+    assert sup.told == []
+
+
+def test_a_lost_host_fails_the_run_by_default_and_when_no_worker_is_left():
+    sup, lost = shell("gasloc", on_loss="auto")
+    assert not sup._goes_on_without(lost)   # the run fails naming the silent node, as before
+    sup, lost = shell("gasloc")
+    for s in sup.slots[:3]:
+        s.gone = True
+    with pytest.raises(RunFailed, match="no worker is left on any other node"):
+        sup._lose_node(lost)
