@@ -12,7 +12,9 @@ The protocol, as every node sees it (``launch_cluster``):
 3. liveness: every node beats in the store every half second and reports its workers that
    died (with which process of the rank it was). Node 0 fails the run when a node is silent for
    ``run.heartbeat_timeout_s`` or reports a dead worker, naming the node, its host and its
-   workers, unless the death is a scenario's leave: then, when the worker joins again, node 0
+   workers, unless ``run.on_worker_loss = continue`` and the node is silent: then it is lost
+   and the run goes on without its workers (``scenario.hostloss``; ``_lose_node``), or unless
+   the death is a scenario's leave: then, when the worker joins again, node 0
    puts a ``Successor`` order in the store and the worker's node starts it (same address, the
    join round), as one host's launcher does. A node whose node 0 is silent (or whose store is
    gone) kills its workers and exits failed;
