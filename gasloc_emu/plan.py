@@ -241,6 +241,9 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
         (bool(cfg.algo.overlap), "algo.overlap = 1 keeps an exchange in flight at every "
                                  "round's end"),
         (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
+        (world is not None and world.armed,
+         "run.on_worker_loss = 'continue' goes on after a host lost without warning, from a "
+         "round fixed on the run's own clock"),
         (world is not None and world.fixer is not None,
          "leaves, joins or partitions at a time are fixed on the run's own clock"))
     why = next((text for applies, text in reasons if applies), "")

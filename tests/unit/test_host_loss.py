@@ -231,3 +231,4 @@ def test_a_lost_host_fails_the_run_by_default_and_when_no_worker_is_left():
         s.gone = True
     with pytest.raises(RunFailed, match="no worker is left on any other node"):
         sup._lose_node(lost)
+
