@@ -213,6 +213,13 @@ def _refuse(cfg: Config, algo: type[Algorithm], topo: Topology | None,
             scenario: bool, reshapes: bool = False) -> None:
     """What the runners cannot do with this algorithm and these settings (exit 2).
     ``reshapes``: the scenario has leaves, joins or partitions."""
+    if cfg.run.on_worker_loss == "continue" and (cfg.algo.overlap or not algo.supports.scenarios):
+        # a host lost without warning is a leave at a round fixed as the run goes
+        # (``scenario.hostloss``): the same refusals as a scenario's leaves, said so
+        what = "algo.overlap = 1" if cfg.algo.overlap else f"algo.name = {algo.name}"
+        raise ConfigError(f"run.on_worker_loss = 'continue' (going on after a lost host, whose "
+                          f"workers leave at a round fixed as the run goes) cannot be used with "
+                          f"{what}, which takes no leaves; use 'auto'")
     if cfg.algo.overlap and reshapes:
         # the runners' rule, whatever the algorithm: an overlapped exchange lands a round
         # late, on a graph (or ring) that a leave, join or partition may have changed since;

@@ -232,3 +232,12 @@ def test_a_lost_host_fails_the_run_by_default_and_when_no_worker_is_left():
     with pytest.raises(RunFailed, match="no worker is left on any other node"):
         sup._lose_node(lost)
 
+
+
+@pytest.mark.parametrize("sets, what", [(("algo.name=a2cid2",), "algo.name = a2cid2"),
+                                        (("algo.overlap=1",), "algo.overlap = 1")])
+def test_going_on_after_a_lost_host_is_refused_where_leaves_are(sets, what):
+    from gasloc_emu.plan import build_plan
+    cfg = config.resolve(overrides={"workers": 4}, sets=(*sets, "run.on_worker_loss=continue"))
+    with pytest.raises(config.ConfigError, match=f"run.on_worker_loss = 'continue' .* {what}"):
+        build_plan(cfg, data=False)
