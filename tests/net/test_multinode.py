@@ -18,6 +18,7 @@ from needs import unavailable
 
 from gasloc_emu import config
 from gasloc_emu.plan import build_plan
+from gasloc_emu.scenario.hostloss import HostLoss
 from gasloc_emu.simulator.simulate import simulate
 
 MASTER = "198.18.0.1"
@@ -431,9 +432,22 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     ran = _losses(out)
     for r in lost:   # no row of a lost worker past the round it died in
         assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
-    # every message lost with the dead host is counted, the same way as other drops
-    drops = summary["drops"]["by_reason"]
-    assert drops.get("dead_peer", 0) >= 1, (why, summary["drops"])
+    # every message lost with the dead host is counted, the same way as other drops: those
+    # each survivor did without (its rows say which) and those sent to the dead workers in
+    # the rounds they were members but dead (from the rounds' peers)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    done_without = {}
+    for row in rows:
+        done_without[row["worker"]] = done_without.get(row["worker"], 0) + \
+            len(row.get("dead_peer") or ())
+    plan = build_plan(config.resolve(out / "config.toml"), data=False)
+    plan.world.lose(HostLoss.from_json(loss))
+    sent = plan.world.sent_to_dead()
+    expected = {str(w): n + sent.get(w, 0) for w, n in done_without.items()
+                if w not in lost and n + sent.get(w, 0)}
+    assert {w: r.get("dead_peer", 0) for w, r in summary["drops"]["by_worker"].items()
+            if r.get("dead_peer")} == expected, (why, summary["drops"], done_without, sent)
+    assert sum(expected.values()) == summary["drops"]["by_reason"].get("dead_peer", 0)
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, (why, replay.stderr)
