@@ -467,8 +467,10 @@ class ExecConfig(_Validated):
                                 "pause, leave and join events (docs/NETWORK.md, \"Scenarios\"); "
                                 "empty: nothing changes during the run.")
     on_worker_loss: str = setting("auto", "What a lost worker does to the run: continue (the "
-                                          "others carry on without it), fail (the run ends), "
-                                          "auto (continue for departures the scenario declares, "
+                                          "others carry on without it: a scenario's "
+                                          "departures, and a host lost without warning in a "
+                                          "multi-node run), fail (the run ends), auto "
+                                          "(continue for departures the scenario declares, "
                                           "fail for any other death).",
                                   choices=("auto", "continue", "fail"))
     failure_detect_s: float = setting(2.0, "Seconds a departed worker's peers spend noticing "

@@ -213,6 +213,13 @@ def _refuse(cfg: Config, algo: type[Algorithm], topo: Topology | None,
             scenario: bool, reshapes: bool = False) -> None:
     """What the runners cannot do with this algorithm and these settings (exit 2).
     ``reshapes``: the scenario has leaves, joins or partitions."""
+    if cfg.run.on_worker_loss == "continue" and (cfg.algo.overlap or not algo.supports.scenarios):
+        # a host lost without warning is a leave at a round fixed as the run goes
+        # (``scenario.hostloss``): the same refusals as a scenario's leaves, said so
+        what = "algo.overlap = 1" if cfg.algo.overlap else f"algo.name = {algo.name}"
+        raise ConfigError(f"run.on_worker_loss = 'continue' (going on after a lost host, whose "
+                          f"workers leave at a round fixed as the run goes) cannot be used with "
+                          f"{what}, which takes no leaves; use 'auto'")
     if cfg.algo.overlap and reshapes:
         # the runners' rule, whatever the algorithm: an overlapped exchange lands a round
         # late, on a graph (or ring) that a leave, join or partition may have changed since;
@@ -240,7 +247,10 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
          f"{algo.name} does not declare the state it keeps between rounds (checkpoint_state)"),
         (bool(cfg.algo.overlap), "algo.overlap = 1 keeps an exchange in flight at every "
                                  "round's end"),
-        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"))
+        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
+        (world is not None and world.armed,
+         "run.on_worker_loss = 'continue' goes on after a host lost without warning, from a "
+         "round fixed on the run's own clock"))
     why = next((text for applies, text in reasons if applies), "")
     if why:
         raise ConfigError(f"run.checkpoint_every = {cfg.run.checkpoint_every} cannot be used: "

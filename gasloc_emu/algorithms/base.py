@@ -25,7 +25,7 @@ import torch
 
 from gasloc_emu.comm.channel import Channel
 from gasloc_emu.topology import Topology, mh_table
-from gasloc_emu.transport.base import RingSum, Transport
+from gasloc_emu.transport.base import PeerLost, RingSum, Transport
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,17 @@ class Algorithm:
     def scenario_refusal(cls, cfg, churns: bool) -> str | None:
         """What a scenario that changes membership (``churns``) cannot do with this algorithm's
         settings, or None."""
+        return None
+
+    @classmethod
+    def host_loss_refusal(cls, cfg) -> str | None:
+        """Why this algorithm cannot go on after a host lost without warning (its workers'
+        messages of the rounds they died in never come: ``scenario.hostloss``), or None.
+        Gossip does without them (``gossip_mix``: the receiver's own value stands in); a
+        compressed channel's public copies would go apart."""
+        if cfg.comm.codec != "none" and cls.compressed_kinds:
+            return (f"comm.codec = {cfg.comm.codec!r}: each edge's public copy needs every "
+                    "message, and a lost host's last ones never come")
         return None
 
     @classmethod
@@ -359,6 +370,16 @@ def gossip(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torch.Te
     gossip_mix(tp, topo, rank, round_idx, z, out, channel)
 
 
+def _received(tp: Transport, peer: int, round_idx: int, z: torch.Tensor) -> torch.Tensor:
+    """``peer``'s z of the round; this worker's own when it is lost with the peer's host
+    (``scenario.hostloss``): the peer's weight then moves to the self-weight, the sum stays an
+    average, and the run and its replay agree on which messages were lost."""
+    try:
+        return tp.recv(peer, round_idx, "z")
+    except PeerLost:
+        return z
+
+
 def gossip_send(tp: Transport, topo: Topology, rank: int, round_idx: int,
                 z: torch.Tensor, channel: Channel | None = None) -> None:
     """The first half of ``gossip``: ``z`` to every neighbour of round ``round_idx``."""
@@ -380,7 +401,7 @@ def gossip_mix(tp: Transport, topo: Topology, rank: int, round_idx: int, z: torc
     if channel is not None:
         channel.mix(tp, peers, weights, round_idx, "z", z, out)
         return
-    received = {j: tp.recv(j, round_idx, "z") for j in peers}
+    received = {j: _received(tp, j, round_idx, z) for j in peers}
     torch.mul(z, self_w, out=out)
     for j in peers:
         out.add_(received[j].to(out.device, non_blocking=True), alpha=weights[j])

@@ -122,6 +122,14 @@ class DiLoCo(OuterAlgorithm):
                     "membership")
         return None
 
+    @classmethod
+    def host_loss_refusal(cls, cfg) -> str | None:
+        """A lost host's workers die inside a round's ring All-Reduce, whose chunks pass
+        through them: the survivors hold partial sums they cannot finish (re-forming the ring
+        for that round would need the round's exchange started again)."""
+        return ("its ring All-Reduce of the round the host died in passes through the lost "
+                "workers, and cannot be finished without them")
+
     def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
                  weight: float = 1.0, members: Callable[[int], Collection[int]] | None = None,
                  heals: Callable[[int], bool] | None = None, overlap: int = 0):

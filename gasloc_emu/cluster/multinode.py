@@ -12,7 +12,9 @@ The protocol, as every node sees it (``launch_cluster``):
 3. liveness: every node beats in the store every half second and reports its workers that
    died (with which process of the rank it was). Node 0 fails the run when a node is silent for
    ``run.heartbeat_timeout_s`` or reports a dead worker, naming the node, its host and its
-   workers, unless the death is a scenario's leave: then, when the worker joins again, node 0
+   workers, unless ``run.on_worker_loss = continue`` and the node is silent: then it is lost
+   and the run goes on without its workers (``scenario.hostloss``; ``_lose_node``), or unless
+   the death is a scenario's leave: then, when the worker joins again, node 0
    puts a ``Successor`` order in the store and the worker's node starts it (same address, the
    join round), as one host's launcher does. A node whose node 0 is silent (or whose store is
    gone) kills its workers and exits failed;
@@ -74,7 +76,7 @@ from gasloc_emu.training.checkpoint import (
     common_point,
 )
 from gasloc_emu.training.devices import DeviceAssignment, visible_gpus, worker_devices
-from gasloc_emu.transport import auth
+from gasloc_emu.transport import auth, orders
 
 Log = Callable[[str], None]
 BEAT_S = 0.5          # how often a node beats in the store and looks at the others
@@ -255,6 +257,7 @@ class ClusterSupervisor(Supervisor):
         self.node = node
         self.next_beat_s = 0.0
         self.lives = [0] * self.cfg.workers  # which process of each rank runs now
+        self.lost_nodes: set[int] = set()    # nodes lost without warning, the run going on
 
     def _start_successor(self, s: WorkerSlot, start: int) -> None:
         """A successor on another host: its node starts it when it reads the order."""
@@ -314,7 +317,8 @@ class ClusterSupervisor(Supervisor):
         rdv = self.node.rdv
         rdv.beat({})
         for info in self.node.infos[1:]:
-            self._check_node(info, rdv, now)
+            if info.node not in self.lost_nodes:
+                self._check_node(info, rdv, now)
 
     def _check_node(self, info: NodeInfo, rdv: Rendezvous, now: float) -> None:
         status = rdv.status(info.node)
@@ -328,7 +332,51 @@ class ClusterSupervisor(Supervisor):
             self._departed(s, leave)
         silent = rdv.silent_s(info.node, now)
         if silent > self.cfg.run.heartbeat_timeout_s:
-            raise self._node_silent(info, silent)
+            if not self._goes_on_without(info):
+                raise self._node_silent(info, silent)
+            self._lose_node(info)
+
+    def _lost(self, s: WorkerSlot) -> bool:
+        """A silent worker on a silent node: the node is lost; the run goes on without it
+        when ``run.on_worker_loss = continue`` (``_lose_node``)."""
+        info = self.node.node_of(s.rank)
+        if not info.node or self.node.rdv.silent_s(info.node, time.monotonic()) <= 2 * BEAT_S \
+                or not self._goes_on_without(info):
+            return False
+        self._lose_node(info)
+        return True
+
+    def _goes_on_without(self, info: NodeInfo) -> bool:
+        world = self.plan.world
+        return world is not None and world.armed and self.t0 > 0 and info.node != 0
+
+    def _lose_node(self, info: NodeInfo) -> None:
+        """Node ``info`` is gone, with its workers (``scenario.hostloss``): they leave at the
+        round an event reached now would be fixed at, every survivor is told at once (before
+        any later answer), and the record says so (events.jsonl's leaves, the summary's
+        ``membership.host_losses``). With no worker left elsewhere the run fails, naming it."""
+        ranks = [r for r in blocks([i.workers for i in self.node.infos])[info.node]
+                 if not self.slots[r].gone]
+        left = [s for s in self.slots if not s.gone and s.rank not in ranks]
+        self.lost_nodes.add(info.node)
+        if not ranks:   # its workers had all left as the scenario said: nothing to decide
+            return
+        if not left:
+            raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost, and no "
+                            "worker is left on any other node")
+        why = self.plan.algo.host_loss_refusal(self.cfg)
+        if why is not None:
+            raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost; the run "
+                            f"cannot go on without them: {self.plan.algo.name}: {why}")
+        loss = self.scenario.lose_host(info.node, info.host, ranks,
+                                       {r: self.slots[r].round for r in ranks})
+        for r in ranks:
+            self.slots[r].gone = True
+        for s in left:
+            self._tell(s.rank, orders.Lost(loss.to_json()).to_wire())
+        if self.progress is not None:
+            self.progress({"kind": "event", "text": f"node {info.node} ({info.host}) lost: "
+                           f"workers {ranks} leave at round {loss.round}"})
 
 
 def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:

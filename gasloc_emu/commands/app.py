@@ -96,8 +96,10 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     if cfg.sim.timing_only:
         return timing_command(cfg, out, overwrite, resume, replay)
     plan = _plan(cfg, faults=replay.faults if replay is not None else _recorded(resume))
-    if replay is not None and replay.fixings:
+    if replay is not None and (replay.fixings or replay.losses):
         plan.world.replay(replay.fixings)
+        for loss in replay.losses:   # hosts the run lost without warning, as decided then
+            plan.world.lose(loss)
     if resume is not None:
         from gasloc_emu.plan import refuse_resume
         refuse_resume(plan, resume)
@@ -110,7 +112,8 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
     try:
         with progress:
             summary = simulate(plan, path, progress=progress, device=device, resume=point,
-                               threads=replay.threads if replay is not None else None)
+                               threads=replay.threads if replay is not None else None,
+                               dead=replay.dead if replay is not None else frozenset())
     except Diverged as exc:
         click.echo(f"error: {exc}; record: {path}", err=True)
         return exitcodes.DIVERGED

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gasloc_emu.report.schema import MetricRow
+from gasloc_emu.scenario.hostloss import HostLoss
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
 from gasloc_emu.transport.orders import Fixings
@@ -157,6 +158,19 @@ class Conductor:
         if joins:
             return min(joins)
         return leave if self.world.awaits_join(rank, leave) else None
+
+    # -- a host lost without warning (``scenario.hostloss``)
+    def lose_host(self, node: int, host: str, ranks: list[int],
+                  last_rows: dict[int, int]) -> HostLoss:
+        """Node ``node``'s workers ``ranks`` are gone (their last rows: ``last_rows``): they
+        leave at the round an event reached now is fixed at, which no worker has started
+        (every worker asks before it starts one). The decision, played here; the caller tells
+        every survivor."""
+        now_s = self.clock() or 0.0
+        loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s), now_s,
+                        dict(last_rows))
+        self.world.lose(loss)
+        return loss
 
     # -- the record
     def summary(self) -> dict:

@@ -220,7 +220,7 @@ class Supervisor:
             # before it is ready a worker may be importing torch on a busy machine: the ready
             # timeout covers that; once it trains, silence means trouble
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
-            if silent and s.ready is not None and s.final is None:
+            if silent and s.ready is not None and s.final is None and not self._lost(s):
                 raise self._silent(s, now - s.last_seen)
 
     def _planned_leave(self, s: WorkerSlot) -> int | None:
@@ -261,6 +261,11 @@ class Supervisor:
 
     def _check_nodes(self, now: float) -> None:
         """The other nodes' liveness (multi-node runs); one host has none to check."""
+
+    def _lost(self, s: WorkerSlot) -> bool:
+        """Whether a silent worker is lost with its host and the run goes on without it
+        (multi-node runs, ``scenario.hostloss``); one host loses none."""
+        return False
 
     def _when(self, slot: WorkerSlot) -> str:
         return where_in_run(slot.ready is not None, bool(self.t0), slot.round,
@@ -314,7 +319,8 @@ class Supervisor:
 
     def drops_so_far(self) -> dict:
         """``drops`` and ``control_drops`` of a run that ended early."""
-        return {"drops": drops_so_far(self.slots), "control_drops": self.control_drops_total()}
+        return {"drops": drops_so_far(self.plan, self.slots),
+                "control_drops": self.control_drops_total()}
 
     def control_drops_total(self) -> dict[str, int]:
         """Control messages dropped by reason, with the connections ZAP refused (``zap.*``)."""

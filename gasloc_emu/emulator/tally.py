@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.schema import LinkRow, RunSummary
 from gasloc_emu.report.summary import drops_summary, final_summary
+from gasloc_emu.transport.base import DEAD_PEER
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
@@ -21,14 +22,28 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     return out.replace(
         dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
-        drops=drops_summary({s.rank: s.final["counters"]["drop_reasons"] for s in alive}))
+        drops=drops_summary(with_dead_sends(
+            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive})))
 
 
-def drops_so_far(slots: Sequence) -> dict:
+def with_dead_sends(plan: RunPlan, by_worker: dict[int, dict]) -> dict[int, dict]:
+    """Each worker's drops by reason, with its messages to workers lost with their hosts
+    (reason ``dead_peer``, from the rounds' peers: ``World.sent_to_dead``) added to those it
+    did without (counted by its transport under the same reason)."""
+    extra = plan.world.sent_to_dead() if plan.world is not None else {}
+    out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
+    for rank, n in extra.items():
+        mine = out.setdefault(rank, {})
+        mine[DEAD_PEER] = mine.get(DEAD_PEER, 0) + n
+    return out
+
+
+def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:
     """``drops`` of a run that ended early: each worker's last word (its final counters, else
     its last heartbeat)."""
-    return drops_summary({s.rank: (s.final["counters"] if s.final is not None else s.status)
-                          .get("drop_reasons", {}) for s in slots})
+    return drops_summary(with_dead_sends(plan, {
+        s.rank: (s.final["counters"] if s.final is not None else s.status)
+        .get("drop_reasons", {}) for s in slots}))
 
 
 def link_bytes(slots: Sequence) -> list[dict]:

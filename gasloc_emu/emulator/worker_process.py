@@ -190,6 +190,9 @@ class WorkerProcess:
         self.links: LinkApplier | None = None   # a scenario's link changes, on this shaper
         self.timeline = None   # its speed and pause events at a time (world.SelfTimeline)
         self.released = False   # absent to the end: its join at a time never came
+        self.losses_played = 0   # node 0's host-loss decisions played so far (ctl.losses)
+        self.dead: set[int] = set()   # the peers lost with their hosts (node 0's decisions)
+        self.reported_dead = 0   # dead-peer losses in the rows so far
 
     def serve(self) -> int:
         self.heartbeat = hb = Heartbeat(self.ctx, self.spec.heartbeat_addr, self.rank,
@@ -244,7 +247,8 @@ class WorkerProcess:
             max_numel=schema.max_numel(), schema=schema, recv_timeout_s=self.spec.peer_timeout_s,
             should_stop=self.ctl.poll_stop,
             shaping=self.links.shaper if self.links else _shaping(self.spec, self.rank),
-            security=self.ctl.security, link_ports=self.spec.link_ports)
+            security=self.ctl.security, link_ports=self.spec.link_ports,
+            dead_peers=self._dead_peers)
         self.state.transport = tp
         device = self.spec.devices[self.rank]
         self.ctl.send(_control().Ready(self.rank, tp.address, device))
@@ -348,8 +352,11 @@ class WorkerProcess:
         self.state.finished_round(stats)
         if self.links is not None:
             self.links.receiving(t + 1)   # after the last receive of round t
+        lost = self.transport.dead_peer_losses[self.reported_dead:]
+        self.reported_dead += len(lost)
         row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
-                                   dropped=self.transport.counters()["dropped"])
+                                   dropped=self.transport.counters()["dropped"],
+                                   **({"dead_peer": [list(x) for x in lost]} if lost else {}))
         self.ctl.send(_control().Metric(self.rank, row.body()))
 
     def ask_peer(self, k: int):
@@ -406,8 +413,28 @@ class WorkerProcess:
         if isinstance(msg, orders.Stop):
             return False
         self.world.fix([Fixing.from_json(f) for f in msg.fixings])
+        self._dead_peers()   # a host loss decided before this answer is played before round t
         self.released = msg.released
         return not self.released
+
+    def _dead_peers(self) -> set[int]:
+        """Play node 0's host-loss decisions that came since the last call (``orders.Lost``,
+        checked: a loss at a round this worker has started already would make it mix
+        otherwise than the others, so it ends the worker); every peer lost so far."""
+        from gasloc_emu.scenario.hostloss import HostLoss
+        while self.losses_played < len(self.ctl.losses):
+            loss = HostLoss.from_json(self.ctl.losses[self.losses_played].loss)
+            self.losses_played += 1
+            if loss.round <= self.state.round:
+                raise RuntimeError(f"worker {self.rank}: node 0 lost node {loss.node} from "
+                                   f"round {loss.round}, but this worker has started round "
+                                   f"{self.state.round}")
+            if self.world is None or not self.world.lose(loss):
+                continue
+            self.dead |= set(loss.ranks)
+            print(f"worker {self.rank}: node {loss.node} lost; workers {list(loss.ranks)} leave"
+                  f" at round {loss.round}", flush=True)
+        return self.dead
 
     def final_report(self) -> None:
         """Evaluate, send the final parameters as one raw frame, and wait to be let go."""

@@ -364,6 +364,9 @@ class MetricRow(_Record):
     recv_links: dict | None = opt("per source rank (text): {bytes, messages, transfer_s, "
                                   "sent_s} of this round's messages (run)")
     step_span_s: list | None = opt("a2cid2: the step's [start, end] on the run's clock")
+    dead_peer: list | None = opt("[src, round, kind] of each message this worker did without "
+                                 "since its last row, its sender lost with its host (run; "
+                                 "what simulate --replay takes as lost)", since=2)
     exchange_spans_s: list | None = opt("a2cid2, a slot's last step: each exchange's "
                                         "[start, end]")
 

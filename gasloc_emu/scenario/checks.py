@@ -103,7 +103,8 @@ def check_with_config(scenario: Scenario, cfg, algo, trace: LinkTrace | None = N
     if trace is not None and turned_off(cfg.net.shaper):
         raise ScenarioError(f"{trace.source} with net.shaper = 'none' would not be applied; "
                             "choose net.shaper = 'auto' or 'userspace'")
-    churn = churns(scenario)
+    # a host lost without warning is a departure too (``scenario.hostloss``)
+    churn = churns(scenario) or cfg.run.on_worker_loss == "continue"
     why = algo.scenario_refusal(cfg, churn)
     if why:
         raise ScenarioError(f"{scenario.source}: {why}")

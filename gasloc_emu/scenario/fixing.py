@@ -99,8 +99,19 @@ class RoundFixer:
         return out
 
     def _fix(self, at_s: float, index: int, part: str) -> Fixing:
+        self.last = Fixing(index, part, at_s, self.round_at(at_s))
+        return self.last
+
+    def round_at(self, at_s: float) -> int:
+        """The round an event reached at ``at_s`` is fixed at (the module docstring's rule);
+        a host lost without warning is fixed by it too (``scenario.hostloss``)."""
         round_idx = self.highest_started + 1
         if self.last is not None:
             round_idx = max(round_idx, self.last.round + (at_s > self.last.at_s))
-        self.last = Fixing(index, part, at_s, round_idx)
-        return self.last
+        return round_idx
+
+    def fixed_unplanned(self, at_s: float) -> int:
+        """Fix an event that is none of the scenario's (a host lost) at ``at_s``: its round;
+        later events are fixed after it as after any other."""
+        self.last = Fixing(0, "start", at_s, self.round_at(at_s))
+        return self.last.round

@@ -34,7 +34,11 @@ def membership_summary(world: World) -> dict:
                 if world.fixer is not None else {}) | (
                 # {kind: {outcome: count}} of the [faults] section's draws
                 {"faults": world.scenario.faults.counts}
-                if world.scenario is not None and world.scenario.faults is not None else {})
+                if world.scenario is not None and world.scenario.faults is not None else {}) | (
+                # hosts lost without warning, as node 0 decided (``scenario.hostloss``): what
+                # `simulate --replay` plays again, with the rows' ``dead_peer``
+                {"host_losses": [loss.to_json() for loss in world.losses]}
+                if world.losses else {})
 
 
 def link_changes(links) -> list[dict]:

@@ -80,6 +80,7 @@ from gasloc_emu.scenario.events import (
     SpeedEvent,
 )
 from gasloc_emu.scenario.fixing import TIMED_KINDS, Fixing, RoundFixer, timed_items
+from gasloc_emu.scenario.hostloss import HostLoss, sent_to_dead
 from gasloc_emu.scenario.links import (
     BaseLink,
     LinkSchedule,
@@ -144,7 +145,12 @@ class World:
                  failure_detect_s: float, peers: PeersFn,
                  neighbours: Callable[[int], list] | None = None,
                  base_link: BaseLink = unshaped_link, trace: LinkTrace | None = None,
-                 checkpoint_every: int = 0):
+                 checkpoint_every: int = 0, armed: bool = False):
+        """``checkpoint_every``: the run's checkpoint period, so a join from a checkpoint
+        knows which checkpoint rounds its worker took part in. ``armed``: a host may be lost
+        without warning and the others go on (``run.on_worker_loss = continue``;
+        ``scenario.hostloss``): every worker asks for the round's fixings and mixes over the
+        living graph, as with leaves at a time."""
         if not (math.isfinite(failure_detect_s) and 0.0 <= failure_detect_s <= 3600.0):
             raise ScenarioError(f"run.failure_detect_s = {failure_detect_s!r} is out of range; "
                                 "expected [0, 3600] seconds")
@@ -155,8 +161,11 @@ class World:
         if scenario is not None:
             check_supported(scenario, trace)
         # leaves, joins and partitions at a time, fixed at rounds as the run goes (``fix``)
-        self.fixer = RoundFixer(scenario) if scenario and timed_items(scenario) else None
+        self.armed = armed and scenario is not None
+        self.fixer = RoundFixer(scenario) if scenario and (
+            timed_items(scenario) or self.armed) else None
         self.fixings: list[Fixing] = []
+        self.losses: list[HostLoss] = []   # hosts lost without warning, as decided
         self.view = scenario   # the scenario by round: what is fixed so far, in rounds
         self._fixed_at_s: dict = {}
         self.links = (LinkSchedule(scenario, rounds, base_link, trace)
@@ -180,6 +189,40 @@ class World:
             self.fixings.extend(new)
             self._refix()
 
+    def lose(self, loss: HostLoss) -> bool:
+        """Play a host lost without warning: its workers leave at ``loss.round`` (node 0's
+        decision, ``scenario.hostloss``); rounds before it come out as before. False when it
+        was played already (the same decision may reach a worker twice)."""
+        if not self.armed:
+            raise ValueError(f"a host loss (node {loss.node}) in a run that does not go on "
+                             "without a lost host (run.on_worker_loss is not 'continue')")
+        loss.check(self.workers, self.rounds)
+        if loss in self.losses:
+            return False
+        self.losses.append(loss)
+        self._refix()
+        return True
+
+    def peers(self, rank: int, t: int) -> list:
+        """Whom ``rank`` exchanges with in round t (the living graph without cut edges, or
+        DiLoCo's ring)."""
+        return self._peers_at(rank, t, self.alive(t))
+
+    def sent_to_dead(self) -> dict[int, int]:
+        """{survivor: n}: its messages to workers lost with their hosts, in the rounds they
+        were members but dead (``hostloss.sent_to_dead``), over every loss."""
+        out: dict[int, int] = {}
+        for loss in self.losses:
+            for rank, n in sent_to_dead(loss, self.rounds, self.peers, self.alive).items():
+                out[rank] = out.get(rank, 0) + n
+        return out
+
+    def lost_from(self, src: int) -> int | None:
+        """The first round ``src`` never finished, as a lost host's worker (the run has no row
+        of it from then on); None when no lost host had it."""
+        rounds = [loss.dead_from(src) for loss in self.losses if src in loss.ranks]
+        return min(rounds) if rounds else None
+
     def replay(self, fixings: list[Fixing]) -> None:
         """Play a run's fixings (its record's ``membership.fixings``) and fix nothing on this
         clock: the same rounds, so the same losses (``simulate --replay``)."""
@@ -189,7 +232,7 @@ class World:
         self.fixer.close()
 
     def _refix(self) -> None:
-        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings)
+        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings, self.losses)
         self.__dict__.pop("_by_round", None)
         self.links.build(self.view)
 
@@ -214,7 +257,7 @@ class World:
     def reshapes(self) -> bool:
         """Whether the algorithms must follow the world round by round (who lives, what is
         cut), instead of the full graph or ring."""
-        return self.churns or self.partitions
+        return self.churns or self.partitions or self.armed
 
     @property
     def changes_links(self) -> bool:
@@ -393,7 +436,8 @@ class World:
                 for ev in [self.scenario.events[i]] if (i, part) not in fired]
 
 
-def by_round(scenario: Scenario, fixings: list[Fixing]) -> tuple[Scenario, dict]:
+def by_round(scenario: Scenario, fixings: list[Fixing],
+             losses: list[HostLoss] = ()) -> tuple[Scenario, dict]:
     """``scenario`` with its leaves, joins and partitions at a time at the rounds they were
     fixed at, those not fixed yet left out (a new worker stays absent until its join is fixed);
     and {such event at its round: its times, ``at_s`` and a partition's ``end_s``}. Fixings at
@@ -411,6 +455,10 @@ def by_round(scenario: Scenario, fixings: list[Fixing]) -> tuple[Scenario, dict]
             events.append(fixed)
             at_s[fixed] = {"at_s": ev.at_s} | (
                 {"end_s": ev.end_s} if isinstance(ev, PartitionEvent) else {})
+    for loss in losses:   # a host lost without warning: its workers leave at its round
+        for rank in loss.ranks if loss.round < scenario.rounds else ():
+            events.append(LeaveEvent(worker=rank, round=loss.round))
+            at_s[events[-1]] = {"at_s": loss.at_s, "reason": "host lost", "node": loss.node}
     view = Scenario(tuple(events), scenario.workers, scenario.rounds, scenario.source,
                     absent=scenario.newcomers)
     return view, {ev: at_s[old] for ev, old in zip(view.events, events, strict=True)
@@ -423,7 +471,8 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
     exchange partners are its ring's neighbours); ``algo``: the algorithm's class, whose traits
     decide what a scenario may do with it; ``link_plan``: the bandwidth profile's;
     ``faults``: a run record's random faults, played instead of drawing the scenario's."""
-    if not (cfg.run.scenario or cfg.net.link_trace):
+    armed = cfg.run.on_worker_loss == "continue"
+    if not (cfg.run.scenario or cfg.net.link_trace or armed):
         return None
     scenario = (load_scenario(cfg.run.scenario, cfg.workers, cfg.run.rounds, faults)
                 if cfg.run.scenario else Scenario((), cfg.workers, cfg.run.rounds, "no scenario"))
@@ -434,10 +483,10 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
     if topo is None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                      ring_peers, base_link=base, trace=trace,
-                     checkpoint_every=cfg.run.checkpoint_every)
+                     checkpoint_every=cfg.run.checkpoint_every, armed=armed)
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                  graph_peers(topo), GraphNeighbours(topo), base_link=base, trace=trace,
-                 checkpoint_every=cfg.run.checkpoint_every)
+                 checkpoint_every=cfg.run.checkpoint_every, armed=armed)
 
 
 def living_graph(topo, world: World | None):

@@ -33,7 +33,7 @@ from gasloc_emu.simulator.virtual_clock import (
     Start,
     VirtualClock,
 )
-from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportError
+from gasloc_emu.transport.base import PeerLost, PendingReduce, TransportBase, TransportError
 
 __all__ = ["Hub", "InMemoryTransport", "LinkModel"]
 
@@ -49,12 +49,16 @@ class Hub:
     def __init__(self, world_size: int, link_model: LinkModel | None = None,
                  timeout_s: float = 600.0, slots: float | None = None, emit: Emit | None = None,
                  background: bool = False, timed_self: dict | None = None,
-                 timed_world=None, threads: tuple[int, ...] | None = None):
+                 timed_world=None, threads: tuple[int, ...] | None = None,
+                 dead: frozenset = frozenset()):
         """``timed_self``: {rank: (timeline, speed)} of workers with speed or pause events at a
         time; ``timed_world``: what fixes leaves, joins and partitions at a time at rounds; both
         for the clock (``VirtualClock``). ``threads``: each worker's torch CPU threads (a
         run's, for its replay); None: the process's setting for all."""
         self.world_size, self.background = world_size, background
+        # (dst, src, round, kind) of each message a run's worker did without, its sender lost
+        # with its host (the run record's rows, ``--replay``): lost here too
+        self.dead = dead
         self.threads = threads
         self._turn = threading.local()
         self.cond = threading.Condition(threading.RLock())
@@ -178,6 +182,9 @@ class InMemoryTransport(TransportBase):
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         hub, key = self.hub, (self.rank, peer, round_idx, kind)
+        if key in hub.dead:   # as in the run it replays: never waited for, never taken
+            self.dead_peer_losses.append((peer, round_idx, kind))
+            raise PeerLost(self.rank, peer, round_idx, kind)
         with hub.cond:
             hub.report(self.lane, Recv(self._clock_key(key)))
             hub.waiting[self.rank] = key

@@ -27,6 +27,7 @@ from gasloc_emu.report.summary import final_summary
 from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
+from gasloc_emu.scenario.hostloss import HostLoss, HostLossError
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
 from gasloc_emu.simulator.async_sim import simulate_async
@@ -49,12 +50,15 @@ Progress = Callable[[dict], None]
 
 def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
              device: str | None = None, resume: ResumePoint | None = None,
-             threads: tuple[int, ...] | None = None) -> RunSummary:
+             threads: tuple[int, ...] | None = None,
+             dead: frozenset = frozenset()) -> RunSummary:
     """Run ``plan`` in one process, write the run record under ``out``, return the summary.
     ``resume``: go on from the checkpoints under ``out`` at that point (``--resume``);
     ``threads``: each worker's torch CPU threads, as a run's record has them (``--replay``:
     a worker on a host of its own ran with more than one sharing a host), for the workers
-    that run in rounds (the per-worker simulator).
+    that run in rounds (the per-worker simulator); ``dead``: (dst, src, round, kind) of the
+    messages the run's workers did without, their senders lost with their hosts (``--replay``
+    of a run that lost a host: ``scenario.hostloss``).
 
     Every worker runs on ``device`` (default: the first visible GPU under ``run.device``, else
     the CPU); they take turns, so one device is shared without contention. The links are the
@@ -68,7 +72,7 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
     device = device or simulator_device(cfg.run.device)
     try:
         if resume is not None or run is _simulate:  # checkpoints are refused for the others
-            return _simulate(plan, Path(out), progress, device, resume, threads)
+            return _simulate(plan, Path(out), progress, device, resume, threads, dead)
         return run(plan, Path(out), progress, device)
     finally:
         torch.set_num_threads(before)
@@ -76,7 +80,8 @@ def simulate(plan: RunPlan, out: str | Path, progress: Progress | None = None,
 
 def _simulate(plan: RunPlan, out: Path, progress, device: str,
               resume: ResumePoint | None = None,
-              threads: tuple[int, ...] | None = None) -> RunSummary:
+              threads: tuple[int, ...] | None = None,
+              dead: frozenset = frozenset()) -> RunSummary:
     cfg, t_start = plan.cfg, time.perf_counter()
     link_model, world = plan.link_model, plan.world
     slots = cpu_slots(cfg)
@@ -89,6 +94,8 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
         feed = event_feed(world, rec, progress, shaper="simulate: link model by round and time")
 
         def emit(row: dict) -> None:  # the clock hands over each round once its time is settled
+            if _died_before(world, row):
+                return
             row = MetricRow.from_round(row | {"time_s": row["time_s"] + offset_s})
             if feed is not None:
                 feed.row(row)
@@ -102,7 +109,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
         hub = Hub(cfg.workers, link_model, slots=slots, emit=emit,
                   background=plan.algo.reduces_in_background(cfg.algo),
                   timed_self=timed_self(plan), timed_world=timed,
-                  threads=None if cfg.sim.batched else threads)
+                  threads=None if cfg.sim.batched else threads, dead=dead)
         if timed is not None:
             timed.hub = hub
         gate = batched_gate(plan, hub, device)
@@ -157,6 +164,31 @@ class ReplaySource:
     fixings: list[Fixing]
     faults: FaultTimeline | None
     threads: tuple[int, ...] | None
+    losses: tuple[HostLoss, ...] = ()   # hosts lost without warning (``scenario.hostloss``)
+    dead: frozenset = frozenset()       # the messages done without then: (dst, src, round, kind)
+
+
+def _died_before(world, row: dict) -> bool:
+    """A row of a worker lost with its host, of a round it died in or after (the replay of a
+    run that lost a host computes those rounds, for the messages it sent before it died, but
+    the run has no row of them)."""
+    dead_from = world.lost_from(row["worker"]) if world is not None else None
+    return dead_from is not None and row["round"] >= dead_from
+
+
+def _recorded_dead(folder: Path) -> frozenset:
+    """(dst, src, round, kind) of every message a worker of the run did without, its sender
+    lost with its host: its rows' ``dead_peer`` (metrics.jsonl)."""
+    out = set()
+    try:
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    for line in lines:
+        row = json.loads(line) if line.strip() else {}
+        for src, round_idx, kind in row.get("dead_peer") or ():
+            out.add((int(row["worker"]), int(src), int(round_idx), str(kind)))
+    return frozenset(out)
 
 
 def _recorded_threads(folder: Path, workers: int) -> tuple[int, ...] | None:
@@ -185,12 +217,18 @@ def replay_source(run_dir: str) -> ReplaySource:
     except ScenarioError as err:
         raise ConfigError(f"--replay {run_dir}: {err}") from None
     fixings = (summary.get("membership") or {}).get("fixings")
+    try:
+        losses = tuple(HostLoss.from_json(x).check(cfg.workers, cfg.run.rounds) for x in
+                       (summary.get("membership") or {}).get("host_losses") or ())
+        dead = _recorded_dead(folder) if losses else frozenset()
+    except (HostLossError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"--replay {run_dir}: a host loss is malformed ({exc})") from None
     if fixings is None and faults is None:
         raise ConfigError(f"--replay {run_dir}: its record has no fixings (no leave, join or "
                           "partition at a time; simulate its config.toml instead)")
     try:
         return ReplaySource(cfg, [Fixing.from_json(f) for f in fixings or ()], faults,
-                            _recorded_threads(folder, cfg.workers))
+                            _recorded_threads(folder, cfg.workers), losses, dead)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 

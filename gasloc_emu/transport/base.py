@@ -33,6 +33,20 @@ class TransportError(RuntimeError):
     """A peer is gone, a wait timed out, or the run was aborted."""
 
 
+DEAD_PEER = "dead_peer"   # the drop reason of a message lost with a peer whose host was lost
+
+
+class PeerLost(TransportError):
+    """The message waited for will never come: its sender was lost with its host
+    (``scenario.hostloss``). Counted (reason ``dead_peer``) and listed in ``dead_peer_losses``
+    by the transport that raises it; the receiver decides what stands in for it."""
+
+    def __init__(self, rank: int, peer: int, round_idx: int, kind: str):
+        super().__init__(f"worker {rank}: {kind!r} of round {round_idx} from worker {peer} is "
+                         "lost with its host")
+        self.peer, self.round, self.kind = peer, round_idx, kind
+
+
 @runtime_checkable
 class Transport(Protocol):
     rank: int
@@ -95,6 +109,9 @@ class TransportBase:
         # a background All-Reduce's thread: its receives are not the worker's waits (the
         # worker's wait is the time ``PendingReduce.wait`` blocks), so they are not counted
         self.uncounted_thread: int | None = None
+        # messages this worker did without because their sender's host was lost, in order:
+        # (src, round, kind); the worker reports them in its rows (``scenario.hostloss``)
+        self.dead_peer_losses: list[tuple[int, int, str]] = []
 
     # -- implemented by subclasses
     def _send(self, peer: int, round_idx: int, kind: str, tensor: torch.Tensor) -> None:

@@ -36,7 +36,7 @@ import torch
 import zmq
 
 from gasloc_emu.transport import auth
-from gasloc_emu.transport.orders import Exit, Order, Stop, Wire, parse_order
+from gasloc_emu.transport.orders import Exit, Lost, Order, Stop, Wire, parse_order
 from gasloc_emu.transport.zmq_sockets import check_tcp_addr
 
 
@@ -466,10 +466,29 @@ _ROW = {
     "recv_links": lambda r, v, e: _recv_links(r, v, e),
     "step_span_s": lambda r, v, e: _span(r, v),
     "exchange_spans_s": lambda r, v, e: _spans(r, v),
+    "dead_peer": lambda r, v, e: _dead_peer(r, v, e),
 }
 _ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "tokens", "lr",
-                 "recv_links", "step_span_s", "exchange_spans_s")
+                 "recv_links", "step_span_s", "exchange_spans_s", "dead_peer")
+MAX_KIND_CHARS = 32   # a wire kind's name ("z", "rs3", ...)
 MAX_SPANS = 8  # a2cid2's exchanges per slot at most (algorithms.a2cid2.MAX_EXCHANGES_PER_SLOT)
+
+
+def _dead_peer(reason: str, value, expect: Expect) -> list[list]:
+    """The messages a worker did without since its last row, their sender lost with its host:
+    [[src rank, round, kind], ...], at most one per peer and kind of a round of each peer
+    (a row covers one round; overlapped GASLoC's lands the one before): 2 per other worker."""
+    if type(value) is not list or not 0 < len(value) <= 2 * expect.workers:
+        raise ControlError(reason, f"{_show(value)} is not a list of 1 to {2 * expect.workers} "
+                                   "messages")
+    out = []
+    for item in value:
+        if type(item) is not list or len(item) != 3 or type(item[2]) is not str or \
+                not 0 < len(item[2]) <= MAX_KIND_CHARS:
+            raise ControlError(reason, f"{_show(item)} is not a [src, round, kind] triple")
+        out.append([_int(reason, item[0], 0, expect.workers - 1),
+                    _int(reason, item[1], 0, expect.rounds - 1), item[2]])
+    return out
 
 
 def _span(reason: str, value) -> list[float]:
@@ -572,6 +591,9 @@ class WorkerControl:
             auth.make_client(self.sock, security, auth.user_id(rank), auth.LAUNCHER)
         self.sock.connect(ctl_addr)
         self.stop_requested = False
+        # node 0's decisions on hosts lost without warning, in order (``orders.Lost``): kept
+        # whenever they come, the worker plays them at its next chance
+        self.losses: list[Lost] = []
 
     def send(self, msg: Wire, *frames) -> None:
         self.sock.send_multipart([pack(msg.to_wire()), *frames], copy=False)
@@ -581,6 +603,8 @@ class WorkerControl:
         if self.sock.poll(int(timeout_s * 1000)):
             msg = parse_order(unpack(self.sock.recv()))
             self.stop_requested = self.stop_requested or isinstance(msg, Stop)
+            if isinstance(msg, Lost) and kind is not Lost:
+                self.losses.append(msg)
             return msg if isinstance(msg, (kind, Stop)) else self.wait_for(kind, timeout_s)
         raise TimeoutError(f"worker {self.rank}: no {kind.TYPE!r} from the launcher "
                            f"in {timeout_s:.0f} s")
@@ -588,8 +612,11 @@ class WorkerControl:
     def poll_stop(self) -> bool:
         """True once the launcher asked this worker to stop (non-blocking)."""
         while not self.stop_requested and self.sock.poll(0):
-            if unpack(self.sock.recv())["type"] in (Stop.TYPE, Exit.TYPE):
+            wire = unpack(self.sock.recv())
+            if wire["type"] in (Stop.TYPE, Exit.TYPE):
                 self.stop_requested = True
+            elif wire["type"] == Lost.TYPE:
+                self.losses.append(parse_order(wire))
         return self.stop_requested
 
     def close(self) -> None:

@@ -102,6 +102,24 @@ class Fixings(Wire):
 
 
 @dataclass(frozen=True)
+class Lost(Wire):
+    """Node 0's decision on a host lost without warning (``scenario.hostloss.HostLoss``'s
+    JSON, versioned; the worker checks it against its run): its workers leave at the loss's
+    round, and their messages of the rounds before it that have not come never will. Sent to
+    every surviving worker once, as soon as decided, before any later answer."""
+
+    TYPE: ClassVar[str] = "lost"
+    loss: dict
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> Lost:
+        _shape(wire, ("loss",))
+        if not isinstance(wire["loss"], dict):
+            raise OrderError("lost.loss: not a map")
+        return cls(dict(wire["loss"]))
+
+
+@dataclass(frozen=True)
 class Pair(Wire):
     """Asynchronous gossip: worker ``worker``'s partner for its exchange (None: alone) and the
     exchange's label (``training.pairing.Pairing``)."""
@@ -120,8 +138,8 @@ class Pair(Wire):
                    _rank("pair.label", wire["label"]))
 
 
-Order = Start | Stop | Exit | Fixings | Pair
-ORDERS: dict[str, type] = {cls.TYPE: cls for cls in (Start, Stop, Exit, Fixings, Pair)}
+Order = Start | Stop | Exit | Fixings | Lost | Pair
+ORDERS: dict[str, type] = {cls.TYPE: cls for cls in (Start, Stop, Exit, Fixings, Lost, Pair)}
 
 
 def parse_order(wire) -> Order:

@@ -51,14 +51,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import torch
 import zmq
 
 from gasloc_emu.transport import auth, framing
-from gasloc_emu.transport.base import PendingReduce, TransportBase, TransportError
+from gasloc_emu.transport.base import (
+    DEAD_PEER,
+    PeerLost,
+    PendingReduce,
+    TransportBase,
+    TransportError,
+)
 from gasloc_emu.transport.framing import FrameError
 from gasloc_emu.transport.mailbox import (
     Key,
@@ -101,7 +107,11 @@ class ZmqTransport(TransportBase):
                  ctx: zmq.Context | None = None,
                  schema: WireSchema | None = None,
                  security: auth.Security | None = None,
-                 link_ports: bool = False):
+                 link_ports: bool = False,
+                 dead_peers: Callable[[], Collection[int]] | None = None):
+        """``dead_peers``: the peers lost with their hosts, as known now
+        (``scenario.hostloss``); asked while waiting, so that a wait for a message of theirs
+        that is not here ends once the decision is in (``PeerLost``): it never comes."""
         _check_config(rank, world_size, max_numel, recv_timeout_s, max_rounds_ahead, linger_s)
         self.schema = _schema_for(rank, world_size, max_numel, schema)
         self.security = _check_security(security, world_size)
@@ -118,6 +128,7 @@ class ZmqTransport(TransportBase):
         self.dtype, self.max_numel, self.shaping = dtype, max_numel, shaping
         self.recv_timeout_s, self.max_rounds_ahead = recv_timeout_s, max_rounds_ahead
         self.linger_s, self.should_stop = linger_s, should_stop
+        self.dead_peers = dead_peers
         self._closed = False
         self._background: _BackgroundReduce | None = None  # an overlapped All-Reduce
         self.connect(peer_addrs or {})
@@ -179,9 +190,9 @@ class ZmqTransport(TransportBase):
         deliver_at = None if self.shaping is None else self.shaping.stamp(peer, nbytes, sent_at)
         seq = self._numbers.get(peer, 0)
         frames = framing.encode(self.rank, round_idx, kind, tensor, deliver_at, sent_at, seq)
-        self._wait_until(lambda: _try_send(sock, frames),
+        self._wait_until(lambda: _try_send(sock, frames) or self._dead(peer),
                          f"room to send {kind!r} of round {round_idx} to worker {peer}", sock)
-        self._numbers[peer] = seq + 1
+        self._numbers[peer] = seq + 1   # a message to a dead peer is lost with it either way
 
     def _recv(self, peer: int, round_idx: int, kind: str) -> torch.Tensor:
         self._check_open()
@@ -190,8 +201,12 @@ class ZmqTransport(TransportBase):
                                  f"of round {self.mailbox.round}; its messages were dropped")
         self.mailbox.note_round(round_idx)
         key: Key = (peer, round_idx, kind)
-        self._wait_until(lambda: self.mailbox.has(key),
+        self._wait_until(lambda: self.mailbox.has(key) or self._dead(peer),
                          f"{kind!r} of round {round_idx} from worker {peer}")
+        if not self.mailbox.has(key):   # its sender died before sending it
+            self.mailbox.refuse(DEAD_PEER)
+            self.dead_peer_losses.append((peer, round_idx, kind))
+            raise PeerLost(self.rank, peer, round_idx, kind)
         msg, available_s = self.mailbox.take_timed(key)
         self.link_log.note(msg, available_s)
         return msg.tensor
@@ -276,6 +291,11 @@ class ZmqTransport(TransportBase):
                 return
             self._check_abort(what, deadline)
             self._pump(self._slice_s(deadline), out_sock)
+
+    def _dead(self, peer: int) -> bool:
+        """Whether ``peer`` was lost with its host (node 0's decision, asked for as the wait
+        goes): what it had sent is here or lost, and what it had not sent never comes."""
+        return self.dead_peers is not None and peer in self.dead_peers()
 
     def _check_abort(self, what: str, deadline: float) -> None:
         if self._closed:

@@ -13,10 +13,11 @@ args: ``hosts``; ``nodes``: [{"host": k, "argv": [...], "env": {...}}]; ``kill``
 in the record's metrics.jsonl (training is under way there, however busy the machine; with
 ``"rows": n`` too, once the record has n rows: a given round), or
 with ``"output": {"node": k, "text": "..."}`` t s after node k's stdout has that text;
-``timeout_s``; ``net``: optional net.* settings (a ``bw_profile`` with the hosts as its
-workers, ``delay``): the links between the hosts are then shaped and delayed as a run's
-would be (``NetworkSession``: HTB on each host's eth0, the packet line as the switch), and
-``listeners`` reports the TCP listeners left in each host.
+``kill`` may also be a list of such kills, each armed and fired on its own (``after_kill_s``:
+since the last one fired); ``timeout_s``; ``net``: optional net.* settings (a ``bw_profile``
+with the hosts as its workers, ``delay``): the links between the hosts are then shaped and
+delayed as a run's would be (``NetworkSession``: HTB on each host's eth0, the packet line as
+the switch), and ``listeners`` reports the TCP listeners left in each host.
 """
 from __future__ import annotations
 
@@ -77,18 +78,22 @@ def _armed(kill: dict, log_dir: str) -> bool:
     return _printed(kill["output"], log_dir)
 
 
-def _wait_all(procs, kill: dict | None, timeout_s: float,
+def _wait_all(procs, kill, timeout_s: float,
               log_dir: str) -> tuple[dict, float | None]:
+    """Wait for every node, killing as ``kill`` says (one kill, or a list of them, each
+    armed and fired on its own); the time of the last kill fired."""
+    kills = [] if not kill else [kill] if isinstance(kill, dict) else list(kill)
     t0, ended, killed_at = time.monotonic(), {}, None
-    triggered = kill and ("training" in kill or "output" in kill)
-    armed_at = t0 if kill and not triggered else None   # the kill's clock starts here
+    armed_at = [t0 if "training" not in k and "output" not in k else None for k in kills]
+    fired = [False] * len(kills)
     while len(ended) < len(procs) and time.monotonic() - t0 < timeout_s:
-        if kill and armed_at is None and _armed(kill, log_dir):
-            armed_at = time.monotonic()
-        if kill and killed_at is None and armed_at is not None and \
-                time.monotonic() - armed_at >= kill["after_s"]:
-            procs[kill["node"]].send_signal(signal.SIGKILL)
-            killed_at = time.monotonic()
+        for i, k in enumerate(kills):
+            if armed_at[i] is None and _armed(k, log_dir):
+                armed_at[i] = time.monotonic()   # the kill's clock starts here
+            if not fired[i] and armed_at[i] is not None and \
+                    time.monotonic() - armed_at[i] >= k["after_s"]:
+                procs[k["node"]].send_signal(signal.SIGKILL)
+                fired[i], killed_at = True, time.monotonic()
         for i, p in enumerate(procs):
             if i not in ended and p.poll() is not None:
                 ended[i] = (p.returncode, time.monotonic())

@@ -18,6 +18,7 @@ from needs import unavailable
 
 from gasloc_emu import config
 from gasloc_emu.plan import build_plan
+from gasloc_emu.scenario.hostloss import HostLoss
 from gasloc_emu.simulator.simulate import simulate
 
 MASTER = "198.18.0.1"
@@ -392,3 +393,87 @@ def test_a_cloud_placement_across_hosts(hosts, tmp_path):
     latency_s = max(plan.link_plan.links[(r["src"], r["dst"])].latency_ms for r in links) / 1e3
     assert summary["wall_s"] >= 2 * latency_s, (summary["wall_s"], latency_s)
     assert summary["final_eval_loss"] == _simulated_loss(tmp_path, 2, *sets)
+
+
+def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path):
+    """Three hosts with 1, 2 and 3 workers on random matchings; one node agent other than 0
+    (and its workers with it) is killed with SIGKILL at a random point of the run, which
+    does not know it in advance (``run.on_worker_loss = continue``). Node 0 finds the node
+    silent, decides the round its workers leave at, and tells the others: the run ends ok
+    without them, the messages lost with them are counted (``dead_peer``) in the summary,
+    the record says from which round and which messages, `simulate --replay` gives the
+    run's losses row by row, and nothing is left running on any host."""
+    import random
+    rng = random.Random()
+    node, rows = rng.choice([1, 2]), rng.randrange(8, 30)
+    why = f"node {node} killed after {rows} rows"
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "12", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                             "--set", "run.heartbeat_timeout_s=6", nnodes=3)
+                    for k in range(3)],
+                   kill={"node": node, "after_s": 0.0,
+                         "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
+                                                       "rows": rows}})
+    lost = [1, 2] if node == 1 else [3, 4, 5]
+    for k in {0, 1, 2} - {node}:
+        assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k]["err"][-1500:])
+    assert result["left"] == {}, (why, result["left"])
+    summary = _summary(out)
+    assert summary["status"] == "ok", (why, summary.get("error"))
+    [loss] = summary["membership"]["host_losses"]
+    assert loss["node"] == node and loss["ranks"] == lost, (why, loss)
+    assert summary["membership"]["alive_at_end"] == sorted({0, 1, 2, 3, 4, 5} - set(lost))
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    leaves = [e for e in events if e["type"] == "leave"]
+    assert [(e["worker"], e["round"], e["reason"]) for e in leaves] == \
+        [(r, loss["round"], "host lost") for r in lost], (why, leaves)
+    ran = _losses(out)
+    for r in lost:   # no row of a lost worker past the round it died in
+        assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
+    # every message lost with the dead host is counted, the same way as other drops: those
+    # each survivor did without (its rows say which) and those sent to the dead workers in
+    # the rounds they were members but dead (from the rounds' peers)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    done_without = {}
+    for row in rows:
+        done_without[row["worker"]] = done_without.get(row["worker"], 0) + \
+            len(row.get("dead_peer") or ())
+    plan = build_plan(config.resolve(out / "config.toml"), data=False)
+    plan.world.lose(HostLoss.from_json(loss))
+    sent = plan.world.sent_to_dead()
+    expected = {str(w): n + sent.get(w, 0) for w, n in done_without.items()
+                if w not in lost and n + sent.get(w, 0)}
+    assert {w: r.get("dead_peer", 0) for w, r in summary["drops"]["by_worker"].items()
+            if r.get("dead_peer")} == expected, (why, summary["drops"], done_without, sent)
+    assert sum(expected.values()) == summary["drops"]["by_reason"].get("dead_peer", 0)
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
+                             str(tmp_path / "replay")], capture_output=True, text=True)
+    assert replay.returncode == 0, (why, replay.stderr)
+    again = _summary(tmp_path / "replay")
+    assert again["membership"]["changes"] == summary["membership"]["changes"], why
+    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
+
+
+def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
+                                                                                 tmp_path):
+    """A kill -9 of the launcher (node 0) during a fault: node 2's agent is killed, node 0
+    decides to go on without it, and is itself killed just after. The remaining node's run
+    ends on its own, naming node 0, and no process is left on any host."""
+    out = tmp_path / "rec"
+    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "400", "--nproc-per-node",
+                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                             "--set", "run.heartbeat_timeout_s=4", nnodes=3)
+                    for k in range(3)],
+                   kill=[{"node": 2, "after_s": 0.0,
+                          "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5]}},
+                         {"node": 0, "after_s": 0.2,
+                          "output": {"node": 0, "text": "lost: workers [3, 4, 5]"}}])
+    assert "lost: workers [3, 4, 5]" in result["nodes"][0]["out"], result["nodes"][0]["out"]
+    other = result["nodes"][1]
+    assert other["rc"] == 1, other["err"]
+    assert "error: node 1: lost node 0" in other["err"] or \
+        "node 0 (vm) silent" in other["err"], other["err"]
+    assert result["left"] == {}, result["left"]

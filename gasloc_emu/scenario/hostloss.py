@@ -1,0 +1,119 @@
+"""A host lost without warning (its node agent and its workers killed): node 0's decision, and
+what it means for the others' rounds and messages.
+
+Pure rules, no sockets and no clock of their own: node 0 decides (``cluster.multinode``), each
+worker plays the decision (``World.lose``), and ``simulate --replay`` plays it again from the
+record.
+
+The rules (docs/ALGORITHM.md, "A host lost without warning"):
+
+- Node 0 declares a host lost when its node agent's beats have stopped for
+  ``run.heartbeat_timeout_s`` (and ``run.on_worker_loss = continue``). Its workers leave at round
+  ``L`` = the round an event at a time would be fixed at then (``fixing.RoundFixer``: one after
+  the highest any worker has started): no worker has started round L, and each asks before it
+  starts one, so every survivor plays the departure at the same round, as a scenario's leave
+  (Metropolis–Hastings weights over the survivors from round L, DiLoCo's ring re-formed).
+- Between the last round a lost worker reported (``last_rows``) and L it is still a member, but
+  it died during the first of those rounds, so its messages from then on never come (and one
+  it had handed to its socket before dying may not have left either). A survivor that waits
+  for a message of a lost worker when the decision reaches it, or later, stops waiting: the
+  message is *lost with a dead peer*, counted (reason ``dead_peer``,
+  ``transport.base.DEAD_PEER``), and its term of the gossip sum is the receiver's own value
+  (its weight moves to the self-weight, as if the receiver had sent the message to itself).
+  Each survivor reports exactly which messages it did without (the row's ``dead_peer``),
+  because one sent just before the death may have reached some receivers and not others:
+  the replay takes those, and nothing else, as lost.
+- Messages to a lost worker in those rounds are lost with it; they are counted by the same
+  reason from the rounds' peers (``sent_to_dead``), the same in the run and in its replay.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HOSTLOSS_VERSION = 1
+
+
+class HostLossError(ValueError):
+    """A host loss that does not fit the run (from the wire or a record)."""
+
+
+@dataclass(frozen=True)
+class HostLoss:
+    """Node ``node`` (``host``) was lost at ``at_s`` on the run's clock; its workers ``ranks``
+    leave at round ``round``; ``last_rows`` = {rank: the last round it reported} (-1: none)."""
+
+    node: int
+    host: str
+    ranks: tuple[int, ...]
+    round: int
+    at_s: float
+    last_rows: dict[int, int]
+    version: int = HOSTLOSS_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(sorted(self.ranks)))
+        if self.version != HOSTLOSS_VERSION:
+            raise HostLossError(f"host loss of version {self.version!r}; this gasloc-emu reads "
+                                f"{HOSTLOSS_VERSION}")
+        if not _nonneg(self.node) or not self.ranks or not all(_nonneg(r) for r in self.ranks):
+            raise HostLossError(f"host loss of node {self.node!r}, workers {list(self.ranks)!r}:"
+                                " expected a node >= 0 and at least one worker rank >= 0")
+        if not _nonneg(self.round) or type(self.at_s) not in (int, float) or self.at_s < 0:
+            raise HostLossError(f"host loss at round {self.round!r}, {self.at_s!r} s: expected "
+                                "a round >= 0 and a time >= 0")
+        if set(self.last_rows) != set(self.ranks) or not all(
+                type(v) is int and -1 <= v < self.round for v in self.last_rows.values()):
+            raise HostLossError(f"host loss: last_rows {self.last_rows!r} must give each of "
+                                f"workers {list(self.ranks)} a round in [-1, {self.round})")
+        if not isinstance(self.host, str):
+            raise HostLossError(f"host loss: host {self.host!r} is not text")
+
+    def check(self, workers: int, rounds: int) -> HostLoss:
+        """This loss, when its ranks are the run's; else a HostLossError naming what is not.
+        (Its round may be past the run's last: it then never fires.)"""
+        bad = [r for r in self.ranks if r >= workers]
+        if bad:
+            raise HostLossError(f"host loss of workers {bad}: the run has {workers}")
+        return self
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "node": self.node, "host": self.host,
+                "ranks": list(self.ranks), "round": self.round, "at_s": self.at_s,
+                "last_rows": {str(k): v for k, v in sorted(self.last_rows.items())}}
+
+    @classmethod
+    def from_json(cls, obj) -> HostLoss:
+        keys = {"version", "node", "host", "ranks", "round", "at_s", "last_rows"}
+        if not isinstance(obj, dict) or set(obj) != keys:
+            raise HostLossError(f"not a host loss: {str(obj)[:200]}")
+        rows = obj["last_rows"]
+        if not isinstance(obj["ranks"], list) or not isinstance(rows, dict) or not all(
+                isinstance(k, str) and k.isdecimal() for k in rows):
+            raise HostLossError(f"not a host loss: {str(obj)[:200]}")
+        return cls(obj["node"], obj["host"], tuple(obj["ranks"]), obj["round"], obj["at_s"],
+                   {int(k): v for k, v in rows.items()}, obj["version"])
+
+    def dead_from(self, rank: int) -> int | None:
+        """The first round ``rank`` never finished (it died during it: what was sent to it
+        from then on is lost with it); None when it is not one of this loss's workers."""
+        return self.last_rows[rank] + 1 if rank in self.last_rows else None
+
+
+def _nonneg(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def sent_to_dead(loss: HostLoss, rounds: int, peers: Callable[[int, int], list],
+                 alive: Callable) -> dict[int, int]:
+    """{survivor: its messages to the lost workers in the rounds they were members but dead
+    (from ``dead_from`` to the loss's round, within the run's ``rounds``)}: lost with them.
+    ``peers(rank, t)``: whom ``rank`` sends to in round t; ``alive(t)``: the members of round
+    t. Survivors that sent none are left out."""
+    lost, out = set(loss.ranks), {}
+    for k in loss.ranks:
+        for t in range(loss.dead_from(k), min(loss.round, rounds)):
+            for s in sorted(alive(t) - lost):
+                if k in peers(s, t):
+                    out[s] = out.get(s, 0) + 1
+    return out

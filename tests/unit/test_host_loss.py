@@ -1,0 +1,243 @@
+"""A host lost without warning (``scenario.hostloss``): node 0's typed decision, the round it is
+fixed at, what it does to every worker's rounds (``World.lose``), how a lost peer's message is
+done without (``gossip_mix``) and counted, and the wire forms that carry it. The whole path
+across emulated hosts is tests/net/test_multinode.py's killed-host test."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gasloc_emu import config
+from gasloc_emu.algorithms import registry
+from gasloc_emu.algorithms.base import gossip_mix
+from gasloc_emu.emulator.errors import RunFailed
+from gasloc_emu.scenario.fixing import RoundFixer
+from gasloc_emu.scenario.hostloss import HostLoss, HostLossError, sent_to_dead
+from gasloc_emu.scenario.script import Scenario
+from gasloc_emu.scenario.world import World, ring_peers
+from gasloc_emu.transport import control, orders
+from gasloc_emu.transport.base import PeerLost
+from gasloc_emu.transport.control import ControlError, Expect
+
+LOSS = HostLoss(node=2, host="h2", ranks=(4, 3), round=6, at_s=5.25, last_rows={3: 3, 4: 4})
+
+
+def test_a_host_loss_round_trips_through_json_and_sorts_its_ranks():
+    assert LOSS.ranks == (3, 4)
+    assert HostLoss.from_json(LOSS.to_json()) == LOSS
+    assert LOSS.dead_from(3) == 4 and LOSS.dead_from(4) == 5 and LOSS.dead_from(0) is None
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"version": 2}, "version 2"),
+    ({"ranks": []}, "at least one worker"),
+    ({"round": -1}, "round >= 0"),
+    ({"last_rows": {"3": 6, "4": 4}}, "in [-1, 6)"),     # a row at the loss's round or later
+    ({"last_rows": {"3": 3}}, "must give each of workers [3, 4]"),
+    ({"at_s": "soon"}, "time >= 0"),
+    ({"extra": 1}, "not a host loss"),
+])
+def test_a_malformed_host_loss_is_refused_naming_what(change, words):
+    with pytest.raises(HostLossError, match=re.escape(words)):
+        HostLoss.from_json(LOSS.to_json() | change)
+
+
+def test_a_loss_of_workers_the_run_does_not_have_is_refused():
+    with pytest.raises(HostLossError, match=r"workers \[4\]: the run has 4"):
+        LOSS.check(workers=4, rounds=10)
+
+
+def test_a_loss_is_fixed_one_round_after_the_highest_started_and_orders_later_events():
+    fixer = RoundFixer(Scenario((), 4, 20))
+    for t in (0, 3, 2):
+        fixer.started(t)
+    assert fixer.fixed_unplanned(1.5) == 4
+    assert fixer.round_at(1.5) == 4      # another event at the same time shares its round
+    assert fixer.round_at(1.6) == 5      # a later one comes after it, even with no new start
+
+
+def world(workers=6, rounds=12, armed=True, peers=ring_peers) -> World:
+    return World(Scenario((), workers, rounds, "no scenario"), workers, rounds, 2.0, peers,
+                 armed=armed)
+
+
+def test_the_lost_workers_take_part_until_the_loss_and_leave_at_its_round():
+    w = world()
+    assert w.fixer is not None and w.reshapes   # every worker asks at its round starts
+    assert w.lose(LOSS) and not w.lose(LOSS)    # once: the decision may come twice
+    assert w.alive(5) == frozenset(range(6)) and w.alive(6) == frozenset({0, 1, 2, 5})
+    assert w.lost_from(3) == 4 and w.lost_from(4) == 5 and w.lost_from(0) is None
+    plan = w.plan(2, 6)
+    assert plan.detect_s == 2.0 and not plan.leaving   # 2 was 3's ring neighbour in round 5
+    assert w.plan(3, 6).leaving
+    # DiLoCo's ring re-forms over the survivors from the loss's round
+    assert w.ring_members(0)(6) == frozenset({0, 1, 2, 5}) and w.peers(2, 6) == [1, 5]
+    assert w.left_and_joined() == [
+        {"type": "leave", "worker": r, "round": 6, "at_s": 5.25, "reason": "host lost",
+         "node": 2} for r in (3, 4)]
+
+
+def test_a_loss_at_a_round_past_the_end_never_fires():
+    w = world(rounds=6)
+    w.lose(LOSS)
+    assert w.alive(5) == frozenset(range(6)) and w.left_and_joined() == []
+
+
+def test_a_world_that_does_not_go_on_refuses_a_loss():
+    with pytest.raises(ValueError, match="on_worker_loss"):
+        world(armed=False).lose(LOSS)
+
+
+def test_messages_to_the_dead_are_counted_for_each_round_they_were_members_but_dead():
+    # ring of 6: 3 dies in round 4 (last row 3), 4 in round 5 (last row 4), both leave at 6;
+    # survivors 2 (3's neighbour) and 5 (4's) sent to them in those rounds
+    w = world()
+    w.lose(LOSS)
+    assert sent_to_dead(LOSS, 12, w.peers, w.alive) == {2: 2, 5: 1}
+    assert w.sent_to_dead() == {2: 2, 5: 1}
+    assert sent_to_dead(LOSS, 5, w.peers, w.alive) == {2: 1}   # the run ends first
+
+
+class Row:
+    """A topology's row of one worker: its peers and Metropolis–Hastings weights."""
+
+    def __init__(self, weights: dict[int, float]):
+        self.weights = weights
+
+    def peers(self, rank, t):
+        return sorted(self.weights)
+
+    def row(self, rank, t):
+        return 1.0 - sum(self.weights.values()), self.weights
+
+
+class Mail:
+    """A transport that has some peers' messages; the others are lost with their host."""
+
+    def __init__(self, have: dict[int, torch.Tensor]):
+        self.have, self.lost = have, []
+
+    def recv(self, peer, round_idx, kind):
+        if peer not in self.have:
+            self.lost.append(peer)
+            raise PeerLost(0, peer, round_idx, kind)
+        return self.have[peer]
+
+
+def test_a_message_lost_with_its_host_is_replaced_by_the_receivers_own_value():
+    z = torch.tensor([1.0, 2.0])
+    one, lost = torch.tensor([3.0, 5.0]), torch.tensor([100.0, 100.0])
+    out = torch.empty(2)
+    gossip_mix(Mail({1: one}), Row({1: 0.25, 2: 0.25}), 0, 3, z, out)
+    assert torch.equal(out, 0.75 * z + 0.25 * one)   # the lost peer's weight is the self's
+    out_all = torch.empty(2)
+    gossip_mix(Mail({1: one, 2: lost}), Row({1: 0.25, 2: 0.25}), 0, 3, z, out_all)
+    assert not torch.equal(out, out_all)             # with the message, it is mixed in
+
+
+def test_gossip_goes_on_after_a_lost_host_and_diloco_and_compressed_gossip_say_why_not():
+    cfg = config.resolve(overrides={"workers": 4})
+    assert registry.load("gasloc").host_loss_refusal(cfg) is None
+    assert "ring All-Reduce" in registry.load("diloco").host_loss_refusal(cfg)
+    int8 = config.resolve(overrides={"workers": 4}, sets=("comm.codec=int8",))
+    assert "public copy" in registry.load("gasloc").host_loss_refusal(int8)
+
+
+def test_the_decision_travels_as_a_typed_order():
+    wire = orders.Lost(LOSS.to_json()).to_wire()
+    parsed = orders.parse_order(wire)
+    assert isinstance(parsed, orders.Lost) and HostLoss.from_json(parsed.loss) == LOSS
+    with pytest.raises(orders.OrderError):
+        orders.parse_order({"type": "lost", "loss": [1]})
+
+
+EXPECT = Expect(workers=4, rounds=5, numel=6)
+ROW = {"worker": 1, "round": 2, "step": 30, "train_loss": 3.5, "compute_s": 0.25, "comm_s": 0.5,
+       "wait_s": 0.125, "bytes_sent": 1000, "bytes_recv": 900, "peers": [0, 2], "time_s": 7.5,
+       "dropped": 1}
+
+
+def test_a_row_says_which_messages_its_worker_did_without():
+    row = ROW | {"dead_peer": [[3, 2, "z"]]}
+    assert control.parse({"type": "metric", "worker": 1, "row": row}, EXPECT).row == row
+
+
+@pytest.mark.parametrize("bad", [[], [[3, 2]], [[4, 2, "z"]], [[3, 5, "z"]], [[3, 2, 7]],
+                                 [[3, 2, "z"]] * 9, [[3, 2, ""]]])
+def test_a_malformed_dead_peer_list_is_refused(bad):
+    with pytest.raises(ControlError) as info:
+        control.parse({"type": "metric", "worker": 1, "row": ROW | {"dead_peer": bad}}, EXPECT)
+    assert info.value.reason == "metric.row.dead_peer"
+
+
+# ---------------------------------------------------------------- node 0's decision
+
+
+def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4)):
+    """Node 0's ``ClusterSupervisor`` without sockets or processes: three hosts of 1 + 2 + 3
+    workers, the run's clock at 5.25 s, every worker started up to round 5 (they asked for
+    the fixings), node 2's workers' last rows ``dead_rows``; what it tells each worker goes
+    to ``told``."""
+    from gasloc_emu.cluster.multinode import ClusterSupervisor
+    from gasloc_emu.emulator.conductor import Conductor
+    from gasloc_emu.plan import build_plan
+    cfg = config.resolve(overrides={"workers": 6, "run.rounds": 12}, sets=(
+        f"algo.name={algo}", f"run.on_worker_loss={on_loss}", "topology.name=ring"))
+    plan = build_plan(cfg, data=False)
+    sup = object.__new__(ClusterSupervisor)
+    sup.plan, sup.cfg, sup.t0, sup.progress, sup.lost_nodes = plan, cfg, 1.0, None, set()
+    sup.told = []
+    sup._tell = lambda rank, msg: sup.told.append((rank, msg))
+    sup.scenario = Conductor(plan.world, None, 12, lambda: 5.25, sup._tell)
+    if plan.world is not None:
+        for t in range(6):
+            plan.world.fixer.started(t)
+    rows = [5, 5, 5, *dead_rows]
+    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r]) for r in range(6)]
+    sup.node = SimpleNamespace(infos=[SimpleNamespace(node=k, host=f"h{k}", workers=k + 1)
+                                      for k in range(3)])
+    return sup, sup.node.infos[2]
+
+
+def test_node_0_decides_the_round_of_a_lost_host_and_tells_every_survivor_first():
+    sup, lost = shell("gasloc")
+    assert sup._goes_on_without(lost) and not sup._goes_on_without(sup.node.infos[0])
+    sup._lose_node(lost)
+    loss = HostLoss(2, "h2", (3, 4, 5), 6, 5.25, {3: 3, 4: 3, 5: 4})
+    assert sup.plan.world.losses == [loss] and sup.lost_nodes == {2}
+    assert [s.gone for s in sup.slots] == [False] * 3 + [True] * 3
+    assert sup.told == [(r, orders.Lost(loss.to_json()).to_wire()) for r in (0, 1, 2)]
+    assert sup.plan.world.alive(6) == frozenset({0, 1, 2})
+
+
+def test_diloco_ends_the_run_naming_why_it_cannot_go_on_without_a_lost_host():
+    """DiLoCo's elastic ring re-forms over the survivors from the loss's round (the world
+    test above), but the All-Reduce of the round the host died in cannot be finished."""
+    sup, lost = shell("diloco")
+    with pytest.raises(RunFailed, match=r"node 2 \(h2, workers \[3, 4, 5\]\) lost; the run "
+                                        r"cannot go on without them: diloco: its ring"):
+        sup._lose_node(lost)
+    assert sup.told == []
+
+
+def test_a_lost_host_fails_the_run_by_default_and_when_no_worker_is_left():
+    sup, lost = shell("gasloc", on_loss="auto")
+    assert not sup._goes_on_without(lost)   # the run fails naming the silent node, as before
+    sup, lost = shell("gasloc")
+    for s in sup.slots[:3]:
+        s.gone = True
+    with pytest.raises(RunFailed, match="no worker is left on any other node"):
+        sup._lose_node(lost)
+
+
+
+@pytest.mark.parametrize("sets, what", [(("algo.name=a2cid2",), "algo.name = a2cid2"),
+                                        (("algo.overlap=1",), "algo.overlap = 1")])
+def test_going_on_after_a_lost_host_is_refused_where_leaves_are(sets, what):
+    from gasloc_emu.plan import build_plan
+    cfg = config.resolve(overrides={"workers": 4}, sets=(*sets, "run.on_worker_loss=continue"))
+    with pytest.raises(config.ConfigError, match=f"run.on_worker_loss = 'continue' .* {what}"):
+        build_plan(cfg, data=False)
