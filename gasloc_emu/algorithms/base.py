@@ -72,7 +72,9 @@ class Context:
     settings (an instance of its ``Settings``, validated); ``weight``: what it multiplies its
     pseudo-gradient by before a mean (``compute.pseudo_grad_weight``); ``members(t)``: the
     living workers of round t (None: all); ``heals(t)``: whether a partition ends in round t;
-    ``channel``: the worker's compressed communication (``comm.channel``; None: float32 values).
+    ``channel``: the worker's compressed communication (``comm.channel``; None: float32 values);
+    ``survives_loss``: the run goes on after a host lost without warning (``run.on_worker_loss
+    = continue``), so a ring's mean may hold a lost chunk's gap (``transport.base.gap_free``).
     """
 
     rank: int
@@ -84,6 +86,7 @@ class Context:
     members: Callable[[int], Collection[int]] | None = None
     heals: Callable[[int], bool] | None = None
     channel: Channel | None = None
+    survives_loss: bool = False
 
 
 class Algorithm:
@@ -251,6 +254,9 @@ class OuterAlgorithm(Algorithm):
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         super().__init__(rank, transport, topology)
         self.anchor: torch.Tensor | None = None  # theta at the start of the inner phase
+        # the last outer step was not taken: its exchange lost a dead peer's part (torchft's
+        # failed commit; ``scenario.hostloss``), reported in the round's row
+        self.uncommitted = False
 
     @classmethod
     def reduces_in_background(cls, acfg) -> bool:

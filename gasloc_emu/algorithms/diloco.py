@@ -20,6 +20,19 @@ over its own living members, and the groups' states drift apart. When the links 
 (``heals(t)``), the ring first averages the states (theta and buffer, in rank order, so every
 worker gets the same bits), then takes the round's step from that one state again.
 
+A host lost without warning (``scenario.hostloss``, ``run.on_worker_loss = continue``), as
+torchft's fault-tolerant DiLoCo does it (pytorch/torchft, torchft/local_sgd.py, class DiLoCo:
+"if any error occurs during the DiLoCo step, the step will be discarded and the model
+parameters will reset back to the last time DiLoCo synchronized"; the quorum then shrinks and
+the next step goes on): until the round L node 0 fixed the loss at, the lost workers are on
+the ring but dead; a chunk a survivor waits for from them stands as NaN and the ring goes on
+(``transport.base.ring_all_reduce_sum``), so a survivor whose mean holds the gap does not
+commit the round: anchor and momentum stay, theta goes back to the anchor (``uncommitted``,
+in its row). Which survivors got a whole mean depends on when the host died (one killed
+between its last two all-gather sends leaves the gap with its successor alone), so in round
+L, the first on the survivors' ring, they first merge their states as after a partition
+(``heals(L)``), then go on as after a leave.
+
 Overlapped (``overlap = 1``; docs/ALGORITHM.md, "Overlapped DiLoCo"): the outer step is written
 in GASLoC's form on the complete graph (lr = eta, mu = gamma; at overlap 0 the two are the
 same iterates, a test checks it), and the All-Reduce that replaces gossip runs in the
@@ -49,7 +62,7 @@ from gasloc_emu.algorithms.base import (
 )
 from gasloc_emu.algorithms.outer import momentum_value, outer_constants
 from gasloc_emu.topology import Topology
-from gasloc_emu.transport.base import Transport, ring_steps
+from gasloc_emu.transport.base import Transport, gap_free, ring_steps
 
 OUTER, HEAL = "outer", "heal"   # message kinds: a joiner's buffer; a member's state at a heal
 
@@ -85,7 +98,7 @@ class DiLoCo(OuterAlgorithm):
     def create(cls, ctx: Context) -> DiLoCo:
         acfg = ctx.acfg
         return cls(ctx.rank, ctx.transport, acfg.outer_lr, momentum_value(acfg, None),
-                   ctx.weight, ctx.members, ctx.heals, acfg.overlap)
+                   ctx.weight, ctx.members, ctx.heals, acfg.overlap, ctx.survives_loss)
 
     @classmethod
     def check_settings(cls, acfg, params) -> str | None:
@@ -124,16 +137,20 @@ class DiLoCo(OuterAlgorithm):
 
     @classmethod
     def host_loss_refusal(cls, cfg) -> str | None:
-        """A lost host's workers die inside a round's ring All-Reduce, whose chunks pass
-        through them: the survivors hold partial sums they cannot finish (re-forming the ring
-        for that round would need the round's exchange started again)."""
-        return ("its ring All-Reduce of the round the host died in passes through the lost "
-                "workers, and cannot be finished without them")
+        """The plain ring goes on after a lost host (the module docstring's "A host lost");
+        a compressed ring's error feedback would carry the lost chunk's gap (NaN) in every
+        worker's residual into every later round."""
+        if cfg.comm.codec != "none":
+            return (f"comm.codec = {cfg.comm.codec!r}: each worker's error-feedback residual "
+                    "would keep the lost workers' gap in every later round; use 'none'")
+        return None
 
     def __init__(self, rank: int, transport: Transport, outer_lr: float, momentum: float,
                  weight: float = 1.0, members: Callable[[int], Collection[int]] | None = None,
-                 heals: Callable[[int], bool] | None = None, overlap: int = 0):
+                 heals: Callable[[int], bool] | None = None, overlap: int = 0,
+                 survives_loss: bool = False):
         super().__init__(rank, transport, None)
+        self.survives_loss = survives_loss   # a round's mean may hold a lost host's gap
         if overlap not in (0, 1):
             raise ValueError(f"overlap = {overlap!r} is out of range; expected 0 or 1")
         self.overlap = overlap
@@ -155,8 +172,11 @@ class DiLoCo(OuterAlgorithm):
             drift.mul_(self.weight)
         if self.heals is not None and self.heals(round_idx):
             self._heal(round_idx)
-        self._step(self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx),
-                                                  self.reduce()))
+        mean = self.transport.all_reduce_mean(round_idx, drift, self._ring(round_idx),
+                                              self.reduce())
+        self.uncommitted = self.survives_loss and not gap_free(mean)
+        if not self.uncommitted:   # else torchft's failed commit: back to the last mean
+            self._step(mean)
         theta.copy_(self.anchor)
 
     def exchange(self, round_idx: int, last: bool, codec) -> list[Message] | None:

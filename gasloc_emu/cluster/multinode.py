@@ -76,7 +76,7 @@ from gasloc_emu.training.checkpoint import (
     common_point,
 )
 from gasloc_emu.training.devices import DeviceAssignment, visible_gpus, worker_devices
-from gasloc_emu.transport import auth, orders
+from gasloc_emu.transport import auth
 
 Log = Callable[[str], None]
 BEAT_S = 0.5          # how often a node beats in the store and looks at the others
@@ -327,6 +327,9 @@ class ClusterSupervisor(Supervisor):
             if s.gone or status.lives.get(rank, 0) != self.lives[rank]:
                 continue   # a departure already handled: the report is of an earlier process
             leave = self._planned_leave(s) if s.final is None else None
+            if leave is None and self._survives_death(code):
+                self._lose_worker(s, code)   # its node lives: a lost host of that one worker
+                continue
             if leave is None:
                 self._died(s, code, f"worker{rank}.log on node {info.node} ({info.host})")
             self._departed(s, leave)
@@ -347,36 +350,21 @@ class ClusterSupervisor(Supervisor):
         return True
 
     def _goes_on_without(self, info: NodeInfo) -> bool:
-        world = self.plan.world
-        return world is not None and world.armed and self.t0 > 0 and info.node != 0
+        return self._goes_on() and info.node != 0
+
+    def _host_of(self, rank: int) -> tuple[int, str]:
+        info = self.node.node_of(rank)
+        return info.node, info.host
 
     def _lose_node(self, info: NodeInfo) -> None:
-        """Node ``info`` is gone, with its workers (``scenario.hostloss``): they leave at the
-        round an event reached now would be fixed at, every survivor is told at once (before
-        any later answer), and the record says so (events.jsonl's leaves, the summary's
-        ``membership.host_losses``). With no worker left elsewhere the run fails, naming it."""
+        """Node ``info`` is gone, with its workers (``scenario.hostloss``): the supervisor's
+        ``_lose`` of those still there."""
         ranks = [r for r in blocks([i.workers for i in self.node.infos])[info.node]
                  if not self.slots[r].gone]
-        left = [s for s in self.slots if not s.gone and s.rank not in ranks]
         self.lost_nodes.add(info.node)
-        if not ranks:   # its workers had all left as the scenario said: nothing to decide
-            return
-        if not left:
-            raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost, and no "
-                            "worker is left on any other node")
-        why = self.plan.algo.host_loss_refusal(self.cfg)
-        if why is not None:
-            raise RunFailed(f"node {info.node} ({info.host}, workers {ranks}) lost; the run "
-                            f"cannot go on without them: {self.plan.algo.name}: {why}")
-        loss = self.scenario.lose_host(info.node, info.host, ranks,
-                                       {r: self.slots[r].round for r in ranks})
-        for r in ranks:
-            self.slots[r].gone = True
-        for s in left:
-            self._tell(s.rank, orders.Lost(loss.to_json()).to_wire())
-        if self.progress is not None:
-            self.progress({"kind": "event", "text": f"node {info.node} ({info.host}) lost: "
-                           f"workers {ranks} leave at round {loss.round}"})
+        if ranks:   # else its workers had all left as the scenario said: nothing to decide
+            self._lose(info.node, info.host, ranks,
+                       f"node {info.node} ({info.host}, workers {ranks})")
 
 
 def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:

@@ -161,14 +161,14 @@ class Conductor:
 
     # -- a host lost without warning (``scenario.hostloss``)
     def lose_host(self, node: int, host: str, ranks: list[int],
-                  last_rows: dict[int, int]) -> HostLoss:
+                  last_rows: dict[int, int], cause: str = "host") -> HostLoss:
         """Node ``node``'s workers ``ranks`` are gone (their last rows: ``last_rows``): they
         leave at the round an event reached now is fixed at, which no worker has started
         (every worker asks before it starts one). The decision, played here; the caller tells
         every survivor."""
         now_s = self.clock() or 0.0
         loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s), now_s,
-                        dict(last_rows))
+                        dict(last_rows), cause=cause)
         self.world.lose(loss)
         return loss
 

@@ -4,6 +4,7 @@ worker (heartbeats, deaths, silence), answers their requests, and ends with the 
 from __future__ import annotations
 
 import collections
+import socket
 import time
 from pathlib import Path
 
@@ -213,6 +214,9 @@ class Supervisor:
             code = s.proc.poll() if s.proc is not None else None  # None: on another node
             if code is not None and not done(s) and s.final is None:
                 leave = self._planned_leave(s)
+                if leave is None and self._survives_death(code):
+                    self._lose_worker(s, code)
+                    continue
                 if leave is None:
                     self._died(s, code)
                 self._departed(s, leave)
@@ -249,6 +253,54 @@ class Supervisor:
 
     def _silent(self, s: WorkerSlot, seconds: float) -> RunFailed:
         return RunFailed(f"worker {s.rank} silent for {seconds:.0f} s {self._when(s)}")
+
+    # -- workers lost without warning (``scenario.hostloss``)
+    def _goes_on(self) -> bool:
+        """Whether the run goes on without workers lost without warning: ``run.on_worker_loss
+        = continue`` (the world is armed) and the run has started."""
+        world = self.plan.world
+        return world is not None and world.armed and self.t0 > 0
+
+    def _survives_death(self, code: int) -> bool:
+        """Whether a worker process that died unplanned with ``code`` is lost and the run
+        goes on: killed by a signal (kill -9, the kernel's OOM killer) in a run that goes on;
+        an error exit stays a failure naming the worker."""
+        return code < 0 and self._goes_on()
+
+    def _lose_worker(self, s: WorkerSlot, code: int) -> None:
+        """Worker ``s``'s process was killed while its host lives: lost as a host of that one
+        worker would be (``_lose``)."""
+        self._serve(0.2)   # its last row may still be in flight
+        node, host = self._host_of(s.rank)
+        self._lose(node, host, [s.rank], f"worker {s.rank} (signal {-code})", "worker")
+
+    def _host_of(self, rank: int) -> tuple[int, str]:
+        """(node, host name) of worker ``rank``: this one host."""
+        return 0, socket.gethostname()
+
+    def _lose(self, node: int, host: str, ranks: list[int], what: str,
+              cause: str = "host") -> None:
+        """Workers ``ranks`` are gone without warning (``what`` names them for the record's
+        failures): they leave at the round an event reached now would be fixed at, every
+        survivor is told at once (before any later answer), and the record says so
+        (events.jsonl's leaves, the summary's ``membership.host_losses``). With no worker left,
+        or an algorithm that cannot do without them, the run fails naming them."""
+        left = [s for s in self.slots if not s.gone and s.rank not in ranks]
+        if not left:
+            raise RunFailed(f"{what} lost, and no worker is left on any other node")
+        why = self.plan.algo.host_loss_refusal(self.cfg)
+        if why is not None:
+            raise RunFailed(f"{what} lost; the run cannot go on without them: "
+                            f"{self.plan.algo.name}: {why}")
+        loss = self.scenario.lose_host(node, host, ranks,
+                                       {r: self.slots[r].round for r in ranks}, cause)
+        for r in ranks:
+            self.slots[r].gone = True
+        for s in left:
+            self._tell(s.rank, orders.Lost(loss.to_json()).to_wire())
+        if self.progress is not None:
+            self.progress({"kind": "event", "text": f"{what} lost: workers {ranks} leave at "
+                                                    f"round {loss.round}"})
 
     def _died(self, s: WorkerSlot, code: int, where: str = "") -> None:
         self._serve(0.2)  # its last words (an error message) may still be in flight

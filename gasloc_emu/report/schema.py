@@ -369,6 +369,9 @@ class MetricRow(_Record):
                                  "what simulate --replay takes as lost)", since=2)
     exchange_spans_s: list | None = opt("a2cid2, a slot's last step: each exchange's "
                                         "[start, end]")
+    uncommitted: bool | None = opt("true: the round's outer step was not taken, its ring "
+                                   "All-Reduce missing a part lost with a dead worker (DiLoCo "
+                                   "after a lost host; absent: taken)", since=2)
 
     def __post_init__(self):
         check_version(self.RECORD, self.schema_version)

@@ -8,7 +8,9 @@ record.
 The rules (docs/ALGORITHM.md, "A host lost without warning"):
 
 - Node 0 declares a host lost when its node agent's beats have stopped for
-  ``run.heartbeat_timeout_s`` (and ``run.on_worker_loss = continue``). Its workers leave at round
+  ``run.heartbeat_timeout_s`` (and ``run.on_worker_loss = continue``); a worker process
+  killed by a signal while its host lives (its agent, or the one-host launcher, sees it exit)
+  is lost the same way, alone (``cause = worker``). Its workers leave at round
   ``L`` = the round an event at a time would be fixed at then (``fixing.RoundFixer``: one after
   the highest any worker has started): no worker has started round L, and each asks before it
   starts one, so every survivor plays the departure at the same round, as a scenario's leave
@@ -24,7 +26,11 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
   because one sent just before the death may have reached some receivers and not others:
   the replay takes those, and nothing else, as lost.
 - Messages to a lost worker in those rounds are lost with it; they are counted by the same
-  reason from the rounds' peers (``sent_to_dead``), the same in the run and in its replay.
+  reason from the rounds' exchanges (``sent_to_dead``), the same in the run and in its replay.
+- DiLoCo's ring cannot do without a chunk the way gossip does without a term: the chunk stands
+  as NaN, the ring goes on, and a survivor whose mean holds it does not commit the round
+  (``algorithms.diloco``, as torchft discards a failed step); in round L the survivors merge
+  their states, then all-reduce over the ring of the living.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 HOSTLOSS_VERSION = 1
+# a loss's cause -> the reason its leaves give in the record
+CAUSES = {"host": "host lost", "worker": "worker lost"}
 
 
 class HostLossError(ValueError):
@@ -41,7 +49,9 @@ class HostLossError(ValueError):
 @dataclass(frozen=True)
 class HostLoss:
     """Node ``node`` (``host``) was lost at ``at_s`` on the run's clock; its workers ``ranks``
-    leave at round ``round``; ``last_rows`` = {rank: the last round it reported} (-1: none)."""
+    leave at round ``round``; ``last_rows`` = {rank: the last round it reported} (-1: none).
+    ``cause``: ``host`` (its node agent went silent with them) or ``worker`` (one worker
+    process killed while its host lives: the same rules, for that worker alone)."""
 
     node: int
     host: str
@@ -50,6 +60,7 @@ class HostLoss:
     at_s: float
     last_rows: dict[int, int]
     version: int = HOSTLOSS_VERSION
+    cause: str = "host"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(sorted(self.ranks)))
@@ -68,6 +79,15 @@ class HostLoss:
                                 f"workers {list(self.ranks)} a round in [-1, {self.round})")
         if not isinstance(self.host, str):
             raise HostLossError(f"host loss: host {self.host!r} is not text")
+        if self.cause not in CAUSES or (self.cause == "worker" and len(self.ranks) != 1):
+            raise HostLossError(f"host loss of workers {list(self.ranks)} with cause "
+                                f"{self.cause!r}: expected one of {list(CAUSES)} (a worker "
+                                "cause loses one worker)")
+
+    @property
+    def reason(self) -> str:
+        """What its leaves say in the record (events.jsonl)."""
+        return CAUSES[self.cause]
 
     def check(self, workers: int, rounds: int) -> HostLoss:
         """This loss, when its ranks are the run's; else a HostLossError naming what is not.
@@ -80,19 +100,21 @@ class HostLoss:
     def to_json(self) -> dict:
         return {"version": self.version, "node": self.node, "host": self.host,
                 "ranks": list(self.ranks), "round": self.round, "at_s": self.at_s,
-                "last_rows": {str(k): v for k, v in sorted(self.last_rows.items())}}
+                "last_rows": {str(k): v for k, v in sorted(self.last_rows.items())}} | (
+                    {"cause": self.cause} if self.cause != "host" else {})
 
     @classmethod
     def from_json(cls, obj) -> HostLoss:
         keys = {"version", "node", "host", "ranks", "round", "at_s", "last_rows"}
-        if not isinstance(obj, dict) or set(obj) != keys:
+        if not isinstance(obj, dict) or set(obj) - {"cause"} != keys:
             raise HostLossError(f"not a host loss: {str(obj)[:200]}")
         rows = obj["last_rows"]
         if not isinstance(obj["ranks"], list) or not isinstance(rows, dict) or not all(
                 isinstance(k, str) and k.isdecimal() for k in rows):
             raise HostLossError(f"not a host loss: {str(obj)[:200]}")
         return cls(obj["node"], obj["host"], tuple(obj["ranks"]), obj["round"], obj["at_s"],
-                   {int(k): v for k, v in rows.items()}, obj["version"])
+                   {int(k): v for k, v in rows.items()}, obj["version"],
+                   obj.get("cause", "host"))
 
     def dead_from(self, rank: int) -> int | None:
         """The first round ``rank`` never finished (it died during it: what was sent to it
@@ -104,16 +126,17 @@ def _nonneg(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def sent_to_dead(loss: HostLoss, rounds: int, peers: Callable[[int, int], list],
+def sent_to_dead(loss: HostLoss, rounds: int, sends: Callable[[int, int, int], int],
                  alive: Callable) -> dict[int, int]:
     """{survivor: its messages to the lost workers in the rounds they were members but dead
     (from ``dead_from`` to the loss's round, within the run's ``rounds``)}: lost with them.
-    ``peers(rank, t)``: whom ``rank`` sends to in round t; ``alive(t)``: the members of round
-    t. Survivors that sent none are left out."""
+    ``sends(rank, peer, t)``: how many messages ``rank`` sends ``peer`` in round t (gossip:
+    one to each neighbour; a ring: 2(n - 1) to the next worker); ``alive(t)``: the members of
+    round t. Survivors that sent none are left out."""
     lost, out = set(loss.ranks), {}
     for k in loss.ranks:
         for t in range(loss.dead_from(k), min(loss.round, rounds)):
             for s in sorted(alive(t) - lost):
-                if k in peers(s, t):
-                    out[s] = out.get(s, 0) + 1
+                if n := sends(s, k, t):
+                    out[s] = out.get(s, 0) + n
     return out

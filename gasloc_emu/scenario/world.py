@@ -208,12 +208,20 @@ class World:
         DiLoCo's ring)."""
         return self._peers_at(rank, t, self.alive(t))
 
+    def sends(self, rank: int, peer: int, t: int) -> int:
+        """How many messages ``rank`` sends ``peer`` in round t: 2(n - 1) to its next worker
+        on a ring All-Reduce of n (``ring_peers``' exchange), one to each gossip neighbour."""
+        if peer not in self.peers(rank, t):
+            return 0
+        count = getattr(self._peers, "sends", None)   # a plain peers function: one each
+        return 1 if count is None else count(rank, peer, self.ring_members(rank)(t))
+
     def sent_to_dead(self) -> dict[int, int]:
         """{survivor: n}: its messages to workers lost with their hosts, in the rounds they
         were members but dead (``hostloss.sent_to_dead``), over every loss."""
         out: dict[int, int] = {}
         for loss in self.losses:
-            for rank, n in sent_to_dead(loss, self.rounds, self.peers, self.alive).items():
+            for rank, n in sent_to_dead(loss, self.rounds, self.sends, self.alive).items():
                 out[rank] = out.get(rank, 0) + n
         return out
 
@@ -277,8 +285,11 @@ class World:
         return self.links.cut_edges(t) if self.links is not None else frozenset()
 
     def heals(self, t: int) -> bool:
-        """Whether links a partition cut in round t-1 are back in round t."""
-        return t > 0 and bool(self.cut_edges(t - 1) - self.cut_edges(t))
+        """Whether links a partition cut in round t-1 are back in round t, or a host lost
+        without warning leaves at round t (DiLoCo's survivors then merge states that the lost
+        workers' gap may have split: ``algorithms.diloco``)."""
+        return t > 0 and (bool(self.cut_edges(t - 1) - self.cut_edges(t))
+                          or any(loss.round == t for loss in self.losses))
 
     def ring_members(self, rank: int) -> Callable[[int], frozenset]:
         """``members(t)`` for worker ``rank``'s DiLoCo ring: the living workers it is not cut
@@ -458,7 +469,7 @@ def by_round(scenario: Scenario, fixings: list[Fixing],
     for loss in losses:   # a host lost without warning: its workers leave at its round
         for rank in loss.ranks if loss.round < scenario.rounds else ():
             events.append(LeaveEvent(worker=rank, round=loss.round))
-            at_s[events[-1]] = {"at_s": loss.at_s, "reason": "host lost", "node": loss.node}
+            at_s[events[-1]] = {"at_s": loss.at_s, "reason": loss.reason, "node": loss.node}
     view = Scenario(tuple(events), scenario.workers, scenario.rounds, scenario.source,
                     absent=scenario.newcomers)
     return view, {ev: at_s[old] for ev, old in zip(view.events, events, strict=True)
@@ -524,12 +535,25 @@ class GraphNeighbours:
         return sorted(j for e in self.topo.possible_edges if rank in e for j in e if j != rank)
 
 
-def ring_peers(rank: int, t: int, alive: frozenset,
-               cut: frozenset = frozenset()) -> list[int]:
+class RingPeers:
     """DiLoCo's exchange partners: its neighbours on the ring over the living workers it is
-    not cut from (its group during a partition), in rank order."""
-    ring = sorted(w for w in alive if edge_key(rank, w) not in cut) if rank in alive else []
-    if rank not in alive or len(ring) < 2:
-        return []
-    k = ring.index(rank)
-    return sorted({ring[k - 1], ring[(k + 1) % len(ring)]} - {rank})
+    not cut from (its group during a partition), in rank order. A value, as ``GraphPeers``."""
+
+    def __call__(self, rank: int, t: int, alive: frozenset,
+                 cut: frozenset = frozenset()) -> list[int]:
+        ring = sorted(w for w in alive if edge_key(rank, w) not in cut) if rank in alive else []
+        if rank not in alive or len(ring) < 2:
+            return []
+        k = ring.index(rank)
+        return sorted({ring[k - 1], ring[(k + 1) % len(ring)]} - {rank})
+
+    @staticmethod
+    def sends(rank: int, peer: int, members: frozenset) -> int:
+        """Messages ``rank`` sends ``peer`` in a ring All-Reduce over ``members``: 2(n - 1)
+        to the next worker on the ring (``transport.base.ring_steps``), none to the one
+        before."""
+        ring = sorted(members)
+        return 2 * (len(ring) - 1) if ring[(ring.index(rank) + 1) % len(ring)] == peer else 0
+
+
+ring_peers = RingPeers()

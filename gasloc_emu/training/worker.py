@@ -66,10 +66,13 @@ class RoundStats:
     # every exchange of the slot's [start, end] (its partners in ``peers``, in order)
     step_span_s: list[float] | None = None
     exchange_spans_s: list[list[float]] | None = None
+    # True: the outer step was not taken (its exchange lost a dead peer's part); None: taken
+    uncommitted: bool | None = None
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
-        for name in ("eval_loss", "lr", "recv_links", "step_span_s", "exchange_spans_s"):
+        for name in ("eval_loss", "lr", "recv_links", "step_span_s", "exchange_spans_s",
+                     "uncommitted"):
             if out[name] is None:
                 del out[name]
         return out
@@ -239,7 +242,8 @@ class Worker:
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
             overruns=phase.overruns, overrun_ratio=phase.worst_ratio,
             tokens=phase.steps * self.tokens_per_step, lr=self.current_lr(),
-            recv_links=self.recv_links(round_idx - self.cfg.algo.overlap))
+            recv_links=self.recv_links(round_idx - self.cfg.algo.overlap),
+            uncommitted=self.algo.uncommitted or None)
 
     def recv_links(self, round_idx: int) -> dict[str, dict] | None:
         """The transport's link observations of round ``round_idx`` (``link_row``), or None
@@ -342,8 +346,8 @@ def build_algorithm(plan, rank: int, transport, channel: Channel | None = None):
         rank, transport, living_graph(plan.topology, world), plan.cfg.algo,
         plan.algorithm.params, weight=plan.compute.pseudo_grad_weight(rank),
         members=ring_members(world, rank),
-        heals=world.heals if world is not None and world.partitions else None,
-        channel=channel))
+        heals=world.heals if world is not None and (world.partitions or world.armed) else None,
+        channel=channel, survives_loss=world is not None and world.armed))
 
 
 def ring_members(world: World | None, rank: int):

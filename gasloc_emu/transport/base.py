@@ -184,6 +184,12 @@ def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor,
     Zero-copy safety (the ownership rule): ``tensor`` is handed over and only ever modified in
     chunks that have not been sent yet; the all-gather writes into a fresh output and forwards
     the chunks it receives as they are, so nothing that is in flight is ever written to.
+
+    A chunk lost with a dead peer (``PeerLost``: its host was lost, ``scenario.hostloss``)
+    stands as NaN and the ring goes on: every worker still sends every message, so none waits
+    for a living peer that gave up, and the NaN reaches every sum that would have needed the
+    chunk, so each worker can tell from its own result whether the round's mean is whole
+    (``gap_free``; DiLoCo then does not commit it).
     """
     ring = _ring(tp, members)
     n, r = len(ring), ring.index(tp.rank)  # r: this worker's position on the ring
@@ -194,16 +200,32 @@ def ring_all_reduce_sum(tp: Transport, round_idx: int, tensor: torch.Tensor,
     to, frm = ring[nxt], ring[prv]
     for s in range(n - 1):  # reduce-scatter: after this, chunk (r+1) % n is fully summed here
         tp.send(to, round_idx, f"rs{s}", chunks[(r - s) % n])
-        chunks[(r - s - 1) % n].add_(tp.recv(frm, round_idx, f"rs{s}"))
+        mine = chunks[(r - s - 1) % n]
+        mine.add_(recv_or_gap(tp, frm, round_idx, f"rs{s}", mine))
     out = torch.empty_like(tensor)
     out_chunks = torch.tensor_split(out, n)
     out_chunks[nxt].copy_(chunks[nxt])
     passing = chunks[nxt]
     for s in range(n - 1):  # all-gather: pass each summed chunk once around the ring
         tp.send(to, round_idx, f"ag{s}", passing)
-        passing = tp.recv(frm, round_idx, f"ag{s}")
+        passing = recv_or_gap(tp, frm, round_idx, f"ag{s}", out_chunks[(r - s) % n])
         out_chunks[(r - s) % n].copy_(passing)
     return out
+
+
+def recv_or_gap(tp: Transport, peer: int, round_idx: int, kind: str,
+                like: torch.Tensor) -> torch.Tensor:
+    """``peer``'s message, or NaN of ``like``'s shape where it is lost with its host (counted
+    and listed by the transport, ``PeerLost``): the ring's gap (``ring_all_reduce_sum``)."""
+    try:
+        return tp.recv(peer, round_idx, kind)
+    except PeerLost:
+        return torch.full_like(like, float("nan"))
+
+
+def gap_free(mean: torch.Tensor) -> bool:
+    """Whether a ring's result holds no chunk lost with a dead peer (no NaN)."""
+    return not bool(torch.isnan(mean).any())
 
 
 def ring_steps(ring: Sequence[int], rank: int, gather_only: bool = False

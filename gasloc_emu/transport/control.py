@@ -467,11 +467,19 @@ _ROW = {
     "step_span_s": lambda r, v, e: _span(r, v),
     "exchange_spans_s": lambda r, v, e: _spans(r, v),
     "dead_peer": lambda r, v, e: _dead_peer(r, v, e),
+    "uncommitted": lambda r, v, e: _true(r, v),
 }
 _ROW_OPTIONAL = ("eval_loss", "steps", "speed", "overruns", "overrun_ratio", "tokens", "lr",
-                 "recv_links", "step_span_s", "exchange_spans_s", "dead_peer")
+                 "recv_links", "step_span_s", "exchange_spans_s", "dead_peer", "uncommitted")
 MAX_KIND_CHARS = 32   # a wire kind's name ("z", "rs3", ...)
 MAX_SPANS = 8  # a2cid2's exchanges per slot at most (algorithms.a2cid2.MAX_EXCHANGES_PER_SLOT)
+
+
+def _true(reason: str, value) -> bool:
+    """A flag present only when set (a row's ``uncommitted``)."""
+    if value is not True:
+        raise ControlError(reason, f"{_show(value)} is not true (leave the field out instead)")
+    return True
 
 
 def _dead_peer(reason: str, value, expect: Expect) -> list[list]:

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from gasloc_emu.simulator.memory import Hub
 
 
-def on_threads(n: int, body: Callable) -> dict:
+def on_threads(n: int, body: Callable, dead: frozenset = frozenset()) -> dict:
     """``body(rank, transport)`` on one thread per worker of an ``n``-worker hub, each holding
     the simulator's turn lock (one computes at a time); {rank: what it returned}. A failure on
-    any thread stops the others and is raised here."""
-    hub, out = Hub(n, timeout_s=20.0), {}
+    any thread stops the others and is raised here. ``dead``: (dst, src, round, kind) of the
+    messages lost with their sender's host (the hub raises ``PeerLost`` for them)."""
+    hub, out = Hub(n, timeout_s=20.0, dead=dead), {}
 
     def run(rank: int) -> None:
         tp = hub.transport(rank)

@@ -93,12 +93,21 @@ def test_a_world_that_does_not_go_on_refuses_a_loss():
 
 def test_messages_to_the_dead_are_counted_for_each_round_they_were_members_but_dead():
     # ring of 6: 3 dies in round 4 (last row 3), 4 in round 5 (last row 4), both leave at 6;
-    # survivors 2 (3's neighbour) and 5 (4's) sent to them in those rounds
+    # gossip: survivors 2 (3's neighbour) and 5 (4's) sent one message a round to them
+    w = world(peers=lambda rank, t, alive, cut=frozenset(): ring_peers(rank, t, alive, cut))
+    w.lose(LOSS)
+    assert sent_to_dead(LOSS, 12, w.sends, w.alive) == {2: 2, 5: 1}
+    assert w.sent_to_dead() == {2: 2, 5: 1}
+    assert sent_to_dead(LOSS, 5, w.sends, w.alive) == {2: 1}   # the run ends first
+
+
+def test_a_ring_counts_what_the_worker_before_the_dead_sent_them():
+    """DiLoCo's ring All-Reduce over 6: worker 2 sends 2(6 - 1) chunks a round to 3, its next
+    on the ring (rounds 4 and 5); 5 sends to 0, not to 4 (before it on the ring)."""
     w = world()
     w.lose(LOSS)
-    assert sent_to_dead(LOSS, 12, w.peers, w.alive) == {2: 2, 5: 1}
-    assert w.sent_to_dead() == {2: 2, 5: 1}
-    assert sent_to_dead(LOSS, 5, w.peers, w.alive) == {2: 1}   # the run ends first
+    assert w.sends(2, 3, 4) == 10 and w.sends(3, 2, 4) == 0 and w.sends(5, 4, 5) == 0
+    assert w.sent_to_dead() == {2: 20}
 
 
 class Row:
@@ -138,12 +147,13 @@ def test_a_message_lost_with_its_host_is_replaced_by_the_receivers_own_value():
     assert not torch.equal(out, out_all)             # with the message, it is mixed in
 
 
-def test_gossip_goes_on_after_a_lost_host_and_diloco_and_compressed_gossip_say_why_not():
+def test_gossip_and_diloco_go_on_after_a_lost_host_and_compression_says_why_not():
     cfg = config.resolve(overrides={"workers": 4})
     assert registry.load("gasloc").host_loss_refusal(cfg) is None
-    assert "ring All-Reduce" in registry.load("diloco").host_loss_refusal(cfg)
+    assert registry.load("diloco").host_loss_refusal(cfg) is None
     int8 = config.resolve(overrides={"workers": 4}, sets=("comm.codec=int8",))
     assert "public copy" in registry.load("gasloc").host_loss_refusal(int8)
+    assert "error-feedback residual" in registry.load("diloco").host_loss_refusal(int8)
 
 
 def test_the_decision_travels_as_a_typed_order():
@@ -176,7 +186,7 @@ def test_a_malformed_dead_peer_list_is_refused(bad):
 # ---------------------------------------------------------------- node 0's decision
 
 
-def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4)):
+def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4), sets=()):
     """Node 0's ``ClusterSupervisor`` without sockets or processes: three hosts of 1 + 2 + 3
     workers, the run's clock at 5.25 s, every worker started up to round 5 (they asked for
     the fixings), node 2's workers' last rows ``dead_rows``; what it tells each worker goes
@@ -185,7 +195,7 @@ def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4)):
     from gasloc_emu.emulator.conductor import Conductor
     from gasloc_emu.plan import build_plan
     cfg = config.resolve(overrides={"workers": 6, "run.rounds": 12}, sets=(
-        f"algo.name={algo}", f"run.on_worker_loss={on_loss}", "topology.name=ring"))
+        f"algo.name={algo}", f"run.on_worker_loss={on_loss}", "topology.name=ring", *sets))
     plan = build_plan(cfg, data=False)
     sup = object.__new__(ClusterSupervisor)
     sup.plan, sup.cfg, sup.t0, sup.progress, sup.lost_nodes = plan, cfg, 1.0, None, set()
@@ -197,8 +207,9 @@ def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4)):
             plan.world.fixer.started(t)
     rows = [5, 5, 5, *dead_rows]
     sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r]) for r in range(6)]
-    sup.node = SimpleNamespace(infos=[SimpleNamespace(node=k, host=f"h{k}", workers=k + 1)
-                                      for k in range(3)])
+    infos = [SimpleNamespace(node=k, host=f"h{k}", workers=k + 1) for k in range(3)]
+    sup.node = SimpleNamespace(infos=infos, node_of=lambda r: infos[(r > 0) + (r > 2)])
+    sup._serve = lambda timeout_s: None
     return sup, sup.node.infos[2]
 
 
@@ -213,12 +224,18 @@ def test_node_0_decides_the_round_of_a_lost_host_and_tells_every_survivor_first(
     assert sup.plan.world.alive(6) == frozenset({0, 1, 2})
 
 
-def test_diloco_ends_the_run_naming_why_it_cannot_go_on_without_a_lost_host():
-    """DiLoCo's elastic ring re-forms over the survivors from the loss's round (the world
-    test above), but the All-Reduce of the round the host died in cannot be finished."""
+def test_diloco_goes_on_after_a_lost_host_and_its_survivors_merge_at_the_loss_round():
     sup, lost = shell("diloco")
+    sup._lose_node(lost)
+    world = sup.plan.world
+    assert [r for r, _ in sup.told] == [0, 1, 2] and world.alive(6) == frozenset({0, 1, 2})
+    assert world.heals(6) and not world.heals(5) and not world.heals(7)
+
+
+def test_compressed_diloco_ends_the_run_naming_why_it_cannot_go_on():
+    sup, lost = shell("diloco", sets=("comm.codec=int8",))
     with pytest.raises(RunFailed, match=r"node 2 \(h2, workers \[3, 4, 5\]\) lost; the run "
-                                        r"cannot go on without them: diloco: its ring"):
+                                        r"cannot go on without them: diloco: comm.codec"):
         sup._lose_node(lost)
     assert sup.told == []
 
@@ -241,3 +258,116 @@ def test_going_on_after_a_lost_host_is_refused_where_leaves_are(sets, what):
     cfg = config.resolve(overrides={"workers": 4}, sets=(*sets, "run.on_worker_loss=continue"))
     with pytest.raises(config.ConfigError, match=f"run.on_worker_loss = 'continue' .* {what}"):
         build_plan(cfg, data=False)
+
+
+def test_a_worker_killed_while_its_host_lives_is_lost_alone_when_the_run_goes_on():
+    """One worker process killed by a signal (its node agent lives): lost as a host of that one
+    worker (``cause = worker``); an error exit, or the default setting, still fails the run."""
+    sup, _ = shell("diloco")
+    assert sup._survives_death(-9) and not sup._survives_death(1)
+    sup._lose_worker(sup.slots[4], -9)
+    loss = HostLoss(2, "h2", (4,), 6, 5.25, {4: 3}, cause="worker")
+    assert sup.plan.world.losses == [loss] and [s.gone for s in sup.slots] == \
+        [False] * 4 + [True, False]
+    assert sup.told == [(r, orders.Lost(loss.to_json()).to_wire()) for r in (0, 1, 2, 3, 5)]
+    assert sup.plan.world.left_and_joined() == [
+        {"type": "leave", "worker": 4, "round": 6, "at_s": 5.25, "reason": "worker lost",
+         "node": 2}]
+    for on_loss in ("auto", "fail"):
+        assert not shell("diloco", on_loss=on_loss)[0]._survives_death(-9)
+
+
+def test_a_loss_says_its_cause_only_when_one_worker_was_killed():
+    worker = HostLoss(0, "h0", (2,), 3, 1.0, {2: 1}, cause="worker")
+    assert HostLoss.from_json(worker.to_json()) == worker and worker.reason == "worker lost"
+    assert "cause" not in LOSS.to_json() and LOSS.reason == "host lost"
+    with pytest.raises(HostLossError, match="a worker cause loses one worker"):
+        HostLoss(0, "h0", (2, 3), 3, 1.0, {2: 1, 3: 1}, cause="worker")
+    with pytest.raises(HostLossError, match="cause 'fire'"):
+        HostLoss.from_json(LOSS.to_json() | {"cause": "fire"})
+
+
+def test_a_row_says_its_round_was_not_committed_and_only_with_true():
+    row = ROW | {"uncommitted": True}
+    assert control.parse({"type": "metric", "worker": 1, "row": row}, EXPECT).row == row
+    with pytest.raises(ControlError) as info:
+        control.parse({"type": "metric", "worker": 1, "row": ROW | {"uncommitted": False}},
+                      EXPECT)
+    assert info.value.reason == "metric.row.uncommitted"
+
+
+# ---------------------------------------------------------------- DiLoCo's ring after a loss
+
+RING_KINDS = [f"{phase}{s}" for phase in ("rs", "ag") for s in range(3)]   # a ring of 4
+
+
+def _means(dead: set) -> dict:
+    """Every worker's ring All-Reduce mean of round 0 over 4 workers on an in-memory hub whose
+    messages ``dead`` (dst, src, round, kind) are lost with worker 3's host; {rank: (mean,
+    what its transport did without)}."""
+    from hub_threads import on_threads
+
+    from gasloc_emu.transport.base import ring_all_reduce_sum
+    inputs = [torch.arange(10, dtype=torch.float64) * (r + 1) for r in range(4)]
+
+    def body(rank, tp):
+        mean = ring_all_reduce_sum(tp, 0, inputs[rank].clone()).div_(4)
+        return mean, list(tp.dead_peer_losses)
+    return on_threads(4, body, frozenset(dead)) | {"exact": sum(inputs) / 4}
+
+
+def test_a_chunk_lost_with_a_dead_peer_is_a_gap_every_mean_it_reaches_holds():
+    """Worker 3 died before sending anything to 0, its next on the ring: 0 does without its
+    six chunks, the ring goes on (nobody waits for a living worker that gave up, and the dead
+    worker's replay gets every message it waits for), and the gap (NaN) reaches every
+    survivor's mean, so none commits the round."""
+    from gasloc_emu.transport.base import gap_free
+    out = _means({(0, 3, 0, kind) for kind in RING_KINDS})
+    assert out[0][1] == [(3, 0, kind) for kind in RING_KINDS]
+    assert not any(gap_free(out[r][0]) for r in (0, 1, 2))
+
+
+def test_a_worker_killed_before_its_last_send_leaves_the_gap_with_the_next_alone():
+    """Killed between its last two all-gather sends: its next worker lacks one chunk, the
+    others have the whole mean (so survivors can differ on whether the round is whole)."""
+    from gasloc_emu.transport.base import gap_free
+    out = _means({(0, 3, 0, "ag2")})
+    assert not gap_free(out[0][0]) and out[0][1] == [(3, 0, "ag2")]
+    for r in (1, 2):
+        assert gap_free(out[r][0]) and torch.allclose(out[r][0], out["exact"])
+        assert torch.equal(out[r][0], out[1][0])
+
+
+def test_diloco_does_not_commit_a_round_with_a_gap_and_its_survivors_merge_at_the_loss():
+    """Worker 3 (its own host) is killed between its last two sends of round 0; node 0 fixes
+    its leave at round 1. Worker 0 (the gap) does not commit round 0: anchor and momentum stay
+    and theta goes back to the anchor (torchft's failed commit); 1 and 2 take the step. In
+    round 1 the ring is 0, 1, 2: they first merge their states (the world's ``heals``), so all
+    three end with the same bits."""
+    from hub_threads import on_threads
+
+    from gasloc_emu.algorithms.diloco import DiLoCo
+    w = world(workers=4, rounds=3)
+    w.lose(HostLoss(3, "h3", (3,), 1, 2.0, {3: -1}))
+    start = torch.zeros(6, dtype=torch.float64)
+
+    def body(rank, tp):
+        algo = DiLoCo(rank, tp, 0.7, 0.9, members=w.ring_members(rank), heals=w.heals,
+                      survives_loss=True)
+        theta = start.clone()
+        algo.begin(theta)
+        seen = []
+        for t in range(1 if rank == 3 else 2):   # 3 is the dead worker's replay: round 0
+            theta.add_(torch.full_like(theta, 0.1 * (rank + 1) * (t + 1)))   # its inner steps
+            algo.outer_step(t, theta)
+            seen.append((algo.uncommitted, algo.anchor.clone(), theta.clone(),
+                         None if algo.buf is None else algo.buf.clone()))
+        return seen
+    out = on_threads(4, body, frozenset({(0, 3, 0, "ag2")}))
+    assert out[0][0][0] and torch.equal(out[0][0][1], start) and torch.equal(out[0][0][2], start)
+    assert out[0][0][3] is None
+    for r in (1, 2):
+        assert not out[r][0][0] and not torch.equal(out[r][0][1], start)
+    for r in (1, 2):   # after round 1 (merge, then the survivors' step): one state
+        assert not out[r][1][0] and torch.equal(out[r][1][1], out[0][1][1])
+        assert torch.equal(out[r][1][3], out[0][1][3]) and torch.equal(out[r][1][2], out[r][1][1])
