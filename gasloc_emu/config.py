@@ -468,8 +468,9 @@ class ExecConfig(_Validated):
                                 "empty: nothing changes during the run.")
     on_worker_loss: str = setting("auto", "What a lost worker does to the run: continue (the "
                                           "others carry on without it: a scenario's "
-                                          "departures, and a host lost without warning in a "
-                                          "multi-node run), fail (the run ends), auto "
+                                          "departures, a host lost without warning in a "
+                                          "multi-node run, and a worker process killed by a "
+                                          "signal), fail (the run ends), auto "
                                           "(continue for departures the scenario declares, "
                                           "fail for any other death).",
                                   choices=("auto", "continue", "fail"))

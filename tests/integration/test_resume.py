@@ -125,3 +125,63 @@ def test_simulate_resumes_past_a_damaged_checkpoint(tmp_path, uninterrupted):
     assert resumed["round"] < first_choice
     assert losses(cut) == losses(uninterrupted)
     assert [r["time_s"] for r in rows(cut)] == [r["time_s"] for r in rows(uninterrupted)]
+
+
+def test_a_diloco_worker_killed_when_the_run_goes_on_is_survived_and_replayed(tmp_path):
+    """``run.on_worker_loss = continue``: kill -9 of one DiLoCo worker process (its launcher
+    lives) at a random round. The launcher sees it die, fixes the round it leaves at and
+    tells the others; the ring's round that lost its chunks is not committed where the gap
+    reached (``uncommitted``), the survivors merge and all-reduce over the two of them, the
+    run ends ok, the messages lost are counted, and ``simulate --replay`` gives its losses row
+    by row (``scenario.hostloss``)."""
+    from gasloc_emu import config
+    from gasloc_emu.plan import build_plan
+    from gasloc_emu.scenario.hostloss import HostLoss
+    rng = random.Random()
+    victim, kill_round, rounds = rng.randrange(3), rng.randrange(2, 6), 9
+    why = f"worker {victim} killed after round {kill_round}"
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gasloc_emu", "run", "--workers", "3", "--model", "tiny",
+         "--algo", "diloco", "--rounds", str(rounds), "--local-steps", "2", "--eval-every", "3",
+         "--step-time-s", "0.02", "--no-dashboard", "--set", "data.max_corpus_mb=1",
+         "--set", "run.on_worker_loss=continue", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    path, deadline = out / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while not (path.exists() and path.read_text().count("\n") >= 3 * kill_round + 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "no kill before the end"
+            time.sleep(0.02)
+        os.kill(json.loads((out / "workers.json").read_text())[victim]["pid"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    got = summary(out)
+    assert proc.returncode == 0 and got["status"] == "ok", (why, err[-2000:])
+    [loss] = got["membership"]["host_losses"]
+    assert loss["ranks"] == [victim] and loss["cause"] == "worker", (why, loss)
+    assert got["membership"]["alive_at_end"] == sorted({0, 1, 2} - {victim}), why
+    ran = rows(out)
+    last = loss["last_rows"][str(victim)]
+    assert max(r["round"] for r in ran if r["worker"] == victim) == last, why
+    for w in {0, 1, 2} - {victim}:   # every round of every survivor
+        assert [r["round"] for r in ran if r["worker"] == w] == list(range(rounds)), why
+    # only a round the dead worker was a member of but dead in goes uncommitted
+    assert all(last < r["round"] < loss["round"] for r in ran if r.get("uncommitted")), why
+    # every message lost with it is counted: those done without (the rows) and those sent to
+    # it in the rounds it was a member but dead (2(n - 1) a round, by the worker before it)
+    plan = build_plan(config.resolve(out / "config.toml"), data=False)
+    plan.world.lose(HostLoss.from_json(loss))
+    lost = {w: sum(len(r.get("dead_peer") or ()) for r in ran if r["worker"] == w)
+            for w in {0, 1, 2} - {victim}}
+    sent = plan.world.sent_to_dead()
+    assert got["drops"]["by_reason"].get("dead_peer", 0) == \
+        sum(lost.values()) + sum(sent.values()), (why, got["drops"], lost, sent)
+    res = cli("simulate", "--replay", str(out), "--out", str(tmp_path / "replay"))
+    assert res.returncode == 0, (why, res.stderr)
+    again = rows(tmp_path / "replay")
+    assert [(r["round"], r["worker"], r["train_loss"], r.get("eval_loss"),
+             r.get("uncommitted")) for r in again] == \
+        [(r["round"], r["worker"], r["train_loss"], r.get("eval_loss"), r.get("uncommitted"))
+         for r in ran], why
+    assert summary(tmp_path / "replay")["final_eval_loss"] == got["final_eval_loss"], why
