@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.schema import LinkRow, RunSummary
-from gasloc_emu.report.summary import drops_summary, final_summary
-from gasloc_emu.transport.base import DEAD_PEER
+from gasloc_emu.report.summary import drops_summary, final_summary, with_dead_sends
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
@@ -24,18 +23,6 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
         dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
         drops=drops_summary(with_dead_sends(
             plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive})))
-
-
-def with_dead_sends(plan: RunPlan, by_worker: dict[int, dict]) -> dict[int, dict]:
-    """Each worker's drops by reason, with its messages to workers lost with their hosts
-    (reason ``dead_peer``, from the rounds' peers: ``World.sent_to_dead``) added to those it
-    did without (counted by its transport under the same reason)."""
-    extra = plan.world.sent_to_dead() if plan.world is not None else {}
-    out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
-    for rank, n in extra.items():
-        mine = out.setdefault(rank, {})
-        mine[DEAD_PEER] = mine.get(DEAD_PEER, 0) + n
-    return out
 
 
 def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:

@@ -11,6 +11,7 @@ import torch
 
 from gasloc_emu.report.schema import RunSummary
 from gasloc_emu.training import data, model
+from gasloc_emu.transport.base import DEAD_PEER
 
 
 def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
@@ -59,7 +60,8 @@ def run_summary(plan, wall_s: float, bytes_sent: int, overruns: list[int] | None
         bytes_sent_total=bytes_sent, wall_s=wall_s,
         # the simulator's virtual clock fills in predicted_wall_s and cpu_slots; the launcher
         # replaces drops and control_drops with what its workers and its control plane
-        # dropped (the simulator has no wire, so nothing can be dropped there)
+        # dropped (the simulator has no wire, so nothing can be dropped there but what a
+        # replay's run lost with a dead peer: ``with_dead_sends``)
         drops=drops_summary({r: {} for r in range(cfg.workers)}), control_drops={},
         compute=plan.compute.record(overruns),
         comm=comm_record(plan, bytes_sent, raw_bytes_sent),
@@ -82,6 +84,18 @@ def comm_record(plan, bytes_sent: int, raw_bytes_sent: int | None) -> dict:
     return {"codec": plan.codec.describe() if plan.codec is not None else "none",
             "bytes_sent_total": bytes_sent, "raw_bytes_sent_total": raw,
             "ratio": bytes_sent / raw if raw else None}
+
+
+def with_dead_sends(plan, by_worker: dict[int, dict]) -> dict[int, dict]:
+    """Each worker's drops by reason, with its messages to workers lost with their hosts
+    (reason ``dead_peer``, from the rounds' exchanges: ``World.sent_to_dead``) added to those it
+    did without (counted by its transport under the same reason)."""
+    extra = plan.world.sent_to_dead() if plan.world is not None else {}
+    out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
+    for rank, n in extra.items():
+        mine = out.setdefault(rank, {})
+        mine[DEAD_PEER] = mine.get(DEAD_PEER, 0) + n
+    return out
 
 
 def drops_summary(by_worker: dict[int, dict[str, int]]) -> dict:

@@ -23,7 +23,7 @@ from gasloc_emu.config import Config, ConfigError, resolve
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.records import RunRecord
 from gasloc_emu.report.schema import LinkRow, MetricRow, RunSummary
-from gasloc_emu.report.summary import final_summary
+from gasloc_emu.report.summary import drops_summary, final_summary, with_dead_sends
 from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
@@ -40,6 +40,7 @@ from gasloc_emu.training.drivers import Pairwise, Rounds
 from gasloc_emu.training.model import build_model
 from gasloc_emu.training.rounds import RoundDriver
 from gasloc_emu.training.worker import Diverged, Worker
+from gasloc_emu.transport.base import DEAD_PEER
 from gasloc_emu.transport.faults import InjectedFault, plan_from_config, with_fault
 
 STOP_GRACE_S = 30.0  # how long Ctrl-C waits for the worker threads to reach their next message
@@ -141,6 +142,10 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
                                       "links": _links(lives, hub.clock.link_busy_s),
                                       **_tcp_model_record(hub.clock.link_model)})
         predicted = predicts_wall(cfg, link_model)
+        if world is not None and world.losses:   # a replay does without what its run did
+            summary = summary.replace(drops=drops_summary(with_dead_sends(plan, {
+                life.rank: {DEAD_PEER: n} if (n := len(life.transport.dead_peer_losses)) else {}
+                for life in lives if life.worker is not None})))
         summary = summary.replace(
             membership=None if world is None else membership_summary(world), mode="simulate",
             predicted_wall_s=hub.clock.now_s + offset_s if predicted else None,

@@ -185,3 +185,4 @@ def test_a_diloco_worker_killed_when_the_run_goes_on_is_survived_and_replayed(tm
         [(r["round"], r["worker"], r["train_loss"], r.get("eval_loss"), r.get("uncommitted"))
          for r in ran], why
     assert summary(tmp_path / "replay")["final_eval_loss"] == got["final_eval_loss"], why
+    assert summary(tmp_path / "replay")["drops"] == got["drops"], why   # the same messages

@@ -454,6 +454,7 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     again = _summary(tmp_path / "replay")
     assert again["membership"]["changes"] == summary["membership"]["changes"], why
     assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
+    assert again["drops"] == summary["drops"], why   # the same messages lost with the host
 
 
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
