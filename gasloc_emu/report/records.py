@@ -112,6 +112,7 @@ class RunRecord:
         (written before the run stopped, and to be made again) are taken out."""
         self.path = Path(path)
         self._fd = -1
+        self.uncommitted: dict[int, list[int]] = {}   # rows that say so, for the summary
         self._guard("config.toml", lambda: self._start(cfg))
         if resume_from is not None:
             self.resume_from(resume_from)
@@ -132,9 +133,11 @@ class RunRecord:
     def metric(self, row: MetricRow | Mapping) -> None:
         """One metrics.jsonl line: a ``MetricRow`` (what every runner writes, built and
         checked where it is made), or a mapping written as it is."""
-        line = (json.dumps(row.to_json() if isinstance(row, MetricRow) else _clean(row))
-                + "\n").encode()
+        obj = row.to_json() if isinstance(row, MetricRow) else _clean(row)
+        line = (json.dumps(obj) + "\n").encode()
         self._guard("metrics.jsonl", lambda: self._append(line))
+        if obj.get("uncommitted"):
+            self.uncommitted.setdefault(obj["worker"], []).append(obj["round"])
 
     def _append(self, line: bytes) -> None:
         try:
@@ -193,7 +196,12 @@ class RunRecord:
     def summary(self, obj: RunSummary | Mapping) -> None:
         """summary.json: ``obj``, or the ``RunSummary`` of its keys; when the disk is full,
         the held space is given back and it is written again."""
-        obj = (obj if isinstance(obj, RunSummary) else RunSummary.of(obj)).to_json()
+        obj = obj if isinstance(obj, RunSummary) else RunSummary.of(obj)
+        if self.uncommitted:   # a run that lost rounds cannot pass for an undisturbed one
+            obj = obj.replace(uncommitted={
+                "total": sum(map(len, self.uncommitted.values())),
+                "by_worker": {str(w): sorted(t) for w, t in sorted(self.uncommitted.items())}})
+        obj = obj.to_json()
         try:
             self.write_json("summary.json", obj)
         except RecordError:

@@ -263,6 +263,10 @@ class RunSummary(_Record):
                              group="results")
     control_drops: dict | None = opt("control messages the launcher dropped, by reason "
                                      "(zap.*: connections refused)", group="results")
+    uncommitted: dict | None = opt("rounds whose outer step was not taken, a part of their "
+                                   "ring All-Reduce lost with a dead worker (DiLoCo after a "
+                                   "lost host): {total, by_worker: {rank: [rounds]}}; absent "
+                                   "when none", since=2)
     compute: dict | None = opt("the compute model: profile, step_time_s, inner_budget_s, "
                                "speeds, steps_per_round, overruns", group="results")
     comm: dict | None = opt("the codec and the bytes on the wire against their float32 "

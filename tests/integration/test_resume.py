@@ -166,8 +166,11 @@ def test_a_diloco_worker_killed_when_the_run_goes_on_is_survived_and_replayed(tm
     assert max(r["round"] for r in ran if r["worker"] == victim) == last, why
     for w in {0, 1, 2} - {victim}:   # every round of every survivor
         assert [r["round"] for r in ran if r["worker"] == w] == list(range(rounds)), why
-    # only a round the dead worker was a member of but dead in goes uncommitted
-    assert all(last < r["round"] < loss["round"] for r in ran if r.get("uncommitted")), why
+    # only a round the dead worker was a member of but dead in goes uncommitted, and the
+    # summary lists each such round
+    flagged = [r for r in ran if r.get("uncommitted")]
+    assert all(last < r["round"] < loss["round"] for r in flagged), why
+    assert got.get("uncommitted", {}).get("total", 0) == len(flagged), (why, got)
     # every message lost with it is counted: those done without (the rows) and those sent to
     # it in the rounds it was a member but dead (2(n - 1) a round, by the worker before it)
     plan = build_plan(config.resolve(out / "config.toml"), data=False)
@@ -186,3 +189,4 @@ def test_a_diloco_worker_killed_when_the_run_goes_on_is_survived_and_replayed(tm
          for r in ran], why
     assert summary(tmp_path / "replay")["final_eval_loss"] == got["final_eval_loss"], why
     assert summary(tmp_path / "replay")["drops"] == got["drops"], why   # the same messages
+    assert summary(tmp_path / "replay").get("uncommitted") == got.get("uncommitted"), why

@@ -371,3 +371,22 @@ def test_diloco_does_not_commit_a_round_with_a_gap_and_its_survivors_merge_at_th
     for r in (1, 2):   # after round 1 (merge, then the survivors' step): one state
         assert not out[r][1][0] and torch.equal(out[r][1][1], out[0][1][1])
         assert torch.equal(out[r][1][3], out[0][1][3]) and torch.equal(out[r][1][2], out[r][1][1])
+
+
+def test_the_summary_lists_the_rounds_not_committed(tmp_path):
+    """A run whose rows say some rounds were not committed cannot pass for an undisturbed one:
+    its summary lists them by worker; one without any has no such key."""
+    import json
+
+    from gasloc_emu.report.records import RunRecord
+    from gasloc_emu.report.schema import MetricRow, RunSummary
+    cfg = config.resolve(overrides={"workers": 4})
+    for folder, flagged in ((tmp_path / "lost", {(0, 2), (2, 3), (0, 3)}), (tmp_path / "ok", ())):
+        with RunRecord(folder, cfg) as rec:
+            for w, t in [(0, 2), (1, 2), (2, 2), (0, 3), (2, 3)]:
+                flag = {"uncommitted": True} if (w, t) in flagged else {}
+                rec.metric(MetricRow.from_round(ROW | {"worker": w, "round": t} | flag))
+            rec.summary(RunSummary.ended("stopped", "interrupted", mode="run"))
+    lost = json.loads((tmp_path / "lost" / "summary.json").read_text())
+    assert lost["uncommitted"] == {"total": 3, "by_worker": {"0": [2, 3], "2": [3]}}
+    assert "uncommitted" not in json.loads((tmp_path / "ok" / "summary.json").read_text())
