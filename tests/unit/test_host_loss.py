@@ -206,7 +206,8 @@ def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4), sets=()):
         for t in range(6):
             plan.world.fixer.started(t)
     rows = [5, 5, 5, *dead_rows]
-    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r]) for r in range(6)]
+    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r], final=None)
+                 for r in range(6)]
     infos = [SimpleNamespace(node=k, host=f"h{k}", workers=k + 1) for k in range(3)]
     sup.node = SimpleNamespace(infos=infos, node_of=lambda r: infos[(r > 0) + (r > 2)])
     sup._serve = lambda timeout_s: None
@@ -390,3 +391,21 @@ def test_the_summary_lists_the_rounds_not_committed(tmp_path):
     lost = json.loads((tmp_path / "lost" / "summary.json").read_text())
     assert lost["uncommitted"] == {"total": 3, "by_worker": {"0": [2, 3], "2": [3]}}
     assert "uncommitted" not in json.loads((tmp_path / "ok" / "summary.json").read_text())
+
+
+def test_node_0_loses_a_worker_its_node_agent_saw_killed_and_fails_on_an_error_exit():
+    """A node agent's beat says its worker 4 died (signal 9) while the agent lives: node 0
+    loses that worker alone and goes on; an error exit still ends the run naming it."""
+    def beat(code):
+        return SimpleNamespace(status=lambda node: SimpleNamespace(dead={4: code}, lives={}),
+                               silent_s=lambda node, now: 0.0)
+    sup, host = shell("diloco")
+    sup.lives = [0] * 6
+    sup._check_node(host, beat(-9), 0.0)
+    assert [(x.ranks, x.cause) for x in sup.plan.world.losses] == [((4,), "worker")]
+    assert [r for r, _ in sup.told] == [0, 1, 2, 3, 5] and sup.slots[4].gone
+    sup, host = shell("diloco")
+    sup.lives = [0] * 6
+    sup._when = lambda s: "in round 3"
+    with pytest.raises(RunFailed, match=r"worker 4 died \(exit code 1\) in round 3"):
+        sup._check_node(host, beat(1), 0.0)
