@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gasloc_emu.plan import RunPlan
 from gasloc_emu.report.schema import LinkRow, RunSummary
 from gasloc_emu.report.summary import drops_summary, final_summary, with_dead_sends
+from gasloc_emu.transport.base import DEAD_PEER
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
@@ -22,7 +23,7 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
     return out.replace(
         dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
         drops=drops_summary(with_dead_sends(
-            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive})))
+            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive}, DEAD_PEER)))
 
 
 def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:
@@ -30,7 +31,7 @@ def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:
     its last heartbeat)."""
     return drops_summary(with_dead_sends(plan, {
         s.rank: (s.final["counters"] if s.final is not None else s.status)
-        .get("drop_reasons", {}) for s in slots}))
+        .get("drop_reasons", {}) for s in slots}, DEAD_PEER))
 
 
 def link_bytes(slots: Sequence) -> list[dict]:

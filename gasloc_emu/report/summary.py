@@ -11,7 +11,6 @@ import torch
 
 from gasloc_emu.report.schema import RunSummary
 from gasloc_emu.training import data, model
-from gasloc_emu.transport.base import DEAD_PEER
 
 
 def average_and_consensus(thetas: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
@@ -86,15 +85,15 @@ def comm_record(plan, bytes_sent: int, raw_bytes_sent: int | None) -> dict:
             "ratio": bytes_sent / raw if raw else None}
 
 
-def with_dead_sends(plan, by_worker: dict[int, dict]) -> dict[int, dict]:
+def with_dead_sends(plan, by_worker: dict[int, dict], reason: str) -> dict[int, dict]:
     """Each worker's drops by reason, with its messages to workers lost with their hosts
-    (reason ``dead_peer``, from the rounds' exchanges: ``World.sent_to_dead``) added to those it
-    did without (counted by its transport under the same reason)."""
+    (``reason``: the transport's ``DEAD_PEER``; from the rounds' exchanges,
+    ``World.sent_to_dead``) added to those it did without (counted under the same reason)."""
     extra = plan.world.sent_to_dead() if plan.world is not None else {}
     out = {rank: dict(reasons) for rank, reasons in by_worker.items()}
     for rank, n in extra.items():
         mine = out.setdefault(rank, {})
-        mine[DEAD_PEER] = mine.get(DEAD_PEER, 0) + n
+        mine[reason] = mine.get(reason, 0) + n
     return out
 
 

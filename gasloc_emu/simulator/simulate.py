@@ -145,7 +145,7 @@ def _simulate(plan: RunPlan, out: Path, progress, device: str,
         if world is not None and world.losses:   # a replay does without what its run did
             summary = summary.replace(drops=drops_summary(with_dead_sends(plan, {
                 life.rank: {DEAD_PEER: n} if (n := len(life.transport.dead_peer_losses)) else {}
-                for life in lives if life.worker is not None})))
+                for life in lives if life.worker is not None}, DEAD_PEER)))
         summary = summary.replace(
             membership=None if world is None else membership_summary(world), mode="simulate",
             predicted_wall_s=hub.clock.now_s + offset_s if predicted else None,
