@@ -124,10 +124,11 @@ def test_overlap_with_a_scenario_across_hosts_equals_simulate(hosts, tmp_path):
                                                        rel=1e-6)
 
 
-def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path):
+def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path, preempted_ms):
     """Node 0's launcher fixes a partition at a time for the workers of both hosts (they ask
-    it at each round start); it fires within 10 ms, the record keeps its rounds, and
-    `simulate --replay` of that record gives the run's losses."""
+    it at each round start); it fires within 10 ms (plus the wait for a core this host has
+    now: the launcher's timer is a process that shares the cores), the record keeps its
+    rounds, and `simulate --replay` of that record gives the run's losses."""
     out, scenario = tmp_path / "rec", tmp_path / "cut.toml"
     scenario.write_text("[[event]]\ntype = 'partition'\ngroups = [[0, 1], [2, 3]]\n"
                         "at_s = 0.3\nend_s = 0.7\n")
@@ -138,7 +139,8 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path)
     summary = _summary(out)
     assert summary["status"] == "ok"
     assert [f["part"] for f in summary["membership"]["fixings"]] == ["start", "end"]
-    assert summary["timed_events"]["fired"] == 2 and summary["timed_events"]["max_late_ms"] < 10
+    assert summary["timed_events"]["fired"] == 2
+    assert summary["timed_events"]["max_late_ms"] < 10 + preempted_ms, preempted_ms
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, replay.stderr

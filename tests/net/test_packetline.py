@@ -465,24 +465,6 @@ def bulk(tc_caps, tmp_path_factory):
                         tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def preempted_ms() -> float:
-    """How long a runnable process may wait for a core on this host now, in ms: twice the
-    longest gap in two seconds of spinning (0 on an idle machine; several milliseconds beside
-    a busy job on every core). The packet line is such a process: on a busy machine its
-    releases are late by this much before any fault of its own, so its bounds are its idle
-    ones plus this, measured in the same session. Twice, because while the line runs the
-    sender and the receiver want the cores too, about doubling the runnable tasks the probe
-    competed with (beside one hog per core: the probe's longest gap 5.4 ms, the line's
-    late-release p99 3.4-4.5 ms against its idle bound of 3 ms)."""
-    longest, t = 0.0, time.perf_counter()
-    end = t + 2.0
-    while t < end:
-        now = time.perf_counter()
-        longest, t = max(longest, now - t), now
-    return 2 * longest * 1e3
-
-
 def test_udp_one_way_delay_is_the_configured_delay_within_1ms_at_p95(basic, preempted_ms):
     """Sender and receiver are Python threads beside the line on 2 cores: on CI a few of 300
     probes (1-2 %) read 1-4 ms late, from a wake-up of either; the line's delay under load is
