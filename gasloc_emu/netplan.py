@@ -186,7 +186,8 @@ def _tcp_limited(link_plan) -> bool:
     is the plain arithmetic exactly)."""
     from netem.tcpmodel import DEFAULT_INIT_CWND, TCPIP_HEADER_BYTES
     mss = link_plan.mtu - TCPIP_HEADER_BYTES
-    for (src, dst), link in link_plan.links.items():
+    for src, dst in link_plan.link_classes():   # each kind of link and its reverse, once
+        link = link_plan.links[(src, dst)]
         if link.lossy:
             return True
         back = link_plan.links.get((dst, src))
@@ -318,26 +319,27 @@ class TcpLinkModel:
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 
-        slowest_of: dict[int, float] = {}   # per sender: its links are asked one by one
-
         def params_of(src: int, dst: int):
             from netem.commands import gso_segments
             link = link_plan.links[(src, dst)]
-            # the sender's GSO packets, sized for its slowest link as tc sizes them
-            slowest = slowest_of.get(src)
-            if slowest is None:
-                slowest = slowest_of[src] = min(link_plan.effective_rate_mbit(src, j) for j in
-                                                range(link_plan.workers) if j != src)
+            # the sender's GSO packets, sized for its slowest link as tc sizes them (the plan
+            # answers from its rule: one sender's N - 1 links are not walked per link)
+            slowest = link_plan.slowest_rate_mbit(src)
             return params_for(run.merged(link.tcp), host_tcp(), mtu=link_plan.mtu,
                               loss_pct=min(link.mean_loss_pct(), 99.0),
                               queue_pkts=link.queue_pkts,
                               burst_segments=gso_segments(slowest, link_plan.mtu))
 
+        paths: dict[tuple[int, int], tuple[float, float]] = {}
+
         def plan_path(src: int, dst: int, round_idx: int, now_s: float):
             if not link_plan.shaped:
                 return None, 0.0
-            return (link_plan.effective_rate_mbit(src, dst),
-                    link_plan.links[(src, dst)].latency_ms / 1e3)
+            path = paths.get((src, dst))   # a plan's links do not change: each found once
+            if path is None:
+                path = paths[(src, dst)] = (link_plan.effective_rate_mbit(src, dst),
+                                            link_plan.links[(src, dst)].latency_ms / 1e3)
+            return path
         streams = getattr(getattr(cfg, "comm", None), "streams", 1)
         return cls(link_plan.link_model() if base is None else base,
                    plan_path if path_at is None else path_at, params_of, streams)
@@ -426,12 +428,11 @@ def placement_regions(placement: str) -> tuple[str, ...]:
     return parse_placement(placement) if placement else ()
 
 
-def link_rates(link_plan) -> tuple[tuple[float, ...], ...] | None:
-    """rates[i][j]: what one flow i -> j can get (the link, capped by i's uplink and j's
-    downlink) in Mbit/s, 0 on the diagonal; None when unshaped. What the ``fastest`` graph
-    chooses peers by and every graph's bottleneck is measured with."""
+def link_rates(link_plan):
+    """rates[i, j]: what one flow i -> j can get (the link, capped by i's uplink and j's
+    downlink) in Mbit/s, 0 on the diagonal, as an N x N float64 array (``LinkPlan.
+    rate_matrix``: from the profile's rule where it has one); None when unshaped. What the
+    ``fastest`` graph chooses peers by and every graph's bottleneck is measured with."""
     if link_plan is None or not link_plan.shaped:
         return None
-    n = link_plan.workers
-    return tuple(tuple(0.0 if i == j else float(link_plan.effective_rate_mbit(i, j))
-                       for j in range(n)) for i in range(n))
+    return link_plan.rate_matrix()

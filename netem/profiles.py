@@ -57,7 +57,7 @@ import json
 import math
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,18 +228,209 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
-@dataclass(frozen=True, eq=False)
-class PlainLinkModel:
-    """bytes / rate + latency per directed link (``LinkPlan.link_model``); with no links, every
-    message is free (unshaped). A value, not a closure, so a run plan holding it pickles."""
+class PairIndex(Sequence):
+    """The worker pairs (i, j), i < j, of ``workers`` workers in lexicographic order, computed
+    from their index instead of held: ``random.sample`` draws the same pairs from it as from
+    the list (it reads only ``len`` and the items at the indices it draws), in O(1) memory."""
 
-    rate_bps: dict
-    latency_s: dict
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return self.workers * (self.workers - 1) // 2
+
+    def _start(self, i: int) -> int:
+        """The index of (i, i + 1): the rows before i hold (n - 1) + ... + (n - i) pairs."""
+        return i * (2 * self.workers - i - 1) // 2
+
+    def __getitem__(self, k: int) -> tuple[int, int]:
+        if isinstance(k, slice):
+            return [self[x] for x in range(*k.indices(len(self)))]
+        size = len(self)
+        if k < 0:
+            k += size
+        if not 0 <= k < size:
+            raise IndexError(k)
+        lo, hi = 0, self.workers - 2     # the row: the largest i with _start(i) <= k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._start(mid) <= k:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo, lo + 1 + k - self._start(lo)
+
+
+class BlockLinks(Mapping):
+    """Every directed link of a profile whose links follow a rule, each built when first asked
+    for: worker i is in group ``group[i]``, link i -> j has the values of its groups' block
+    (``block[(group[i], group[j])]``: the ``Link`` fields but src and dst) unless
+    ``exceptions`` names the pair (an index into ``kinds``, the values of the pairs a profile
+    singles out, such as ``skewed``'s slow pairs). Each link is the ``Link`` a dict of all
+    N(N-1) would hold, value for value, but what is held is O(N + blocks + exceptions): the
+    links of 4096 workers are 16.7 M, those a run uses a few per worker.
+
+    Questions about every link are answered from the rule: ``representatives`` (one pair per
+    kind of link and its reverse), ``slowest_rate_mbit`` (of one sender) and ``rate_matrix``."""
+
+    def __init__(self, workers: int, group, block: dict, kinds=(), exceptions=None):
+        self.workers = workers
+        self.group = tuple(group)
+        self.block = dict(block)
+        self.kinds = tuple(kinds)
+        self.exceptions = dict(exceptions or {})
+        if len(self.group) != workers:
+            raise ProfileError(f"a block rule gives {len(self.group)} groups for {workers} "
+                               "workers; expected one per worker")
+        sizes: dict[int, int] = {}
+        for g in self.group:
+            sizes[g] = sizes.get(g, 0) + 1
+        self._sizes = sizes
+        # the groups' blocks that hold a link (a group of one has none to itself)
+        lacking = sorted({(a, b) for a in sizes for b in sizes if a != b or sizes[a] > 1}
+                         - set(self.block))
+        if lacking:
+            raise ProfileError(f"a block rule has no values for groups {lacking[0]}")
+        self._cache: dict[tuple[int, int], Link] = {}
+        self._slowest: dict[int, float] = {}
+        self._by_source: dict[int, list[int]] | None = None
+
+    def fields(self, src: int, dst: int) -> dict:
+        """The ``Link`` fields of src -> dst but src and dst."""
+        kind = self.exceptions.get((src, dst))
+        if kind is not None:
+            return self.kinds[kind]
+        return self.block[(self.group[src], self.group[dst])]
+
+    def __contains__(self, key) -> bool:
+        try:
+            src, dst = key
+        except (TypeError, ValueError):
+            return False
+        return (isinstance(src, int) and isinstance(dst, int) and src != dst
+                and 0 <= src < self.workers and 0 <= dst < self.workers)
+
+    def __getitem__(self, key) -> Link:
+        link = self._cache.get(key)
+        if link is None:
+            if key not in self:
+                raise KeyError(key)
+            link = self._cache[key] = Link(key[0], key[1], **self.fields(*key))
+        return link
+
+    def __iter__(self):
+        n = self.workers
+        return ((i, j) for i in range(n) for j in range(n) if i != j)
+
+    def __len__(self) -> int:
+        return self.workers * (self.workers - 1)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockLinks) and (self.workers, self.group, self.block, self.kinds,
+                                              self.exceptions) == \
+                (other.workers, other.group, other.block, other.kinds, other.exceptions):
+            return True
+        return Mapping.__eq__(self, other)
+
+    __hash__ = None
+
+    def __getstate__(self) -> dict:
+        # a plan's copy (handed to a worker) rebuilds what it asks for
+        return self.__dict__ | {"_cache": {}, "_slowest": {}, "_by_source": None}
+
+    def representatives(self) -> list[tuple[int, int]]:
+        """Directed pairs such that every link and its reverse have the values of one of them
+        and its reverse: each exception and its reverse, and per block a pair that neither
+        way is an exception (none where every pair of the block is one, either way)."""
+        seen, out = set(), []
+
+        def add(src: int, dst: int) -> None:
+            key = (self.exceptions.get((src, dst), -1), self.exceptions.get((dst, src), -1),
+                   self.group[src], self.group[dst])
+            if key not in seen:
+                seen.add(key)
+                out.append((src, dst))
+        for src, dst in self.exceptions:
+            add(src, dst)
+            add(dst, src)
+        members: dict[int, list[int]] = {}
+        for w, g in enumerate(self.group):
+            members.setdefault(g, []).append(w)
+        for ga, gb in sorted(self.block):
+            found = next(((a, b) for a in members.get(ga, ()) for b in members.get(gb, ())
+                          if a != b and (a, b) not in self.exceptions
+                          and (b, a) not in self.exceptions), None)
+            if found is not None:
+                add(*found)
+        return out
+
+    def slowest_rate_mbit(self, src: int) -> float:
+        """The slowest rate_mbit of src's links: its exceptions' and each block it has a link
+        in that is not all exceptions."""
+        slowest = self._slowest.get(src)
+        if slowest is not None:
+            return slowest
+        if self._by_source is None:
+            self._by_source = {}
+            for s, d in self.exceptions:
+                self._by_source.setdefault(s, []).append(d)
+        sizes = self._sizes
+        excepted: dict[int, int] = {}
+        rates = []
+        for d in self._by_source.get(src, ()):
+            excepted[self.group[d]] = excepted.get(self.group[d], 0) + 1
+            rates.append(self.kinds[self.exceptions[(src, d)]]["rate_mbit"])
+        gs = self.group[src]
+        for gb, size in sizes.items():
+            if size - (gb == gs) > excepted.get(gb, 0):
+                rates.append(self.block[(gs, gb)]["rate_mbit"])
+        slowest = self._slowest[src] = min(rates)
+        return slowest
+
+    def rate_matrix(self):
+        """rates[i, j]: rate_mbit of i -> j as a float64 array, 0 on the diagonal."""
+        import numpy as np
+        groups = sorted(set(self.group))
+        index = {g: k for k, g in enumerate(groups)}
+        table = np.array([[float(self.block[(a, b)]["rate_mbit"]) if (a, b) in self.block
+                           else 0.0 for b in groups] for a in groups], dtype=np.float64)
+        g = np.array([index[x] for x in self.group], dtype=np.intp)
+        out = table[g[:, None], g[None, :]]
+        if self.exceptions:
+            pairs = np.array(list(self.exceptions), dtype=np.intp)
+            kind_rates = np.array([float(k["rate_mbit"]) for k in self.kinds])
+            out[pairs[:, 0], pairs[:, 1]] = kind_rates[list(self.exceptions.values())]
+        np.fill_diagonal(out, 0.0)
+        return out
+
+
+class PlainLinkModel:
+    """bytes / rate + latency per directed link (``LinkPlan.link_model``); unshaped, every
+    message is free. Each link's (rate in bit/s, latency in s) is taken from the plan when
+    first timed and kept: a run times a few links per worker, not all N(N-1). A value, not a
+    closure, so a run plan holding it pickles."""
+
+    def __init__(self, plan: LinkPlan):
+        self.plan = plan
+        self._paths: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def path(self, src: int, dst: int) -> tuple[float, float]:
+        """(rate in bit/s, one-way latency in s) of src -> dst."""
+        key = (src, dst)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = (self.plan.effective_rate_mbit(src, dst) * 1e6,
+                                       self.plan.links[key].latency_ms / 1e3)
+        return path
 
     def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
-        if not self.rate_bps:
+        if not self.plan.shaped:
             return 0.0, 0.0
-        return nbytes * 8 / self.rate_bps[(src, dst)], self.latency_s[(src, dst)]
+        rate_bps, latency_s = self.path(src, dst)
+        return nbytes * 8 / rate_bps, latency_s
+
+    def __getstate__(self) -> dict:
+        return {"plan": self.plan, "_paths": {}}
 
 
 @dataclass(frozen=True)
@@ -255,7 +446,12 @@ class LinkPlan:
     mtu: int = 1500         # of the emulated links (net.mtu)
 
     def __post_init__(self) -> None:
-        if self.shaped:
+        if self.shaped and isinstance(self.links, BlockLinks):
+            if self.links.workers != self.workers or self.caps:
+                raise ProfileError(f"profile {self.profile!r}: a rule's links are for "
+                                   f"{self.links.workers} workers, the plan's {self.workers}; "
+                                   "caps are given per link (a dict of links)")
+        elif self.shaped:
             missing = [(i, j) for i in range(self.workers) for j in range(self.workers)
                        if i != j and (i, j) not in self.links]
             if missing:
@@ -270,6 +466,29 @@ class LinkPlan:
         rates = [self.links[(src, dst)].rate_mbit, self.cap(src).up_mbit, self.cap(dst).down_mbit]
         return min(r for r in rates if r is not None)
 
+    def link_classes(self) -> list[tuple[int, int]]:
+        """Directed pairs such that every link and its reverse have the values of one of them
+        and its reverse (all of them for a dict of links; ``BlockLinks.representatives``):
+        enough to answer a question about every link, such as the largest latency."""
+        rule = getattr(self.links, "representatives", None)
+        return rule() if rule is not None else list(self.links)
+
+    def slowest_rate_mbit(self, src: int) -> float:
+        """The slowest ``effective_rate_mbit`` of src's links."""
+        if isinstance(self.links, BlockLinks):   # no caps (checked at construction)
+            return self.links.slowest_rate_mbit(src)
+        return min(self.effective_rate_mbit(src, j) for j in range(self.workers) if j != src)
+
+    def rate_matrix(self):
+        """rates[i, j]: ``effective_rate_mbit(i, j)`` as an N x N float64 array, 0 on the
+        diagonal (the matrix the graph that picks the fastest links chooses from)."""
+        if isinstance(self.links, BlockLinks):
+            return self.links.rate_matrix()
+        import numpy as np
+        n = self.workers
+        return np.array([[0.0 if i == j else float(self.effective_rate_mbit(i, j))
+                          for j in range(n)] for i in range(n)], dtype=np.float64)
+
     def has_caps(self, kind: str) -> bool:
         """Whether any worker has an ``up`` or ``down`` cap."""
         return any(getattr(c, f"{kind}_mbit") is not None for c in self.caps.values())
@@ -277,11 +496,12 @@ class LinkPlan:
     @property
     def impaired(self) -> bool:
         """Whether any link has more than a rate (delay, jitter, loss, reordering)."""
-        return any(link.impaired for link in self.links.values())
+        return any(self.links[key].impaired for key in self.link_classes())
 
     def max_of(self, attr: str) -> float:
         """The largest latency_ms / jitter_ms / loss_pct over all links (0 when unshaped)."""
-        return max((getattr(link, attr) for link in self.links.values()), default=0.0)
+        return max((getattr(self.links[key], attr) for key in self.link_classes()),
+                   default=0.0)
 
     def link_model(self) -> LinkModel:
         """(src, dst, nbytes) -> (wire seconds, latency seconds) for the simulator's virtual clock.
@@ -291,10 +511,7 @@ class LinkPlan:
         sends to (or receives from) several peers at once through a shared cap. Jitter and loss
         are not modelled (their means would only add noise to a prediction).
         """
-        if not self.shaped:
-            return PlainLinkModel({}, {})
-        return PlainLinkModel({key: self.effective_rate_mbit(*key) * 1e6 for key in self.links},
-                              {key: link.latency_ms / 1e3 for key, link in self.links.items()})
+        return PlainLinkModel(self)
 
     def table(self) -> list[dict]:
         """One row per directed link, in (src, dst) order, for display and the run record."""
@@ -333,30 +550,53 @@ def _pairs(workers: int) -> list[tuple[int, int]]:
     return [(i, j) for i in range(workers) for j in range(i + 1, workers)]
 
 
-def _uniform_rates(net, workers: int, seed: int) -> tuple[dict, str]:
-    return {pair: net.rate_mbit for pair in _pairs(workers)}, ""
+@dataclass(frozen=True)
+class PairRule:
+    """A pair profile's rates as a rule rather than one per pair: worker i is in group
+    ``group[i]``; the pair i, j runs at ``block[(g_i, g_j)]`` (given for g_i <= g_j) unless it
+    is in ``singled`` ({(i, j), i < j: rate}); the same rate both ways."""
+
+    group: tuple[int, ...]
+    block: dict
+    singled: dict
+    note: str
+
+    def rate(self, i: int, j: int) -> float:
+        """The rate of the pair i, j (i != j), either way round."""
+        a, b = min(i, j), max(i, j)
+        if (a, b) in self.singled:
+            return self.singled[(a, b)]
+        ga, gb = sorted((self.group[a], self.group[b]))
+        return self.block[(ga, gb)]
 
 
-def _skewed_rates(net, workers: int, seed: int) -> tuple[dict, str]:
-    pairs = _pairs(workers)
+def _uniform_rates(net, workers: int, seed: int) -> PairRule:
+    return PairRule((0,) * workers, {(0, 0): net.rate_mbit}, {}, "")
+
+
+def _skewed_rates(net, workers: int, seed: int) -> PairRule:
+    # drawn from the pairs' index, not a list of them: the same pairs, in O(1) memory
+    pairs = PairIndex(workers)
     n_slow = math.ceil(SKEWED_FRACTION * len(pairs))
     slow = sorted(random.Random(seed).sample(pairs, n_slow))
-    slow_set = set(slow)   # a list's membership test made this quadratic in the pairs
-    rates = {p: (net.slow_rate_mbit if p in slow_set else net.rate_mbit) for p in pairs}
-    return rates, f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}"
+    return PairRule((0,) * workers, {(0, 0): net.rate_mbit},
+                    dict.fromkeys(slow, net.slow_rate_mbit),
+                    f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}")
 
 
-def _skewed_worker_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+def _skewed_worker_rates(net, workers: int, seed: int) -> PairRule:
     slow = random.Random(seed).randrange(workers)
-    rates = {p: (net.slow_rate_mbit if slow in p else net.rate_mbit) for p in _pairs(workers)}
-    return rates, f"slow worker: {slow}"
+    group = tuple(int(w == slow) for w in range(workers))
+    return PairRule(group, {(0, 0): net.rate_mbit, (0, 1): net.slow_rate_mbit,
+                            (1, 1): net.slow_rate_mbit}, {}, f"slow worker: {slow}")
 
 
-def _two_cluster_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+def _two_cluster_rates(net, workers: int, seed: int) -> PairRule:
     half = (workers + 1) // 2
-    rates = {(i, j): (net.rate_mbit if (i < half) == (j < half) else net.slow_rate_mbit)
-             for i, j in _pairs(workers)}
-    return rates, f"clusters: 0-{half - 1} and {half}-{workers - 1}"
+    group = tuple(int(w >= half) for w in range(workers))
+    return PairRule(group, {(0, 0): net.rate_mbit, (0, 1): net.slow_rate_mbit,
+                            (1, 1): net.rate_mbit}, {},
+                    f"clusters: 0-{half - 1} and {half}-{workers - 1}")
 
 
 def lognormal_worker_rates(rate_mbit: float, workers: int, seed: int) -> list[float]:
@@ -398,6 +638,26 @@ def run_tcp(tcp) -> TcpSettings:
         return TcpSettings(**{k: getattr(tcp, k) for k in TcpSettings.__dataclass_fields__})
     except TcpSettingsError as exc:
         raise ProfileError(str(exc)) from None
+
+
+def _links_from_rule(net, rule: PairRule, tcp: TcpSettings, workers: int) -> BlockLinks:
+    """``_links_from_pairs``'s links, link for link, as a rule (``BlockLinks``): each group's
+    block and each singled-out pair in both directions, with the run's impairments and TCP."""
+    values = _net_impairments(net)
+    groups = sorted(set(rule.group))
+    block = {(a, b): {"rate_mbit": rule.block[(min(a, b), max(a, b))], **values, "tcp": tcp}
+             for a in groups for b in groups}
+    kinds, kind_of, exceptions = [], {}, {}
+    for (i, j), rate in rule.singled.items():
+        k = kind_of.get(rate)
+        if k is None:
+            k = kind_of[rate] = len(kinds)
+            kinds.append({"rate_mbit": rate, **values, "tcp": tcp})
+        exceptions[(i, j)] = exceptions[(j, i)] = k
+    links = BlockLinks(workers, rule.group, block, kinds, exceptions)
+    for key in links.representatives():
+        links[key]   # every value in use checked once (``Link``), named by a link that has it
+    return links
 
 
 def _links_from_pairs(net, rates: dict[tuple[int, int], float],
@@ -644,23 +904,26 @@ def _plan_from_sites(net, workers: int, path: Path, data: dict, tcp: TcpSettings
     links = _site_links(data, n, where)
     site_of = site_of_workers(data.get("placement"), workers, n, f"{where} placement")
     same = _same_site(data, where)
-    shared = [(a, b) for a in range(workers) for b in range(workers)
-              if a != b and site_of[a] == site_of[b]]
+    first_on: dict[int, int] = {}
+    shared = []   # the first two workers, in worker order, on one site
+    for w, site in enumerate(site_of):
+        if site in first_on and (not shared or first_on[site] < shared[0][0]):
+            shared = [(first_on[site], w)]
+        first_on.setdefault(site, w)
     if shared and same is None:
         raise ProfileError(f"{where}: workers {shared[0][0]} and {shared[0][1]} are both on "
                            f"site {site_of[shared[0][0]]} and the file has no [same_site] rule "
                            "for them; add one, or run at most one worker per site")
     base = _net_impairments(net)
     run_tcp_ = _file_tcp(data, where, tcp)
-    plan_links = {}
-    for a in range(workers):
-        for b in range(workers):
-            if a == b:
-                continue
-            sa, sb = site_of[a], site_of[b]
-            values = dict(links[(sa, sb)]) if sa != sb else \
-                {k: v for k, v in same.items() if k != "rule"}
-            plan_links[(a, b)] = Link(a, b, **(base | values), tcp=run_tcp_)
+    # one group per site: every link between two sites is their measured link
+    used = sorted(set(site_of))
+    block = {(sa, sb): base | (dict(links[(sa, sb)]) if sa != sb else
+                               {k: v for k, v in same.items() if k != "rule"}) | {"tcp": run_tcp_}
+             for sa in used for sb in used if sa != sb or same is not None}
+    plan_links = BlockLinks(workers, site_of, block)
+    for key in plan_links.representatives():
+        plan_links[key]   # every value in use checked once (``Link``)
     hosts = ", ".join(str(s.get("host", s["id"])) for s in sites)
     same_note = (f"same-site links: {same['rule']} ({same['rate_mbit']:g} Mbit/s, "
                  f"{same.get('latency_ms', 0):g} ms)" if shared else "no two workers share a site")
@@ -713,7 +976,11 @@ def build_link_plan(net, workers: int, seed: int, tcp=None,
     if name == "cloud":
         return _cloud_plan(net, workers, run)
     if name in _NAMED_BUILDERS:
-        rates, note = _NAMED_BUILDERS[name](net, workers, seed)
+        built = _NAMED_BUILDERS[name](net, workers, seed)
+        if isinstance(built, PairRule):
+            return LinkPlan(workers, _links_from_rule(net, built, run, workers), {},
+                            profile=name, note=built.note, mtu=net.mtu)
+        rates, note = built
     elif builder is not None:
         rates, note = _checked_pairs(name, builder(net, workers, seed), workers)
     else:
@@ -750,16 +1017,22 @@ def _cloud_plan(net, workers: int, tcp: TcpSettings) -> LinkPlan:
             raise cloud.CloudError(
                 f"net.placement = {text!r} places {len(placement)} workers; this run has "
                 f"{workers}: give one region per worker (region*count repeats one)")
-        links, note = cloud.cloud_links(placement, getattr(net, "cloud_rate", "capacity"),
-                                        getattr(net, "cloud_missing", "error"))
+        between, note = cloud.region_links(placement, getattr(net, "cloud_rate", "capacity"),
+                                           getattr(net, "cloud_missing", "error"))
     except cloud.CloudError as exc:
         raise ProfileError(f"profile 'cloud': {exc}") from None
     values = _net_impairments(net)
     extra_ms = values.pop("latency_ms", 0.0)
-    plan_links = {key: Link(key[0], key[1], c.rate_mbit,
-                            latency_ms=round(c.rtt_ms / 2 + extra_ms, 3), **values, tcp=tcp)
-                  for key, c in links.items()}
-    return LinkPlan(workers, plan_links, {}, profile="cloud", note=note, mtu=net.mtu)
+    # one group per region: every link between two regions is their measured link
+    index = {region: k for k, region in enumerate(dict.fromkeys(placement))}
+    block = {(index[a], index[b]): {"rate_mbit": c.rate_mbit,
+                                    "latency_ms": round(c.rtt_ms / 2 + extra_ms, 3),
+                                    **values, "tcp": tcp}
+             for (a, b), c in between.items()}
+    links = BlockLinks(workers, [index[r] for r in placement], block)
+    for key in links.representatives():
+        links[key]   # every value in use checked once (``Link``), named by a link that has it
+    return LinkPlan(workers, links, {}, profile="cloud", note=note, mtu=net.mtu)
 
 
 def _unshaped_plan(net, workers: int) -> LinkPlan:
