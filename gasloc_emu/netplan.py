@@ -288,15 +288,19 @@ class TcpLinkModel:
     costs the bytes at the rate. Jitter is left out (a mean of zero; its effect on the RTO
     and reordering is not modelled)."""
 
-    def __init__(self, base, path_at, params_of, streams: int = 1):
+    def __init__(self, base, path_at, params_of, streams: int = 1, fixed_paths: bool = False):
+        """``fixed_paths``: ``path_at`` gives each link one path whatever the round and time
+        (the plan's own): each link's path, round trip and connection are then found once."""
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
             raise ValueError(f"streams = {streams!r} is out of range; expected an integer in "
                              "[1, 1024]")
         self.base, self.path_at, self.streams = base, path_at, streams
+        self.fixed_paths = fixed_paths
         self._params_of = params_of
         self._params: dict[tuple[int, int], object] = {}
         self._conns: dict[tuple[int, int], object] = {}
         self._stats: dict[tuple[int, int], dict] = {}
+        self._fixed: dict[tuple[int, int], tuple] = {}   # fixed paths: (latency s, conn, stats)
 
     def describe(self) -> str:
         base = getattr(self.base, "describe", None)
@@ -342,11 +346,13 @@ class TcpLinkModel:
             return path
         streams = getattr(getattr(cfg, "comm", None), "streams", 1)
         return cls(link_plan.link_model() if base is None else base,
-                   plan_path if path_at is None else path_at, params_of, streams)
+                   plan_path if path_at is None else path_at, params_of, streams,
+                   fixed_paths=path_at is None)
 
     def fresh(self) -> TcpLinkModel:
         """The same links with no connection yet (each replay starts from new connections)."""
-        return type(self)(self.base, self.path_at, self._params_of, self.streams)
+        return type(self)(self.base, self.path_at, self._params_of, self.streams,
+                          self.fixed_paths)
 
     def params_of(self, src: int, dst: int):
         key = (src, dst)
@@ -374,6 +380,10 @@ class TcpLinkModel:
         dst: wire is until its last byte has left the sender's bottleneck (slow start, the
         restart after idle, window limits and retransmissions included), latency the one-way
         delay after that, as the plain protocol has them."""
+        fixed = self._fixed.get((src, dst)) if self.fixed_paths else None
+        if fixed is not None:     # the plan's link, its connection found before
+            latency_s, conn, st = fixed
+            return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
         rate, latency_s = self.path_at(src, dst, round_idx, start_s)
         try:
             _, back_s = self.path_at(dst, src, round_idx, start_s)
@@ -384,14 +394,23 @@ class TcpLinkModel:
         if rate is None or (rtt_s == 0 and params.loss_pct == 0):
             return self.at_round(src, dst, nbytes, round_idx, start_s)
         conn = self._connection(src, dst, params, rate, rtt_s)
-        tt = conn.transfer(nbytes, start_s)
         st = self._stats[(src, dst)]
+        if self.fixed_paths:
+            self._fixed[(src, dst)] = (latency_s, conn, st)
+        return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
+
+    @staticmethod
+    def _timed(tt, st: dict, nbytes: int) -> float:
+        """Count the message ``tt`` in its link's stats; its wire seconds."""
         st["messages"] += 1
         st["bytes"] += nbytes
         st["restarts"] += tt.restarted
-        for part in ("total_s", "serialisation_s", "propagation_s", "window_s", "retransmit_s"):
-            st[part] += getattr(tt, part)
-        return tt.wire_s, latency_s
+        st["total_s"] += tt.total_s
+        st["serialisation_s"] += tt.serialisation_s
+        st["propagation_s"] += tt.propagation_s
+        st["window_s"] += tt.window_s
+        st["retransmit_s"] += tt.retransmit_s
+        return tt.wire_s
 
     def _connection(self, src: int, dst: int, params, rate: float, rtt_s: float):
         from netem.tcpmodel import TcpConnection

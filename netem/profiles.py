@@ -57,7 +57,7 @@ import json
 import math
 import random
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,37 +228,23 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
-class PairIndex(Sequence):
-    """The worker pairs (i, j), i < j, of ``workers`` workers in lexicographic order, computed
-    from their index instead of held: ``random.sample`` draws the same pairs from it as from
-    the list (it reads only ``len`` and the items at the indices it draws), in O(1) memory."""
+def pairs_at(workers: int, index) -> list[tuple[int, int]]:
+    """The pairs (i, j), i < j, at ``index`` (an int array) of the list of all pairs of
+    ``workers`` workers in lexicographic order, without the list: row i starts at
+    i (2n - i - 1) / 2, so i is the floor of the smaller root of i^2 - (2n - 1) i + 2k
+    (corrected where the float root is one off)."""
+    import numpy as np
+    k = np.asarray(index, dtype=np.int64)
+    m = 2 * workers - 1
+    i = np.floor((m - np.sqrt(float(m) * m - 8.0 * k)) / 2).astype(np.int64)
+    i = np.clip(i, 0, max(workers - 2, 0))
 
-    def __init__(self, workers: int):
-        self.workers = workers
-
-    def __len__(self) -> int:
-        return self.workers * (self.workers - 1) // 2
-
-    def _start(self, i: int) -> int:
-        """The index of (i, i + 1): the rows before i hold (n - 1) + ... + (n - i) pairs."""
-        return i * (2 * self.workers - i - 1) // 2
-
-    def __getitem__(self, k: int) -> tuple[int, int]:
-        if isinstance(k, slice):
-            return [self[x] for x in range(*k.indices(len(self)))]
-        size = len(self)
-        if k < 0:
-            k += size
-        if not 0 <= k < size:
-            raise IndexError(k)
-        lo, hi = 0, self.workers - 2     # the row: the largest i with _start(i) <= k
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._start(mid) <= k:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo, lo + 1 + k - self._start(lo)
+    def start(r):
+        return r * (2 * workers - r - 1) // 2
+    i -= (start(i) > k)
+    i += (start(i + 1) <= k) & (i < workers - 2)
+    j = i + 1 + k - start(i)
+    return list(zip(i.tolist(), j.tolist()))
 
 
 class BlockLinks(Mapping):
@@ -292,8 +278,9 @@ class BlockLinks(Mapping):
         if lacking:
             raise ProfileError(f"a block rule has no values for groups {lacking[0]}")
         self._cache: dict[tuple[int, int], Link] = {}
-        self._slowest: dict[int, float] = {}
-        self._by_source: dict[int, list[int]] | None = None
+        self._slowest: list[float] | None = None
+        self._arrays = None
+        self._representatives: tuple[tuple[int, int], ...] | None = None
 
     def fields(self, src: int, dst: int) -> dict:
         """The ``Link`` fields of src -> dst but src and dst."""
@@ -336,21 +323,32 @@ class BlockLinks(Mapping):
 
     def __getstate__(self) -> dict:
         # a plan's copy (handed to a worker) rebuilds what it asks for
-        return self.__dict__ | {"_cache": {}, "_slowest": {}, "_by_source": None}
+        return self.__dict__ | {"_cache": {}, "_slowest": None, "_representatives": None,
+                                "_arrays": None}
 
     def representatives(self) -> list[tuple[int, int]]:
         """Directed pairs such that every link and its reverse have the values of one of them
         and its reverse: each exception and its reverse, and per block a pair that neither
         way is an exception (none where every pair of the block is one, either way)."""
+        if self._representatives is None:
+            self._representatives = self._find_representatives()
+        return list(self._representatives)
+
+    def _find_representatives(self) -> tuple[tuple[int, int], ...]:
+        exc, group = self.exceptions, self.group
         seen, out = set(), []
 
         def add(src: int, dst: int) -> None:
-            key = (self.exceptions.get((src, dst), -1), self.exceptions.get((dst, src), -1),
-                   self.group[src], self.group[dst])
+            key = (exc.get((src, dst), -1), exc.get((dst, src), -1), group[src], group[dst])
             if key not in seen:
                 seen.add(key)
                 out.append((src, dst))
-        for src, dst in self.exceptions:
+        first: dict[tuple, tuple[int, int]] = {}   # one exception per kind, both ways
+        for (src, dst), kind in exc.items():
+            key = (kind, exc.get((dst, src), -1), group[src], group[dst])
+            if key not in first:
+                first[key] = (src, dst)
+        for src, dst in first.values():
             add(src, dst)
             add(dst, src)
         members: dict[int, list[int]] = {}
@@ -362,30 +360,49 @@ class BlockLinks(Mapping):
                           and (b, a) not in self.exceptions), None)
             if found is not None:
                 add(*found)
-        return out
+        return tuple(out)
 
     def slowest_rate_mbit(self, src: int) -> float:
         """The slowest rate_mbit of src's links: its exceptions' and each block it has a link
-        in that is not all exceptions."""
-        slowest = self._slowest.get(src)
-        if slowest is not None:
-            return slowest
-        if self._by_source is None:
-            self._by_source = {}
-            for s, d in self.exceptions:
-                self._by_source.setdefault(s, []).append(d)
-        sizes = self._sizes
-        excepted: dict[int, int] = {}
-        rates = []
-        for d in self._by_source.get(src, ()):
-            excepted[self.group[d]] = excepted.get(self.group[d], 0) + 1
-            rates.append(self.kinds[self.exceptions[(src, d)]]["rate_mbit"])
-        gs = self.group[src]
-        for gb, size in sizes.items():
-            if size - (gb == gs) > excepted.get(gb, 0):
-                rates.append(self.block[(gs, gb)]["rate_mbit"])
-        slowest = self._slowest[src] = min(rates)
-        return slowest
+        in that is not all exceptions (found for every sender at once, when first asked)."""
+        if self._slowest is None:
+            self._slowest = self._slowest_of_all()
+        return self._slowest[src]
+
+    def _exception_arrays(self):
+        """(src, dst, kind) of every exception as int arrays (made once)."""
+        if self._arrays is None:
+            self._arrays = self._make_exception_arrays()
+        return self._arrays
+
+    def _make_exception_arrays(self):
+        import numpy as np
+        count = len(self.exceptions)
+        pairs = np.fromiter((x for key in self.exceptions for x in key), dtype=np.intp,
+                            count=2 * count).reshape(count, 2)
+        kinds = np.fromiter(self.exceptions.values(), dtype=np.intp, count=count)
+        return pairs[:, 0], pairs[:, 1], kinds
+
+    def _slowest_of_all(self) -> list[float]:
+        import numpy as np
+        n = self.workers
+        groups = sorted(self._sizes)
+        gindex = {g: k for k, g in enumerate(groups)}
+        g = np.array([gindex[x] for x in self.group], dtype=np.intp)
+        sizes = np.array([self._sizes[x] for x in groups], dtype=np.int64)
+        # links from each worker into each group: the group's size, less itself
+        links_into = np.broadcast_to(sizes, (n, len(groups))).copy()
+        links_into[np.arange(n), g] -= 1
+        slowest = np.full(n, np.inf)
+        if self.exceptions:
+            srcs, dsts, kinds = self._exception_arrays()
+            kind_rates = np.array([float(k["rate_mbit"]) for k in self.kinds])
+            np.minimum.at(slowest, srcs, kind_rates[kinds])
+            np.subtract.at(links_into, (srcs, g[dsts]), 1)
+        block = np.array([[float(self.block[(a, b)]["rate_mbit"]) if (a, b) in self.block
+                           else np.inf for b in groups] for a in groups])
+        from_block = np.where(links_into > 0, block[g], np.inf).min(axis=1)
+        return np.minimum(slowest, from_block).tolist()
 
     def rate_matrix(self):
         """rates[i, j]: rate_mbit of i -> j as a float64 array, 0 on the diagonal."""
@@ -397,9 +414,9 @@ class BlockLinks(Mapping):
         g = np.array([index[x] for x in self.group], dtype=np.intp)
         out = table[g[:, None], g[None, :]]
         if self.exceptions:
-            pairs = np.array(list(self.exceptions), dtype=np.intp)
+            srcs, dsts, kinds = self._exception_arrays()
             kind_rates = np.array([float(k["rate_mbit"]) for k in self.kinds])
-            out[pairs[:, 0], pairs[:, 1]] = kind_rates[list(self.exceptions.values())]
+            out[srcs, dsts] = kind_rates[kinds]
         np.fill_diagonal(out, 0.0)
         return out
 
@@ -575,10 +592,13 @@ def _uniform_rates(net, workers: int, seed: int) -> PairRule:
 
 
 def _skewed_rates(net, workers: int, seed: int) -> PairRule:
-    # drawn from the pairs' index, not a list of them: the same pairs, in O(1) memory
-    pairs = PairIndex(workers)
-    n_slow = math.ceil(SKEWED_FRACTION * len(pairs))
-    slow = sorted(random.Random(seed).sample(pairs, n_slow))
+    # drawn as indices into the list of pairs (i < j, lexicographic), not from the list:
+    # ``random.sample`` draws its indices from len(population) and k alone, so these are the
+    # indices of the pairs sampling the list would give, and in the same order (held: N^2 / 2
+    # pairs, 8.4 M at 4096 workers, is most of a plan's memory)
+    pairs = workers * (workers - 1) // 2
+    n_slow = math.ceil(SKEWED_FRACTION * pairs)
+    slow = pairs_at(workers, sorted(random.Random(seed).sample(range(pairs), n_slow)))
     return PairRule((0,) * workers, {(0, 0): net.rate_mbit},
                     dict.fromkeys(slow, net.slow_rate_mbit),
                     f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}")

@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from netem.tcpsettings import CONGESTION_CONTROLS, HostTcp, TcpSettings, effective
 
@@ -197,24 +198,24 @@ class TcpParams:
         _check_int("mtu", mtu, 576, 65_535)
         return cls(mss_bytes=mtu - TCPIP_HEADER_BYTES, **kwargs)
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def loss_based(self) -> bool:
         return self.congestion_control in LOSS_BASED
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def restarts_after_idle(self) -> bool:
         """tcp_slow_start_after_idle_check: the sysctl, and no cong_control hook (not bbr)."""
         return self.slow_start_after_idle and self.loss_based
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def beta(self) -> float:
         return {"reno": RENO_BETA, "cubic": CUBIC_BETA, "bbr": 1.0}[self.congestion_control]
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def loss(self) -> float:
         return self.loss_pct / 100
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def window_cap_segs(self) -> float:
         """Segments in flight the buffers allow: min(receive, send buffer) / MSS."""
         return min(self.rcv_buf_bytes, self.snd_buf_bytes) / self.mss_bytes
@@ -401,8 +402,10 @@ class TcpConnection:
         """The message of ``nbytes`` offered at ``start_s`` (the caller's clock); the time
         since the previous message's last send is the connection's idle time. A message
         offered before the previous one is out waits for it (one connection is a FIFO)."""
-        _check_int("nbytes", nbytes, 0, 2**62)
-        _check_float("start_s", start_s, -1e15, 1e15)
+        if not (type(nbytes) is int and 0 <= nbytes <= 2**62):   # the common case at once
+            _check_int("nbytes", nbytes, 0, 2**62)
+        if not (type(start_s) is float and -1e15 <= start_s <= 1e15):
+            _check_float("start_s", start_s, -1e15, 1e15)
         path, p = self._path, self.params
         owd = path.rtt_s / 2
         if nbytes == 0:

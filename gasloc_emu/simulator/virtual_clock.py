@@ -147,6 +147,9 @@ class VirtualClock:
             raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
         fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
         self.link_model = fresh() if fresh is not None else link_model
+        # what the model times a message with (``_link``), found once
+        self._transfer = getattr(self.link_model, "transfer", None)
+        self._at_round = getattr(self.link_model, "at_round", None)
         self.slots, self.emit = float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque(), index) for index in range(world_size * lanes_per_worker)]
@@ -246,6 +249,13 @@ class VirtualClock:
                 self._apply(rank, lane, ops.popleft())
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
+        kind = op.__class__       # the two most frequent steps first, by their class
+        if kind is Send:
+            self._send(rank, op)
+            return
+        if kind is Recv:
+            self._recv(lane, op.key)
+            return
         if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
                 and not op.idle and not op.timed:
             op = self._timed(lane, op)
@@ -323,10 +333,10 @@ class VirtualClock:
         ``start_s`` (after the link's earlier messages: a connection's idle time ends then),
         and the round; a model with ``at_round`` (a scenario's links change by round or by
         time) gets the round in the message's key and the send time."""
-        transfer = getattr(self.link_model, "transfer", None)
+        transfer = self._transfer
         if transfer is not None:
             return transfer(src, dst, op.nbytes, start_s, op.key[2])
-        at_round = getattr(self.link_model, "at_round", None)
+        at_round = self._at_round
         if at_round is not None:
             return at_round(src, dst, op.nbytes, op.key[2], self.now_s)
         return self.link_model(src, dst, op.nbytes)
