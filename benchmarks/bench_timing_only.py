@@ -53,9 +53,9 @@ def _count_events(clock) -> list[int]:
 
 def one(workers: int, rounds: int, step_s: float, check_rounds: int | None) -> dict:
     cfg = C.resolve(None, settings(workers, rounds, step_s))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = build_plan(cfg, data=False)
-    plan_s = time.perf_counter() - t0
+    plan_s, plan_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     timing.check(plan)
     clock, _ = timing.timing_clock(plan)
     events = _count_events(clock)
@@ -64,7 +64,7 @@ def one(workers: int, rounds: int, step_s: float, check_rounds: int | None) -> d
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     assert clock.finished()
     out = {"workers": workers, "rounds": rounds, "plan_s": plan_s, "wall_s": wall_s,
-           "events": events[0], "predicted_s": clock.now_s}
+           "cpu_s": plan_cpu_s + cpu_s, "events": events[0], "predicted_s": clock.now_s}
     if check_rounds is not None:
         out["equal"] = equal_to_simulate(workers, check_rounds, step_s)
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -98,15 +98,22 @@ def main() -> None:
     ap.add_argument("--step-time-s", type=float, default=0.05)
     ap.add_argument("--check-upto", type=int, default=64)
     ap.add_argument("--check-rounds", type=int, default=3)
+    ap.add_argument("--goal-workers", type=int, default=4096,
+                    help="the worker count the goal is for (checked when it is run)")
+    ap.add_argument("--goal-s", type=float, default=60.0,
+                    help="plan s + wall s the goal allows at --goal-workers")
+    ap.add_argument("--goal-mb", type=float, default=2048.0,
+                    help="peak RSS the goal allows at --goal-workers")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:
         check = args.check_rounds if args.one <= args.check_upto else None
         print(json.dumps(one(args.one, args.rounds, args.step_time_s, check)))
         return
-    print("| N | rounds | plan s | wall s | events | events/s | peak RSS MB | equal to simulate |")
-    print("|---|---|---|---|---|---|---|---|")
-    prev = None
+    print("| N | rounds | plan s | wall s | plan + wall s | CPU s | events | events/s | "
+          "peak RSS MB | equal to simulate |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    prev, goal = None, None
     for n in args.workers:
         cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds),
                "--step-time-s", str(args.step_time_s), "--check-upto", str(args.check_upto),
@@ -116,9 +123,17 @@ def main() -> None:
         growth = f" ({r['wall_s'] / prev:.1f}x)" if prev else ""
         prev = r["wall_s"]
         eq = {True: "yes", False: "NO"}.get(r.get("equal"), "-")
+        total = r["plan_s"] + r["wall_s"]
         print(f"| {n} | {r['rounds']} | {r['plan_s']:.1f} | {r['wall_s']:.2f}{growth} | "
-              f"{r['events']} | {r['events'] / r['wall_s']:.0f} | {r['rss_mb']:.0f} | {eq} |",
-              flush=True)
+              f"{total:.1f} | {r['cpu_s']:.1f} | {r['events']} | "
+              f"{r['events'] / r['wall_s']:.0f} | {r['rss_mb']:.0f} | {eq} |", flush=True)
+        if n == args.goal_workers:
+            goal = total < args.goal_s and r["rss_mb"] < args.goal_mb and r.get("equal", True)
+            print(f"\ngoal: {n} workers x {r['rounds']} rounds in {total:.1f} s (plan + wall; "
+                  f"< {args.goal_s:g} s) with {r['rss_mb']:.0f} MB peak RSS (< "
+                  f"{args.goal_mb:g} MB): {'met' if goal else 'NOT met'}\n", flush=True)
+    if goal is False:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -323,16 +323,22 @@ class TcpLinkModel:
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 
+        made: dict[tuple, object] = {}
+
         def params_of(src: int, dst: int):
             from netem.commands import gso_segments
             link = link_plan.links[(src, dst)]
             # the sender's GSO packets, sized for its slowest link as tc sizes them (the plan
             # answers from its rule: one sender's N - 1 links are not walked per link)
             slowest = link_plan.slowest_rate_mbit(src)
-            return params_for(run.merged(link.tcp), host_tcp(), mtu=link_plan.mtu,
-                              loss_pct=min(link.mean_loss_pct(), 99.0),
-                              queue_pkts=link.queue_pkts,
-                              burst_segments=gso_segments(slowest, link_plan.mtu))
+            given = (link.tcp, min(link.mean_loss_pct(), 99.0), link.queue_pkts,
+                     gso_segments(slowest, link_plan.mtu))
+            params = made.get(given)   # links alike share their (frozen) params
+            if params is None:
+                params = made[given] = params_for(
+                    run.merged(given[0]), host_tcp(), mtu=link_plan.mtu, loss_pct=given[1],
+                    queue_pkts=given[2], burst_segments=given[3])
+            return params
 
         paths: dict[tuple[int, int], tuple[float, float]] = {}
 

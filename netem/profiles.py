@@ -244,7 +244,7 @@ def pairs_at(workers: int, index) -> list[tuple[int, int]]:
     i -= (start(i) > k)
     i += (start(i + 1) <= k) & (i < workers - 2)
     j = i + 1 + k - start(i)
-    return list(zip(i.tolist(), j.tolist()))
+    return list(zip(i.tolist(), j.tolist(), strict=True))
 
 
 class BlockLinks(Mapping):

@@ -170,18 +170,21 @@ class _Program:
         self.step += steps
         ops.append(Compute(compute_s, self.model.nominal))
         sent = received = 0
-        rank, counted = self.rank, self.counted
+        rank, counted, size_of, append = self.rank, self.counted, self.sizes.of, ops.append
         for m in self.algo.exchange(t, t == self.rounds - 1, self.plan.codec):
+            peer, r, kind = m.peer, m.round, m.kind
             if m.sends:
-                nbytes, raw = self.sizes.of(rank, m.peer, m.round, m.kind)
-                ops.append(Send((m.peer, rank, m.round, m.kind), nbytes))
+                nbytes, raw = size_of(rank, peer, r, kind)
+                append(Send((peer, rank, r, kind), nbytes))
                 sent += nbytes
-                link = counted.setdefault((rank, m.peer), [0, 0])
+                link = counted.get((rank, peer))
+                if link is None:
+                    link = counted[(rank, peer)] = [0, 0]
                 link[0] += nbytes
                 link[1] += raw
             else:
-                received += self.sizes.of(m.peer, rank, m.round, m.kind)[0]
-                ops.append(Recv((rank, m.peer, m.round, m.kind)))
+                received += size_of(peer, rank, r, kind)[0]
+                append(Recv((rank, peer, r, kind)))
         row = {"worker": rank, "round": t, "step": self.step, "train_loss": None,
                "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": sent,
                "bytes_recv": received, "peers": self.algo.peers(t), "steps": steps,

@@ -256,6 +256,9 @@ class VirtualClock:
         if kind is Recv:
             self._recv(lane, op.key)
             return
+        if kind is Mark:
+            self._mark(lane, op.row)
+            return
         if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
                 and not op.idle and not op.timed:
             op = self._timed(lane, op)
@@ -310,22 +313,27 @@ class VirtualClock:
         return scaled
 
     def _send(self, src_lane: int, op: Send) -> None:
-        dst_lane = op.key[0]
+        key = op.key
+        dst_lane = key[0]
         src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
-        arrival = self.now_s
+        now = arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
             link = (src, dst)
-            start = max(self.now_s, self.link_free_s.get(link, 0.0))
-            wire_s, latency_s = self._link(src, dst, op, start)
+            free = self.link_free_s.get(link, 0.0)
+            start = now if now >= free else free
+            transfer = self._transfer   # ``_link``'s first case, the TCP model's, inline
+            wire_s, latency_s = transfer(src, dst, op.nbytes, start, key[2]) \
+                if transfer is not None else self._link(src, dst, op, start)
             self.link_free_s[link] = start + wire_s
-            self.link_busy_s[link] = self.link_busy_s.get(link, 0.0) + wire_s
+            busy = self.link_busy_s
+            busy[link] = busy.get(link, 0.0) + wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
-        if receiver.state == _WAITING and receiver.waiting_key == op.key:
+        if receiver.state == _WAITING and receiver.waiting_key == key:
             receiver.wake_s, receiver.waiting_key = arrival, None
             self._wake_at(receiver, arrival)
         else:
-            self.arrivals[op.key] = arrival
+            self.arrivals[key] = arrival
 
     def _link(self, src: int, dst: int, op: Send, start_s: float) -> tuple[float, float]:
         """(wire s, latency s) of one message; a model with ``transfer`` (``netplan.
