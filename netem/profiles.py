@@ -76,6 +76,7 @@ else:  # pragma: no cover - exercised only on 3.10
 PAIR_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
 NAMED = (*PAIR_PROFILES, "cloud")
 SKEWED_FRACTION = 0.10      # share of worker pairs that are slow in ``skewed``
+NOTE_PAIRS = 64             # ``skewed``'s note names this many slow pairs, then counts the rest
 LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
 RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
 LATENCY_RANGE_MS = (0.0, 10_000.0)
@@ -530,20 +531,24 @@ class LinkPlan:
         """
         return PlainLinkModel(self)
 
-    def table(self) -> list[dict]:
-        """One row per directed link, in (src, dst) order, for display and the run record."""
+    def table(self, pairs=None) -> list[dict]:
+        """One row per directed link (of ``pairs`` only, when given), in (src, dst) order, for
+        display and the run record."""
+        keys = sorted(self.links) if pairs is None else sorted(set(pairs))
         return [{"src": s, "dst": d, "rate_mbit": link.rate_mbit,
                  "effective_mbit": self.effective_rate_mbit(s, d), "latency_ms": link.latency_ms,
                  "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct,
                  **_extra_columns(link)}
-                for (s, d), link in sorted(self.links.items())]
+                for (s, d), link in ((key, self.links[key]) for key in keys)]
 
-    def describe(self) -> dict:
-        """A JSON-able summary: profile, links, caps."""
+    def describe(self, pairs=None) -> dict:
+        """A JSON-able summary: profile, links (those of ``pairs`` only, when given; ``count``
+        is all of them), caps."""
         caps = {str(k): {"up_mbit": c.up_mbit, "down_mbit": c.down_mbit}
                 for k, c in sorted(self.caps.items())}
         return {"profile": self.profile, "workers": self.workers, "shaped": self.shaped,
-                "note": self.note, "mtu": self.mtu, "links": self.table(), "caps": caps}
+                "note": self.note, "mtu": self.mtu, "links": self.table(pairs),
+                "count": len(self.links), "caps": caps}
 
 
 def _extra_columns(link: Link) -> dict:
@@ -599,9 +604,10 @@ def _skewed_rates(net, workers: int, seed: int) -> PairRule:
     pairs = workers * (workers - 1) // 2
     n_slow = math.ceil(SKEWED_FRACTION * pairs)
     slow = pairs_at(workers, sorted(random.Random(seed).sample(range(pairs), n_slow)))
+    listed = ", ".join(f"{i}-{j}" for i, j in slow[:NOTE_PAIRS]) or "none"
+    more = f" and {len(slow) - NOTE_PAIRS} more" if len(slow) > NOTE_PAIRS else ""
     return PairRule((0,) * workers, {(0, 0): net.rate_mbit},
-                    dict.fromkeys(slow, net.slow_rate_mbit),
-                    f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}")
+                    dict.fromkeys(slow, net.slow_rate_mbit), f"slow pairs: {listed}{more}")
 
 
 def _skewed_worker_rates(net, workers: int, seed: int) -> PairRule:
