@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import random
 import sys
 from collections.abc import Callable, Mapping
@@ -291,19 +292,25 @@ class BlockLinks(Mapping):
         return self.block[(self.group[src], self.group[dst])]
 
     def __contains__(self, key) -> bool:
+        return self._pair(key) is not None
+
+    def _pair(self, key) -> tuple[int, int] | None:
+        """``key`` as a pair of distinct workers (any integers, as a dict's keys would match
+        them), or None."""
         try:
-            src, dst = key
+            src, dst = (operator.index(x) for x in key)
         except (TypeError, ValueError):
-            return False
-        return (isinstance(src, int) and isinstance(dst, int) and src != dst
-                and 0 <= src < self.workers and 0 <= dst < self.workers)
+            return None
+        ok = src != dst and 0 <= src < self.workers and 0 <= dst < self.workers
+        return (src, dst) if ok else None
 
     def __getitem__(self, key) -> Link:
         link = self._cache.get(key)
         if link is None:
-            if key not in self:
+            pair = self._pair(key)
+            if pair is None:
                 raise KeyError(key)
-            link = self._cache[key] = Link(key[0], key[1], **self.fields(*key))
+            link = self._cache[key] = Link(pair[0], pair[1], **self.fields(*pair))
         return link
 
     def __iter__(self):
