@@ -216,7 +216,7 @@ def play(clock: VirtualClock) -> None:
     """``clock.run()`` with Python's cyclic garbage collector paused: the replay allocates
     millions of small objects that hold no cycles (steps, rows, keys), and each of the
     collector's full passes walks the whole heap, which grows with N (at 4096 workers the
-    passes took a quarter of the replay); it is switched back on, as it was, however the
+    passes took a third of the replay's CPU time); it is switched back on, as it was, however the
     replay ends."""
     enabled = gc.isenabled()
     gc.disable()
