@@ -410,11 +410,17 @@ class TcpConnection:
         owd = path.rtt_s / 2
         if nbytes == 0:
             return TransferTime(owd, 0.0, owd, 0.0, 0.0)
-        self._shift(-start_s)           # the message's own frame: its start is 0
-        t0 = 0.0 if self._last_send_s is None else max(0.0, self._last_send_s)
-        restarted = self._after_idle(t0)
+        last = self._last_send_s        # into the message's own frame: its start is 0 (the
+        if last is not None:            # ``_shift`` by -start_s, inline: once per message)
+            last = self._last_send_s = last + -start_s
+        self._ack_clock_s += -start_s
+        t0 = 0.0 if last is None else max(0.0, last)
+        # ``_after_idle`` but its first test, which most messages stop at, inline
+        restarted = False if last is None or t0 < last + path.rtt_eff_s \
+            else self._after_idle(t0)
         run = self._rounds(nbytes / self.streams / p.mss_bytes, t0)
-        tail_s = tail_repair_s(p.loss, run.last_rtt_segs, path.rtt_s)
+        loss = p.loss
+        tail_s = tail_repair_s(loss, run.last_rtt_segs, path.rtt_s) if loss > 0 else 0.0
         self._last_send_s = run.end_s + tail_s
         self._shift(start_s)
         total = run.end_s + tail_s + owd
@@ -521,11 +527,12 @@ class TcpConnection:
             self._grow_saturated(duration_s, top_segs)
         out.end_s = t_s + duration_s
         out.lost_segs += need * p
-        out.rounds += max(1, math.ceil(need / max(self._window(), 1.0)))
+        w = min(self._cwnd, self.params.window_cap_segs)   # ``_window``: cwnd is set by now
+        out.rounds += max(1, math.ceil(need / max(w, 1.0)))
         out.last_rtt_segs = min(need, path.bdp_segs)
         self._clock_s += duration_s
         self._ack_clock_s, self._round_left = out.end_s, 0.0
-        self._srtt_s = self._queued_rtt_s(self._window())
+        self._srtt_s = self._queued_rtt_s(w)
         self._loss_acc = math.fmod(self._loss_acc + need * p, 1.0)
         return out
 
@@ -548,7 +555,8 @@ class TcpConnection:
     def _closed_form(self, remaining: float, t_s: float, out: _Round) -> _Round | None:
         """The rest of the message in closed form, where its rounds are known: None if not."""
         path, params = self._path, self.params
-        w, cap = self._window(), params.window_cap_segs
+        cap = params.window_cap_segs
+        w = min(self._cwnd, cap)    # ``_window``
         saturated = w >= path.bdp_segs
         if params.congestion_control == "bbr":
             if self._bbr_full_bw and (saturated or w >= cap - _EPS):

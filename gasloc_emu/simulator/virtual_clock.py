@@ -236,7 +236,7 @@ class VirtualClock:
         One pass is enough: a step changes only its own worker's state (a send only sets when
         the receiver will wake, which takes effect in ``_step_to``).
         """
-        source = self.source
+        source, send, recv = self.source, self._send, self._recv
         for rank in sorted(self._ready):
             lane = self.lanes[rank]
             ops = lane.ops
@@ -246,7 +246,14 @@ class VirtualClock:
                     if not more:
                         break
                     ops.extend(more)
-                self._apply(rank, lane, ops.popleft())
+                op = ops.popleft()
+                kind = op.__class__     # the two most frequent steps here, the rest in _apply
+                if kind is Send:
+                    send(rank, op)
+                elif kind is Recv:
+                    recv(lane, op.key)
+                else:
+                    self._apply(rank, lane, op)
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
         kind = op.__class__       # the two most frequent steps first, by their class
