@@ -186,7 +186,8 @@ def _tcp_limited(link_plan) -> bool:
     is the plain arithmetic exactly)."""
     from netem.tcpmodel import DEFAULT_INIT_CWND, TCPIP_HEADER_BYTES
     mss = link_plan.mtu - TCPIP_HEADER_BYTES
-    for (src, dst), link in link_plan.links.items():
+    for src, dst in link_plan.link_classes():   # each kind of link and its reverse, once
+        link = link_plan.links[(src, dst)]
         if link.lossy:
             return True
         back = link_plan.links.get((dst, src))
@@ -287,15 +288,19 @@ class TcpLinkModel:
     costs the bytes at the rate. Jitter is left out (a mean of zero; its effect on the RTO
     and reordering is not modelled)."""
 
-    def __init__(self, base, path_at, params_of, streams: int = 1):
+    def __init__(self, base, path_at, params_of, streams: int = 1, fixed_paths: bool = False):
+        """``fixed_paths``: ``path_at`` gives each link one path whatever the round and time
+        (the plan's own): each link's path, round trip and connection are then found once."""
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 1024:
             raise ValueError(f"streams = {streams!r} is out of range; expected an integer in "
                              "[1, 1024]")
         self.base, self.path_at, self.streams = base, path_at, streams
+        self.fixed_paths = fixed_paths
         self._params_of = params_of
         self._params: dict[tuple[int, int], object] = {}
         self._conns: dict[tuple[int, int], object] = {}
         self._stats: dict[tuple[int, int], dict] = {}
+        self._fixed: dict[tuple[int, int], tuple] = {}   # fixed paths: (latency s, conn, stats)
 
     def describe(self) -> str:
         base = getattr(self.base, "describe", None)
@@ -318,33 +323,42 @@ class TcpLinkModel:
         run = TcpSettings(**{k: getattr(getattr(cfg, "tcp", None), k, v) for k, v in
                              TcpSettings().as_dict().items()})
 
-        slowest_of: dict[int, float] = {}   # per sender: its links are asked one by one
+        made: dict[tuple, object] = {}
 
         def params_of(src: int, dst: int):
             from netem.commands import gso_segments
             link = link_plan.links[(src, dst)]
-            # the sender's GSO packets, sized for its slowest link as tc sizes them
-            slowest = slowest_of.get(src)
-            if slowest is None:
-                slowest = slowest_of[src] = min(link_plan.effective_rate_mbit(src, j) for j in
-                                                range(link_plan.workers) if j != src)
-            return params_for(run.merged(link.tcp), host_tcp(), mtu=link_plan.mtu,
-                              loss_pct=min(link.mean_loss_pct(), 99.0),
-                              queue_pkts=link.queue_pkts,
-                              burst_segments=gso_segments(slowest, link_plan.mtu))
+            # the sender's GSO packets, sized for its slowest link as tc sizes them (the plan
+            # answers from its rule: one sender's N - 1 links are not walked per link)
+            slowest = link_plan.slowest_rate_mbit(src)
+            given = (link.tcp, min(link.mean_loss_pct(), 99.0), link.queue_pkts,
+                     gso_segments(slowest, link_plan.mtu))
+            params = made.get(given)   # links alike share their (frozen) params
+            if params is None:
+                params = made[given] = params_for(
+                    run.merged(given[0]), host_tcp(), mtu=link_plan.mtu, loss_pct=given[1],
+                    queue_pkts=given[2], burst_segments=given[3])
+            return params
+
+        paths: dict[tuple[int, int], tuple[float, float]] = {}
 
         def plan_path(src: int, dst: int, round_idx: int, now_s: float):
             if not link_plan.shaped:
                 return None, 0.0
-            return (link_plan.effective_rate_mbit(src, dst),
-                    link_plan.links[(src, dst)].latency_ms / 1e3)
+            path = paths.get((src, dst))   # a plan's links do not change: each found once
+            if path is None:
+                path = paths[(src, dst)] = (link_plan.effective_rate_mbit(src, dst),
+                                            link_plan.links[(src, dst)].latency_ms / 1e3)
+            return path
         streams = getattr(getattr(cfg, "comm", None), "streams", 1)
         return cls(link_plan.link_model() if base is None else base,
-                   plan_path if path_at is None else path_at, params_of, streams)
+                   plan_path if path_at is None else path_at, params_of, streams,
+                   fixed_paths=path_at is None)
 
     def fresh(self) -> TcpLinkModel:
         """The same links with no connection yet (each replay starts from new connections)."""
-        return type(self)(self.base, self.path_at, self._params_of, self.streams)
+        return type(self)(self.base, self.path_at, self._params_of, self.streams,
+                          self.fixed_paths)
 
     def params_of(self, src: int, dst: int):
         key = (src, dst)
@@ -372,6 +386,10 @@ class TcpLinkModel:
         dst: wire is until its last byte has left the sender's bottleneck (slow start, the
         restart after idle, window limits and retransmissions included), latency the one-way
         delay after that, as the plain protocol has them."""
+        fixed = self._fixed.get((src, dst)) if self.fixed_paths else None
+        if fixed is not None:     # the plan's link, its connection found before
+            latency_s, conn, st = fixed
+            return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
         rate, latency_s = self.path_at(src, dst, round_idx, start_s)
         try:
             _, back_s = self.path_at(dst, src, round_idx, start_s)
@@ -382,14 +400,23 @@ class TcpLinkModel:
         if rate is None or (rtt_s == 0 and params.loss_pct == 0):
             return self.at_round(src, dst, nbytes, round_idx, start_s)
         conn = self._connection(src, dst, params, rate, rtt_s)
-        tt = conn.transfer(nbytes, start_s)
         st = self._stats[(src, dst)]
+        if self.fixed_paths:
+            self._fixed[(src, dst)] = (latency_s, conn, st)
+        return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
+
+    @staticmethod
+    def _timed(tt, st: dict, nbytes: int) -> float:
+        """Count the message ``tt`` in its link's stats; its wire seconds."""
         st["messages"] += 1
         st["bytes"] += nbytes
         st["restarts"] += tt.restarted
-        for part in ("total_s", "serialisation_s", "propagation_s", "window_s", "retransmit_s"):
-            st[part] += getattr(tt, part)
-        return tt.wire_s, latency_s
+        st["total_s"] += tt.total_s
+        st["serialisation_s"] += tt.serialisation_s
+        st["propagation_s"] += tt.propagation_s
+        st["window_s"] += tt.window_s
+        st["retransmit_s"] += tt.retransmit_s
+        return tt.wire_s
 
     def _connection(self, src: int, dst: int, params, rate: float, rtt_s: float):
         from netem.tcpmodel import TcpConnection
@@ -426,12 +453,11 @@ def placement_regions(placement: str) -> tuple[str, ...]:
     return parse_placement(placement) if placement else ()
 
 
-def link_rates(link_plan) -> tuple[tuple[float, ...], ...] | None:
-    """rates[i][j]: what one flow i -> j can get (the link, capped by i's uplink and j's
-    downlink) in Mbit/s, 0 on the diagonal; None when unshaped. What the ``fastest`` graph
-    chooses peers by and every graph's bottleneck is measured with."""
+def link_rates(link_plan):
+    """rates[i, j]: what one flow i -> j can get (the link, capped by i's uplink and j's
+    downlink) in Mbit/s, 0 on the diagonal, as an N x N float64 array (``LinkPlan.
+    rate_matrix``: from the profile's rule where it has one); None when unshaped. What the
+    ``fastest`` graph chooses peers by and every graph's bottleneck is measured with."""
     if link_plan is None or not link_plan.shaped:
         return None
-    n = link_plan.workers
-    return tuple(tuple(0.0 if i == j else float(link_plan.effective_rate_mbit(i, j))
-                       for j in range(n)) for i in range(n))
+    return link_plan.rate_matrix()

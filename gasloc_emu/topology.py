@@ -125,14 +125,20 @@ def _adjacency(n: int, edges: set[tuple[int, int]]) -> list[list[int]]:
     return [sorted(s) for s in adj]
 
 
-def edge_rates(rates: tuple[tuple[float, ...], ...]) -> dict[tuple[int, int], float]:
+def edge_rates(rates) -> dict[tuple[int, int], float]:
     """The rate of each undirected edge (i < j): the slower of its two directed links, since a
     gossip exchange sends both ways and the round waits for both messages."""
-    n = len(rates)
-    return {(i, j): min(rates[i][j], rates[j][i]) for i in range(n) for j in range(i + 1, n)}
+    rows = np.asarray(rates).tolist()
+    n = len(rows)
+    return {(i, j): min(rows[i][j], rows[j][i]) for i in range(n) for j in range(i + 1, n)}
 
 
-def _edges_fastest(n: int, d: int, rates: tuple[tuple[float, ...], ...], slack: float = 0.0
+def edge_rate(rates, a: int, b: int) -> float:
+    """``edge_rates``' rate of the one edge a, b (without the other N^2 / 2)."""
+    return float(min(rates[a, b], rates[b, a]))
+
+
+def _edges_fastest(n: int, d: int, rates, slack: float = 0.0
                    ) -> set[tuple[int, int]]:
     """The connected graph of degree at most d on the fastest links (``FASTEST_RULE``).
 
@@ -199,19 +205,29 @@ FASTEST_RULE = ("fastest: a spanning tree of greatest bottleneck under the degre
                 "apart first, then the fastest")
 
 
-def check_rates(rates, n: int) -> tuple[tuple[float, ...], ...]:
-    """``rates`` as an n x n tuple of tuples of link rates (Mbit/s, the diagonal ignored);
+def check_rates(rates, n: int) -> np.ndarray:
+    """``rates`` (rows of link rates in Mbit/s, the diagonal ignored) as a read-only n x n
+    float64 array (8 bytes a link, checked at once: 4096 workers' 16.7 M links are 134 MB);
     TopologyError naming the first bad entry."""
-    rows = tuple(tuple(float(v) for v in row) for row in rates)
-    if len(rows) != n or any(len(row) != n for row in rows):
+    if isinstance(rates, np.ndarray):
+        matrix = np.array(rates, dtype=np.float64)
+    else:
+        rows = [[float(v) for v in row] for row in rates]
+        if len(rows) != n or any(len(row) != n for row in rows):
+            raise TopologyError(f"link rates must be an {n} x {n} matrix (one row per worker); "
+                                f"got {len(rows)} rows of lengths {sorted({len(r) for r in rows})}")
+        matrix = np.array(rows, dtype=np.float64).reshape(n, n)
+    if matrix.shape != (n, n):
         raise TopologyError(f"link rates must be an {n} x {n} matrix (one row per worker); got "
-                            f"{len(rows)} rows of lengths {sorted({len(r) for r in rows})}")
-    for i, row in enumerate(rows):
-        for j, v in enumerate(row):
-            if i != j and not (math.isfinite(v) and v > 0):
-                raise TopologyError(f"link rate {i} -> {j} = {v!r} Mbit/s; expected a finite "
-                                    "rate > 0")
-    return rows
+                            f"shape {matrix.shape}")
+    bad = ~(np.isfinite(matrix) & (matrix > 0))
+    np.fill_diagonal(bad, False)
+    if bad.any():
+        i, j = (int(x) for x in np.argwhere(bad)[0])
+        raise TopologyError(f"link rate {i} -> {j} = {float(matrix[i, j])!r} Mbit/s; expected a "
+                            "finite rate > 0")
+    matrix.setflags(write=False)
+    return matrix
 
 
 def random_matching(edges: set[tuple[int, int]], n: int, rng: np.random.Generator,
@@ -476,7 +492,7 @@ class Topology:
     alpha: float = 1.0
     # compared and hashed by their digest (below): the memoised rounds hash the topology on
     # every call, and n x n rates of a large run would cost more than the rounds themselves
-    rates: tuple[tuple[float, ...], ...] | None = field(default=None, repr=False, compare=False)
+    rates: np.ndarray | None = field(default=None, repr=False, compare=False)
     slack: float = 0.0   # fastest: how much slower than its tree's bottleneck a link may be
     rates_digest: str = field(default="", init=False, repr=False)
 
@@ -488,7 +504,7 @@ class Topology:
             rows = check_rates(self.rates, self.n)
             object.__setattr__(self, "rates", rows)
             object.__setattr__(self, "rates_digest", hashlib.blake2b(
-                np.asarray(rows, dtype=np.float64).tobytes(), digest_size=16).hexdigest())
+                rows.tobytes(), digest_size=16).hexdigest())
         elif fam.needs_rates:
             raise TopologyError(f"topology {self.name!r} chooses peers by the links' measured "
                                 "rates: it needs a shaped bandwidth profile (net.bw_profile, "
@@ -520,18 +536,17 @@ class Topology:
         graph for random matchings, any of which a round may draw); None without rates."""
         if self.rates is None:
             return None
-        rate = edge_rates(self.rates)
-        return min(rate[e] for e in self.possible_edges)
+        return min(edge_rate(self.rates, a, b) for a, b in self.possible_edges)
 
     def peers_record(self) -> dict:
         """The chosen peers for the run record: the rule, and for a fixed graph of at most
         ``MAX_RECORDED_EDGES`` edges each edge with its rate (Mbit/s, the slower direction;
         null when unshaped); ``edge_count`` in any case."""
-        rate = edge_rates(self.rates) if self.rates is not None else {}
         listed = not self.time_varying and len(self.possible_edges) <= MAX_RECORDED_EDGES
         return {"rule": self.rule, "bottleneck_mbit": self.bottleneck_mbit(),
                 "edge_count": len(self.possible_edges),
-                "edges": [[a, b, rate.get((a, b))] for a, b in sorted(self.possible_edges)]
+                "edges": [[a, b, None if self.rates is None else edge_rate(self.rates, a, b)]
+                          for a, b in sorted(self.possible_edges)]
                 if listed else None}
 
     @property
@@ -598,8 +613,24 @@ class Topology:
     @cached_property
     def lambda2(self) -> float:
         """Second-largest eigenvalue modulus of (expected) W."""
+        if self.n > DENSE_SPECTRUM_MAX:
+            low, second = self._extremes
+            return float(max(abs(low), abs(second)))
         eig = np.sort(np.abs(self.spectrum))[::-1]
         return float(eig[1]) if len(eig) > 1 else 0.0
+
+    @cached_property
+    def _extremes(self) -> tuple[float, float]:
+        """(the smallest eigenvalue of (expected) W, the largest but the one of the all-ones
+        vector), by Lanczos (``lanczos_extremes``): what ``lambda2`` and ``momentum_growth``
+        need of the spectrum past ``DENSE_SPECTRUM_MAX`` workers, where a dense eigensolve
+        would cost more than the run (O(N^3): some 15-30 s at N = 4096 on 2 cores)."""
+        w = self.expected_mixing()
+        ends = lanczos_extremes(sparse_matvec(w), self.n, seed=self.seed)
+        if ends is None:
+            mus = self.spectrum
+            ends = (float(mus[0]), float(mus[-2]))
+        return ends
 
     @property
     def spectral_gap(self) -> float:
@@ -616,8 +647,11 @@ class Topology:
         mu (bipartite-like graphs, sparse Metropolis weights) a large gamma makes a root of
         r^2 - mu (1 + gamma) r + mu gamma leave the unit circle and the workers diverge.
         """
-        mus = self.spectrum
-        roots = [np.roots([1.0, -mu * (1 + gamma), mu * gamma]) for mu in mus[:-1]]
+        # past DENSE_SPECTRUM_MAX the two ends of the spectrum but 1: a root's modulus grows
+        # with mu on [0, 1) (|r| = sqrt(mu gamma) while complex, the larger real root after)
+        # and with |mu| for mu < 0 (real roots, the larger (|mu| (1 + gamma) + sqrt(disc)) / 2)
+        mus = self._extremes if self.n > DENSE_SPECTRUM_MAX else self.spectrum[:-1]
+        roots = [np.roots([1.0, -mu * (1 + gamma), mu * gamma]) for mu in mus]
         return float(max(np.abs(r).max() for r in roots)) if roots else 0.0
 
 
@@ -667,6 +701,56 @@ def mh_table(n: int, edges: Iterable[tuple[int, int]], alpha: float
     peers[src, col] = dst
     weights[src, col] = alpha / (1.0 + np.maximum(deg[src], deg[dst]))
     return 1.0 - weights.sum(1), peers, weights
+
+
+# up to this many workers the spectrum is one dense eigensolve (every eigenvalue, as before);
+# past it its two ends come from Lanczos on the sparse W
+DENSE_SPECTRUM_MAX = 1024
+LANCZOS_STEPS = 400    # then a dense eigensolve: W's ends are not apart enough for Lanczos
+LANCZOS_TOL = 1e-12    # on the residual bound of each end's Ritz value
+
+
+def sparse_matvec(w: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """x -> w @ x over w's nonzero entries only (a gossip W has N (degree + 1) of them)."""
+    rows, cols = np.nonzero(w)
+    vals = w[rows, cols]
+    n = w.shape[0]
+    return lambda x: np.bincount(rows, weights=vals * x[cols], minlength=n)
+
+
+def lanczos_extremes(matvec: Callable[[np.ndarray], np.ndarray], n: int,
+                     steps: int = LANCZOS_STEPS, seed: int = 0) -> tuple[float, float] | None:
+    """(smallest, largest) eigenvalue of a symmetric doubly stochastic W on the complement of
+    the all-ones vector (its eigenvalue 1 left out, as ``spectrum[:-1]`` leaves it), by Lanczos
+    with full reorthogonalisation (Golub & Van Loan, "Matrix Computations", 4th ed., sec. 10.1
+    and 10.3.1): the Ritz values of T_k lie inside the spectrum and the extreme ones converge
+    first; each is taken once its residual bound |beta_k s_k| (sec. 10.1.4) is below
+    ``LANCZOS_TOL``. None when ``steps`` steps do not get both there (a ring's ends are
+    O(1 / N^2) apart: the caller solves densely)."""
+    rng = np.random.default_rng([seed, n, 0x1A2C])
+    q = rng.standard_normal(n)
+    q -= q.mean()
+    q /= np.linalg.norm(q)
+    k_max = min(steps, n - 1)
+    basis = np.empty((k_max, n))
+    alphas: list[float] = []
+    betas: list[float] = []
+    for k in range(k_max):
+        basis[k] = q
+        v = matvec(q)
+        alphas.append(float(q @ v))
+        for _ in range(2):   # twice is enough (Parlett)
+            v -= basis[:k + 1].T @ (basis[:k + 1] @ v)
+            v -= v.mean()
+        beta = float(np.linalg.norm(v))
+        done = beta < 1e-12 or k == n - 2    # an invariant subspace: T's values are exact
+        if done or (k + 1) % 25 == 0 or k == k_max - 1:
+            ritz, vecs = np.linalg.eigh(np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1))
+            if done or beta * max(abs(vecs[-1, 0]), abs(vecs[-1, -1])) < LANCZOS_TOL:
+                return float(ritz[0]), float(ritz[-1])
+        betas.append(beta)
+        q = v / beta
+    return None
 
 
 def _mixing_matrix(graph, t: int) -> np.ndarray:
@@ -836,7 +920,7 @@ def critical_momentum(lambda2: float) -> float:
     return (1.0 - math.sqrt(1.0 - lam)) ** 2 / lam
 
 
-def from_config(cfg, rates: tuple[tuple[float, ...], ...] | None = None) -> Topology:
+def from_config(cfg, rates=None) -> Topology:
     """The gossip graph of a resolved ``Config``; the run plan builds it once, for the
     algorithms that need one (``OuterAlgorithm.needs_graph``), and hands it down. ``rates``:
     the link plan's directed rates (``netplan.link_rates``), None when unshaped."""

@@ -231,6 +231,22 @@ def cloud_links(placement: tuple[str, ...], kind: str, missing: str,
                 table: CloudTable | None = None) -> tuple[dict[tuple[int, int], CloudLink], str]:
     """Every directed link of workers placed in ``placement``, and the note that says where
     each number came from."""
+    between, note = region_links(placement, kind, missing, table)
+    n = len(placement)
+    return {(i, j): between[(placement[i], placement[j])]
+            for i in range(n) for j in range(n) if i != j}, note
+
+
+# a rule's links named one by one in the note up to this many; beyond, by their regions
+NOTE_LINKS = 64
+
+
+def region_links(placement: tuple[str, ...], kind: str, missing: str,
+                 table: CloudTable | None = None) -> tuple[dict[tuple[str, str], CloudLink], str]:
+    """The link between each ordered pair of the placement's regions that two different
+    workers are in (a region to itself where it holds two), and the note that says where each
+    number came from: what every link of the workers placed in ``placement`` is, held once per
+    pair of regions, not once per pair of workers."""
     if kind not in RATES:
         raise CloudError(f"net.cloud_rate = {kind!r} is not allowed; expected one of "
                          f"{', '.join(RATES)}")
@@ -238,30 +254,59 @@ def cloud_links(placement: tuple[str, ...], kind: str, missing: str,
         raise CloudError(f"net.cloud_missing = {missing!r} is not allowed; expected one of "
                          f"{', '.join(MISSING)}")
     table = table or load_table()
-    links: dict[tuple[int, int], CloudLink] = {}
-    rules: dict[str, list[str]] = {}
-    n = len(placement)
-    for i in range(n):
-        for j in range(n):
-            if i == j:
+    members: dict[str, list[int]] = {}
+    for w, region in enumerate(placement):
+        members.setdefault(region, []).append(w)
+    between: dict[tuple[str, str], CloudLink] = {}
+    failed: dict[tuple[str, str], CloudError] = {}
+    for a in members:
+        for b in members:
+            if a == b and len(members[a]) < 2:
                 continue
-            a, b = placement[i], placement[j]
-            if a == b:
-                m, rule = table.same_region(a)
-                link = CloudLink(m.capacity_mbit, m.rtt_ms, f"same region: {rule}"
-                                 + ("; capacity, as the intercloud set has no same-region rows"
-                                    if kind == "single-stream" else ""))
-            else:
-                try:
-                    link = pair_link(table, a, b, kind, missing)
-                except CloudError as exc:
-                    raise CloudError(f"workers {i} -> {j}: {exc}") from None
-            links[(i, j)] = link
-            if link.how:
-                rules.setdefault(link.how, []).append(f"{i}->{j}")
+            try:
+                between[(a, b)] = _region_link(table, a, b, kind, missing)
+            except CloudError as exc:
+                failed[(a, b)] = exc
+    if failed:   # named by the first pair of workers, in worker order, that lacks a link
+        i, j = next((i, j) for i in range(len(placement)) for j in range(len(placement))
+                    if (placement[i], placement[j]) in failed and i != j)
+        raise CloudError(f"workers {i} -> {j}: {failed[(placement[i], placement[j])]}")
     where = ", ".join(f"{i} {r}" for i, r in enumerate(placement))
     parts = [f"regions: {where}", f"rate: {_RATE_WORDS[kind]}",
              "latency: RTT / 2 (Skyplane ping, lower median) + net.latency_ms"]
-    parts += [f"{how} (links {' '.join(keys)})" for how, keys in rules.items()]
+    parts += _rule_notes(placement, members, between)
     parts.append(f"table: cloud_regions.json v{table.version}, derived {table.derived}")
-    return links, "; ".join(parts)
+    return between, "; ".join(parts)
+
+
+def _region_link(table: CloudTable, a: str, b: str, kind: str, missing: str) -> CloudLink:
+    """The link between a worker in region a and one in b (a region to itself: the
+    same-region rule)."""
+    if a == b:
+        m, rule = table.same_region(a)
+        return CloudLink(m.capacity_mbit, m.rtt_ms, f"same region: {rule}"
+                         + ("; capacity, as the intercloud set has no same-region rows"
+                            if kind == "single-stream" else ""))
+    return pair_link(table, a, b, kind, missing)
+
+
+def _rule_notes(placement: tuple[str, ...], members: dict[str, list[int]],
+                between: dict[tuple[str, str], CloudLink]) -> list[str]:
+    """Each rule that filled a link, with its links (``i->j``, in worker order) or, past
+    ``NOTE_LINKS`` of them, the region pairs and the count."""
+    counts: dict[str, int] = {}
+    pairs_of: dict[str, list[tuple[str, str]]] = {}
+    for (a, b), link in between.items():
+        if link.how:
+            counts[link.how] = counts.get(link.how, 0) + len(members[a]) * len(members[b]) \
+                - (len(members[a]) if a == b else 0)
+            pairs_of.setdefault(link.how, []).append((a, b))
+    listed = {how for how, count in counts.items() if count <= NOTE_LINKS}
+    keys = {how: [f"{i}->{j}" for i, j in sorted(
+        (i, j) for a, b in pairs_of[how] for i in members[a] for j in members[b] if i != j)]
+        for how in listed}
+    order = sorted(counts, key=lambda how: min(
+        (members[a][0], members[b][0] if a != b else members[b][1]) for a, b in pairs_of[how]))
+    return [f"{how} (links {' '.join(keys[how])})" if how in listed else
+            f"{how} ({counts[how]} links, between "
+            f"{', '.join(f'{a} -> {b}' for a, b in pairs_of[how])})" for how in order]

@@ -55,9 +55,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ else:  # pragma: no cover - exercised only on 3.10
 PAIR_PROFILES = ("uniform", "skewed", "skewed-worker", "two-cluster", "lognormal")
 NAMED = (*PAIR_PROFILES, "cloud")
 SKEWED_FRACTION = 0.10      # share of worker pairs that are slow in ``skewed``
+NOTE_PAIRS = 64             # ``skewed``'s note names this many slow pairs, then counts the rest
 LOGNORMAL_SIGMA = 0.5       # spread of per-worker rates in ``lognormal``
 RATE_RANGE_MBIT = (0.001, 100_000.0)   # the same bounds as net.rate_mbit
 LATENCY_RANGE_MS = (0.0, 10_000.0)
@@ -228,18 +230,232 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
-@dataclass(frozen=True, eq=False)
-class PlainLinkModel:
-    """bytes / rate + latency per directed link (``LinkPlan.link_model``); with no links, every
-    message is free (unshaped). A value, not a closure, so a run plan holding it pickles."""
+def pairs_at(workers: int, index) -> list[tuple[int, int]]:
+    """The pairs (i, j), i < j, at ``index`` (an int array) of the list of all pairs of
+    ``workers`` workers in lexicographic order, without the list: row i starts at
+    i (2n - i - 1) / 2, so i is the floor of the smaller root of i^2 - (2n - 1) i + 2k
+    (corrected where the float root is one off)."""
+    import numpy as np
+    k = np.asarray(index, dtype=np.int64)
+    m = 2 * workers - 1
+    i = np.floor((m - np.sqrt(float(m) * m - 8.0 * k)) / 2).astype(np.int64)
+    i = np.clip(i, 0, max(workers - 2, 0))
 
-    rate_bps: dict
-    latency_s: dict
+    def start(r):
+        return r * (2 * workers - r - 1) // 2
+    i -= (start(i) > k)
+    i += (start(i + 1) <= k) & (i < workers - 2)
+    j = i + 1 + k - start(i)
+    return list(zip(i.tolist(), j.tolist(), strict=True))
+
+
+class BlockLinks(Mapping):
+    """Every directed link of a profile whose links follow a rule, each built when first asked
+    for: worker i is in group ``group[i]``, link i -> j has the values of its groups' block
+    (``block[(group[i], group[j])]``: the ``Link`` fields but src and dst) unless
+    ``exceptions`` names the pair (an index into ``kinds``, the values of the pairs a profile
+    singles out, such as ``skewed``'s slow pairs). Each link is the ``Link`` a dict of all
+    N(N-1) would hold, value for value, but what is held is O(N + blocks + exceptions): the
+    links of 4096 workers are 16.7 M, those a run uses a few per worker.
+
+    Questions about every link are answered from the rule: ``representatives`` (one pair per
+    kind of link and its reverse), ``slowest_rate_mbit`` (of one sender) and ``rate_matrix``."""
+
+    def __init__(self, workers: int, group, block: dict, kinds=(), exceptions=None):
+        self.workers = workers
+        self.group = tuple(group)
+        self.block = dict(block)
+        self.kinds = tuple(kinds)
+        self.exceptions = dict(exceptions or {})
+        if len(self.group) != workers:
+            raise ProfileError(f"a block rule gives {len(self.group)} groups for {workers} "
+                               "workers; expected one per worker")
+        sizes: dict[int, int] = {}
+        for g in self.group:
+            sizes[g] = sizes.get(g, 0) + 1
+        self._sizes = sizes
+        # the groups' blocks that hold a link (a group of one has none to itself)
+        lacking = sorted({(a, b) for a in sizes for b in sizes if a != b or sizes[a] > 1}
+                         - set(self.block))
+        if lacking:
+            raise ProfileError(f"a block rule has no values for groups {lacking[0]}")
+        self._cache: dict[tuple[int, int], Link] = {}
+        self._slowest: list[float] | None = None
+        self._arrays = None
+        self._representatives: tuple[tuple[int, int], ...] | None = None
+
+    def fields(self, src: int, dst: int) -> dict:
+        """The ``Link`` fields of src -> dst but src and dst."""
+        kind = self.exceptions.get((src, dst))
+        if kind is not None:
+            return self.kinds[kind]
+        return self.block[(self.group[src], self.group[dst])]
+
+    def __contains__(self, key) -> bool:
+        return self._pair(key) is not None
+
+    def _pair(self, key) -> tuple[int, int] | None:
+        """``key`` as a pair of distinct workers (any integers, as a dict's keys would match
+        them), or None."""
+        try:
+            src, dst = (operator.index(x) for x in key)
+        except (TypeError, ValueError):
+            return None
+        ok = src != dst and 0 <= src < self.workers and 0 <= dst < self.workers
+        return (src, dst) if ok else None
+
+    def __getitem__(self, key) -> Link:
+        link = self._cache.get(key)
+        if link is None:
+            pair = self._pair(key)
+            if pair is None:
+                raise KeyError(key)
+            link = self._cache[key] = Link(pair[0], pair[1], **self.fields(*pair))
+        return link
+
+    def __iter__(self):
+        n = self.workers
+        return ((i, j) for i in range(n) for j in range(n) if i != j)
+
+    def __len__(self) -> int:
+        return self.workers * (self.workers - 1)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockLinks) and (self.workers, self.group, self.block, self.kinds,
+                                              self.exceptions) == \
+                (other.workers, other.group, other.block, other.kinds, other.exceptions):
+            return True
+        return Mapping.__eq__(self, other)
+
+    __hash__ = None
+
+    def __getstate__(self) -> dict:
+        # a plan's copy (handed to a worker) rebuilds what it asks for
+        return self.__dict__ | {"_cache": {}, "_slowest": None, "_representatives": None,
+                                "_arrays": None}
+
+    def representatives(self) -> list[tuple[int, int]]:
+        """Directed pairs such that every link and its reverse have the values of one of them
+        and its reverse: each exception and its reverse, and per block a pair that neither
+        way is an exception (none where every pair of the block is one, either way)."""
+        if self._representatives is None:
+            self._representatives = self._find_representatives()
+        return list(self._representatives)
+
+    def _find_representatives(self) -> tuple[tuple[int, int], ...]:
+        exc, group = self.exceptions, self.group
+        seen, out = set(), []
+
+        def add(src: int, dst: int) -> None:
+            key = (exc.get((src, dst), -1), exc.get((dst, src), -1), group[src], group[dst])
+            if key not in seen:
+                seen.add(key)
+                out.append((src, dst))
+        first: dict[tuple, tuple[int, int]] = {}   # one exception per kind, both ways
+        for (src, dst), kind in exc.items():
+            key = (kind, exc.get((dst, src), -1), group[src], group[dst])
+            if key not in first:
+                first[key] = (src, dst)
+        for src, dst in first.values():
+            add(src, dst)
+            add(dst, src)
+        members: dict[int, list[int]] = {}
+        for w, g in enumerate(self.group):
+            members.setdefault(g, []).append(w)
+        for ga, gb in sorted(self.block):
+            found = next(((a, b) for a in members.get(ga, ()) for b in members.get(gb, ())
+                          if a != b and (a, b) not in self.exceptions
+                          and (b, a) not in self.exceptions), None)
+            if found is not None:
+                add(*found)
+        return tuple(out)
+
+    def slowest_rate_mbit(self, src: int) -> float:
+        """The slowest rate_mbit of src's links: its exceptions' and each block it has a link
+        in that is not all exceptions (found for every sender at once, when first asked)."""
+        if self._slowest is None:
+            self._slowest = self._slowest_of_all()
+        return self._slowest[src]
+
+    def _exception_arrays(self):
+        """(src, dst, kind) of every exception as int arrays (made once)."""
+        if self._arrays is None:
+            self._arrays = self._make_exception_arrays()
+        return self._arrays
+
+    def _make_exception_arrays(self):
+        import numpy as np
+        count = len(self.exceptions)
+        pairs = np.fromiter((x for key in self.exceptions for x in key), dtype=np.intp,
+                            count=2 * count).reshape(count, 2)
+        kinds = np.fromiter(self.exceptions.values(), dtype=np.intp, count=count)
+        return pairs[:, 0], pairs[:, 1], kinds
+
+    def _slowest_of_all(self) -> list[float]:
+        import numpy as np
+        n = self.workers
+        groups = sorted(self._sizes)
+        gindex = {g: k for k, g in enumerate(groups)}
+        g = np.array([gindex[x] for x in self.group], dtype=np.intp)
+        sizes = np.array([self._sizes[x] for x in groups], dtype=np.int64)
+        # links from each worker into each group: the group's size, less itself
+        links_into = np.broadcast_to(sizes, (n, len(groups))).copy()
+        links_into[np.arange(n), g] -= 1
+        slowest = np.full(n, np.inf)
+        if self.exceptions:
+            srcs, dsts, kinds = self._exception_arrays()
+            kind_rates = np.array([float(k["rate_mbit"]) for k in self.kinds])
+            np.minimum.at(slowest, srcs, kind_rates[kinds])
+            np.subtract.at(links_into, (srcs, g[dsts]), 1)
+        block = np.array([[float(self.block[(a, b)]["rate_mbit"]) if (a, b) in self.block
+                           else np.inf for b in groups] for a in groups])
+        from_block = np.where(links_into > 0, block[g], np.inf).min(axis=1)
+        return np.minimum(slowest, from_block).tolist()
+
+    def rate_matrix(self):
+        """rates[i, j]: rate_mbit of i -> j as a float64 array, 0 on the diagonal."""
+        import numpy as np
+        groups = sorted(set(self.group))
+        index = {g: k for k, g in enumerate(groups)}
+        table = np.array([[float(self.block[(a, b)]["rate_mbit"]) if (a, b) in self.block
+                           else 0.0 for b in groups] for a in groups], dtype=np.float64)
+        g = np.array([index[x] for x in self.group], dtype=np.intp)
+        out = table[g[:, None], g[None, :]]
+        if self.exceptions:
+            srcs, dsts, kinds = self._exception_arrays()
+            kind_rates = np.array([float(k["rate_mbit"]) for k in self.kinds])
+            out[srcs, dsts] = kind_rates[kinds]
+        np.fill_diagonal(out, 0.0)
+        return out
+
+
+class PlainLinkModel:
+    """bytes / rate + latency per directed link (``LinkPlan.link_model``); unshaped, every
+    message is free. Each link's (rate in bit/s, latency in s) is taken from the plan when
+    first timed and kept: a run times a few links per worker, not all N(N-1). A value, not a
+    closure, so a run plan holding it pickles."""
+
+    def __init__(self, plan: LinkPlan):
+        self.plan = plan
+        self._paths: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def path(self, src: int, dst: int) -> tuple[float, float]:
+        """(rate in bit/s, one-way latency in s) of src -> dst."""
+        key = (src, dst)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = (self.plan.effective_rate_mbit(src, dst) * 1e6,
+                                       self.plan.links[key].latency_ms / 1e3)
+        return path
 
     def __call__(self, src: int, dst: int, nbytes: int) -> tuple[float, float]:
-        if not self.rate_bps:
+        if not self.plan.shaped:
             return 0.0, 0.0
-        return nbytes * 8 / self.rate_bps[(src, dst)], self.latency_s[(src, dst)]
+        rate_bps, latency_s = self.path(src, dst)
+        return nbytes * 8 / rate_bps, latency_s
+
+    def __getstate__(self) -> dict:
+        return {"plan": self.plan, "_paths": {}}
 
 
 @dataclass(frozen=True)
@@ -255,7 +471,12 @@ class LinkPlan:
     mtu: int = 1500         # of the emulated links (net.mtu)
 
     def __post_init__(self) -> None:
-        if self.shaped:
+        if self.shaped and isinstance(self.links, BlockLinks):
+            if self.links.workers != self.workers or self.caps:
+                raise ProfileError(f"profile {self.profile!r}: a rule's links are for "
+                                   f"{self.links.workers} workers, the plan's {self.workers}; "
+                                   "caps are given per link (a dict of links)")
+        elif self.shaped:
             missing = [(i, j) for i in range(self.workers) for j in range(self.workers)
                        if i != j and (i, j) not in self.links]
             if missing:
@@ -270,6 +491,29 @@ class LinkPlan:
         rates = [self.links[(src, dst)].rate_mbit, self.cap(src).up_mbit, self.cap(dst).down_mbit]
         return min(r for r in rates if r is not None)
 
+    def link_classes(self) -> list[tuple[int, int]]:
+        """Directed pairs such that every link and its reverse have the values of one of them
+        and its reverse (all of them for a dict of links; ``BlockLinks.representatives``):
+        enough to answer a question about every link, such as the largest latency."""
+        rule = getattr(self.links, "representatives", None)
+        return rule() if rule is not None else list(self.links)
+
+    def slowest_rate_mbit(self, src: int) -> float:
+        """The slowest ``effective_rate_mbit`` of src's links."""
+        if isinstance(self.links, BlockLinks):   # no caps (checked at construction)
+            return self.links.slowest_rate_mbit(src)
+        return min(self.effective_rate_mbit(src, j) for j in range(self.workers) if j != src)
+
+    def rate_matrix(self):
+        """rates[i, j]: ``effective_rate_mbit(i, j)`` as an N x N float64 array, 0 on the
+        diagonal (the matrix the graph that picks the fastest links chooses from)."""
+        if isinstance(self.links, BlockLinks):
+            return self.links.rate_matrix()
+        import numpy as np
+        n = self.workers
+        return np.array([[0.0 if i == j else float(self.effective_rate_mbit(i, j))
+                          for j in range(n)] for i in range(n)], dtype=np.float64)
+
     def has_caps(self, kind: str) -> bool:
         """Whether any worker has an ``up`` or ``down`` cap."""
         return any(getattr(c, f"{kind}_mbit") is not None for c in self.caps.values())
@@ -277,11 +521,12 @@ class LinkPlan:
     @property
     def impaired(self) -> bool:
         """Whether any link has more than a rate (delay, jitter, loss, reordering)."""
-        return any(link.impaired for link in self.links.values())
+        return any(self.links[key].impaired for key in self.link_classes())
 
     def max_of(self, attr: str) -> float:
         """The largest latency_ms / jitter_ms / loss_pct over all links (0 when unshaped)."""
-        return max((getattr(link, attr) for link in self.links.values()), default=0.0)
+        return max((getattr(self.links[key], attr) for key in self.link_classes()),
+                   default=0.0)
 
     def link_model(self) -> LinkModel:
         """(src, dst, nbytes) -> (wire seconds, latency seconds) for the simulator's virtual clock.
@@ -291,25 +536,26 @@ class LinkPlan:
         sends to (or receives from) several peers at once through a shared cap. Jitter and loss
         are not modelled (their means would only add noise to a prediction).
         """
-        if not self.shaped:
-            return PlainLinkModel({}, {})
-        return PlainLinkModel({key: self.effective_rate_mbit(*key) * 1e6 for key in self.links},
-                              {key: link.latency_ms / 1e3 for key, link in self.links.items()})
+        return PlainLinkModel(self)
 
-    def table(self) -> list[dict]:
-        """One row per directed link, in (src, dst) order, for display and the run record."""
+    def table(self, pairs=None) -> list[dict]:
+        """One row per directed link (of ``pairs`` only, when given), in (src, dst) order, for
+        display and the run record."""
+        keys = sorted(self.links) if pairs is None else sorted(set(pairs))
         return [{"src": s, "dst": d, "rate_mbit": link.rate_mbit,
                  "effective_mbit": self.effective_rate_mbit(s, d), "latency_ms": link.latency_ms,
                  "jitter_ms": link.jitter_ms, "loss_pct": link.loss_pct,
                  **_extra_columns(link)}
-                for (s, d), link in sorted(self.links.items())]
+                for (s, d), link in ((key, self.links[key]) for key in keys)]
 
-    def describe(self) -> dict:
-        """A JSON-able summary: profile, links, caps."""
+    def describe(self, pairs=None) -> dict:
+        """A JSON-able summary: profile, links (those of ``pairs`` only, when given; ``count``
+        is all of them), caps."""
         caps = {str(k): {"up_mbit": c.up_mbit, "down_mbit": c.down_mbit}
                 for k, c in sorted(self.caps.items())}
         return {"profile": self.profile, "workers": self.workers, "shaped": self.shaped,
-                "note": self.note, "mtu": self.mtu, "links": self.table(), "caps": caps}
+                "note": self.note, "mtu": self.mtu, "links": self.table(pairs),
+                "count": len(self.links), "caps": caps}
 
 
 def _extra_columns(link: Link) -> dict:
@@ -333,30 +579,57 @@ def _pairs(workers: int) -> list[tuple[int, int]]:
     return [(i, j) for i in range(workers) for j in range(i + 1, workers)]
 
 
-def _uniform_rates(net, workers: int, seed: int) -> tuple[dict, str]:
-    return {pair: net.rate_mbit for pair in _pairs(workers)}, ""
+@dataclass(frozen=True)
+class PairRule:
+    """A pair profile's rates as a rule rather than one per pair: worker i is in group
+    ``group[i]``; the pair i, j runs at ``block[(g_i, g_j)]`` (given for g_i <= g_j) unless it
+    is in ``singled`` ({(i, j), i < j: rate}); the same rate both ways."""
+
+    group: tuple[int, ...]
+    block: dict
+    singled: dict
+    note: str
+
+    def rate(self, i: int, j: int) -> float:
+        """The rate of the pair i, j (i != j), either way round."""
+        a, b = min(i, j), max(i, j)
+        if (a, b) in self.singled:
+            return self.singled[(a, b)]
+        ga, gb = sorted((self.group[a], self.group[b]))
+        return self.block[(ga, gb)]
 
 
-def _skewed_rates(net, workers: int, seed: int) -> tuple[dict, str]:
-    pairs = _pairs(workers)
-    n_slow = math.ceil(SKEWED_FRACTION * len(pairs))
-    slow = sorted(random.Random(seed).sample(pairs, n_slow))
-    slow_set = set(slow)   # a list's membership test made this quadratic in the pairs
-    rates = {p: (net.slow_rate_mbit if p in slow_set else net.rate_mbit) for p in pairs}
-    return rates, f"slow pairs: {', '.join(f'{i}-{j}' for i, j in slow) or 'none'}"
+def _uniform_rates(net, workers: int, seed: int) -> PairRule:
+    return PairRule((0,) * workers, {(0, 0): net.rate_mbit}, {}, "")
 
 
-def _skewed_worker_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+def _skewed_rates(net, workers: int, seed: int) -> PairRule:
+    # drawn as indices into the list of pairs (i < j, lexicographic), not from the list:
+    # ``random.sample`` draws its indices from len(population) and k alone, so these are the
+    # indices of the pairs sampling the list would give, and in the same order (held: N^2 / 2
+    # pairs, 8.4 M at 4096 workers, is most of a plan's memory)
+    pairs = workers * (workers - 1) // 2
+    n_slow = math.ceil(SKEWED_FRACTION * pairs)
+    slow = pairs_at(workers, sorted(random.Random(seed).sample(range(pairs), n_slow)))
+    listed = ", ".join(f"{i}-{j}" for i, j in slow[:NOTE_PAIRS]) or "none"
+    more = f" and {len(slow) - NOTE_PAIRS} more" if len(slow) > NOTE_PAIRS else ""
+    return PairRule((0,) * workers, {(0, 0): net.rate_mbit},
+                    dict.fromkeys(slow, net.slow_rate_mbit), f"slow pairs: {listed}{more}")
+
+
+def _skewed_worker_rates(net, workers: int, seed: int) -> PairRule:
     slow = random.Random(seed).randrange(workers)
-    rates = {p: (net.slow_rate_mbit if slow in p else net.rate_mbit) for p in _pairs(workers)}
-    return rates, f"slow worker: {slow}"
+    group = tuple(int(w == slow) for w in range(workers))
+    return PairRule(group, {(0, 0): net.rate_mbit, (0, 1): net.slow_rate_mbit,
+                            (1, 1): net.slow_rate_mbit}, {}, f"slow worker: {slow}")
 
 
-def _two_cluster_rates(net, workers: int, seed: int) -> tuple[dict, str]:
+def _two_cluster_rates(net, workers: int, seed: int) -> PairRule:
     half = (workers + 1) // 2
-    rates = {(i, j): (net.rate_mbit if (i < half) == (j < half) else net.slow_rate_mbit)
-             for i, j in _pairs(workers)}
-    return rates, f"clusters: 0-{half - 1} and {half}-{workers - 1}"
+    group = tuple(int(w >= half) for w in range(workers))
+    return PairRule(group, {(0, 0): net.rate_mbit, (0, 1): net.slow_rate_mbit,
+                            (1, 1): net.rate_mbit}, {},
+                    f"clusters: 0-{half - 1} and {half}-{workers - 1}")
 
 
 def lognormal_worker_rates(rate_mbit: float, workers: int, seed: int) -> list[float]:
@@ -398,6 +671,26 @@ def run_tcp(tcp) -> TcpSettings:
         return TcpSettings(**{k: getattr(tcp, k) for k in TcpSettings.__dataclass_fields__})
     except TcpSettingsError as exc:
         raise ProfileError(str(exc)) from None
+
+
+def _links_from_rule(net, rule: PairRule, tcp: TcpSettings, workers: int) -> BlockLinks:
+    """``_links_from_pairs``'s links, link for link, as a rule (``BlockLinks``): each group's
+    block and each singled-out pair in both directions, with the run's impairments and TCP."""
+    values = _net_impairments(net)
+    groups = sorted(set(rule.group))
+    block = {(a, b): {"rate_mbit": rule.block[(min(a, b), max(a, b))], **values, "tcp": tcp}
+             for a in groups for b in groups}
+    kinds, kind_of, exceptions = [], {}, {}
+    for (i, j), rate in rule.singled.items():
+        k = kind_of.get(rate)
+        if k is None:
+            k = kind_of[rate] = len(kinds)
+            kinds.append({"rate_mbit": rate, **values, "tcp": tcp})
+        exceptions[(i, j)] = exceptions[(j, i)] = k
+    links = BlockLinks(workers, rule.group, block, kinds, exceptions)
+    for key in links.representatives():
+        links[key]   # every value in use checked once (``Link``), named by a link that has it
+    return links
 
 
 def _links_from_pairs(net, rates: dict[tuple[int, int], float],
@@ -644,23 +937,26 @@ def _plan_from_sites(net, workers: int, path: Path, data: dict, tcp: TcpSettings
     links = _site_links(data, n, where)
     site_of = site_of_workers(data.get("placement"), workers, n, f"{where} placement")
     same = _same_site(data, where)
-    shared = [(a, b) for a in range(workers) for b in range(workers)
-              if a != b and site_of[a] == site_of[b]]
+    first_on: dict[int, int] = {}
+    shared = []   # the first two workers, in worker order, on one site
+    for w, site in enumerate(site_of):
+        if site in first_on and (not shared or first_on[site] < shared[0][0]):
+            shared = [(first_on[site], w)]
+        first_on.setdefault(site, w)
     if shared and same is None:
         raise ProfileError(f"{where}: workers {shared[0][0]} and {shared[0][1]} are both on "
                            f"site {site_of[shared[0][0]]} and the file has no [same_site] rule "
                            "for them; add one, or run at most one worker per site")
     base = _net_impairments(net)
     run_tcp_ = _file_tcp(data, where, tcp)
-    plan_links = {}
-    for a in range(workers):
-        for b in range(workers):
-            if a == b:
-                continue
-            sa, sb = site_of[a], site_of[b]
-            values = dict(links[(sa, sb)]) if sa != sb else \
-                {k: v for k, v in same.items() if k != "rule"}
-            plan_links[(a, b)] = Link(a, b, **(base | values), tcp=run_tcp_)
+    # one group per site: every link between two sites is their measured link
+    used = sorted(set(site_of))
+    block = {(sa, sb): base | (dict(links[(sa, sb)]) if sa != sb else
+                               {k: v for k, v in same.items() if k != "rule"}) | {"tcp": run_tcp_}
+             for sa in used for sb in used if sa != sb or same is not None}
+    plan_links = BlockLinks(workers, site_of, block)
+    for key in plan_links.representatives():
+        plan_links[key]   # every value in use checked once (``Link``)
     hosts = ", ".join(str(s.get("host", s["id"])) for s in sites)
     same_note = (f"same-site links: {same['rule']} ({same['rate_mbit']:g} Mbit/s, "
                  f"{same.get('latency_ms', 0):g} ms)" if shared else "no two workers share a site")
@@ -713,7 +1009,11 @@ def build_link_plan(net, workers: int, seed: int, tcp=None,
     if name == "cloud":
         return _cloud_plan(net, workers, run)
     if name in _NAMED_BUILDERS:
-        rates, note = _NAMED_BUILDERS[name](net, workers, seed)
+        built = _NAMED_BUILDERS[name](net, workers, seed)
+        if isinstance(built, PairRule):
+            return LinkPlan(workers, _links_from_rule(net, built, run, workers), {},
+                            profile=name, note=built.note, mtu=net.mtu)
+        rates, note = built
     elif builder is not None:
         rates, note = _checked_pairs(name, builder(net, workers, seed), workers)
     else:
@@ -750,16 +1050,22 @@ def _cloud_plan(net, workers: int, tcp: TcpSettings) -> LinkPlan:
             raise cloud.CloudError(
                 f"net.placement = {text!r} places {len(placement)} workers; this run has "
                 f"{workers}: give one region per worker (region*count repeats one)")
-        links, note = cloud.cloud_links(placement, getattr(net, "cloud_rate", "capacity"),
-                                        getattr(net, "cloud_missing", "error"))
+        between, note = cloud.region_links(placement, getattr(net, "cloud_rate", "capacity"),
+                                           getattr(net, "cloud_missing", "error"))
     except cloud.CloudError as exc:
         raise ProfileError(f"profile 'cloud': {exc}") from None
     values = _net_impairments(net)
     extra_ms = values.pop("latency_ms", 0.0)
-    plan_links = {key: Link(key[0], key[1], c.rate_mbit,
-                            latency_ms=round(c.rtt_ms / 2 + extra_ms, 3), **values, tcp=tcp)
-                  for key, c in links.items()}
-    return LinkPlan(workers, plan_links, {}, profile="cloud", note=note, mtu=net.mtu)
+    # one group per region: every link between two regions is their measured link
+    index = {region: k for k, region in enumerate(dict.fromkeys(placement))}
+    block = {(index[a], index[b]): {"rate_mbit": c.rate_mbit,
+                                    "latency_ms": round(c.rtt_ms / 2 + extra_ms, 3),
+                                    **values, "tcp": tcp}
+             for (a, b), c in between.items()}
+    links = BlockLinks(workers, [index[r] for r in placement], block)
+    for key in links.representatives():
+        links[key]   # every value in use checked once (``Link``), named by a link that has it
+    return LinkPlan(workers, links, {}, profile="cloud", note=note, mtu=net.mtu)
 
 
 def _unshaped_plan(net, workers: int) -> LinkPlan:

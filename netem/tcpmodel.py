@@ -100,6 +100,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from netem.tcpsettings import CONGESTION_CONTROLS, HostTcp, TcpSettings, effective
 
@@ -197,24 +198,24 @@ class TcpParams:
         _check_int("mtu", mtu, 576, 65_535)
         return cls(mss_bytes=mtu - TCPIP_HEADER_BYTES, **kwargs)
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def loss_based(self) -> bool:
         return self.congestion_control in LOSS_BASED
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def restarts_after_idle(self) -> bool:
         """tcp_slow_start_after_idle_check: the sysctl, and no cong_control hook (not bbr)."""
         return self.slow_start_after_idle and self.loss_based
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def beta(self) -> float:
         return {"reno": RENO_BETA, "cubic": CUBIC_BETA, "bbr": 1.0}[self.congestion_control]
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def loss(self) -> float:
         return self.loss_pct / 100
 
-    @property
+    @cached_property   # asked several times per message: derived once
     def window_cap_segs(self) -> float:
         """Segments in flight the buffers allow: min(receive, send buffer) / MSS."""
         return min(self.rcv_buf_bytes, self.snd_buf_bytes) / self.mss_bytes
@@ -401,17 +402,25 @@ class TcpConnection:
         """The message of ``nbytes`` offered at ``start_s`` (the caller's clock); the time
         since the previous message's last send is the connection's idle time. A message
         offered before the previous one is out waits for it (one connection is a FIFO)."""
-        _check_int("nbytes", nbytes, 0, 2**62)
-        _check_float("start_s", start_s, -1e15, 1e15)
+        if not (type(nbytes) is int and 0 <= nbytes <= 2**62):   # the common case at once
+            _check_int("nbytes", nbytes, 0, 2**62)
+        if not (type(start_s) is float and -1e15 <= start_s <= 1e15):
+            _check_float("start_s", start_s, -1e15, 1e15)
         path, p = self._path, self.params
         owd = path.rtt_s / 2
         if nbytes == 0:
             return TransferTime(owd, 0.0, owd, 0.0, 0.0)
-        self._shift(-start_s)           # the message's own frame: its start is 0
-        t0 = 0.0 if self._last_send_s is None else max(0.0, self._last_send_s)
-        restarted = self._after_idle(t0)
+        last = self._last_send_s        # into the message's own frame: its start is 0 (the
+        if last is not None:            # ``_shift`` by -start_s, inline: once per message)
+            last = self._last_send_s = last + -start_s
+        self._ack_clock_s += -start_s
+        t0 = 0.0 if last is None else max(0.0, last)
+        # ``_after_idle`` but its first test, which most messages stop at, inline
+        restarted = False if last is None or t0 < last + path.rtt_eff_s \
+            else self._after_idle(t0)
         run = self._rounds(nbytes / self.streams / p.mss_bytes, t0)
-        tail_s = tail_repair_s(p.loss, run.last_rtt_segs, path.rtt_s)
+        loss = p.loss
+        tail_s = tail_repair_s(loss, run.last_rtt_segs, path.rtt_s) if loss > 0 else 0.0
         self._last_send_s = run.end_s + tail_s
         self._shift(start_s)
         total = run.end_s + tail_s + owd
@@ -518,11 +527,12 @@ class TcpConnection:
             self._grow_saturated(duration_s, top_segs)
         out.end_s = t_s + duration_s
         out.lost_segs += need * p
-        out.rounds += max(1, math.ceil(need / max(self._window(), 1.0)))
+        w = min(self._cwnd, self.params.window_cap_segs)   # ``_window``: cwnd is set by now
+        out.rounds += max(1, math.ceil(need / max(w, 1.0)))
         out.last_rtt_segs = min(need, path.bdp_segs)
         self._clock_s += duration_s
         self._ack_clock_s, self._round_left = out.end_s, 0.0
-        self._srtt_s = self._queued_rtt_s(self._window())
+        self._srtt_s = self._queued_rtt_s(w)
         self._loss_acc = math.fmod(self._loss_acc + need * p, 1.0)
         return out
 
@@ -545,7 +555,8 @@ class TcpConnection:
     def _closed_form(self, remaining: float, t_s: float, out: _Round) -> _Round | None:
         """The rest of the message in closed form, where its rounds are known: None if not."""
         path, params = self._path, self.params
-        w, cap = self._window(), params.window_cap_segs
+        cap = params.window_cap_segs
+        w = min(self._cwnd, cap)    # ``_window``
         saturated = w >= path.bdp_segs
         if params.congestion_control == "bbr":
             if self._bbr_full_bw and (saturated or w >= cap - _EPS):

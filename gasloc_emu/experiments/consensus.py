@@ -342,8 +342,8 @@ def run_consensus(plan: RunPlan, on_round: Callable[[int, float, float], None] |
     started = time.perf_counter()
     cfg, topo = plan.cfg, plan.topology
     sur = Surrogate(plan)
-    # the spectrum first, on every thread BLAS has: one dense eigensolve of W, the only part
-    # that grows as N^3 (seconds at N = 4096)
+    # the spectrum first, on every thread BLAS has: one dense eigensolve of W up to 1024
+    # workers (O(N^3)), past that its two ends by Lanczos (``Topology.lambda2``)
     fixed = topo is not None and not topo.time_varying
     lambda2 = topo.lambda2 if fixed else None
     predicted = predicted_rate(sur.rule, topo)

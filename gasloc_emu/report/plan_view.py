@@ -65,7 +65,9 @@ def _links(links: dict | None, used: Sequence[tuple[int, int]]) -> list[str]:
     pairs = [p for p in used if p in rows]
     out = [f"links: profile {links['profile']}, MTU {links['mtu']}"
            + (f" ({links['note']})" if links["note"] else "")
-           + f"; {len(pairs)} of {len(rows)} directed links carry training:",
+           + f"; {len(pairs)} of {links.get('count', len(rows))} directed links carry "
+           "training" + ("" if len(rows) == links.get("count", len(rows))
+                         else " (only those are listed)") + ":",
            f"  {'src':>4} {'dst':>4} {'rate_mbit':>10} {'effective':>10} {'latency_ms':>10} "
            f"{'jitter_ms':>9} {'loss_pct':>8}"]
     for s, d in pairs[:MAX_LINK_ROWS]:

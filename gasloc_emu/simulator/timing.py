@@ -19,6 +19,7 @@ no eval losses, and the summary's ``losses`` = ``'none (timing only)'``.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from functools import lru_cache
@@ -84,11 +85,11 @@ class _Size:
     def __init__(self, plan: RunPlan, numel: int):
         self.plan, self.numel, self.schemas = plan, numel, {}
         self.cache: dict[tuple, tuple[int, int]] = {}
+        # the kinds whose size is the same on every link (asked once, not per message)
+        self.fixed = {*plan.algo.wire_kinds(numel, plan.algorithm.params), "z"}
 
     def of(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
-        fixed = kind in self.plan.algo.wire_kinds(self.numel, self.plan.algorithm.params) \
-            or kind == "z"
-        key = (kind,) if fixed else (src, dst, kind)
+        key = (kind,) if kind in self.fixed else (src, dst, kind)
         sizes = self.cache.get(key)
         if sizes is None:
             sizes = self.cache[key] = self._wire(src, dst, round_idx, kind)
@@ -169,18 +170,21 @@ class _Program:
         self.step += steps
         ops.append(Compute(compute_s, self.model.nominal))
         sent = received = 0
-        rank, counted = self.rank, self.counted
+        rank, counted, size_of, append = self.rank, self.counted, self.sizes.of, ops.append
         for m in self.algo.exchange(t, t == self.rounds - 1, self.plan.codec):
+            peer, r, kind = m.peer, m.round, m.kind
             if m.sends:
-                nbytes, raw = self.sizes.of(rank, m.peer, m.round, m.kind)
-                ops.append(Send((m.peer, rank, m.round, m.kind), nbytes))
+                nbytes, raw = size_of(rank, peer, r, kind)
+                append(Send((peer, rank, r, kind), nbytes))
                 sent += nbytes
-                link = counted.setdefault((rank, m.peer), [0, 0])
+                link = counted.get((rank, peer))
+                if link is None:
+                    link = counted[(rank, peer)] = [0, 0]
                 link[0] += nbytes
                 link[1] += raw
             else:
-                received += self.sizes.of(m.peer, rank, m.round, m.kind)[0]
-                ops.append(Recv((rank, m.peer, m.round, m.kind)))
+                received += size_of(peer, rank, r, kind)[0]
+                append(Recv((rank, peer, r, kind)))
         row = {"worker": rank, "round": t, "step": self.step, "train_loss": None,
                "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": sent,
                "bytes_recv": received, "peers": self.algo.peers(t), "steps": steps,
@@ -208,6 +212,21 @@ def timing_clock(plan: RunPlan, emit=None) -> tuple[VirtualClock, dict]:
     return clock, counted
 
 
+def play(clock: VirtualClock) -> None:
+    """``clock.run()`` with Python's cyclic garbage collector paused: the replay allocates
+    millions of small objects that hold no cycles (steps, rows, keys), and each of the
+    collector's full passes walks the whole heap, which grows with N (at 4096 workers the
+    passes took a third of the replay's CPU time); it is switched back on, as it was, however the
+    replay ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        clock.run()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def simulate_timing(plan: RunPlan, out: str | Path, progress=None) -> RunSummary:
     """Time ``plan`` without training (the module docstring) and write its record under
     ``out``; refused settings raise a ConfigError before anything is written."""
@@ -229,7 +248,7 @@ def simulate_timing(plan: RunPlan, out: str | Path, progress=None) -> RunSummary
                 progress(row)
 
         clock, counted = timing_clock(plan, emit)
-        clock.run()
+        play(clock)
         if not clock.finished():
             raise RuntimeError("the timing simulation stalled: a worker waits for a message "
                                "no worker sends")

@@ -147,6 +147,9 @@ class VirtualClock:
             raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
         fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
         self.link_model = fresh() if fresh is not None else link_model
+        # what the model times a message with (``_link``), found once
+        self._transfer = getattr(self.link_model, "transfer", None)
+        self._at_round = getattr(self.link_model, "at_round", None)
         self.slots, self.emit = float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque(), index) for index in range(world_size * lanes_per_worker)]
@@ -233,7 +236,7 @@ class VirtualClock:
         One pass is enough: a step changes only its own worker's state (a send only sets when
         the receiver will wake, which takes effect in ``_step_to``).
         """
-        source = self.source
+        source, send, recv = self.source, self._send, self._recv
         for rank in sorted(self._ready):
             lane = self.lanes[rank]
             ops = lane.ops
@@ -243,9 +246,26 @@ class VirtualClock:
                     if not more:
                         break
                     ops.extend(more)
-                self._apply(rank, lane, ops.popleft())
+                op = ops.popleft()
+                kind = op.__class__     # the two most frequent steps here, the rest in _apply
+                if kind is Send:
+                    send(rank, op)
+                elif kind is Recv:
+                    recv(lane, op.key)
+                else:
+                    self._apply(rank, lane, op)
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
+        kind = op.__class__       # the two most frequent steps first, by their class
+        if kind is Send:
+            self._send(rank, op)
+            return
+        if kind is Recv:
+            self._recv(lane, op.key)
+            return
+        if kind is Mark:
+            self._mark(lane, op.row)
+            return
         if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
                 and not op.idle and not op.timed:
             op = self._timed(lane, op)
@@ -300,22 +320,27 @@ class VirtualClock:
         return scaled
 
     def _send(self, src_lane: int, op: Send) -> None:
-        dst_lane = op.key[0]
+        key = op.key
+        dst_lane = key[0]
         src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
-        arrival = self.now_s
+        now = arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
             link = (src, dst)
-            start = max(self.now_s, self.link_free_s.get(link, 0.0))
-            wire_s, latency_s = self._link(src, dst, op, start)
+            free = self.link_free_s.get(link, 0.0)
+            start = now if now >= free else free
+            transfer = self._transfer   # ``_link``'s first case, the TCP model's, inline
+            wire_s, latency_s = transfer(src, dst, op.nbytes, start, key[2]) \
+                if transfer is not None else self._link(src, dst, op, start)
             self.link_free_s[link] = start + wire_s
-            self.link_busy_s[link] = self.link_busy_s.get(link, 0.0) + wire_s
+            busy = self.link_busy_s
+            busy[link] = busy.get(link, 0.0) + wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
-        if receiver.state == _WAITING and receiver.waiting_key == op.key:
+        if receiver.state == _WAITING and receiver.waiting_key == key:
             receiver.wake_s, receiver.waiting_key = arrival, None
             self._wake_at(receiver, arrival)
         else:
-            self.arrivals[op.key] = arrival
+            self.arrivals[key] = arrival
 
     def _link(self, src: int, dst: int, op: Send, start_s: float) -> tuple[float, float]:
         """(wire s, latency s) of one message; a model with ``transfer`` (``netplan.
@@ -323,10 +348,10 @@ class VirtualClock:
         ``start_s`` (after the link's earlier messages: a connection's idle time ends then),
         and the round; a model with ``at_round`` (a scenario's links change by round or by
         time) gets the round in the message's key and the send time."""
-        transfer = getattr(self.link_model, "transfer", None)
+        transfer = self._transfer
         if transfer is not None:
             return transfer(src, dst, op.nbytes, start_s, op.key[2])
-        at_round = getattr(self.link_model, "at_round", None)
+        at_round = self._at_round
         if at_round is not None:
             return at_round(src, dst, op.nbytes, op.key[2], self.now_s)
         return self.link_model(src, dst, op.nbytes)
