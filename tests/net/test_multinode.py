@@ -151,13 +151,18 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path,
     assert _losses(tmp_path / "replay") == _losses(out)
 
 
+@slow
 def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     """Three hosts with 1, 2 and 3 workers on random matchings; worker 4 (on the third host)
     leaves at a time and joins again at a time: its node kills nothing itself, node 0 orders
     its successor there. The run ends ok and `simulate --replay` gives its losses to the bit,
     with each host's CPU threads per worker (the cores over its own workers: the lone worker
     of the first host has more, and sums in another order, than those sharing a host), which
-    the record keeps and the replay computes each worker with."""
+    the record keeps and the replay computes each worker with.
+
+    Slow: the random-fault test below runs the same three hosts with a crash and restart on
+    another node than 0 (a timed leave and join there), checks the same threads per worker
+    and the replay row by row, and loses a host besides."""
     out, scenario = tmp_path / "rec", tmp_path / "churn.toml"
     scenario.write_text("[[event]]\ntype = 'leave'\nworker = 4\nat_s = 0.3\n\n"
                         "[[event]]\ntype = 'join'\nworker = 4\nat_s = 0.7\n")
@@ -209,8 +214,8 @@ hosts = [[3, 4, 5]]
 def test_random_faults_and_a_lost_host_across_three_hosts_are_replayed(hosts, tmp_path):
     """Three hosts with 1, 2 and 3 workers on random matchings and a random-fault section:
     crashes with restarts, hangs, and the third host lost (each of its workers leaves at
-    once). The run ends ok, its record has the timeline as drawn, and `simulate --replay`
-    gives its losses row by row."""
+    once). The run ends ok, its record has the timeline as drawn and each host's threads per
+    worker, and `simulate --replay` gives its losses row by row."""
     out, scenario = tmp_path / "rec", tmp_path / "faults.toml"
     scenario.write_text(RANDOM_FAULTS)
     result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "14", "--nproc-per-node",
@@ -227,6 +232,12 @@ def test_random_faults_and_a_lost_host_across_three_hosts_are_replayed(hosts, tm
     assert [(c["type"], c["worker"]) for c in changes] == [
         ("leave", 1), ("leave", 3), ("leave", 4), ("leave", 5), ("join", 1)]
     assert summary["membership"]["alive_at_end"] == [0, 1, 2]
+    # worker 1's successor was started on node 1, where it had left from
+    assert (tmp_path / "rec.node1" / "workers" / "worker1.log").exists()
+    # each host's CPU threads per worker, which the replay computes each worker with
+    threads = [r["threads"] for r in json.loads((out / "workers.json").read_text())]
+    cores = os.cpu_count() or 1
+    assert threads == [cores] + [max(1, cores // 2)] * 2 + [max(1, cores // 3)] * 3
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, replay.stderr
