@@ -214,6 +214,20 @@ def test_a_parked_worker_waits_for_an_alarm_without_holding_up_the_clock():
     assert clock.now_s == 2.5 and clock.lanes[1].state == "ready" and clock.lanes[1].woken == 1
 
 
+def test_an_alarm_before_the_replay_reaches_a_park_wakes_that_worker():
+    # worker 1's thread reports its Park while its lane still computes (the replay lags the
+    # threads); the alarm at 1.0 that fixes its join comes before the lane reaches the Park:
+    # the worker is woken, never parked with no alarm left to wake it
+    ref = [None]
+    tw = _Alarms([1.0], ref)
+    clock = ref[0] = VirtualClock(2, None, 2.0, timed_world=tw)
+    clock.report(1, Compute(2.0, dedicated=True))
+    clock.report(1, Park())
+    clock.report(0, Compute(3.0, dedicated=True))
+    assert clock.now_s == 2.0 and tw.log[0][:2] == ("alarm", 1.0)
+    assert clock.lanes[1].woken == 1 and clock.lanes[1].state == "ready"
+
+
 def test_parked_workers_are_released_once_the_others_are_done():
     tw = _Alarms([50.0], [None])
     clock = VirtualClock(2, None, 2.0, timed_world=tw)
