@@ -239,6 +239,25 @@ def test_parked_workers_are_released_once_the_others_are_done():
     assert clock.finished()
 
 
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_released_worker_leaves_no_final_model(finished):
+    # released (its join never came) while parked at its own leave round, a worker has not
+    # dropped its state: the simulator drops it, as run's released process sends no final
+    # report; one that finished its rounds keeps its model
+    import threading
+    from types import SimpleNamespace
+
+    from gasloc_emu.simulator.simulate import _worker_loop
+    errors = []
+    driver = SimpleNamespace(worker=object(), run=lambda first: finished)
+    life = SimpleNamespace(rank=1, first=0, driver=driver,
+                           transport=SimpleNamespace(finish=lambda: None))
+    hub = SimpleNamespace(cond=threading.RLock(), take_turn=lambda rank: None,
+                          abort=errors.append)
+    _worker_loop(life, hub)
+    assert not errors and (driver.worker is not None) == finished
+
+
 def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
     from gasloc_emu import config as C
     from gasloc_emu.algorithms import DiLoCo
