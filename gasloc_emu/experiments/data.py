@@ -31,7 +31,29 @@ def run_row(run_dir: Path, arm, phase: str, seed: int, point: tuple, mode: str) 
             "status": s.get("status", "ok"), "final_eval_loss": _num(s.get("final_eval_loss")),
             "consensus_distance": _num(s.get("consensus_distance")),
             "bytes_sent_total": _num(s.get("bytes_sent_total")), "clock_s": _num(clock),
-            "rounds": s.get("rounds"), "run_wall_s": _num(s.get("wall_s")), "curve": curve}
+            "rounds": s.get("rounds"), "run_wall_s": _num(s.get("wall_s")), "curve": curve,
+            **({"faults": f} if (f := _faults(run_dir, s, clock)) is not None else {})}
+
+
+def _faults(run_dir: Path, summary, clock) -> dict | None:
+    """What a run's random faults did (None without a [faults] section, i.e. faults.json):
+    ``due``, the leaves (crashes) whose time came before the run's clock ended, fired or not;
+    ``left`` and ``joined``, the leaves and joins that fired (an event at a time lands on a
+    round at least one after the event before it, so crashes due faster than rounds go by
+    fire late or never: ``membership.not_fired``); ``alive_at_end``; ``drops``, the
+    data-plane messages dropped."""
+    if not (run_dir / "faults.json").exists():   # scenario.faults.FAULTS_FILE
+        return None
+    end = clock if isinstance(clock, (int, float)) else math.inf
+    membership = summary.get("membership") or {}
+    changes = membership.get("changes") or []
+    left = sum(c.get("type") == "leave" for c in changes)
+    late = sum(n.get("type") == "leave" and (n.get("at_s") or 0.0) < end
+               for n in membership.get("not_fired") or ())
+    return {"due": left + late, "left": left,
+            "joined": sum(c.get("type") == "join" for c in changes),
+            "alive_at_end": len(membership.get("alive_at_end") or ()),
+            "drops": (summary.get("drops") or {}).get("total")}
 
 
 def _num(v) -> float | None:

@@ -64,12 +64,15 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
     common = next(iter(grids.values()), ())  # every arm's keys, when they all searched the same
     best_head = "best" if keyed else f"best {', '.join(k for k, _ in common)}"
     predicted = timed and spec.get("predict", False)  # a run-mode sweep's simulated twin
+    faulty = any("faults_due" in r for r in report["rows"])  # random faults: what they did
     lines += ["| arm | " + (f"{best_head} | " if searched else "") + "final eval loss | "
               "consensus distance | "
               + (f"time to eval loss {spec['target_loss']} (s) | {clock} | " if timed else "")
-              + ("predicted s (simulator) | " if predicted else "") + "MB sent |",
+              + ("predicted s (simulator) | " if predicted else "") + "MB sent |"
+              + (" faults due | leaves fired | joins fired | drops |" if faulty else ""),
               "| --- | --- | --- | " + ("--- | " if searched else "")
-              + ("--- | --- | " if timed else "") + ("--- | " if predicted else "") + "--- |"]
+              + ("--- | --- | " if timed else "") + ("--- | " if predicted else "") + "--- |"
+              + (" --- | --- | --- | --- |" if faulty else "")]
     for r in report["rows"]:
         mb = r["bytes_sent_total"]
         best = _best_pairs(r["best"], grids[r["arm"]], names) if keyed else \
@@ -81,7 +84,8 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
                      + (f"{_pm(r['time_to_target_s'], '{:.1f}', k)} | "
                         f"{_pm(r['wall_s'], '{:.1f}', k)} | " if timed else "")
                      + (f"{_pm(r['predicted_s'], '{:.1f}', k)} | " if predicted else "")
-                     + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |")
+                     + f"{'-' if mb[0] is None else f'{mb[0] / 1e6:.1f}'} |"
+                     + (_fault_cells(r, k) if faulty else ""))
     lines += ["", f"![{name}]({plot_rel})"]
     if report.get("tuning_plot"):
         lines += ["", f"The whole search, {_tune_words(spec)}, one heat map per arm:", "",
@@ -96,6 +100,13 @@ def markdown_section(name: str, report: dict, command: str, plot_rel: str) -> st
               f"{m['torch']}, GPU {m['gpu'] or 'none'}; its {report['runs']} runs (search "
               f"included) took {report['run_seconds'] / 60:.1f} min of wall-clock.", ""]
     return "\n".join(lines)
+
+
+def _fault_cells(row: dict, seeds: int) -> str:
+    """A faulty run's counts (``data.run_row``'s faults): due by its clock's end, the leaves
+    and joins that fired, the data-plane messages dropped; '-' for an arm without faults."""
+    keys = ("faults_due", "faults_left", "faults_joined", "faults_drops")
+    return "".join(f" {_pm(row[k], '{:.1f}', seeds) if k in row else '-'} |" for k in keys)
 
 
 def _runs(n: int) -> str:

@@ -269,6 +269,9 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
                     for key in ("final_eval_loss", "consensus_distance", "clock_s",
                                 "bytes_sent_total", "predicted_s")}
         per_seed["final_eval_loss"] = {r["seed"]: final_loss(r) for r in res.runs}
+        if any("faults" in r for r in res.runs):   # a scenario with random faults
+            per_seed |= {f"faults_{key}": {r["seed"]: (r.get("faults") or {}).get(key)
+                                           for r in res.runs} for key in FAULT_COUNTS}
         per_seed["time_to_target_s"] = {r["seed"]: time_to_target(r, spec.target_loss)
                                         for r in res.runs} if spec.target_loss is not None else {}
         stat = {key: _stat(v.values()) for key, v in per_seed.items()}
@@ -283,8 +286,12 @@ def summarize(spec: SweepSpec, results: list[ArmResult]) -> list[dict]:
             "bytes_sent_total": stat["bytes_sent_total"], "per_seed": per_seed,
             "rounds": res.runs[0].get("rounds") if res.runs else None,
             "seeds": [r["seed"] for r in res.runs], "failed_runs": failed_runs(res.runs),
+            **{k: stat[k] for k in stat if k.startswith("faults_")},
         })
     return rows
+
+
+FAULT_COUNTS = ("due", "left", "joined", "drops")   # data.run_row's "faults", in the table
 
 
 def _stat(values) -> list:

@@ -432,7 +432,12 @@ def _worker_loop(life: _Life, hub: Hub) -> None:
     try:
         with hub.cond:  # holding the turn lock while computing; waits inside recv release it
             hub.take_turn(life.rank)
-            life.driver.run(life.first)
+            if not life.driver.run(life.first):
+                # released: absent to the end, its join never came. A worker parked at its
+                # own leave round has not dropped its state yet; drop it now, as run's
+                # released process sends no final report, so that its last model is not
+                # counted among the living workers'
+                life.driver.worker = None
             life.transport.finish()
     except BaseException as exc:  # noqa: BLE001 - any failure must stop every other worker
         hub.abort(exc)

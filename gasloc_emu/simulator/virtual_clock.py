@@ -177,10 +177,17 @@ class VirtualClock:
         return self.lanes[rank].wait_total_s
 
     def unpark(self, rank: int) -> None:
-        """A parked worker goes on from now (its join may have been fixed)."""
+        """A parked worker goes on from now (its join may have been fixed). So does one whose
+        thread has reported its ``Park`` that the lagging replay has not reached yet: that
+        Park is dropped (parked and woken at once), else the lane would park after the very
+        alarm that fixed its join, with none left to wake it, and every worker expecting it
+        at that round would wait for ever."""
         lane = self.lanes[rank]
         if lane.state == _PARKED:
             self._to_ready(lane)
+            lane.woken += 1
+        elif any(isinstance(op, Park) for op in lane.ops):
+            lane.ops = deque(op for op in lane.ops if not isinstance(op, Park))
             lane.woken += 1
 
     def finished(self) -> bool:

@@ -214,6 +214,20 @@ def test_a_parked_worker_waits_for_an_alarm_without_holding_up_the_clock():
     assert clock.now_s == 2.5 and clock.lanes[1].state == "ready" and clock.lanes[1].woken == 1
 
 
+def test_an_alarm_before_the_replay_reaches_a_park_wakes_that_worker():
+    # worker 1's thread reports its Park while its lane still computes (the replay lags the
+    # threads); the alarm at 1.0 that fixes its join comes before the lane reaches the Park:
+    # the worker is woken, never parked with no alarm left to wake it
+    ref = [None]
+    tw = _Alarms([1.0], ref)
+    clock = ref[0] = VirtualClock(2, None, 2.0, timed_world=tw)
+    clock.report(1, Compute(2.0, dedicated=True))
+    clock.report(1, Park())
+    clock.report(0, Compute(3.0, dedicated=True))
+    assert clock.now_s == 2.0 and tw.log[0][:2] == ("alarm", 1.0)
+    assert clock.lanes[1].woken == 1 and clock.lanes[1].state == "ready"
+
+
 def test_parked_workers_are_released_once_the_others_are_done():
     tw = _Alarms([50.0], [None])
     clock = VirtualClock(2, None, 2.0, timed_world=tw)
@@ -223,6 +237,25 @@ def test_parked_workers_are_released_once_the_others_are_done():
     assert clock.lanes[1].released and tw.log == [("released",)]
     clock.report(1, Done())
     assert clock.finished()
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_released_worker_leaves_no_final_model(finished):
+    # released (its join never came) while parked at its own leave round, a worker has not
+    # dropped its state: the simulator drops it, as run's released process sends no final
+    # report; one that finished its rounds keeps its model
+    import threading
+    from types import SimpleNamespace
+
+    from gasloc_emu.simulator.simulate import _worker_loop
+    errors = []
+    driver = SimpleNamespace(worker=object(), run=lambda first: finished)
+    life = SimpleNamespace(rank=1, first=0, driver=driver,
+                           transport=SimpleNamespace(finish=lambda: None))
+    hub = SimpleNamespace(cond=threading.RLock(), take_turn=lambda rank: None,
+                          abort=errors.append)
+    _worker_loop(life, hub)
+    assert not errors and (driver.worker is not None) == finished
 
 
 def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
