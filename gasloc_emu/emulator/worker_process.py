@@ -83,7 +83,7 @@ class WorkerState:
 
     round: int = -1
     step: int = 0
-    phase: str = "starting"  # starting, computing, communicating, evaluating, done
+    phase: str = "starting"  # starting, joining, computing, communicating, evaluating, done
     transport: object = None  # the ZmqTransport once built: who we wait for, bytes per peer
     speed: float | None = None  # the compute model's speed of this worker, once training
     round_steps: int | None = None  # inner steps of the last finished round

@@ -71,7 +71,8 @@ def unpack(raw: bytes) -> dict:
 INVALID = "invalid"  # unpack's type for bytes that are not a msgpack map with a str type
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
-STATES = ("starting", "computing", "waiting", "sending", "evaluating", "done")
+# "joining": a successor process between its start and its first round (a join's copy)
+STATES = ("starting", "joining", "computing", "waiting", "sending", "evaluating", "done")
 MAX_ERROR_CHARS = 16_384  # a worker's exception text; anything longer is not an error report
 MAX_DEVICE_CHARS = 64
 MAX_ADDR_CHARS = 270      # tcp:// + a DNS name (at most 253) + :port

@@ -46,3 +46,21 @@ def test_an_order_of_another_shape_is_refused_by_name():
         orders.parse_order({"type": "start", "peers": {}})
     with pytest.raises(orders.OrderError, match="fixings.released"):
         orders.parse_order({"type": "fixings", "released": 1, "fixings": []})
+
+
+def test_every_phase_a_worker_process_reports_is_a_state_the_launcher_takes():
+    """The heartbeat's state comes from the phases the worker process sets; one the launcher's
+    decode does not know is dropped as malformed (a joining successor's were, so it never
+    showed on the dashboard and its beats counted as control drops)."""
+    import inspect
+    import re
+
+    from gasloc_emu.emulator import worker_process
+    # every literal assigned to a phase (alone or in a tuple), and the default
+    phases = set(re.findall(r'phase = [^"\n]*"(\w+)"', inspect.getsource(worker_process)))
+    phases.add(worker_process.WorkerState().phase)
+    assert {"starting", "joining", "computing", "communicating", "done"} <= phases
+    for phase in sorted(phases):
+        status = worker_process.WorkerState(round=1, step=3, phase=phase).status()
+        beat = control.Heartbeat.from_wire({"type": "hb", "worker": 1, **status}, EXPECT)
+        assert beat.state in control.STATES and beat.state != "communicating", phase
