@@ -74,7 +74,7 @@ def gasloc():
 @pytest.fixture(scope="module")
 def preempted_ms() -> float:
     """How long a runnable process may wait for a core on this host now, in ms: twice the
-    longest gap in two seconds of spinning (0 on an idle machine; several milliseconds beside
+    longest gap in a second of spinning (0 on an idle machine; several milliseconds beside
     a busy job on every core). Timing bounds of processes that share the cores (the packet
     line's releases, a timed event's lateness, a receiver's reads) are their idle ones plus
     this, measured in the same session. Twice, because while a test runs its own processes
@@ -82,7 +82,7 @@ def preempted_ms() -> float:
     hog per core: the probe's longest gap 5.4 ms, the packet line's late-release p99 3.4-4.5 ms
     against its idle bound of 3 ms)."""
     longest, t = 0.0, time.perf_counter()
-    end = t + 2.0
+    end = t + 1.0
     while t < end:
         now = time.perf_counter()
         longest, t = max(longest, now - t), now

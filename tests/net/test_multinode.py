@@ -107,9 +107,14 @@ def test_a2cid2_pairs_workers_across_hosts(hosts, tmp_path):
     assert summary["drops"]["total"] == 0
 
 
+@slow
 def test_overlap_with_a_scenario_across_hosts_equals_simulate(hosts, tmp_path):
     """Overlapped DiLoCo (its All-Reduce in the background) over two hosts, with a scenario
-    that halves one worker's speed: the losses of the simulator."""
+    that halves one worker's speed: the losses of the simulator.
+
+    Slow (the CI suite's budget): test_overlap_run's overlapped DiLoCo in worker processes
+    holds the overlap to the simulator's bits, test_timed_self_run a speed scenario, and the
+    by-hand and shaped cross-host tests here a run over two hosts equal to the simulator."""
     out, scenario = tmp_path / "rec", tmp_path / "slow.toml"
     scenario.write_text("[[event]]\ntype = 'speed'\nworker = 1\nround = 1\nspeed = 0.5\n")
     sets = ("algo.name=diloco", "algo.overlap=1", "compute.step_time_s=0.02",
@@ -124,11 +129,16 @@ def test_overlap_with_a_scenario_across_hosts_equals_simulate(hosts, tmp_path):
                                                        rel=1e-6)
 
 
+@slow
 def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path, preempted_ms):
     """Node 0's launcher fixes a partition at a time for the workers of both hosts (they ask
     it at each round start); it fires within 10 ms (plus the wait for a core this host has
     now: the launcher's timer is a process that shares the cores), the record keeps its
-    rounds, and `simulate --replay` of that record gives the run's losses."""
+    rounds, and `simulate --replay` of that record gives the run's losses.
+
+    Slow (the CI suite's budget): the random-fault test below has node 0 fix events at a time
+    for the workers of three hosts, which ask it at each round start, and replays the record
+    row by row; test_timed_membership fixes partitions at a time and bounds their lateness."""
     out, scenario = tmp_path / "rec", tmp_path / "cut.toml"
     scenario.write_text("[[event]]\ntype = 'partition'\ngroups = [[0, 1], [2, 3]]\n"
                         "at_s = 0.3\nend_s = 0.7\n")

@@ -67,13 +67,17 @@ def _first_choice(rec: Path) -> int:
     return common_point(held, range(4), rows_by_round(rec)).round
 
 
-@pytest.mark.parametrize("killed", ["launcher", "host"])
+@pytest.mark.parametrize("killed", [pytest.param("launcher", marks=pytest.mark.slow), "host"])
 def test_two_hosts_killed_at_a_random_round_resume_to_the_uninterrupted_losses(
         hosts, tmp_path, uninterrupted, killed):
     """``launcher``: node 0 (the record's) is killed, the other host's agent then ends its
     workers. ``host``: node 1's agent is killed with its workers, node 0 ends the run
     failed; one of node 1's files of the round the nodes would choose is then cut short,
-    and the resumed run names it and goes on from the round before."""
+    and the resumed run names it and goes on from the round before.
+
+    The launcher arm is slow (the CI suite's budget): the host arm holds the holdings exchange,
+    the prune orders and the resume across hosts; test_resume's killed launcher the resume
+    after node 0's launcher dies; test_multinode's killed node 0 that the other host ends."""
     kill_round = random.Random().randrange(2, ROUNDS - 2)   # a different one each time
     rec, victim = tmp_path / "rec", {"launcher": 0, "host": 1}[killed]
     cut = hosts([_node(k, *RUN, "--nproc-per-node", "2", "--out", str(rec)) for k in range(2)],

@@ -11,6 +11,7 @@ Measured by the workers' own clocks (metrics rows' ``recv_links``) and by the se
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import statistics
@@ -63,7 +64,10 @@ def runs(tc_caps, tmp_path_factory):
     if not tc_caps.has("packet"):
         pytest.skip("raw packet sockets are missing: no packet line, so TCP cannot see a delay")
     tmp = tmp_path_factory.mktemp("wan")
-    return {cc: _run(tmp, cc) for cc in ("cubic", "bbr")}
+    # the two runs side by side (each in its own namespaces, mostly asleep in nominal steps)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = {cc: pool.submit(_run, tmp, cc) for cc in ("cubic", "bbr")}
+        return {cc: job.result() for cc, job in done.items()}
 
 
 def test_a_cubic_message_after_idle_takes_the_slow_start_estimate(runs):
