@@ -161,6 +161,21 @@ def test_a_partition_at_a_time_across_hosts_is_replayed_exactly(hosts, tmp_path,
     assert _losses(tmp_path / "replay") == _losses(out)
 
 
+def _assert_threads_of_hosts_1_2_3(out: Path) -> None:
+    """Each host's CPU threads per worker (the cores over its own workers), which the record
+    keeps and `simulate --replay` computes each worker with: hosts of 1, 2 and 3 workers."""
+    threads = [r["threads"] for r in json.loads((out / "workers.json").read_text())]
+    cores = os.cpu_count() or 1
+    assert threads == [cores] + [max(1, cores // 2)] * 2 + [max(1, cores // 3)] * 3
+
+
+def _replayed(out: Path, to: Path) -> subprocess.CompletedProcess:
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out", str(to)],
+                            capture_output=True, text=True)
+    assert replay.returncode == 0, replay.stderr
+    return replay
+
+
 @slow
 def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     """Three hosts with 1, 2 and 3 workers on random matchings; worker 4 (on the third host)
@@ -188,12 +203,8 @@ def test_a_timed_leave_and_join_across_three_hosts_is_replayed(hosts, tmp_path):
     worker4 = sorted(r for (w, r) in _losses(out) if w == 4)
     assert len(worker4) < 10 and worker4[-1] == 9   # away for some rounds, back to the end
     assert (tmp_path / "rec.node2" / "workers" / "worker4.log").exists()
-    threads = [r["threads"] for r in json.loads((out / "workers.json").read_text())]
-    cores = os.cpu_count() or 1
-    assert threads == [cores] + [max(1, cores // 2)] * 2 + [max(1, cores // 3)] * 3
-    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
-                             str(tmp_path / "replay")], capture_output=True, text=True)
-    assert replay.returncode == 0, replay.stderr
+    _assert_threads_of_hosts_1_2_3(out)
+    _replayed(out, tmp_path / "replay")
     again = _summary(tmp_path / "replay")
     assert again["final_eval_loss"] == pytest.approx(summary["final_eval_loss"], abs=1e-5)
     assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
@@ -244,13 +255,8 @@ def test_random_faults_and_a_lost_host_across_three_hosts_are_replayed(hosts, tm
     assert summary["membership"]["alive_at_end"] == [0, 1, 2]
     # worker 1's successor was started on node 1, where it had left from
     assert (tmp_path / "rec.node1" / "workers" / "worker1.log").exists()
-    # each host's CPU threads per worker, which the replay computes each worker with
-    threads = [r["threads"] for r in json.loads((out / "workers.json").read_text())]
-    cores = os.cpu_count() or 1
-    assert threads == [cores] + [max(1, cores // 2)] * 2 + [max(1, cores // 3)] * 3
-    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
-                             str(tmp_path / "replay")], capture_output=True, text=True)
-    assert replay.returncode == 0, replay.stderr
+    _assert_threads_of_hosts_1_2_3(out)
+    _replayed(out, tmp_path / "replay")
     assert _summary(tmp_path / "replay")["membership"]["changes"] == changes
     assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
 
