@@ -56,6 +56,24 @@ def kill_after(args: list[str], run_dir: Path, n_rows: int) -> None:
         proc.wait(timeout=30)
 
 
+def kill_worker_after(args: list[str], run_dir: Path, n_rows: int,
+                      rank: int) -> tuple[int, str]:
+    """Start ``run *args`` and kill -9 worker ``rank``'s process (its launcher lives) once
+    ``n_rows`` metrics rows are on disk; the launcher's exit status and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", "run", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    path, deadline = run_dir / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while not (path.exists() and path.read_text().count("\n") >= n_rows):
+            assert proc.poll() is None and time.monotonic() < deadline, "no kill before the end"
+            time.sleep(0.02)
+        os.kill(json.loads((run_dir / "workers.json").read_text())[rank]["pid"], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("full") / "run"
@@ -88,19 +106,8 @@ def test_a_worker_killed_at_a_random_round_ends_the_run_and_resume_repeats_it(
     ``--resume`` goes on from the last round every worker has, to the uninterrupted losses."""
     kill_round = random.Random().randrange(2, ROUNDS - 2)
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([sys.executable, "-m", "gasloc_emu", "run", *ARGS, "--out", str(cut)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    path, deadline = cut / "metrics.jsonl", time.monotonic() + 240
-    try:
-        while not (path.exists() and path.read_text().count("\n") >= 4 * kill_round + 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "no kill before the end"
-            time.sleep(0.02)
-        victim = json.loads((cut / "workers.json").read_text())[2]["pid"]
-        os.kill(victim, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode != 0 and "worker 2" in err, err
+    returncode, err = kill_worker_after([*ARGS, "--out", str(cut)], cut, 4 * kill_round + 1, 2)
+    assert returncode != 0 and "worker 2" in err, err
     assert summary(cut)["status"] == "failed"
     res = cli("run", "--resume", str(cut), "--no-dashboard")
     assert res.returncode == 0, res.stderr
@@ -141,23 +148,13 @@ def test_a_diloco_worker_killed_when_the_run_goes_on_is_survived_and_replayed(tm
     victim, kill_round, rounds = rng.randrange(3), rng.randrange(2, 6), 9
     why = f"worker {victim} killed after round {kill_round}"
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gasloc_emu", "run", "--workers", "3", "--model", "tiny",
-         "--algo", "diloco", "--rounds", str(rounds), "--local-steps", "2", "--eval-every", "3",
-         "--step-time-s", "0.02", "--no-dashboard", "--set", "data.max_corpus_mb=1",
-         "--set", "run.on_worker_loss=continue", "--out", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    path, deadline = out / "metrics.jsonl", time.monotonic() + 240
-    try:
-        while not (path.exists() and path.read_text().count("\n") >= 3 * kill_round + 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "no kill before the end"
-            time.sleep(0.02)
-        os.kill(json.loads((out / "workers.json").read_text())[victim]["pid"], signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    returncode, err = kill_worker_after(
+        ["--workers", "3", "--model", "tiny", "--algo", "diloco", "--rounds", str(rounds),
+         "--local-steps", "2", "--eval-every", "3", "--step-time-s", "0.02", "--no-dashboard",
+         "--set", "data.max_corpus_mb=1", "--set", "run.on_worker_loss=continue",
+         "--out", str(out)], out, 3 * kill_round + 1, victim)
     got = summary(out)
-    assert proc.returncode == 0 and got["status"] == "ok", (why, err[-2000:])
+    assert returncode == 0 and got["status"] == "ok", (why, err[-2000:])
     [loss] = got["membership"]["host_losses"]
     assert loss["ranks"] == [victim] and loss["cause"] == "worker", (why, loss)
     assert got["membership"]["alive_at_end"] == sorted({0, 1, 2} - {victim}), why
