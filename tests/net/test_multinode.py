@@ -424,6 +424,16 @@ def test_a_cloud_placement_across_hosts(hosts, tmp_path):
     assert summary["final_eval_loss"] == _simulated_loss(tmp_path, 2, *sets)
 
 
+def _going_on_after_losses(out: Path, rounds: int, heartbeat_timeout_s: int) -> list[dict]:
+    """Three hosts of 1, 2 and 3 workers on random matchings that go on after a lost host
+    (``run.on_worker_loss = continue``)."""
+    return [_by_hand(k, out, "--workers", "6", "--rounds", str(rounds), "--nproc-per-node",
+                     str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
+                     "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                     "--set", f"run.heartbeat_timeout_s={heartbeat_timeout_s}", nnodes=3)
+            for k in range(3)]
+
+
 def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path):
     """Three hosts with 1, 2 and 3 workers on random matchings; one node agent other than 0
     (and its workers with it) is killed with SIGKILL at a random point of the run, which
@@ -437,11 +447,7 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     node, rows = rng.choice([1, 2]), rng.randrange(8, 30)
     why = f"node {node} killed after {rows} rows"
     out = tmp_path / "rec"
-    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "12", "--nproc-per-node",
-                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
-                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
-                             "--set", "run.heartbeat_timeout_s=6", nnodes=3)
-                    for k in range(3)],
+    result = hosts(_going_on_after_losses(out, rounds=12, heartbeat_timeout_s=6),
                    kill={"node": node, "after_s": 0.0,
                          "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
                                                        "rows": rows}})
@@ -492,11 +498,7 @@ def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(
     decides to go on without it, and is itself killed just after. The remaining node's run
     ends on its own, naming node 0, and no process is left on any host."""
     out = tmp_path / "rec"
-    result = hosts([_by_hand(k, out, "--workers", "6", "--rounds", "400", "--nproc-per-node",
-                             str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
-                             "--topology", "matching", "--set", "run.on_worker_loss=continue",
-                             "--set", "run.heartbeat_timeout_s=4", nnodes=3)
-                    for k in range(3)],
+    result = hosts(_going_on_after_losses(out, rounds=400, heartbeat_timeout_s=4),
                    kill=[{"node": 2, "after_s": 0.0,
                           "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5]}},
                          {"node": 0, "after_s": 0.2,
