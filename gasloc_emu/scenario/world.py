@@ -109,6 +109,7 @@ class RoundPlan:
     join_from: int | None = None  # it joins now, from this donor's parameters
     join_checkpoint: bool = False  # it joins now, from its own last checkpoint
     donate_to: tuple = ()     # joiners of round t that start from this worker's parameters
+    joined: frozenset = frozenset()  # every worker that joins at round t (a new process)
     detect_s: float = 0.0     # seconds spent noticing departed peers, before communicating
     speed: float | None = None  # its compute speed from this round on (None: unchanged)
     pause_s: float = 0.0      # seconds it stands still at the start of the round
@@ -340,6 +341,7 @@ class World:
         return RoundPlan(
             alive=alive, active=rank in alive, leaving=rank in was - alive,
             join_from=joins.get(rank), donate_to=tuple(j for j, d in joins.items() if d == rank),
+            joined=alive - was,
             join_checkpoint=any(ev.worker == rank and self._restores(ev, t)
                                 for ev in self._events(t, JoinEvent)),
             detect_s=self._detect_s(rank, t, was, alive), speed=self._speed(rank, t),

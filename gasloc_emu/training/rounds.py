@@ -11,7 +11,9 @@ Round t of worker i, in order:
    is gone without a word), a join from a donor's parameters or from its own last
    checkpoint, or absence;
 4. **timed self**: this worker's speed and pause events at a time that are due;
-5. **begin**: the runner's links take round t's values before anything of it is sent;
+5. **begin**: the runner's links take round t's values before anything of it is sent, and
+   the workers joining at t are new processes: what the transport held for their
+   predecessors goes (``Transport.peer_restarted``);
 6. **donate**: parameters to the workers joining from this one;
 7. **train**: ``Worker.run_round`` (inner phase, the algorithm's exchange and outer step);
 8. **evaluate** on the evaluation rounds;
@@ -149,6 +151,8 @@ class RoundDriver:
         host, worker = self.host, self.worker
         plan = host.due(plan, t)
         host.begin(t)
+        for joiner in sorted(plan.joined - {self.rank}) if plan else ():
+            worker.peer_joined(joiner)
         for joiner in (plan.donate_to if plan else ()):
             worker.donate(joiner, t)
         stats = worker.run_round(t, on_compute_done=host.compute_done, plan=plan)

@@ -268,6 +268,10 @@ class Worker:
         else:
             self.transport.idle(seconds)
 
+    def peer_joined(self, peer: int) -> None:
+        """``peer`` joins now as a new process: nothing sent to it may go to its predecessor."""
+        self.transport.peer_restarted(peer)
+
     def donate(self, joiner: int, round_idx: int) -> None:
         """Send this worker's parameters (the start of round ``round_idx``) to a joiner:
         traffic of that round."""

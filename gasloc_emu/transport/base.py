@@ -76,6 +76,10 @@ class Transport(Protocol):
     def counters(self) -> dict:
         """Cumulative bytes per peer, dropped messages and seconds spent waiting."""
 
+    def peer_restarted(self, peer: int) -> None:
+        """``peer`` is a new process from now on (a successor that joins): whatever this
+        worker still holds for its predecessor goes, and the next send reaches the new one."""
+
     def clock(self) -> float:
         """Seconds on the clock the run is measured in (wall-clock, or the simulator's virtual
         one)."""
@@ -158,6 +162,10 @@ class TransportBase:
         return {"bytes_sent": dict(self.bytes_sent), "bytes_recv": dict(self.bytes_recv),
                 "raw_bytes_sent": dict(self.raw_bytes_sent), "dropped": self.dropped,
                 "wait_s": self.wait_s}
+
+    def peer_restarted(self, peer: int) -> None:
+        """Here: nothing (a transport without connections to renew)."""
+        self._check_peer(peer)
 
     def clock(self) -> float:
         return time.perf_counter()

@@ -73,6 +73,13 @@ class DataSockets:
             self.push[peer] = sock
         return sock
 
+    def forget(self, peer: int) -> None:
+        """Close the PUSH socket to ``peer`` now, discarding what it queued; the next ``to``
+        connects a new one."""
+        sock = self.push.pop(peer, None)
+        if sock is not None:
+            sock.close(linger=0)
+
     def refusals(self) -> dict[str, int]:
         """Handshakes ZAP refused, as "zap.<reason>"; none on an unauthenticated plane."""
         return {} if self.zap is None else self.zap.refusals()

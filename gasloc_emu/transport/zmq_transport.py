@@ -121,6 +121,7 @@ class ZmqTransport(TransportBase):
         self.mailbox = Mailbox(rank, world_size, max_rounds_ahead, bounds, shaping)
         self.link_log = RecvLinks()  # what the messages taken say about their links
         self._numbers: dict[int, int] = {}  # this worker's messages so far, per peer
+        self._renew: set[int] = set()  # peers whose next send connects afresh (a successor)
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
         self.link_ports = link_ports
@@ -184,6 +185,9 @@ class ZmqTransport(TransportBase):
         self._check_open()
         self.mailbox.note_round(round_idx)
         tensor = self._wire_tensor(tensor)
+        if peer in self._renew:
+            self._renew.discard(peer)
+            self._sockets.forget(peer)
         sock = self._sockets.to(peer, self.peer_addrs.get(peer))
         nbytes = tensor.numel() * tensor.element_size()
         sent_at = time.time()  # one instant for the stamp and the receiver's link measurement
@@ -236,6 +240,19 @@ class ZmqTransport(TransportBase):
             raise TransportError(f"worker {self.rank}: an All-Reduce is already in flight")
         self._background = _BackgroundReduce(self, round_idx, tensor, members, reduce)
         return self._background
+
+    def peer_restarted(self, peer: int) -> None:
+        """Close the connection to ``peer``'s predecessor, so that the next send connects
+        afresh to the successor bound on its address. The old connection may still look
+        established here: a predecessor killed where its FIN or RST never arrived (a reset
+        is sent once and not repaired when a link drops it) leaves it open until this worker
+        writes to it, and what is written then is lost with it when the reset comes back
+        (RFC 9293 section 3.10.7.1: a segment for no connection is answered by a reset).
+        Queued messages were the predecessor's: they go (linger 0). Done at the next send to
+        ``peer``, by whichever thread makes it: a background All-Reduce may be using the
+        sockets now (one user at a time)."""
+        self._check_peer(peer)
+        self._renew.add(peer)
 
     def set_round(self, round_idx: int) -> None:
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""

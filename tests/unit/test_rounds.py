@@ -39,6 +39,9 @@ class LoggingWorker:
         self.log.append(("evaluate", self.name, t))
         return 1.0
 
+    def peer_joined(self, peer):
+        self.log.append(("peer_joined", self.name, peer))
+
     def donate(self, joiner, t):
         self.log.append(("donate", self.name, joiner, t))
 
@@ -149,6 +152,15 @@ def test_leave_and_join_at_rounds():
     donation = ("donate", "w1", 2, 6)
     assert donation in log1
     assert log1.index(("begin", 6)) < log1.index(donation) < log1.index(("round", "w1", 6))
+    # the joiner is a new process: every worker renews its way to it before sending anything
+    # of round 6 (the donor's copy included), and only then
+    renewal = ("peer_joined", "w1", 2)
+    assert [e for e in log1 if e[0] == "peer_joined"] == [renewal]
+    assert log1.index(("begin", 6)) < log1.index(renewal) < log1.index(donation)
+    log3: list = []
+    RoundDriver(RecordingHost(log3), LoggingWorker("w3", log3), world, 3, ROUNDS).run()
+    assert [e for e in log3 if e[0] == "peer_joined"] == [("peer_joined", "w3", 2)]
+    assert ("peer_joined", "joiner1", 2) not in log2
 
 
 @pytest.mark.parametrize("release", [False, True])
