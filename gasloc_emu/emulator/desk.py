@@ -103,6 +103,9 @@ class ControlDesk:
         slot.theta = control.frame_tensor(extra[0], msg.dtype, msg.numel)
         slot.final = {"eval_loss": msg.eval_loss, "counters": msg.counters}
 
+    def _on_departed(self, slot: WorkerSlot, msg: control.Departed, extra) -> None:
+        slot.departed.append(msg.counters)
+
     def _on_error(self, slot: WorkerSlot, msg: control.Error, extra) -> None:
         text = f"worker {slot.rank} failed {self.sup._when(slot)}: {msg.error}"
         if msg.diverged_at is not None:
@@ -118,6 +121,7 @@ class ControlDesk:
 
     # the allow-list of what the ROUTER acts on: a message's class picks its handler
     _CONTROL_HANDLERS = {control.Ready: _on_ready, control.Metric: _on_metric,
-                         control.Final: _on_final, control.Error: _on_error,
+                         control.Final: _on_final, control.Departed: _on_departed,
+                         control.Error: _on_error,
                          control.Avail: _on_avail, control.RoundStart: _on_round}
 

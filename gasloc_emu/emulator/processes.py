@@ -99,3 +99,5 @@ class WorkerSlot:
     status: dict = field(default_factory=dict)
     overruns: int = 0  # paced inner steps that took longer than their nominal time
     gone: bool = False  # left for good, as its scenario says: no final, no supervision
+    # the counters of this rank's earlier processes, each sent as it left (``Departed``)
+    departed: list = field(default_factory=list)

@@ -12,18 +12,35 @@ from gasloc_emu.transport.base import DEAD_PEER
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
-    """summary.json's numbers over the workers there at the end; every message a worker
-    dropped is in ``drops`` (by reason and worker)."""
+    """summary.json's numbers: the losses over the workers there at the end; bytes and drops
+    over every process the run had, those that left before the end included (as ``simulate``
+    counts every life of a worker); every message a worker dropped is in ``drops`` (by reason
+    and worker)."""
     alive = [s for s in slots if not s.gone]
-    sent, raw = (sum(sum(s.final["counters"][key].values()) for s in alive)
+    lives = {s.rank: lifetime_counters(s) for s in slots}
+    sent, raw = (sum(sum(c[key].values()) for c in lives.values())
                  for key in ("bytes_sent", "raw_bytes_sent"))
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     return out.replace(
-        dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
+        dropped_messages=sum(c["dropped"] for c in lives.values()),
         drops=drops_summary(with_dead_sends(
-            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive}, DEAD_PEER)))
+            plan, {rank: c["drop_reasons"] for rank, c in lives.items()}, DEAD_PEER)))
+
+
+def lifetime_counters(slot) -> dict:
+    """One rank's data-plane counters over all its processes: those that left as the scenario
+    says (``departed``, each sent as it went) and the last one's final counters (none for a
+    worker that left for good). Bytes per peer, drops by reason, and their totals, summed."""
+    parts = list(slot.departed) + ([slot.final["counters"]] if slot.final is not None else [])
+    out: dict = {"bytes_sent": {}, "raw_bytes_sent": {}, "dropped": 0, "drop_reasons": {}}
+    for part in parts:
+        for key in ("bytes_sent", "raw_bytes_sent", "drop_reasons"):
+            for k, v in part[key].items():
+                out[key][k] = out[key].get(k, 0) + v
+        out["dropped"] += part["dropped"]
+    return out
 
 
 def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:
@@ -40,8 +57,8 @@ def link_bytes(slots: Sequence) -> list[dict]:
     arrived: int ranks, int bytes)."""
     rows = []
     for s in slots:
-        counters = s.final["counters"] if s.final is not None else {}
-        sent, raw = counters.get("bytes_sent", {}), counters.get("raw_bytes_sent", {})
+        counters = lifetime_counters(s)
+        sent, raw = counters["bytes_sent"], counters["raw_bytes_sent"]
         rows += [LinkRow.moved(s.rank, p, b, raw.get(p, b)).to_json()
                  for p, b in sent.items() if b]
     return sorted(rows, key=lambda r: (r["src"], r["dst"]))

@@ -306,6 +306,7 @@ class WorkerProcess:
         sent in its last round is flushed first (as a kernel's socket buffers would have gone
         out), so that its peers' last round with it is the same in ``run`` and ``simulate``."""
         self.heartbeat.stop()
+        self.ctl.send(_control().Departed(self.rank, self.transport.counters()))
         self.transport.close(linger_s=_LEAVE_FLUSH_S)
         self.ctl.sock.close(linger=int(_LEAVE_FLUSH_S * 1000))
         flush = threading.Thread(target=self.ctx.term, daemon=True)  # returns once flushed

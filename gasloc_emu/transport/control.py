@@ -4,6 +4,7 @@ A Unix socket path reaches across network namespaces and is never shaped, so con
 (start, stop, heartbeats, metrics, final parameters) never competes with the emulated links.
 
     launcher ROUTER  <-  worker DEALER (identity b"w<rank>"): ready, metric, final, error,
+                                                              departed (a scenario's leave),
                                                               avail (a2cid2), round (events
                                                               at a time);
                                                               start, stop, exit, pair,
@@ -194,6 +195,23 @@ class Final(Wire):
 
 
 @dataclass(frozen=True)
+class Departed(Wire):
+    """A worker leaving as its scenario says (its process is killed next): its counters so
+    far, so that the record still counts what it sent once a successor counts from 0. Its
+    peers hear nothing: this goes to the launcher only."""
+
+    TYPE: ClassVar[str] = "departed"
+    worker: int
+    counters: dict  # as Final's
+
+    @classmethod
+    def from_wire(cls, wire: dict, expect: Expect) -> Departed:
+        _fields(wire, "departed", ("type", "worker", "counters"))
+        return cls(_worker(wire, "departed", expect),
+                   _counters(wire["counters"], expect, "departed.counters"))
+
+
+@dataclass(frozen=True)
 class Error(Wire):
     """The worker failed and is exiting; ``diverged_at`` ({worker, round}) when it saw
     non-finite numbers, so the launcher can tell a divergence from a failure."""
@@ -261,8 +279,8 @@ def _rank_round_flag(wire: dict, kind: str, round_key: str, flag_key: str,
 
 Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
 # the allow-list: a type name off the wire only ever selects one of these
-MESSAGES: dict[str, type] = {cls.TYPE: cls for cls in (Heartbeat, Ready, Metric, Final, Error,
-                                                        Avail, RoundStart)}
+MESSAGES: dict[str, type] = {cls.TYPE: cls for cls in (Heartbeat, Ready, Metric, Final, Departed,
+                                                        Error, Avail, RoundStart)}
 
 
 def parse(msg, expect: Expect) -> Message:
@@ -396,17 +414,17 @@ def _drops(kind: str, dropped, reasons) -> tuple[int, dict[str, int]]:
     return total, out
 
 
-def _counters(value, expect: Expect) -> dict:
-    """The data-plane transport's final counters (``ZmqTransport.counters()``)."""
+def _counters(value, expect: Expect, where: str = "final.counters") -> dict:
+    """The data-plane transport's counters (``ZmqTransport.counters()``)."""
     if not isinstance(value, dict):
-        raise ControlError("final.counters", f"{_show(value)} is not a map")
-    _fields(value, "final.counters", ("bytes_sent", "bytes_recv", "raw_bytes_sent", "dropped",
-                                      "wait_s", "drop_reasons"))
-    dropped, reasons = _drops("final.counters", value["dropped"], value["drop_reasons"])
-    peers = {k: _peer_counts(f"final.counters.{k}", value[k], expect)
+        raise ControlError(where, f"{_show(value)} is not a map")
+    _fields(value, where, ("bytes_sent", "bytes_recv", "raw_bytes_sent", "dropped", "wait_s",
+                           "drop_reasons"))
+    dropped, reasons = _drops(where, value["dropped"], value["drop_reasons"])
+    peers = {k: _peer_counts(f"{where}.{k}", value[k], expect)
              for k in ("bytes_sent", "bytes_recv", "raw_bytes_sent")}
     return peers | {"dropped": dropped, "drop_reasons": reasons,
-                    "wait_s": _float("final.counters.wait_s", value["wait_s"], 0.0)}
+                    "wait_s": _float(f"{where}.wait_s", value["wait_s"], 0.0)}
 
 
 def _where(reason: str, value, expect: Expect) -> dict:

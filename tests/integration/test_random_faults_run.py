@@ -103,6 +103,10 @@ def test_a_run_with_random_faults_replays_to_its_losses(tmp_path):
     run = _losses(tmp_path / "run")
     assert _losses(tmp_path / "replay").keys() == run.keys()
     assert _losses(tmp_path / "replay") == pytest.approx(run, abs=1e-5)
+    # what the crashed workers sent before they went is in the record, as in the replay's
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert summary["bytes_sent_total"] == sum(r["bytes_sent"] for r in rows if "worker" in r)
+    assert summary["bytes_sent_total"] == replayed["bytes_sent_total"]
 
 
 RESTART_FROM_CHECKPOINT = """

@@ -19,6 +19,7 @@ WORKER_MESSAGES = [
     control.Ready(2, "tcp://127.0.0.1:5555", "cpu"),
     control.Metric(1, ROW),
     control.Final(1, 2.4, "float32", 4, COUNTERS),
+    control.Departed(2, COUNTERS),
     control.Error(0, "RuntimeError: boom"),
     control.Error(0, "Diverged: nan", {"worker": 0, "round": 3}),
     control.Avail(2, 4, finished=False),

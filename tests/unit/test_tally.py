@@ -1,0 +1,37 @@
+"""The run record's counters over every process a rank had (``emulator.tally``): a worker
+that left as its scenario says sent its counters as it went (``Departed``); its successor
+counts from 0, and the record adds them up, as ``simulate`` adds up every life of a worker."""
+from __future__ import annotations
+
+from gasloc_emu.emulator.processes import WorkerSlot
+from gasloc_emu.emulator.tally import lifetime_counters, link_bytes
+
+
+def _counters(sent: dict, raw: dict, reasons: dict) -> dict:
+    return {"bytes_sent": sent, "bytes_recv": {}, "raw_bytes_sent": raw,
+            "dropped": sum(reasons.values()), "drop_reasons": reasons, "wait_s": 0.0}
+
+
+def _slot(rank: int, departed: list, final: dict | None, gone: bool = False) -> WorkerSlot:
+    slot = WorkerSlot(rank=rank, proc=None, device=None, last_seen=0.0, gone=gone)
+    slot.departed = departed
+    slot.final = None if final is None else {"eval_loss": 2.5, "counters": final}
+    return slot
+
+
+def test_every_process_of_a_rank_is_counted_once():
+    first = _counters({1: 100, 2: 50}, {1: 400, 2: 200}, {"stale": 1})
+    second = _counters({2: 30}, {2: 120}, {"dead_peer": 2})
+    last = _counters({1: 7}, {1: 28}, {"stale": 1})
+    total = lifetime_counters(_slot(0, [first, second], last))
+    assert total["bytes_sent"] == {1: 107, 2: 80}
+    assert total["raw_bytes_sent"] == {1: 428, 2: 320}
+    assert total["drop_reasons"] == {"stale": 2, "dead_peer": 2}
+    assert total["dropped"] == 4
+
+
+def test_a_worker_that_left_for_good_keeps_what_it_sent():
+    gone = _slot(1, [_counters({0: 64}, {0: 64}, {})], None, gone=True)
+    assert lifetime_counters(gone)["bytes_sent"] == {0: 64}
+    assert link_bytes([gone]) == [{"src": 1, "dst": 0, "bytes": 64, "raw_bytes": 64}]
+    assert lifetime_counters(_slot(2, [], None))["bytes_sent"] == {}
