@@ -12,21 +12,20 @@ from gasloc_emu.transport.base import DEAD_PEER
 
 
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
-    """summary.json's numbers: the losses over the workers there at the end; bytes and drops
-    over every process the run had, those that left before the end included (as ``simulate``
-    counts every life of a worker); every message a worker dropped is in ``drops`` (by reason
-    and worker)."""
+    """summary.json's numbers: the losses over the workers there at the end; the bytes over
+    every process the run had, those that left before the end included (as ``simulate``
+    counts every life of a worker); ``drops`` (by reason and worker) over the processes there
+    at the end, as ``simulate`` counts them."""
     alive = [s for s in slots if not s.gone]
-    lives = {s.rank: lifetime_counters(s) for s in slots}
-    sent, raw = (sum(sum(c[key].values()) for c in lives.values())
+    sent, raw = (sum(sum(lifetime_counters(s)[key].values()) for s in slots)
                  for key in ("bytes_sent", "raw_bytes_sent"))
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     return out.replace(
-        dropped_messages=sum(c["dropped"] for c in lives.values()),
+        dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
         drops=drops_summary(with_dead_sends(
-            plan, {rank: c["drop_reasons"] for rank, c in lives.items()}, DEAD_PEER)))
+            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive}, DEAD_PEER)))
 
 
 def lifetime_counters(slot) -> dict:
