@@ -54,6 +54,8 @@ def render(snap: Snapshot, max_workers: int = 16) -> RenderableType:
     parts.append(_global_text(snap))
     if snap.drops is not None or snap.control_drops:
         parts.append(_drops_text(snap))
+    if snap.uncommitted:
+        parts.append(_uncommitted_text(snap.uncommitted))
     if snap.warnings:
         parts.append(_warnings_text(snap.warnings))
     spaced: list[RenderableType] = []
@@ -193,6 +195,15 @@ def _drops_text(snap: Snapshot, top: int = 3) -> Text:
     parts.append(f"{control} control{_reasons(snap.control_drops, top)}")
     return Text("dropped " + " · ".join(parts),
                 style="yellow" if snap.drops or control else "")
+
+
+def _uncommitted_text(rounds: tuple[tuple[int, int], ...], top: int = 4) -> Text:
+    """One line: the rounds workers did not commit (their inner steps discarded, θ back at
+    the anchor: docs/ALGORITHM.md, "DiLoCo's elastic quorum"), the latest first."""
+    latest = ", ".join(f"worker {w} round {r + 1}" for w, r in reversed(rounds[-top:]))
+    more = f", {len(rounds) - top} more" if len(rounds) > top else ""
+    return Text(f"not committed: {len(rounds)} worker-round(s) ({latest}{more})",
+                style="bold red")
 
 
 def _reasons(counts: tuple[tuple[str, int], ...], top: int) -> str:

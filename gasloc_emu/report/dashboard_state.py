@@ -123,6 +123,9 @@ class Snapshot:
     drops: int | None = None
     drop_reasons: tuple[tuple[str, int], ...] = ()
     control_drops: tuple[tuple[str, int], ...] = ()
+    # (worker, round) of every round a worker did not commit (DiLoCo after a lost peer broke
+    # its All-Reduce: its inner steps of that round are discarded), in the order reported
+    uncommitted: tuple[tuple[int, int], ...] = ()
 
 
 class _Worker:
@@ -199,6 +202,7 @@ class DashboardState:
         self._reports, self._last_report = 0, self.start
         self._clock_s = self._consensus = self._final_eval = None
         self._control_drops: dict[str, int] = {}
+        self._uncommitted: list[tuple[int, int]] = []
         self._events = 0  # scenario events shown so far (each keeps its own line)
 
     # ---- feeding
@@ -278,6 +282,8 @@ class DashboardState:
             self._clock_s = max(self._clock_s or 0.0, row["time_s"])
         if fmt.finite(row.get("consensus_distance")):
             self._consensus = row["consensus_distance"]
+        if row.get("uncommitted"):
+            self._uncommitted.append((w.rank, row["round"]))
         if row.get("dropped") and int(row["dropped"]) > w.dropped:  # cumulative counts
             w.dropped = int(row["dropped"])
             self._warn(("dropped", w.rank), f"worker {w.rank}: {w.dropped} message(s) dropped "
@@ -353,6 +359,7 @@ class DashboardState:
             drops = _sum_counts([w.drop_reasons for w in self._workers.values()
                                  if w.drop_reasons is not None])
             control = _most_first(self._control_drops)
+            uncommitted = tuple(self._uncommitted)
         mean, std = _mean_std([w.train_loss for w in workers])
         elapsed = max(0.0, now - self.start)
         return Snapshot(
@@ -364,7 +371,8 @@ class DashboardState:
             final_eval_loss=final_eval, consensus=consensus, train_history=train_hist,
             eval_history=eval_hist, warnings=warnings,
             drops=None if drops is None else sum(drops.values()),
-            drop_reasons=() if drops is None else _most_first(drops), control_drops=control)
+            drop_reasons=() if drops is None else _most_first(drops), control_drops=control,
+            uncommitted=uncommitted)
 
     def _eta(self, elapsed: float, reports: int) -> float | None:
         """Remaining time at the rate worker-rounds have been reported so far."""

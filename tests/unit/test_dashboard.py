@@ -391,3 +391,18 @@ def test_a_malformed_drops_row_becomes_a_warning():
     snap = st.snapshot(1.0)
     assert snap.control_drops == () and snap.drops is None
     assert len(snap.warnings) == 2 and all("malformed" in w for w in snap.warnings)
+
+
+def test_rounds_not_committed_are_shown_by_worker_and_round():
+    """DiLoCo's rounds broken by a lost peer (``uncommitted`` in a row): counted, the latest
+    first, in red; no line without any."""
+    st = DashboardState(HEADER, start=0.0)
+    st.update(metric(0, 2, 4.0), now=1.0)
+    assert st.snapshot(1.0).uncommitted == ()
+    assert "not committed" not in as_text(render(st.snapshot(1.0)))
+    for worker, rnd in ((0, 3), (1, 3), (1, 4)):
+        st.update(metric(worker, rnd, 4.0) | {"uncommitted": True}, now=2.0)
+    snap = st.snapshot(2.0)
+    assert snap.uncommitted == ((0, 3), (1, 3), (1, 4))
+    assert ("not committed: 3 worker-round(s) (worker 1 round 5, worker 1 round 4, worker 0 "
+            "round 4)") in as_text(render(snap))
