@@ -424,12 +424,14 @@ def test_a_cloud_placement_across_hosts(hosts, tmp_path):
     assert summary["final_eval_loss"] == _simulated_loss(tmp_path, 2, *sets)
 
 
-def _going_on_after_losses(out: Path, rounds: int, heartbeat_timeout_s: int) -> list[dict]:
-    """Three hosts of 1, 2 and 3 workers on random matchings that go on after a lost host
-    (``run.on_worker_loss = continue``)."""
+def _going_on_after_losses(out: Path, rounds: int, heartbeat_timeout_s: int,
+                           algo: str = "gasloc") -> list[dict]:
+    """Three hosts of 1, 2 and 3 workers that go on after a lost host (``run.on_worker_loss
+    = continue``): GASLoC on random matchings, or DiLoCo on its ring."""
+    exchange = ["--topology", "matching"] if algo == "gasloc" else ["--algo", algo]
     return [_by_hand(k, out, "--workers", "6", "--rounds", str(rounds), "--nproc-per-node",
-                     str(k + 1), "--step-time-s", "0.05", "--local-steps", "2",
-                     "--topology", "matching", "--set", "run.on_worker_loss=continue",
+                     str(k + 1), "--step-time-s", "0.05", "--local-steps", "2", *exchange,
+                     "--set", "run.on_worker_loss=continue",
                      "--set", f"run.heartbeat_timeout_s={heartbeat_timeout_s}", nnodes=3)
             for k in range(3)]
 
@@ -441,13 +443,16 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     silent, decides the round its workers leave at, and tells the others: the run ends ok
     without them, the messages lost with them are counted (``dead_peer``) in the summary,
     the record says from which round and which messages, `simulate --replay` gives the
-    run's losses row by row, and nothing is left running on any host."""
+    run's losses row by row, and nothing is left running on any host. The algorithm is drawn
+    too: GASLoC, or DiLoCo, whose rounds broken by the loss are not committed, the same in
+    the replay (GASLOC_TEST_ALGO=gasloc or diloco picks one)."""
     import random
     rng = random.Random()
     node, rows = rng.choice([1, 2]), rng.randrange(8, 30)
-    why = f"node {node} killed after {rows} rows"
+    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
+    why = f"{algo}: node {node} killed after {rows} rows"
     out = tmp_path / "rec"
-    result = hosts(_going_on_after_losses(out, rounds=12, heartbeat_timeout_s=6),
+    result = hosts(_going_on_after_losses(out, rounds=12, heartbeat_timeout_s=6, algo=algo),
                    kill={"node": node, "after_s": 0.0,
                          "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
                                                        "rows": rows}})
@@ -490,6 +495,7 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     assert again["membership"]["changes"] == summary["membership"]["changes"], why
     assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
     assert again["drops"] == summary["drops"], why   # the same messages lost with the host
+    assert again.get("uncommitted") == summary.get("uncommitted"), why
 
 
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
