@@ -52,18 +52,23 @@ def friendly_errors(fn):
     return wrapper
 
 
+# The errors that mean bad input, besides the config's and the record's: (module, class).
+_INPUT_ERRORS = (("gasloc_emu.topology", "TopologyError"),
+                 ("gasloc_emu.training.data", "DataError"),
+                 ("gasloc_emu.training.tokens", "TokenError"),
+                 ("gasloc_emu.cluster.roles", "ClusterError"),
+                 ("netem.profiles", "ProfileError"),
+                 ("netem.capabilities", "CapabilityError"),
+                 ("netem.measureplan", "MeasureError"))
+
+
 def _input_errors() -> tuple[type, ...]:
-    """The errors that mean bad input; imported only once one was raised (the corpus's
-    module imports torch, which ``run`` leaves to the workers' zygote while it plans)."""
-    from gasloc_emu.cluster.roles import ClusterError
-    from gasloc_emu.topology import TopologyError
-    from gasloc_emu.training.data import DataError
-    from gasloc_emu.training.tokens import TokenError
-    from netem.capabilities import CapabilityError
-    from netem.measureplan import MeasureError
-    from netem.profiles import ProfileError
-    return C.ConfigError, TopologyError, DataError, TokenError, RecordError, ClusterError, \
-        ProfileError, CapabilityError, MeasureError
+    """The errors that mean bad input, from the modules already imported: an exception of a
+    class is raised only once its module is, and importing the others here would cost a bad
+    command line a second of torch (the corpus's module imports it)."""
+    loaded = (getattr(sys.modules[mod], name) for mod, name in _INPUT_ERRORS
+              if mod in sys.modules)
+    return (C.ConfigError, RecordError, *loaded)
 
 
 def _local_steps(value: str | None):

@@ -144,3 +144,20 @@ def test_real_process_prints_one_line(files, tmp_path, extra, needle):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_a_bad_command_line_is_answered_without_loading_torch():
+    """A setting out of range is refused before the heavy imports: the one line comes in a
+    fraction of a second, not after the second torch takes to load (the bad-input check
+    looks only at the error classes of modules already loaded)."""
+    probe = ("import sys\n"
+             "sys.argv = ['gasloc-emu', 'run', '--workers', '0']\n"
+             "from gasloc_emu.commands.entry import main\n"
+             "try:\n"
+             "    main()\n"
+             "except SystemExit as exc:\n"
+             "    print(exc.code, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.split() == ["2", "False"], (proc.stdout, proc.stderr[-2000:])
+    assert proc.stderr.strip().startswith("error: workers = 0"), proc.stderr
