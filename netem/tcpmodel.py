@@ -333,6 +333,13 @@ class TcpConnection:
     """One persistent connection (or ``streams`` parallel ones striping each message), its
     congestion state kept from message to message."""
 
+    # a long replay keeps thousands of connections and reads a few of their fields per
+    # message: slots keep each connection's state in one small block
+    __slots__ = ("params", "streams", "_memo", "memo_hits", "_link", "_path", "_cwnd",
+                 "_ssthresh", "_hystart_found", "_last_send_s", "_ack_clock_s", "_round_left",
+                 "_srtt_s", "_loss_acc", "_clock_s", "_w_max", "_epoch_s", "_k_s", "_origin",
+                 "_reno_est", "_last_loss_w", "_bbr_full_bw", "_ticks", "_memoisable")
+
     def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1):
         if not isinstance(params, TcpParams):
             raise TcpModelError(f"params must be TcpParams, got {params!r}")

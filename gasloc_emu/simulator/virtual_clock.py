@@ -105,7 +105,7 @@ class Park:
     pass  # absent until a join at a time is fixed: the replay goes on without this worker
 
 
-@dataclass
+@dataclass(slots=True)   # read and set at every step: slots are faster and smaller
 class _Lane:
     """One worker as the replay sees it."""
     ops: deque
@@ -159,8 +159,9 @@ class VirtualClock:
         self.source = source
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
-        self.link_free_s: dict[tuple[int, int], float] = {}
-        self.link_busy_s: dict[tuple[int, int], float] = {}  # seconds each link carried bytes
+        # each directed link that carried a message: [when it is free, seconds it carried
+        # bytes], one lookup per message
+        self._links: dict[tuple[int, int], list[float]] = {}
         self._ready = set(range(len(self.lanes)))  # the lanes in _READY
         self._shared: set[int] = set()  # the lanes in a shared (not dedicated) compute
         self._heap: list[tuple[float, int, int]] = []  # heap: (time, lane, token)
@@ -189,6 +190,11 @@ class VirtualClock:
         elif any(isinstance(op, Park) for op in lane.ops):
             lane.ops = deque(op for op in lane.ops if not isinstance(op, Park))
             lane.woken += 1
+
+    @property
+    def link_busy_s(self) -> dict[tuple[int, int], float]:
+        """Seconds each directed link carried bytes (those that carried a message)."""
+        return {link: busy for link, (_, busy) in self._links.items()}
 
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
@@ -263,35 +269,21 @@ class VirtualClock:
                     self._apply(rank, lane, op)
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
-        kind = op.__class__       # the two most frequent steps first, by their class
+        kind = op.__class__       # the most frequent steps first, by their class
         if kind is Send:
             self._send(rank, op)
-            return
-        if kind is Recv:
+        elif kind is Recv:
             self._recv(lane, op.key)
-            return
-        if kind is Mark:
+        elif kind is Mark:
             self._mark(lane, op.row)
-            return
-        if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
-                and not op.idle and not op.timed:
-            op = self._timed(lane, op)
-        if isinstance(op, Send):
+        elif isinstance(op, Compute):
+            if lane.timeline is not None and op.work_s > 0 and not op.idle and not op.timed:
+                op = self._timed(lane, op)
+            self._compute(rank, lane, op)
+        elif isinstance(op, Send):
             self._send(rank, op)
         elif isinstance(op, Recv):
             self._recv(lane, op.key)
-        elif isinstance(op, Compute):
-            if op.work_s > 0:
-                self._ready.discard(rank)
-                lane.state, lane.dedicated, lane.idle = _COMPUTING, op.dedicated, op.idle
-                if op.dedicated:
-                    lane.end_s = self.now_s + op.work_s
-                    self._wake_at(lane, lane.end_s)
-                else:
-                    lane.remaining_s = op.work_s
-                    self._shared.add(rank)
-            elif not op.idle:
-                lane.compute_end_s = self.now_s
         elif isinstance(op, Mark):
             self._mark(lane, op.row)
         elif isinstance(op, Done):
@@ -306,6 +298,20 @@ class VirtualClock:
             self._ready.discard(rank)
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
+
+    def _compute(self, rank: int, lane: _Lane, op: Compute) -> None:
+        """The lane starts computing ``op`` now (a compute of no work only marks its end)."""
+        if op.work_s > 0:
+            self._ready.discard(rank)
+            lane.state, lane.dedicated, lane.idle = _COMPUTING, op.dedicated, op.idle
+            if op.dedicated:
+                lane.end_s = self.now_s + op.work_s
+                self._wake_at(lane, lane.end_s)
+            else:
+                lane.remaining_s = op.work_s
+                self._shared.add(rank)
+        elif not op.idle:
+            lane.compute_end_s = self.now_s
 
     def _wake_at(self, lane: _Lane, t_s: float) -> None:
         """The lane's timed state (a dedicated compute, a wait with its message sent) ends at
@@ -332,15 +338,16 @@ class VirtualClock:
         src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
         now = arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
-            link = (src, dst)
-            free = self.link_free_s.get(link, 0.0)
+            link = self._links.get((src, dst))
+            if link is None:
+                link = self._links[(src, dst)] = [0.0, 0.0]
+            free = link[0]
             start = now if now >= free else free
             transfer = self._transfer   # ``_link``'s first case, the TCP model's, inline
             wire_s, latency_s = transfer(src, dst, op.nbytes, start, key[2]) \
                 if transfer is not None else self._link(src, dst, op, start)
-            self.link_free_s[link] = start + wire_s
-            busy = self.link_busy_s
-            busy[link] = busy.get(link, 0.0) + wire_s
+            link[0] = start + wire_s
+            link[1] += wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
         if receiver.state == _WAITING and receiver.waiting_key == key:

@@ -250,26 +250,29 @@ def test_only_a_loss_based_sender_with_idle_restart_on_ever_restarts(cc, ssai, r
     assert not series[0].restarted                   # nothing was sent before the first
 
 
-_MEMO_ONLY = ("_memo", "memo_hits", "_ticks", "_memoisable", "_memo_key")
+class _Unmemoised(TcpConnection):
+    """A connection that computes every message (never looks it up in its memo)."""
+
+    def _memo_key(self, *_):
+        return None
 
 
-def _unmemoised(conn: TcpConnection) -> TcpConnection:
-    """``conn`` with every message computed (never looked up in its memo)."""
-    conn._memo_key = lambda *_: None
-    return conn
+def _state(conn: TcpConnection) -> dict:
+    """The connection's congestion state (every slot but the memo's own)."""
+    memo_only = ("_memo", "memo_hits", "_ticks", "_memoisable")
+    return {k: getattr(conn, k) for k in TcpConnection.__slots__ if k not in memo_only}
 
 
 def _series_both_ways(params, rate, rtt, streams, messages):
     """The same messages on a memoised connection and on one that computes each: every
     message's time and the whole state after it must match to the bit; the memo's hits."""
     memo = TcpConnection(params, rate, rtt, streams)
-    plain = _unmemoised(TcpConnection(params, rate, rtt, streams))
+    plain = _Unmemoised(params, rate, rtt, streams)
     t = 0.0
     for nbytes, gap_s in messages:
         a, b = memo.transfer(nbytes, t), plain.transfer(nbytes, t)
         assert a == b and a.wire_s == b.wire_s
-        state = {k: v for k, v in vars(memo).items() if k not in _MEMO_ONLY}
-        assert state == {k: v for k, v in vars(plain).items() if k not in _MEMO_ONLY}
+        assert _state(memo) == _state(plain)
         t += a.wire_s + gap_s
     return memo.memo_hits
 
