@@ -303,6 +303,7 @@ class TcpLinkModel:
         # when recorded (``record``), not per message
         self._log: dict[tuple[int, int], list] = {}
         self._fixed: dict[tuple[int, int], tuple] = {}   # fixed paths: (latency s, conn, log)
+        self._memos: dict[tuple, dict] = {}   # (params, rate, RTT): the connections' memo
 
     def describe(self) -> str:
         base = getattr(self.base, "describe", None)
@@ -382,6 +383,12 @@ class TcpLinkModel:
 
     # -- TCP
 
+    def link_timer(self, src: int, dst: int) -> _TcpLink:
+        """The timer of src -> dst's messages, ``timer(nbytes, start_s, round_idx)``: its
+        ``transfer``, with a fixed path's connection found once (the virtual clock asks each
+        link's timer once and keeps it)."""
+        return _TcpLink(self, src, dst)
+
     def transfer(self, src: int, dst: int, nbytes: int, start_s: float,
                  round_idx: int = 0) -> tuple[float, float]:
         """(wire s, latency s) of a message offered at ``start_s`` (virtual time) on src ->
@@ -434,7 +441,10 @@ class TcpLinkModel:
         key = (src, dst)
         conn = self._conns.get(key)
         if conn is None:
-            conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams)
+            # links alike (params, rate, RTT) share their memo of messages: a link's first
+            # messages (slow start) are another's
+            memo = self._memos.setdefault((params, rate, rtt_s), {})
+            conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams, memo)
             self._log[key] = []
         elif conn.path != (rate, rtt_s):
             conn.set_path(rate, rtt_s)      # a scenario changed the link: the window stays
@@ -453,6 +463,29 @@ class TcpLinkModel:
                 "init_cwnd_segments": p.init_cwnd_segments, "loss_pct": p.loss_pct,
                 "rate_mbit": rate, "rtt_ms": rtt_s * 1e3, "streams": self.streams}
         return out
+
+
+class _TcpLink:
+    """One directed link's ``TcpLinkModel.transfer``: the first message goes the whole way
+    (finds the path, makes the connection); on a fixed path (the plan's own) the next ones
+    go straight to its connection."""
+
+    __slots__ = ("model", "src", "dst", "conn", "latency_s", "log")
+
+    def __init__(self, model: TcpLinkModel, src: int, dst: int):
+        self.model, self.src, self.dst, self.conn = model, src, dst, None
+
+    def __call__(self, nbytes: int, start_s: float, round_idx: int) -> tuple[float, float]:
+        conn = self.conn
+        if conn is None:
+            timed = self.model.transfer(self.src, self.dst, nbytes, start_s, round_idx)
+            fixed = self.model._fixed.get((self.src, self.dst))
+            if fixed is not None:
+                self.latency_s, self.conn, self.log = fixed
+            return timed
+        tt = conn.transfer(nbytes, start_s)
+        self.log.append((nbytes, tt))
+        return tt.wire_s, self.latency_s
 
 
 def placement_regions(placement: str) -> tuple[str, ...]:

@@ -230,6 +230,9 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
+NO_CAPS = WorkerCaps()   # a worker without caps (frozen: one value for all of them)
+
+
 def pairs_at(workers: int, index) -> list[tuple[int, int]]:
     """The pairs (i, j), i < j, at ``index`` (an int array) of the list of all pairs of
     ``workers`` workers in lexicographic order, without the list: row i starts at
@@ -484,7 +487,7 @@ class LinkPlan:
                                    f"{missing[:4]}")
 
     def cap(self, rank: int) -> WorkerCaps:
-        return self.caps.get(rank, WorkerCaps())
+        return self.caps.get(rank, NO_CAPS)
 
     def effective_rate_mbit(self, src: int, dst: int) -> float:
         """The most one flow src -> dst can get: min(link, src's uplink cap, dst's downlink cap)."""

@@ -130,7 +130,7 @@ BBR_CWND_GAIN = 2.0
 BBR_LOSS_TOLERANCE = 0.2
 
 MAX_EXPLICIT_ROUNDS = 200_000          # then the rest at the average rate so far
-MEMO_SIZE = 16                         # messages memoised per connection (``_memo_key``)
+MEMO_SIZE = 64                         # messages in one memo (``_memo_key``)
 _EPS = 1e-9
 
 
@@ -340,15 +340,19 @@ class TcpConnection:
                  "_srtt_s", "_loss_acc", "_clock_s", "_w_max", "_epoch_s", "_k_s", "_origin",
                  "_reno_est", "_last_loss_w", "_bbr_full_bw", "_ticks", "_memoisable")
 
-    def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1):
+    def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1,
+                 memo: dict | None = None):
+        """``memo``: the memo of messages (``_memo_key``) to share with the connections of
+        the same params, rate, RTT and streams (they time a message from a state alike); None:
+        its own."""
         if not isinstance(params, TcpParams):
             raise TcpModelError(f"params must be TcpParams, got {params!r}")
         _check_int("streams", streams, 1, 1024)
         self.params, self.streams = params, streams
-        # the messages already timed from a state, by what they read (``_memo_key``)
-        self._memo: dict[tuple, tuple] = {}
-        self.memo_hits = 0
         self.set_path(rate_mbit, rtt_s)
+        # the messages already timed from a state, by what they read (``_memo_key``)
+        self._memo: dict[tuple, tuple] = {} if memo is None else memo
+        self.memo_hits = 0
         self._cwnd = float(params.init_cwnd_segments)
         self._ssthresh = math.inf
         self._hystart_found = not (params.hystart and params.congestion_control == "cubic")
@@ -382,9 +386,9 @@ class TcpConnection:
             seg_s *= p.loss / BBR_LOSS_TOLERANCE
         self._path = _Path(rate, rtt_s, seg_s, rtt_s + seg_s, (rtt_s + seg_s) / seg_s,
                            p.queue_pkts / n)
-        self._memo.clear()      # its messages were timed on the old path
-        if hasattr(self, "_srtt_s"):
+        if hasattr(self, "_srtt_s"):    # the path of a live connection changed
             self._srtt_s = self._path.rtt_eff_s
+            self._memo = {}     # its messages were timed on the old path: a memo of its own
 
     @property
     def path(self) -> tuple[float, float]:
@@ -441,7 +445,7 @@ class TcpConnection:
             timed = self._message(nbytes, t0, restarted)
             if key is not None and self._memoisable:
                 if len(self._memo) >= MEMO_SIZE:
-                    self._memo.clear()     # keys that never came back (a busy link's t0)
+                    self._memo.clear()     # keys that never came back
                 self._memo[key] = timed
         else:   # a memo hit: the state the message left, set again, and cubic's clock
             self.memo_hits += 1     # advanced by the same steps in the same order
@@ -457,22 +461,24 @@ class TcpConnection:
     # -- the memo of messages: the same message from the same state is timed once
 
     def _memo_key(self, nbytes: int, t0: float, restarted: bool) -> tuple | None:
-        """Everything a message's rounds read, when the previous message's rounds are over
-        (``t0 >= _ack_clock_s``: neither the ACK clock nor the window left in its last round
-        is read then); None otherwise (not memoised).
+        """Everything a message's rounds read, when they start at once (``t0`` = 0, the
+        message's offer) and the previous message's rounds are over (its ACK clock <= 0:
+        neither that clock nor the window left in its last round is read then); None
+        otherwise (not memoised).
 
         Left out, on purpose: the idle time (``_after_idle`` has acted on it already:
         ``restarted`` and the window are in the key), and cubic's function and clock
         (``_clock_s``, ``_epoch_s``, ``_w_max``, ``_k_s``, ``_origin``, ``_reno_est``) and
         ``_last_loss_w``, which only a loss event or a cubic update reads or writes
         (``_on_loss``, ``_cubic_grow``): a message that has either is not stored
-        (``_memoisable``). Every other message is a function of its key alone (the path and
-        the params are the connection's; ``set_path`` clears the memo), and the clock it
+        (``_memoisable``). Every other message is a function of its key alone (and of the
+        params, the path and the streams, which the connections sharing a memo have alike;
+        ``set_path`` gives a connection a memo of its own), and the clock it
         advances is replayed step by step (``_ticks``), so a replay is the computation's
         result to the bit."""
-        if t0 < self._ack_clock_s:
-            return None
-        return (nbytes, t0, restarted, self._cwnd, self._ssthresh, self._hystart_found,
+        if t0 != 0.0 or self._ack_clock_s > 0.0:
+            return None     # it waits for the previous message: its start is seldom seen again
+        return (nbytes, restarted, self._cwnd, self._ssthresh, self._hystart_found,
                 self._srtt_s, self._loss_acc, self._bbr_full_bw)
 
     def _message(self, nbytes: int, t0: float, restarted: bool) -> tuple:

@@ -147,9 +147,10 @@ class VirtualClock:
             raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
         fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
         self.link_model = fresh() if fresh is not None else link_model
-        # what the model times a message with (``_link``), found once
+        # what the model times a message with (``_timer``), found once
         self._transfer = getattr(self.link_model, "transfer", None)
         self._at_round = getattr(self.link_model, "at_round", None)
+        self._link_timer = getattr(self.link_model, "link_timer", None)
         self.slots, self.emit = float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque(), index) for index in range(world_size * lanes_per_worker)]
@@ -160,8 +161,8 @@ class VirtualClock:
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
         # each directed link that carried a message: [when it is free, seconds it carried
-        # bytes], one lookup per message
-        self._links: dict[tuple[int, int], list[float]] = {}
+        # bytes, its timer (``_timer``)], one lookup per message
+        self._links: dict[tuple[int, int], list] = {}
         self._ready = set(range(len(self.lanes)))  # the lanes in _READY
         self._shared: set[int] = set()  # the lanes in a shared (not dedicated) compute
         self._heap: list[tuple[float, int, int]] = []  # heap: (time, lane, token)
@@ -194,7 +195,7 @@ class VirtualClock:
     @property
     def link_busy_s(self) -> dict[tuple[int, int], float]:
         """Seconds each directed link carried bytes (those that carried a message)."""
-        return {link: busy for link, (_, busy) in self._links.items()}
+        return {link: busy for link, (_, busy, _) in self._links.items()}
 
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
@@ -340,12 +341,10 @@ class VirtualClock:
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
             link = self._links.get((src, dst))
             if link is None:
-                link = self._links[(src, dst)] = [0.0, 0.0]
+                link = self._links[(src, dst)] = [0.0, 0.0, self._timer(src, dst)]
             free = link[0]
             start = now if now >= free else free
-            transfer = self._transfer   # ``_link``'s first case, the TCP model's, inline
-            wire_s, latency_s = transfer(src, dst, op.nbytes, start, key[2]) \
-                if transfer is not None else self._link(src, dst, op, start)
+            wire_s, latency_s = link[2](op.nbytes, start, key[2])
             link[0] = start + wire_s
             link[1] += wire_s
             arrival = start + wire_s + latency_s
@@ -356,19 +355,24 @@ class VirtualClock:
         else:
             self.arrivals[key] = arrival
 
-    def _link(self, src: int, dst: int, op: Send, start_s: float) -> tuple[float, float]:
-        """(wire s, latency s) of one message; a model with ``transfer`` (``netplan.
-        TcpLinkModel``: TCP sees the latency) gets the time the message starts on its link,
-        ``start_s`` (after the link's earlier messages: a connection's idle time ends then),
-        and the round; a model with ``at_round`` (a scenario's links change by round or by
-        time) gets the round in the message's key and the send time."""
-        transfer = self._transfer
+    def _timer(self, src: int, dst: int):
+        """``timer(nbytes, start_s, round_idx)``: (wire s, latency s) of one message on src ->
+        dst, found once per link. A model with ``link_timer`` gives its own (the TCP model's:
+        its connection found once); one with ``transfer`` (``netplan.TcpLinkModel``: TCP sees
+        the latency) gets the time the message starts on its link, ``start_s`` (after the
+        link's earlier messages: a connection's idle time ends then), and the round; one
+        with ``at_round`` (a scenario's links change by round or by time) gets the round in
+        the message's key and the send time; a plain model the bytes."""
+        if self._link_timer is not None:
+            return self._link_timer(src, dst)
+        transfer, at_round, model = self._transfer, self._at_round, self.link_model
         if transfer is not None:
-            return transfer(src, dst, op.nbytes, start_s, op.key[2])
-        at_round = self._at_round
+            return lambda nbytes, start_s, round_idx: transfer(src, dst, nbytes, start_s,
+                                                                round_idx)
         if at_round is not None:
-            return at_round(src, dst, op.nbytes, op.key[2], self.now_s)
-        return self.link_model(src, dst, op.nbytes)
+            return lambda nbytes, start_s, round_idx: at_round(src, dst, nbytes, round_idx,
+                                                                self.now_s)
+        return lambda nbytes, start_s, round_idx: model(src, dst, nbytes)
 
     def _recv(self, lane: _Lane, key: tuple) -> None:
         arrival = self.arrivals.pop(key, None)

@@ -263,10 +263,11 @@ def _state(conn: TcpConnection) -> dict:
     return {k: getattr(conn, k) for k in TcpConnection.__slots__ if k not in memo_only}
 
 
-def _series_both_ways(params, rate, rtt, streams, messages):
-    """The same messages on a memoised connection and on one that computes each: every
-    message's time and the whole state after it must match to the bit; the memo's hits."""
-    memo = TcpConnection(params, rate, rtt, streams)
+def _series_both_ways(params, rate, rtt, streams, messages, shared=None):
+    """The same messages on a memoised connection (with the memo ``shared``, or its own)
+    and on one that computes each: every message's time and the whole state after it must
+    match to the bit; the memo's hits."""
+    memo = TcpConnection(params, rate, rtt, streams, shared)
     plain = _Unmemoised(params, rate, rtt, streams)
     t = 0.0
     for nbytes, gap_s in messages:
@@ -286,8 +287,10 @@ def test_a_memoised_message_is_the_computed_one_to_the_bit(params, rate, rtt, st
                                                           messages):
     """Messages of a few sizes at a few gaps (so that states and keys come back), over every
     congestion control, with and without loss and the idle restart: the memo changes
-    nothing."""
-    _series_both_ways(params, rate, rtt, streams, messages)
+    nothing, its own or one that a connection alike has filled."""
+    shared = {}
+    _series_both_ways(params, rate, rtt, streams, messages, shared)
+    _series_both_ways(params, rate, rtt, streams, messages[::-1], shared)
 
 
 @pytest.mark.parametrize("cc", ["cubic", "reno", "bbr"])
@@ -295,8 +298,10 @@ def test_a_steady_exchange_is_timed_from_the_memo(cc):
     """One message a second on a 20 ms link: after the first few every message comes from
     the memo (cubic's too, whose slow start after each restart never reaches its clock), and
     all of them equal the computed ones."""
-    hits = _series_both_ways(TcpParams(cc), 50.0, 0.04, 1, [(480_000, 1.0)] * 30)
-    assert hits >= 25
+    shared, series = {}, [(480_000, 1.0)] * 30
+    assert _series_both_ways(TcpParams(cc), 50.0, 0.04, 1, series, shared) >= 25
+    # a second link alike finds every message, its slow start's too, in the shared memo
+    assert _series_both_ways(TcpParams(cc), 50.0, 0.04, 1, series, shared) == 30
 
 
 def test_a_restart_needs_more_idle_than_the_rto():
