@@ -436,9 +436,13 @@ class TcpConnection:
             last = self._last_send_s = last + -start_s
         self._ack_clock_s += -start_s
         t0 = 0.0 if last is None or not last > 0.0 else last    # max(0.0, last)
-        # ``_after_idle`` but its first test, which most messages stop at, inline
-        restarted = False if last is None or t0 < last + path.rtt_eff_s \
-            else self._after_idle(t0)
+        # ``_after_idle``'s first tests, which most messages stop at, inline
+        if last is None or t0 < last + path.rtt_eff_s:
+            restarted = False               # nothing sent yet, or still in flight
+        elif not self.params.restarts_after_idle:
+            restarted, self._round_left = False, 0.0    # idle, but never restarts (bbr)
+        else:
+            restarted = self._after_idle(t0)
         key = self._memo_key(nbytes, t0, restarted)
         timed = self._memo.get(key) if key is not None else None
         if timed is None:
