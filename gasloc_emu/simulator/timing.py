@@ -188,9 +188,9 @@ class _Program:
         sent = received = 0
         rank, append = self.rank, ops.append
         by_kind, size_of = self.sizes.by_kind, self.sizes.of
-        for m in self.algo.exchange(t, t == self.rounds - 1, self.plan.codec):
-            peer, r, kind = m.peer, m.round, m.kind
-            if m.sends:
+        for peer, r, kind, sends in self.algo.exchange(t, t == self.rounds - 1,
+                                                       self.plan.codec):   # Messages
+            if sends:
                 nbytes, raw = by_kind.get(kind) or size_of(rank, peer, r, kind)
                 append(Send((peer, rank, r, kind), nbytes))
                 sent += nbytes
