@@ -161,9 +161,10 @@ class VirtualClock:
         self.source = source
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
-        # each directed link that carried a message: [when it is free, seconds it carried
+        # each directed link src -> dst that carried a message, by src * world_size + dst (an
+        # int hashes and compares faster than a pair): [when it is free, seconds it carried
         # bytes, its timer (``_timer``)], one lookup per message
-        self._links: dict[tuple[int, int], list] = {}
+        self._links: dict[int, list] = {}
         self._ready = set(range(len(self.lanes)))  # the lanes in _READY
         self._shared: set[int] = set()  # the lanes in a shared (not dedicated) compute
         self._heap: list[tuple[float, int, int]] = []  # heap: (time, lane, token)
@@ -196,7 +197,8 @@ class VirtualClock:
     @property
     def link_busy_s(self) -> dict[tuple[int, int], float]:
         """Seconds each directed link carried bytes (those that carried a message)."""
-        return {link: busy for link, (_, busy, _) in self._links.items()}
+        n = self.world_size
+        return {divmod(link, n): busy for link, (_, busy, _) in self._links.items()}
 
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
@@ -337,12 +339,13 @@ class VirtualClock:
     def _send(self, src_lane: int, op: Send) -> None:
         key = op.key
         dst_lane = key[0]
-        src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
+        n = self.world_size
+        src, dst = src_lane % n, dst_lane % n  # lanes -> workers
         now = arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
-            link = self._links.get((src, dst))
+            link = self._links.get(src * n + dst)
             if link is None:
-                link = self._links[(src, dst)] = [0.0, 0.0, self._timer(src, dst)]
+                link = self._links[src * n + dst] = [0.0, 0.0, self._timer(src, dst)]
             free = link[0]
             start = now if now >= free else free
             wire_s, latency_s = link[2](op.nbytes, start, key[2])
