@@ -60,6 +60,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -683,13 +684,16 @@ def _links_from_rule(net, rule: PairRule, tcp: TcpSettings, workers: int) -> Blo
     groups = sorted(set(rule.group))
     block = {(a, b): {"rate_mbit": rule.block[(min(a, b), max(a, b))], **values, "tcp": tcp}
              for a in groups for b in groups}
-    kinds, kind_of, exceptions = [], {}, {}
-    for (i, j), rate in rule.singled.items():
-        k = kind_of.get(rate)
-        if k is None:
-            k = kind_of[rate] = len(kinds)
-            kinds.append({"rate_mbit": rate, **values, "tcp": tcp})
-        exceptions[(i, j)] = exceptions[(j, i)] = k
+    # one kind per rate, in the order first met; each pair both ways, (i, j) then (j, i), in
+    # the rule's order: what assigning them pair by pair gives, made at C speed (0.8 M pairs
+    # at 4096 workers under ``skewed``)
+    kind_of = {rate: k for k, rate in enumerate(dict.fromkeys(rule.singled.values()))}
+    kinds = [{"rate_mbit": rate, **values, "tcp": tcp} for rate in kind_of]
+    pairs = list(rule.singled)
+    of_pair = list(map(kind_of.__getitem__, rule.singled.values()))
+    both_ways = chain.from_iterable(zip(pairs, [(j, i) for i, j in pairs], strict=True))
+    exceptions = dict(zip(both_ways, chain.from_iterable(zip(of_pair, of_pair, strict=True)),
+                          strict=True))
     links = BlockLinks(workers, rule.group, block, kinds, exceptions)
     for key in links.representatives():
         links[key]   # every value in use checked once (``Link``), named by a link that has it
