@@ -392,8 +392,8 @@ class VirtualClock:
         if lane.speed is not None and "compute_s" in row:  # a speed set at a time
             row = row | {"speed": lane.speed,
                          "compute_s": row["compute_s"] * lane.base_speed / lane.speed}
-        row = row | {"time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
-                     "wait_s": lane.wait_total_s - lane.wait_at_mark_s}
+        row = {**row, "time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
+               "wait_s": lane.wait_total_s - lane.wait_at_mark_s}   # one new dict, not two
         lane.wait_at_mark_s = lane.wait_total_s
         if self.emit is not None:
             self.emit(row)
