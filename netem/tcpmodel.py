@@ -338,7 +338,8 @@ class TcpConnection:
     __slots__ = ("params", "streams", "_memo", "memo_hits", "_link", "_path", "_cwnd",
                  "_ssthresh", "_hystart_found", "_last_send_s", "_ack_clock_s", "_round_left",
                  "_srtt_s", "_loss_acc", "_clock_s", "_w_max", "_epoch_s", "_k_s", "_origin",
-                 "_reno_est", "_last_loss_w", "_bbr_full_bw", "_ticks", "_memoisable")
+                 "_reno_est", "_last_loss_w", "_bbr_full_bw", "_ticks", "_memoisable",
+                 "_rtt_eff_s")
 
     def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1,
                  memo: dict | None = None):
@@ -386,6 +387,7 @@ class TcpConnection:
             seg_s *= p.loss / BBR_LOSS_TOLERANCE
         self._path = _Path(rate, rtt_s, seg_s, rtt_s + seg_s, (rtt_s + seg_s) / seg_s,
                            p.queue_pkts / n)
+        self._rtt_eff_s = self._path.rtt_eff_s   # every message's idle test: kept at hand
         if hasattr(self, "_srtt_s"):    # the path of a live connection changed
             self._srtt_s = self._path.rtt_eff_s
             self._memo = {}     # its messages were timed on the old path: a memo of its own
@@ -427,9 +429,8 @@ class TcpConnection:
             _check_int("nbytes", nbytes, 0, 2**62)
         if not (type(start_s) is float and -1e15 <= start_s <= 1e15):
             _check_float("start_s", start_s, -1e15, 1e15)
-        path = self._path
         if nbytes == 0:
-            owd = path.rtt_s / 2
+            owd = self._path.rtt_s / 2
             return TransferTime(owd, 0.0, owd, 0.0, 0.0)
         last = self._last_send_s        # into the message's own frame, where it starts at 0
         if last is not None:            # (and out of it at the end)
@@ -437,7 +438,7 @@ class TcpConnection:
         self._ack_clock_s += -start_s
         t0 = 0.0 if last is None or not last > 0.0 else last    # max(0.0, last)
         # ``_after_idle``'s first tests, which most messages stop at, inline
-        if last is None or t0 < last + path.rtt_eff_s:
+        if last is None or t0 < last + self._rtt_eff_s:
             restarted = False               # nothing sent yet, or still in flight
         elif not self.params.restarts_after_idle:
             restarted, self._round_left = False, 0.0    # idle, but never restarts (bbr)

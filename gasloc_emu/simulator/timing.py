@@ -142,6 +142,10 @@ def _phase(model: compute_mod.ComputeModel, fixed_steps: int) -> tuple[int, floa
 class _Program:
     """One worker's steps for the clock, a round at a time (the clock's ``source``)."""
 
+    # thousands of programs, each read every round: slots keep each one's state in one block
+    __slots__ = ("plan", "rank", "sizes", "counted", "algo", "model", "fixed", "rounds", "t",
+                 "step", "tokens_per_step", "schedule", "links", "_phase")
+
     def __init__(self, plan: RunPlan, rank: int, sizes: _Size, tokens_per_step: int,
                  counted: dict):
         cfg = plan.cfg
