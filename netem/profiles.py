@@ -355,12 +355,7 @@ class BlockLinks(Mapping):
             if key not in seen:
                 seen.add(key)
                 out.append((src, dst))
-        first: dict[tuple, tuple[int, int]] = {}   # one exception per kind, both ways
-        for (src, dst), kind in exc.items():
-            key = (kind, exc.get((dst, src), -1), group[src], group[dst])
-            if key not in first:
-                first[key] = (src, dst)
-        for src, dst in first.values():
+        for src, dst in self._first_of_each_kind():   # one exception per kind, both ways
             add(src, dst)
             add(dst, src)
         members: dict[int, list[int]] = {}
@@ -373,6 +368,26 @@ class BlockLinks(Mapping):
             if found is not None:
                 add(*found)
         return tuple(out)
+
+    def _first_of_each_kind(self) -> list[tuple[int, int]]:
+        """The first exception (in ``exceptions``' order) of each (its kind, its reverse's
+        kind or -1, its groups), in that order: what walking the exceptions and keeping each
+        key's first pair gives, with arrays (1.7 M exceptions at 4096 workers)."""
+        import numpy as np
+        if not self.exceptions:
+            return []
+        n = self.workers
+        srcs, dsts, kinds = self._exception_arrays()
+        codes, reverse_codes = srcs * n + dsts, dsts * n + srcs
+        order = np.argsort(codes, kind="stable")
+        at = order[np.minimum(np.searchsorted(codes[order], reverse_codes), len(codes) - 1)]
+        back = np.where(codes[at] == reverse_codes, kinds[at], -1)   # the reverse's kind
+        labels, g = np.unique(np.array(self.group, dtype=np.int64), return_inverse=True)
+        groups = len(labels)
+        key = ((kinds * (len(self.kinds) + 1) + back + 1) * groups + g[srcs]) * groups + g[dsts]
+        _, first = np.unique(key, return_index=True)
+        first.sort()    # first met first, as a dict keeps them
+        return list(zip(srcs[first].tolist(), dsts[first].tolist(), strict=True))
 
     def slowest_rate_mbit(self, src: int) -> float:
         """The slowest rate_mbit of src's links: its exceptions' and each block it has a link
