@@ -279,7 +279,8 @@ def simulate_timing(plan: RunPlan, out: str | Path, progress=None) -> RunSummary
                                "no worker sends")
         sent = sum(b for b, _ in counted.values())
         raw = sum(r for _, r in counted.values())
-        links = [LinkRow.moved(src, dst, b, r, clock.link_busy_s.get((src, dst)))
+        busy = clock.link_busy_s
+        links = [LinkRow.moved(src, dst, b, r, busy.get((src, dst)))
                  for (src, dst), (b, r) in sorted(counted.items()) if b]
         rec.write_json("links.json", {"shaper": "simulate", "links": links,
                                       **_tcp_model_record(clock.link_model)})

@@ -196,7 +196,8 @@ class VirtualClock:
 
     @property
     def link_busy_s(self) -> dict[tuple[int, int], float]:
-        """Seconds each directed link carried bytes (those that carried a message)."""
+        """Seconds each directed link carried bytes (those that carried a message): a new
+        dict, made from the links' records at each call (read it once)."""
         n = self.world_size
         return {divmod(link, n): busy for link, (_, busy, _) in self._links.items()}
 
