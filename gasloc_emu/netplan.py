@@ -299,8 +299,11 @@ class TcpLinkModel:
         self._params_of = params_of
         self._params: dict[tuple[int, int], object] = {}
         self._conns: dict[tuple[int, int], object] = {}
-        self._stats: dict[tuple[int, int], dict] = {}
-        self._fixed: dict[tuple[int, int], tuple] = {}   # fixed paths: (latency s, conn, stats)
+        # each link's messages, (bytes, TransferTime) in the order they were timed: summed
+        # when recorded (``record``), not per message
+        self._log: dict[tuple[int, int], list] = {}
+        self._fixed: dict[tuple[int, int], tuple] = {}   # fixed paths: (latency s, conn, log)
+        self._memos: dict[tuple, dict] = {}   # (params, rate, RTT): the connections' memo
 
     def describe(self) -> str:
         base = getattr(self.base, "describe", None)
@@ -380,6 +383,12 @@ class TcpLinkModel:
 
     # -- TCP
 
+    def link_timer(self, src: int, dst: int) -> _TcpLink:
+        """The timer of src -> dst's messages, ``timer(nbytes, start_s, round_idx)``: its
+        ``transfer``, with a fixed path's connection found once (the virtual clock asks each
+        link's timer once and keeps it)."""
+        return _TcpLink(self, src, dst)
+
     def transfer(self, src: int, dst: int, nbytes: int, start_s: float,
                  round_idx: int = 0) -> tuple[float, float]:
         """(wire s, latency s) of a message offered at ``start_s`` (virtual time) on src ->
@@ -388,8 +397,10 @@ class TcpLinkModel:
         delay after that, as the plain protocol has them."""
         fixed = self._fixed.get((src, dst)) if self.fixed_paths else None
         if fixed is not None:     # the plan's link, its connection found before
-            latency_s, conn, st = fixed
-            return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
+            latency_s, conn, log = fixed
+            tt = conn.transfer(nbytes, start_s)
+            log.append((nbytes, tt))
+            return tt.wire_s, latency_s
         rate, latency_s = self.path_at(src, dst, round_idx, start_s)
         try:
             _, back_s = self.path_at(dst, src, round_idx, start_s)
@@ -400,33 +411,41 @@ class TcpLinkModel:
         if rate is None or (rtt_s == 0 and params.loss_pct == 0):
             return self.at_round(src, dst, nbytes, round_idx, start_s)
         conn = self._connection(src, dst, params, rate, rtt_s)
-        st = self._stats[(src, dst)]
+        log = self._log[(src, dst)]
         if self.fixed_paths:
-            self._fixed[(src, dst)] = (latency_s, conn, st)
-        return self._timed(conn.transfer(nbytes, start_s), st, nbytes), latency_s
+            self._fixed[(src, dst)] = (latency_s, conn, log)
+        tt = conn.transfer(nbytes, start_s)
+        log.append((nbytes, tt))
+        return tt.wire_s, latency_s
 
     @staticmethod
-    def _timed(tt, st: dict, nbytes: int) -> float:
-        """Count the message ``tt`` in its link's stats; its wire seconds."""
-        st["messages"] += 1
-        st["bytes"] += nbytes
-        st["restarts"] += tt.restarted
-        st["total_s"] += tt.total_s
-        st["serialisation_s"] += tt.serialisation_s
-        st["propagation_s"] += tt.propagation_s
-        st["window_s"] += tt.window_s
-        st["retransmit_s"] += tt.retransmit_s
-        return tt.wire_s
+    def _stats(log: list) -> dict:
+        """A link's messages (``log``: (bytes, ``TransferTime``) in the order they were
+        timed) counted and their times summed, in that order."""
+        st = {"messages": 0, "bytes": 0, "restarts": 0, "total_s": 0.0,
+              "serialisation_s": 0.0, "propagation_s": 0.0, "window_s": 0.0,
+              "retransmit_s": 0.0}
+        for nbytes, tt in log:
+            st["messages"] += 1
+            st["bytes"] += nbytes
+            st["restarts"] += tt.restarted
+            st["total_s"] += tt.total_s
+            st["serialisation_s"] += tt.serialisation_s
+            st["propagation_s"] += tt.propagation_s
+            st["window_s"] += tt.window_s
+            st["retransmit_s"] += tt.retransmit_s
+        return st
 
     def _connection(self, src: int, dst: int, params, rate: float, rtt_s: float):
         from netem.tcpmodel import TcpConnection
         key = (src, dst)
         conn = self._conns.get(key)
         if conn is None:
-            conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams)
-            self._stats[key] = {"messages": 0, "bytes": 0, "restarts": 0, "total_s": 0.0,
-                                "serialisation_s": 0.0, "propagation_s": 0.0,
-                                "window_s": 0.0, "retransmit_s": 0.0}
+            # links alike (params, rate, RTT) share their memo of messages: a link's first
+            # messages (slow start) are another's
+            memo = self._memos.setdefault((params, rate, rtt_s), {})
+            conn = self._conns[key] = TcpConnection(params, rate, rtt_s, self.streams, memo)
+            self._log[key] = []
         elif conn.path != (rate, rtt_s):
             conn.set_path(rate, rtt_s)      # a scenario changed the link: the window stays
         return conn
@@ -435,15 +454,38 @@ class TcpLinkModel:
         """Per directed link that carried a message under the model: its TCP and what its
         messages' times were made of (seconds summed over the messages)."""
         out = {}
-        for (src, dst), st in sorted(self._stats.items()):
+        for (src, dst), log in sorted(self._log.items()):
             p = self.params_of(src, dst)
             rate, rtt_s = self._conns[(src, dst)].path
-            out[f"{src}->{dst}"] = st | {
+            out[f"{src}->{dst}"] = self._stats(log) | {
                 "congestion_control": p.congestion_control,
                 "slow_start_after_idle": p.slow_start_after_idle,
                 "init_cwnd_segments": p.init_cwnd_segments, "loss_pct": p.loss_pct,
                 "rate_mbit": rate, "rtt_ms": rtt_s * 1e3, "streams": self.streams}
         return out
+
+
+class _TcpLink:
+    """One directed link's ``TcpLinkModel.transfer``: the first message goes the whole way
+    (finds the path, makes the connection); on a fixed path (the plan's own) the next ones
+    go straight to its connection."""
+
+    __slots__ = ("model", "src", "dst", "conn", "latency_s", "log")
+
+    def __init__(self, model: TcpLinkModel, src: int, dst: int):
+        self.model, self.src, self.dst, self.conn = model, src, dst, None
+
+    def __call__(self, nbytes: int, start_s: float, round_idx: int) -> tuple[float, float]:
+        conn = self.conn
+        if conn is None:
+            timed = self.model.transfer(self.src, self.dst, nbytes, start_s, round_idx)
+            fixed = self.model._fixed.get((self.src, self.dst))
+            if fixed is not None:
+                self.latency_s, self.conn, self.log = fixed
+            return timed
+        tt = conn.transfer(nbytes, start_s)
+        self.log.append((nbytes, tt))
+        return tt.wire_s, self.latency_s
 
 
 def placement_regions(placement: str) -> tuple[str, ...]:

@@ -549,7 +549,7 @@ class Topology:
                           for a, b in sorted(self.possible_edges)]
                 if listed else None}
 
-    @property
+    @cached_property   # asked by every worker every round (``neighbors``): found once
     def time_varying(self) -> bool:
         return self.family.time_varying
 

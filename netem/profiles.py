@@ -60,6 +60,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,9 @@ class WorkerCaps:
                 _check_rate(name, value)
 
 
+NO_CAPS = WorkerCaps()   # a worker without caps (frozen: one value for all of them)
+
+
 def pairs_at(workers: int, index) -> list[tuple[int, int]]:
     """The pairs (i, j), i < j, at ``index`` (an int array) of the list of all pairs of
     ``workers`` workers in lexicographic order, without the list: row i starts at
@@ -351,12 +355,7 @@ class BlockLinks(Mapping):
             if key not in seen:
                 seen.add(key)
                 out.append((src, dst))
-        first: dict[tuple, tuple[int, int]] = {}   # one exception per kind, both ways
-        for (src, dst), kind in exc.items():
-            key = (kind, exc.get((dst, src), -1), group[src], group[dst])
-            if key not in first:
-                first[key] = (src, dst)
-        for src, dst in first.values():
+        for src, dst in self._first_of_each_kind():   # one exception per kind, both ways
             add(src, dst)
             add(dst, src)
         members: dict[int, list[int]] = {}
@@ -369,6 +368,26 @@ class BlockLinks(Mapping):
             if found is not None:
                 add(*found)
         return tuple(out)
+
+    def _first_of_each_kind(self) -> list[tuple[int, int]]:
+        """The first exception (in ``exceptions``' order) of each (its kind, its reverse's
+        kind or -1, its groups), in that order: what walking the exceptions and keeping each
+        key's first pair gives, with arrays (1.7 M exceptions at 4096 workers)."""
+        import numpy as np
+        if not self.exceptions:
+            return []
+        n = self.workers
+        srcs, dsts, kinds = self._exception_arrays()
+        codes, reverse_codes = srcs * n + dsts, dsts * n + srcs
+        order = np.argsort(codes, kind="stable")
+        at = order[np.minimum(np.searchsorted(codes[order], reverse_codes), len(codes) - 1)]
+        back = np.where(codes[at] == reverse_codes, kinds[at], -1)   # the reverse's kind
+        labels, g = np.unique(np.array(self.group, dtype=np.int64), return_inverse=True)
+        groups = len(labels)
+        key = ((kinds * (len(self.kinds) + 1) + back + 1) * groups + g[srcs]) * groups + g[dsts]
+        _, first = np.unique(key, return_index=True)
+        first.sort()    # first met first, as a dict keeps them
+        return list(zip(srcs[first].tolist(), dsts[first].tolist(), strict=True))
 
     def slowest_rate_mbit(self, src: int) -> float:
         """The slowest rate_mbit of src's links: its exceptions' and each block it has a link
@@ -484,7 +503,7 @@ class LinkPlan:
                                    f"{missing[:4]}")
 
     def cap(self, rank: int) -> WorkerCaps:
-        return self.caps.get(rank, WorkerCaps())
+        return self.caps.get(rank, NO_CAPS)
 
     def effective_rate_mbit(self, src: int, dst: int) -> float:
         """The most one flow src -> dst can get: min(link, src's uplink cap, dst's downlink cap)."""
@@ -680,13 +699,16 @@ def _links_from_rule(net, rule: PairRule, tcp: TcpSettings, workers: int) -> Blo
     groups = sorted(set(rule.group))
     block = {(a, b): {"rate_mbit": rule.block[(min(a, b), max(a, b))], **values, "tcp": tcp}
              for a in groups for b in groups}
-    kinds, kind_of, exceptions = [], {}, {}
-    for (i, j), rate in rule.singled.items():
-        k = kind_of.get(rate)
-        if k is None:
-            k = kind_of[rate] = len(kinds)
-            kinds.append({"rate_mbit": rate, **values, "tcp": tcp})
-        exceptions[(i, j)] = exceptions[(j, i)] = k
+    # one kind per rate, in the order first met; each pair both ways, (i, j) then (j, i), in
+    # the rule's order: what assigning them pair by pair gives, made at C speed (0.8 M pairs
+    # at 4096 workers under ``skewed``)
+    kind_of = {rate: k for k, rate in enumerate(dict.fromkeys(rule.singled.values()))}
+    kinds = [{"rate_mbit": rate, **values, "tcp": tcp} for rate in kind_of]
+    pairs = list(rule.singled)
+    of_pair = list(map(kind_of.__getitem__, rule.singled.values()))
+    both_ways = chain.from_iterable(zip(pairs, [(j, i) for i, j in pairs], strict=True))
+    exceptions = dict(zip(both_ways, chain.from_iterable(zip(of_pair, of_pair, strict=True)),
+                          strict=True))
     links = BlockLinks(workers, rule.group, block, kinds, exceptions)
     for key in links.representatives():
         links[key]   # every value in use checked once (``Link``), named by a link that has it

@@ -13,7 +13,10 @@ bottleneck rate, and the next round starts when the first ACK of this one is bac
 plus one segment's serialisation) or when this round's data is all out, whichever is later.
 Rounds whose outcome is known are taken in closed form (a pipe kept full, a window pinned by
 the buffers, a loss cycle that repeats), so a 128 MB message at 1 Gbit/s costs a few rounds of
-arithmetic, not one step per segment.
+arithmetic, not one step per segment. A message offered in a state the connection has been
+in before (same window, same idle restart, same size) is not worked out again: its time and
+the state it leaves come from the connection's memo, to the bit (``_memo_key`` says what the
+key holds and why the rest may be left out).
 
 What is modelled, with the kernel source / RFC it follows:
 
@@ -127,6 +130,7 @@ BBR_CWND_GAIN = 2.0
 BBR_LOSS_TOLERANCE = 0.2
 
 MAX_EXPLICIT_ROUNDS = 200_000          # then the rest at the average rate so far
+MEMO_SIZE = 64                         # messages in one memo (``_memo_key``)
 _EPS = 1e-9
 
 
@@ -236,7 +240,7 @@ class TransferTime:
     restarted: bool = False      # the window was restarted after idle first
     rounds: int = 0              # round trips the message took (per stream)
 
-    @property
+    @cached_property   # a memoised message's is asked again for every message like it
     def wire_s(self) -> float:
         """Until the last byte has left the sender's bottleneck: the total less the latency."""
         return self.total_s - self.propagation_s
@@ -329,12 +333,27 @@ class TcpConnection:
     """One persistent connection (or ``streams`` parallel ones striping each message), its
     congestion state kept from message to message."""
 
-    def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1):
+    # a long replay keeps thousands of connections and reads a few of their fields per
+    # message: slots keep each connection's state in one small block
+    __slots__ = ("params", "streams", "_memo", "memo_hits", "_link", "_path", "_cwnd",
+                 "_ssthresh", "_hystart_found", "_last_send_s", "_ack_clock_s", "_round_left",
+                 "_srtt_s", "_loss_acc", "_clock_s", "_w_max", "_epoch_s", "_k_s", "_origin",
+                 "_reno_est", "_last_loss_w", "_bbr_full_bw", "_ticks", "_memoisable",
+                 "_rtt_eff_s")
+
+    def __init__(self, params: TcpParams, rate_mbit: float, rtt_s: float, streams: int = 1,
+                 memo: dict | None = None):
+        """``memo``: the memo of messages (``_memo_key``) to share with the connections of
+        the same params, rate, RTT and streams (they time a message from a state alike); None:
+        its own."""
         if not isinstance(params, TcpParams):
             raise TcpModelError(f"params must be TcpParams, got {params!r}")
         _check_int("streams", streams, 1, 1024)
         self.params, self.streams = params, streams
         self.set_path(rate_mbit, rtt_s)
+        # the messages already timed from a state, by what they read (``_memo_key``)
+        self._memo: dict[tuple, tuple] = {} if memo is None else memo
+        self.memo_hits = 0
         self._cwnd = float(params.init_cwnd_segments)
         self._ssthresh = math.inf
         self._hystart_found = not (params.hystart and params.congestion_control == "cubic")
@@ -351,6 +370,8 @@ class TcpConnection:
         self._reno_est = 0.0
         self._last_loss_w = 0.0
         self._bbr_full_bw = False
+        self._ticks: list[float] = []            # this message's steps of cubic's clock
+        self._memoisable = True                  # no loss event, no cubic update (yet)
 
     # -- the path
 
@@ -366,8 +387,10 @@ class TcpConnection:
             seg_s *= p.loss / BBR_LOSS_TOLERANCE
         self._path = _Path(rate, rtt_s, seg_s, rtt_s + seg_s, (rtt_s + seg_s) / seg_s,
                            p.queue_pkts / n)
-        if hasattr(self, "_srtt_s"):
+        self._rtt_eff_s = self._path.rtt_eff_s   # every message's idle test: kept at hand
+        if hasattr(self, "_srtt_s"):    # the path of a live connection changed
             self._srtt_s = self._path.rtt_eff_s
+            self._memo = {}     # its messages were timed on the old path: a memo of its own
 
     @property
     def path(self) -> tuple[float, float]:
@@ -406,35 +429,87 @@ class TcpConnection:
             _check_int("nbytes", nbytes, 0, 2**62)
         if not (type(start_s) is float and -1e15 <= start_s <= 1e15):
             _check_float("start_s", start_s, -1e15, 1e15)
-        path, p = self._path, self.params
-        owd = path.rtt_s / 2
         if nbytes == 0:
+            owd = self._path.rtt_s / 2
             return TransferTime(owd, 0.0, owd, 0.0, 0.0)
-        last = self._last_send_s        # into the message's own frame: its start is 0 (the
-        if last is not None:            # ``_shift`` by -start_s, inline: once per message)
+        last = self._last_send_s        # into the message's own frame, where it starts at 0
+        if last is not None:            # (and out of it at the end)
             last = self._last_send_s = last + -start_s
         self._ack_clock_s += -start_s
-        t0 = 0.0 if last is None else max(0.0, last)
-        # ``_after_idle`` but its first test, which most messages stop at, inline
-        restarted = False if last is None or t0 < last + path.rtt_eff_s \
-            else self._after_idle(t0)
+        t0 = 0.0 if last is None or not last > 0.0 else last    # max(0.0, last)
+        # ``_after_idle``'s first tests, which most messages stop at, inline
+        if last is None or t0 < last + self._rtt_eff_s:
+            restarted = False               # nothing sent yet, or still in flight
+        elif not self.params.restarts_after_idle:
+            restarted, self._round_left = False, 0.0    # idle, but never restarts (bbr)
+        else:
+            restarted = self._after_idle(t0)
+        key = self._memo_key(nbytes, t0, restarted)
+        timed = self._memo.get(key) if key is not None else None
+        if timed is None:
+            timed = self._message(nbytes, t0, restarted)
+            if key is not None and self._memoisable:
+                if len(self._memo) >= MEMO_SIZE:
+                    self._memo.clear()     # keys that never came back
+                self._memo[key] = timed
+        else:   # a memo hit: the state the message left, set again, and cubic's clock
+            self.memo_hits += 1     # advanced by the same steps in the same order
+            (_, self._cwnd, self._ssthresh, self._hystart_found, self._srtt_s, self._loss_acc,
+             self._bbr_full_bw, self._last_send_s, self._ack_clock_s, self._round_left,
+             ticks) = timed
+            for dt in ticks:
+                self._clock_s += dt
+        self._last_send_s += start_s    # out of the message's frame (the message set it)
+        self._ack_clock_s += start_s
+        return timed[0]
+
+    # -- the memo of messages: the same message from the same state is timed once
+
+    def _memo_key(self, nbytes: int, t0: float, restarted: bool) -> tuple | None:
+        """Everything a message's rounds read, when they start at once (``t0`` = 0, the
+        message's offer) and the previous message's rounds are over (its ACK clock <= 0:
+        neither that clock nor the window left in its last round is read then); None
+        otherwise (not memoised).
+
+        Left out, on purpose: the idle time (``_after_idle`` has acted on it already:
+        ``restarted`` and the window are in the key), and cubic's function and clock
+        (``_clock_s``, ``_epoch_s``, ``_w_max``, ``_k_s``, ``_origin``, ``_reno_est``) and
+        ``_last_loss_w``, which only a loss event or a cubic update reads or writes
+        (``_on_loss``, ``_cubic_grow``): a message that has either is not stored
+        (``_memoisable``). Every other message is a function of its key alone (and of the
+        params, the path and the streams, which the connections sharing a memo have alike;
+        ``set_path`` gives a connection a memo of its own), and the clock it
+        advances is replayed step by step (``_ticks``), so a replay is the computation's
+        result to the bit."""
+        if t0 != 0.0 or self._ack_clock_s > 0.0:
+            return None     # it waits for the previous message: its start is seldom seen again
+        return (nbytes, restarted, self._cwnd, self._ssthresh, self._hystart_found,
+                self._srtt_s, self._loss_acc, self._bbr_full_bw)
+
+    def _message(self, nbytes: int, t0: float, restarted: bool) -> tuple:
+        """Time the message in its own frame (it is offered at 0, its rounds start at
+        ``t0``); what it left behind, as a memo hit sets it again (``transfer``)."""
+        path, p = self._path, self.params
+        owd = path.rtt_s / 2
+        self._ticks, self._memoisable = [], True
         run = self._rounds(nbytes / self.streams / p.mss_bytes, t0)
         loss = p.loss
         tail_s = tail_repair_s(loss, run.last_rtt_segs, path.rtt_s) if loss > 0 else 0.0
         self._last_send_s = run.end_s + tail_s
-        self._shift(start_s)
         total = run.end_s + tail_s + owd
         ser = nbytes * 8 * p.wire_overhead / (path.rate_mbit * self.streams * 1e6)
         beyond = max(0.0, total - ser - owd)
         retransmit = min(beyond, tail_s + run.lost_segs * path.seg_s)
-        return TransferTime(total, ser, owd, beyond - retransmit, retransmit, restarted,
-                            run.rounds)
+        tt = TransferTime(total, ser, owd, beyond - retransmit, retransmit, restarted,
+                          run.rounds)
+        return (tt, self._cwnd, self._ssthresh, self._hystart_found, self._srtt_s,
+                self._loss_acc, self._bbr_full_bw, self._last_send_s, self._ack_clock_s,
+                self._round_left, tuple(self._ticks))
 
-    def _shift(self, by_s: float) -> None:
-        """Move the kept times by ``by_s`` (into a message's frame and back)."""
-        if self._last_send_s is not None:
-            self._last_send_s += by_s
-        self._ack_clock_s += by_s
+    def _tick(self, dt_s: float) -> None:
+        """Cubic's clock (the connection's active time) advances by ``dt_s``."""
+        self._clock_s += dt_s
+        self._ticks.append(dt_s)
 
     def _after_idle(self, t_s: float) -> bool:
         """The window after the idle time before ``t_s`` (tcp_slow_start_after_idle_check)."""
@@ -490,7 +565,7 @@ class TcpConnection:
             out.lost_segs += through * p + dropped
             remaining -= through * (1 - p)
             t_next = max(next_round, t_s + through * path.seg_s)
-            self._clock_s += t_next - t_s
+            self._tick(t_next - t_s)
             self._srtt_s = self._queued_rtt_s(through)
             out.rounds += 1
             explicit += 1
@@ -510,7 +585,7 @@ class TcpConnection:
         out.rounds += 1
         saturated = need * path.seg_s >= next_round - t_s
         out.last_rtt_segs = min(need, path.bdp_segs) if saturated else need
-        self._clock_s += need * path.seg_s
+        self._tick(need * path.seg_s)
         self._after_round(need, need, 0.0, self._window())
         self._ack_clock_s, self._round_left = (out.end_s, 0.0) if saturated \
             else (next_round, max(0.0, allow - need))
@@ -530,7 +605,7 @@ class TcpConnection:
         w = min(self._cwnd, self.params.window_cap_segs)   # ``_window``: cwnd is set by now
         out.rounds += max(1, math.ceil(need / max(w, 1.0)))
         out.last_rtt_segs = min(need, path.bdp_segs)
-        self._clock_s += duration_s
+        self._tick(duration_s)
         self._ack_clock_s, self._round_left = out.end_s, 0.0
         self._srtt_s = self._queued_rtt_s(w)
         self._loss_acc = math.fmod(self._loss_acc + need * p, 1.0)
@@ -585,7 +660,7 @@ class TcpConnection:
         out.end_s = start_last + last * path.seg_s
         out.rounds += full + 1
         out.last_rtt_segs = last
-        self._clock_s += out.end_s - t_s
+        self._tick(out.end_s - t_s)
         self._srtt_s = path.rtt_eff_s
         self._ack_clock_s, self._round_left = start_last + path.rtt_eff_s, w - last
         return out
@@ -618,7 +693,7 @@ class TcpConnection:
                 return remaining, t_s
             out.rounds += m * (last[3] - prev[3])
             out.lost_segs += m * (last[4] - prev[4])
-            self._clock_s += m * (last[5] - prev[5])
+            self._tick(m * (last[5] - prev[5]))
             events.clear()
             return remaining - m * d_rem, t_s + m * d_t
         return remaining, t_s
@@ -647,6 +722,7 @@ class TcpConnection:
 
     def _on_loss(self, w: float) -> None:
         """A congestion event (tcp_enter_recovery -> the CC's ssthresh; PRR ends at it)."""
+        self._memoisable = False     # reads and sets what the memo's key leaves out
         self._last_loss_w = w
         if self.params.congestion_control == "cubic":
             # bictcp_recalc_ssthresh, with fast convergence
@@ -687,6 +763,7 @@ class TcpConnection:
 
     def _cubic_grow(self, through: float) -> None:
         """One round of tcp_cubic.c bictcp_update + tcp_friendliness (RFC 9438 4.1-4.3)."""
+        self._memoisable = False     # reads cubic's clock, which the memo's key leaves out
         cwnd = self._cwnd
         if self._epoch_s is None:
             self._epoch_s, self._reno_est = self._clock_s, cwnd

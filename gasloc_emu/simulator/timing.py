@@ -88,11 +88,16 @@ class _Size:
         # the kinds whose size is the same on every link (asked once, not per message)
         self.fixed = {*plan.algo.wire_kinds(numel, plan.algorithm.params), "z"}
 
+        # the sizes of those kinds, by kind, as found (``_Program.round`` reads it first)
+        self.by_kind: dict[str, tuple[int, int]] = {}
+
     def of(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
         key = (kind,) if kind in self.fixed else (src, dst, kind)
         sizes = self.cache.get(key)
         if sizes is None:
             sizes = self.cache[key] = self._wire(src, dst, round_idx, kind)
+            if kind in self.fixed:
+                self.by_kind[kind] = sizes
         return sizes
 
     def _wire(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
@@ -137,6 +142,10 @@ def _phase(model: compute_mod.ComputeModel, fixed_steps: int) -> tuple[int, floa
 class _Program:
     """One worker's steps for the clock, a round at a time (the clock's ``source``)."""
 
+    # thousands of programs, each read every round: slots keep each one's state in one block
+    __slots__ = ("plan", "rank", "sizes", "counted", "algo", "model", "fixed", "rounds", "t",
+                 "step", "tokens_per_step", "schedule", "links", "_phase")
+
     def __init__(self, plan: RunPlan, rank: int, sizes: _Size, tokens_per_step: int,
                  counted: dict):
         cfg = plan.cfg
@@ -149,6 +158,8 @@ class _Program:
         steps = plan.steps
         self.schedule = schedule_for(cfg.algo.inner, None if steps is None
                                      else steps[rank] * cfg.run.rounds)
+        self.links: dict[int, list[int]] = {}   # counted[(rank, peer)] by peer
+        self._phase = None    # (model, steps, compute seconds, its Compute) of the last round
 
     def __call__(self, lane: int) -> list | None:
         t = self.t
@@ -156,6 +167,15 @@ class _Program:
             return None
         self.t += 1
         return [Done()] if t == self.rounds else self.round(t)
+
+    def phase(self) -> tuple[int, float, Compute]:
+        """(steps, compute seconds, the Compute step) of this round's inner phase: the last
+        round's while the model is the same (a frozen step is the same step every round)."""
+        model = self.model
+        if self._phase is None or self._phase[0] is not model:
+            steps, compute_s = _phase(model, self.fixed)
+            self._phase = (model, steps, compute_s, Compute(compute_s, model.nominal))
+        return self._phase[1:]
 
     def round(self, t: int) -> list:
         ops = []
@@ -166,24 +186,23 @@ class _Program:
                 self.model = dataclasses.replace(self.model, speed=rp.speed)
             if rp.pause_s > 0:
                 ops.append(Compute(rp.pause_s, dedicated=True, idle=True))
-        steps, compute_s = _phase(self.model, self.fixed)
+        steps, compute_s, compute = self.phase()
         self.step += steps
-        ops.append(Compute(compute_s, self.model.nominal))
+        ops.append(compute)
         sent = received = 0
-        rank, counted, size_of, append = self.rank, self.counted, self.sizes.of, ops.append
-        for m in self.algo.exchange(t, t == self.rounds - 1, self.plan.codec):
-            peer, r, kind = m.peer, m.round, m.kind
-            if m.sends:
-                nbytes, raw = size_of(rank, peer, r, kind)
+        rank, append = self.rank, ops.append
+        by_kind, size_of = self.sizes.by_kind, self.sizes.of
+        for peer, r, kind, sends in self.algo.exchange(t, t == self.rounds - 1,
+                                                       self.plan.codec):   # Messages
+            if sends:
+                nbytes, raw = by_kind.get(kind) or size_of(rank, peer, r, kind)
                 append(Send((peer, rank, r, kind), nbytes))
                 sent += nbytes
-                link = counted.get((rank, peer))
-                if link is None:
-                    link = counted[(rank, peer)] = [0, 0]
+                link = self.links.get(peer) or self._link(peer)
                 link[0] += nbytes
                 link[1] += raw
             else:
-                received += size_of(peer, rank, r, kind)[0]
+                received += (by_kind.get(kind) or size_of(peer, rank, r, kind))[0]
                 append(Recv((rank, peer, r, kind)))
         row = {"worker": rank, "round": t, "step": self.step, "train_loss": None,
                "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": sent,
@@ -194,6 +213,12 @@ class _Program:
             row["lr"] = self.schedule.lr_at(max(0, self.step - 1))
         ops.append(Mark(row))
         return ops
+
+    def _link(self, peer: int) -> list[int]:
+        """[bytes, raw bytes] sent to ``peer`` so far, in the shared table (made at the
+        first message)."""
+        link = self.links[peer] = self.counted.setdefault((self.rank, peer), [0, 0])
+        return link
 
 
 def timing_clock(plan: RunPlan, emit=None) -> tuple[VirtualClock, dict]:
@@ -254,7 +279,8 @@ def simulate_timing(plan: RunPlan, out: str | Path, progress=None) -> RunSummary
                                "no worker sends")
         sent = sum(b for b, _ in counted.values())
         raw = sum(r for _, r in counted.values())
-        links = [LinkRow.moved(src, dst, b, r, clock.link_busy_s.get((src, dst)))
+        busy = clock.link_busy_s
+        links = [LinkRow.moved(src, dst, b, r, busy.get((src, dst)))
                  for (src, dst), (b, r) in sorted(counted.items()) if b]
         rec.write_json("links.json", {"shaper": "simulate", "links": links,
                                       **_tcp_model_record(clock.link_model)})

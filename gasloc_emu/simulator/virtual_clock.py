@@ -57,6 +57,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # (src, dst, nbytes) -> (seconds on the wire, one-way latency in seconds)
 LinkModel = Callable[[int, int, int], tuple[float, float]]
@@ -74,19 +75,19 @@ class Compute:
     timed: bool = False  # the worker's timed speed and pause events are applied to it already
 
 
-@dataclass(frozen=True)
-class Send:
+# The three steps of every message and round are named tuples (immutable, like the frozen
+# dataclasses of the others, and a third of their cost to make: a long timing run makes
+# millions of them).
+class Send(NamedTuple):
     key: tuple  # (dst, src, round, kind): the mailbox key the receiver waits on
     nbytes: int
 
 
-@dataclass(frozen=True)
-class Recv:
+class Recv(NamedTuple):
     key: tuple
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(NamedTuple):
     row: dict  # a round's metrics row; time_s, comm_s and wait_s are filled in on the clock
 
 
@@ -105,7 +106,7 @@ class Park:
     pass  # absent until a join at a time is fixed: the replay goes on without this worker
 
 
-@dataclass
+@dataclass(slots=True)   # read and set at every step: slots are faster and smaller
 class _Lane:
     """One worker as the replay sees it."""
     ops: deque
@@ -147,9 +148,10 @@ class VirtualClock:
             raise ValueError(f"lanes_per_worker = {lanes_per_worker!r}; expected 1 or 2")
         fresh = getattr(link_model, "fresh", None)   # a stateful model: new connections
         self.link_model = fresh() if fresh is not None else link_model
-        # what the model times a message with (``_link``), found once
+        # what the model times a message with (``_timer``), found once
         self._transfer = getattr(self.link_model, "transfer", None)
         self._at_round = getattr(self.link_model, "at_round", None)
+        self._link_timer = getattr(self.link_model, "link_timer", None)
         self.slots, self.emit = float(slots), emit
         self.world_size = world_size
         self.lanes = [_Lane(deque(), index) for index in range(world_size * lanes_per_worker)]
@@ -159,8 +161,10 @@ class VirtualClock:
         self.source = source
         self.now_s = 0.0
         self.arrivals: dict[tuple, float] = {}
-        self.link_free_s: dict[tuple[int, int], float] = {}
-        self.link_busy_s: dict[tuple[int, int], float] = {}  # seconds each link carried bytes
+        # each directed link src -> dst that carried a message, by src * world_size + dst (an
+        # int hashes and compares faster than a pair): [when it is free, seconds it carried
+        # bytes, its timer (``_timer``)], one lookup per message
+        self._links: dict[int, list] = {}
         self._ready = set(range(len(self.lanes)))  # the lanes in _READY
         self._shared: set[int] = set()  # the lanes in a shared (not dedicated) compute
         self._heap: list[tuple[float, int, int]] = []  # heap: (time, lane, token)
@@ -189,6 +193,13 @@ class VirtualClock:
         elif any(isinstance(op, Park) for op in lane.ops):
             lane.ops = deque(op for op in lane.ops if not isinstance(op, Park))
             lane.woken += 1
+
+    @property
+    def link_busy_s(self) -> dict[tuple[int, int], float]:
+        """Seconds each directed link carried bytes (those that carried a message): a new
+        dict, made from the links' records at each call (read it once)."""
+        n = self.world_size
+        return {divmod(link, n): busy for link, (_, busy, _) in self._links.items()}
 
     def finished(self) -> bool:
         return all(lane.state == _DONE for lane in self.lanes)
@@ -263,35 +274,21 @@ class VirtualClock:
                     self._apply(rank, lane, op)
 
     def _apply(self, rank: int, lane: _Lane, op) -> None:
-        kind = op.__class__       # the two most frequent steps first, by their class
+        kind = op.__class__       # the most frequent steps first, by their class
         if kind is Send:
             self._send(rank, op)
-            return
-        if kind is Recv:
+        elif kind is Recv:
             self._recv(lane, op.key)
-            return
-        if kind is Mark:
+        elif kind is Mark:
             self._mark(lane, op.row)
-            return
-        if isinstance(op, Compute) and lane.timeline is not None and op.work_s > 0 \
-                and not op.idle and not op.timed:
-            op = self._timed(lane, op)
-        if isinstance(op, Send):
+        elif isinstance(op, Compute):
+            if lane.timeline is not None and op.work_s > 0 and not op.idle and not op.timed:
+                op = self._timed(lane, op)
+            self._compute(rank, lane, op)
+        elif isinstance(op, Send):
             self._send(rank, op)
         elif isinstance(op, Recv):
             self._recv(lane, op.key)
-        elif isinstance(op, Compute):
-            if op.work_s > 0:
-                self._ready.discard(rank)
-                lane.state, lane.dedicated, lane.idle = _COMPUTING, op.dedicated, op.idle
-                if op.dedicated:
-                    lane.end_s = self.now_s + op.work_s
-                    self._wake_at(lane, lane.end_s)
-                else:
-                    lane.remaining_s = op.work_s
-                    self._shared.add(rank)
-            elif not op.idle:
-                lane.compute_end_s = self.now_s
         elif isinstance(op, Mark):
             self._mark(lane, op.row)
         elif isinstance(op, Done):
@@ -306,6 +303,20 @@ class VirtualClock:
             self._ready.discard(rank)
         else:
             raise TypeError(f"unknown virtual-clock step {op!r}")
+
+    def _compute(self, rank: int, lane: _Lane, op: Compute) -> None:
+        """The lane starts computing ``op`` now (a compute of no work only marks its end)."""
+        if op.work_s > 0:
+            self._ready.discard(rank)
+            lane.state, lane.dedicated, lane.idle = _COMPUTING, op.dedicated, op.idle
+            if op.dedicated:
+                lane.end_s = self.now_s + op.work_s
+                self._wake_at(lane, lane.end_s)
+            else:
+                lane.remaining_s = op.work_s
+                self._shared.add(rank)
+        elif not op.idle:
+            lane.compute_end_s = self.now_s
 
     def _wake_at(self, lane: _Lane, t_s: float) -> None:
         """The lane's timed state (a dedicated compute, a wait with its message sent) ends at
@@ -329,18 +340,18 @@ class VirtualClock:
     def _send(self, src_lane: int, op: Send) -> None:
         key = op.key
         dst_lane = key[0]
-        src, dst = src_lane % self.world_size, dst_lane % self.world_size  # lanes -> workers
+        n = self.world_size
+        src, dst = src_lane % n, dst_lane % n  # lanes -> workers
         now = arrival = self.now_s
         if self.link_model is not None and src != dst:  # a hand-over between lanes is instant
-            link = (src, dst)
-            free = self.link_free_s.get(link, 0.0)
+            link = self._links.get(src * n + dst)
+            if link is None:
+                link = self._links[src * n + dst] = [0.0, 0.0, self._timer(src, dst)]
+            free = link[0]
             start = now if now >= free else free
-            transfer = self._transfer   # ``_link``'s first case, the TCP model's, inline
-            wire_s, latency_s = transfer(src, dst, op.nbytes, start, key[2]) \
-                if transfer is not None else self._link(src, dst, op, start)
-            self.link_free_s[link] = start + wire_s
-            busy = self.link_busy_s
-            busy[link] = busy.get(link, 0.0) + wire_s
+            wire_s, latency_s = link[2](op.nbytes, start, key[2])
+            link[0] = start + wire_s
+            link[1] += wire_s
             arrival = start + wire_s + latency_s
         receiver = self.lanes[dst_lane]
         if receiver.state == _WAITING and receiver.waiting_key == key:
@@ -349,19 +360,24 @@ class VirtualClock:
         else:
             self.arrivals[key] = arrival
 
-    def _link(self, src: int, dst: int, op: Send, start_s: float) -> tuple[float, float]:
-        """(wire s, latency s) of one message; a model with ``transfer`` (``netplan.
-        TcpLinkModel``: TCP sees the latency) gets the time the message starts on its link,
-        ``start_s`` (after the link's earlier messages: a connection's idle time ends then),
-        and the round; a model with ``at_round`` (a scenario's links change by round or by
-        time) gets the round in the message's key and the send time."""
-        transfer = self._transfer
+    def _timer(self, src: int, dst: int):
+        """``timer(nbytes, start_s, round_idx)``: (wire s, latency s) of one message on src ->
+        dst, found once per link. A model with ``link_timer`` gives its own (the TCP model's:
+        its connection found once); one with ``transfer`` (``netplan.TcpLinkModel``: TCP sees
+        the latency) gets the time the message starts on its link, ``start_s`` (after the
+        link's earlier messages: a connection's idle time ends then), and the round; one
+        with ``at_round`` (a scenario's links change by round or by time) gets the round in
+        the message's key and the send time; a plain model the bytes."""
+        if self._link_timer is not None:
+            return self._link_timer(src, dst)
+        transfer, at_round, model = self._transfer, self._at_round, self.link_model
         if transfer is not None:
-            return transfer(src, dst, op.nbytes, start_s, op.key[2])
-        at_round = self._at_round
+            return lambda nbytes, start_s, round_idx: transfer(src, dst, nbytes, start_s,
+                                                                round_idx)
         if at_round is not None:
-            return at_round(src, dst, op.nbytes, op.key[2], self.now_s)
-        return self.link_model(src, dst, op.nbytes)
+            return lambda nbytes, start_s, round_idx: at_round(src, dst, nbytes, round_idx,
+                                                                self.now_s)
+        return lambda nbytes, start_s, round_idx: model(src, dst, nbytes)
 
     def _recv(self, lane: _Lane, key: tuple) -> None:
         arrival = self.arrivals.pop(key, None)
@@ -377,8 +393,8 @@ class VirtualClock:
         if lane.speed is not None and "compute_s" in row:  # a speed set at a time
             row = row | {"speed": lane.speed,
                          "compute_s": row["compute_s"] * lane.base_speed / lane.speed}
-        row = row | {"time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
-                     "wait_s": lane.wait_total_s - lane.wait_at_mark_s}
+        row = {**row, "time_s": self.now_s, "comm_s": self.now_s - lane.compute_end_s,
+               "wait_s": lane.wait_total_s - lane.wait_at_mark_s}   # one new dict, not two
         lane.wait_at_mark_s = lane.wait_total_s
         if self.emit is not None:
             self.emit(row)

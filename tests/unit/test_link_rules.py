@@ -135,3 +135,33 @@ def test_lanczos_finds_the_ends_of_the_spectrum_a_dense_solve_finds():
     assert low == pytest.approx(mus[0], abs=1e-12) and high == pytest.approx(mus[-2], abs=1e-12)
     ring = Topology("ring", 400, 2, 0)     # ends O(1 / N^2) apart: too few steps is no answer
     assert lanczos_extremes(sparse_matvec(ring.mixing_matrix()), 400, steps=30) is None
+
+
+def _first_of_each_kind_walked(links: BlockLinks) -> list[tuple[int, int]]:
+    """The exceptions walked one by one, each key's first pair kept (the reference)."""
+    exc, group, first = links.exceptions, links.group, {}
+    for (src, dst), kind in exc.items():
+        key = (kind, exc.get((dst, src), -1), group[src], group[dst])
+        if key not in first:
+            first[key] = (src, dst)
+    return list(first.values())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_first_exception_of_each_kind_is_the_walked_one(seed):
+    """Exceptions one way or both, of several kinds, between groups with any labels: the
+    arrays find the pairs, and in the order, that walking the exceptions finds."""
+    rng = random.Random(seed)
+    workers = rng.randint(2, 14)
+    labels = rng.sample([0, 1, 5, 9, 40], rng.randint(1, 3))
+    group = [rng.choice(labels) for _ in range(workers)]
+    block = {(a, b): {"rate_mbit": 10.0} for a in labels for b in labels}
+    kinds = [{"rate_mbit": float(k + 1)} for k in range(rng.randint(1, 3))]
+    pairs = [(i, j) for i in range(workers) for j in range(workers) if i != j]
+    exceptions = {}
+    for i, j in rng.sample(pairs, rng.randint(0, len(pairs))):
+        exceptions[(i, j)] = rng.randrange(len(kinds))
+        if rng.random() < 0.5:
+            exceptions[(j, i)] = rng.randrange(len(kinds))
+    links = BlockLinks(workers, group, block, kinds, exceptions)
+    assert links._first_of_each_kind() == _first_of_each_kind_walked(links)

@@ -263,6 +263,60 @@ def test_only_a_loss_based_sender_with_idle_restart_on_ever_restarts(cc, ssai, r
     assert not series[0].restarted                   # nothing was sent before the first
 
 
+class _Unmemoised(TcpConnection):
+    """A connection that computes every message (never looks it up in its memo)."""
+
+    def _memo_key(self, *_):
+        return None
+
+
+def _state(conn: TcpConnection) -> dict:
+    """The connection's congestion state (every slot but the memo's own)."""
+    memo_only = ("_memo", "memo_hits", "_ticks", "_memoisable")
+    return {k: getattr(conn, k) for k in TcpConnection.__slots__ if k not in memo_only}
+
+
+def _series_both_ways(params, rate, rtt, streams, messages, shared=None):
+    """The same messages on a memoised connection (with the memo ``shared``, or its own)
+    and on one that computes each: every message's time and the whole state after it must
+    match to the bit; the memo's hits."""
+    memo = TcpConnection(params, rate, rtt, streams, shared)
+    plain = _Unmemoised(params, rate, rtt, streams)
+    t = 0.0
+    for nbytes, gap_s in messages:
+        a, b = memo.transfer(nbytes, t), plain.transfer(nbytes, t)
+        assert a == b and a.wire_s == b.wire_s
+        assert _state(memo) == _state(plain)
+        t += a.wire_s + gap_s
+    return memo.memo_hits
+
+
+@settings(max_examples=150, deadline=None)
+@given(PARAMS, st.sampled_from([5.0, 50.0, 1000.0]), st.sampled_from([0.0, 0.02, 0.1]),
+       st.sampled_from([1, 3]),
+       st.lists(st.tuples(st.sampled_from([1, 70_000, 480_000, 4_000_000]),
+                          st.sampled_from([0.0, 0.001, 0.05, 2.0])), min_size=1, max_size=40))
+def test_a_memoised_message_is_the_computed_one_to_the_bit(params, rate, rtt, streams,
+                                                          messages):
+    """Messages of a few sizes at a few gaps (so that states and keys come back), over every
+    congestion control, with and without loss and the idle restart: the memo changes
+    nothing, its own or one that a connection alike has filled."""
+    shared = {}
+    _series_both_ways(params, rate, rtt, streams, messages, shared)
+    _series_both_ways(params, rate, rtt, streams, messages[::-1], shared)
+
+
+@pytest.mark.parametrize("cc", ["cubic", "reno", "bbr"])
+def test_a_steady_exchange_is_timed_from_the_memo(cc):
+    """One message a second on a 20 ms link: after the first few every message comes from
+    the memo (cubic's too, whose slow start after each restart never reaches its clock), and
+    all of them equal the computed ones."""
+    shared, series = {}, [(480_000, 1.0)] * 30
+    assert _series_both_ways(TcpParams(cc), 50.0, 0.04, 1, series, shared) >= 25
+    # a second link alike finds every message, its slow start's too, in the shared memo
+    assert _series_both_ways(TcpParams(cc), 50.0, 0.04, 1, series, shared) == 30
+
+
 def test_a_restart_needs_more_idle_than_the_rto():
     """The restart after idle only once the idle time exceeds the RTO (srtt + rto_min)."""
     conn = TcpConnection(TcpParams(), 50, 0.1)

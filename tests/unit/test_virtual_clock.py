@@ -77,6 +77,54 @@ def test_messages_queue_on_their_link_and_add_latency():
     assert [row["wait_s"] for row in rows[1]] == [pytest.approx(1.01), pytest.approx(1.0)]
 
 
+class _Asked:
+    """A 1 Mbit/s, 10 ms link model of one protocol (``transfer``, ``at_round`` or
+    ``link_timer``, never the plain call) that records what the clock asks it."""
+
+    def __init__(self, protocol: str):
+        self.calls, self.timers = [], 0
+        if protocol == "transfer":
+            self.transfer = self._transfer
+        elif protocol == "at_round":
+            self.at_round = self._at_round
+        else:
+            self.link_timer = self._link_timer
+
+    def __call__(self, src, dst, nbytes):
+        raise AssertionError("a model with another protocol is never called plainly")
+
+    def _transfer(self, src, dst, nbytes, start_s, round_idx):
+        self.calls.append((src, dst, nbytes, start_s, round_idx))
+        return nbytes * 8 / 1e6, 0.01
+
+    def _at_round(self, src, dst, nbytes, round_idx, now_s):
+        self.calls.append((src, dst, nbytes, now_s, round_idx))
+        return nbytes * 8 / 1e6, 0.01
+
+    def _link_timer(self, src, dst):
+        self.timers += 1
+        return lambda nbytes, start_s, round_idx: self._transfer(src, dst, nbytes, start_s,
+                                                                 round_idx)
+
+
+@pytest.mark.parametrize("protocol", ["transfer", "at_round", "link_timer"])
+def test_each_link_model_protocol_gets_what_it_is_owed(protocol):
+    """``transfer`` and a link's timer get the time the message starts on its link (after
+    the queue) and its round; ``at_round`` the round and the send time; a link's timer is
+    asked for once. Each times the two queued messages alike."""
+    model = _Asked(protocol)
+    s0, r0 = msg(0, 1, 0, 125_000)
+    s1, r1 = msg(0, 1, 1, 125_000)
+    progs = [[s0, s1, Mark({"w": 0}), Done()],
+             [r0, Mark({"w": 1}), r1, Mark({"w": 1}), Done()]]
+    rows, clock = run(progs, slots=2, link_model=model)
+    assert [row["time_s"] for row in rows[1]] == [pytest.approx(1.01), pytest.approx(2.01)]
+    second_at = 0.0 if protocol == "at_round" else 1.0
+    assert model.calls == [(0, 1, 125_000, 0.0, 0), (0, 1, 125_000, second_at, 1)]
+    assert model.timers == (1 if protocol == "link_timer" else 0)
+    assert clock.link_busy_s == {(0, 1): 2.0}
+
+
 def test_comm_s_counts_from_the_end_of_compute():
     model = lambda src, dst, nbytes: (0.0, 0.25)  # noqa: E731
     s, r = msg(1, 0, 0)
