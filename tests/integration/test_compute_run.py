@@ -51,6 +51,7 @@ def assert_same_steps_and_losses(sim: Path, run: Path) -> None:
                                                             rel=1e-5)
 
 
+@pytest.mark.slow  # CI's 15-minute budget; the default suite keeps its neighbours in this file
 def test_diloco_with_a_straggler_takes_its_pace_as_predicted(tmp_path):
     sim, run = simulate_and_run(tmp_path)
     predicted = summary(sim)["predicted_wall_s"]

@@ -59,6 +59,7 @@ class _Batches(engines.LocalEngine):
         return super().run(points, log)
 
 
+@pytest.mark.slow  # CI's 15-minute budget; the default suite keeps its neighbours in this file
 def test_an_arm_without_rounds_runs_to_the_target_at_every_point(tmp_path):
     preset = tmp_path / "mini.toml"
     preset.write_text(MINI)

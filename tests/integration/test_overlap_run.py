@@ -120,6 +120,7 @@ def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:
     return simulate(build_plan(cfg), tmp_path / name)["final_eval_loss"]
 
 
+@pytest.mark.slow  # CI's 15-minute budget; the default suite keeps its neighbours in this file
 def test_overlapped_gasloc_ends_within_3_percent_of_sequential_at_equal_rounds(tmp_path):
     """The loss half of the must-hold, each arm with the gossip step the sweep found best for
     it (docs/RESULTS.md, "Overlap"): 1.3 % here. Overlapped at alpha = 1 ends 5.0 % above (the
