@@ -67,7 +67,8 @@ def _first_choice(rec: Path) -> int:
     return common_point(held, range(4), rows_by_round(rec)).round
 
 
-@pytest.mark.parametrize("killed", [pytest.param("launcher", marks=pytest.mark.slow), "host"])
+@pytest.mark.slow  # CI budget: resume after a restart is held on one host by test_resume
+@pytest.mark.parametrize("killed", ["launcher", "host"])
 def test_two_hosts_killed_at_a_random_round_resume_to_the_uninterrupted_losses(
         hosts, tmp_path, uninterrupted, killed):
     """``launcher``: node 0 (the record's) is killed, the other host's agent then ends its
