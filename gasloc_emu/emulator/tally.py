@@ -17,7 +17,8 @@ def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
     counts every life of a worker); ``drops`` (by reason and worker) over the processes there
     at the end, as ``simulate`` counts them."""
     alive = [s for s in slots if not s.gone]
-    sent, raw = (sum(sum(lifetime_counters(s)[key].values()) for s in slots)
+    lives = [lifetime_counters(s) for s in slots]
+    sent, raw = (sum(sum(c[key].values()) for c in lives)
                  for key in ("bytes_sent", "raw_bytes_sent"))
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,

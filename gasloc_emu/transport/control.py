@@ -277,7 +277,7 @@ def _rank_round_flag(wire: dict, kind: str, round_key: str, flag_key: str,
             wire[flag_key])
 
 
-Message = Heartbeat | Ready | Metric | Final | Error | Avail | RoundStart
+Message = Heartbeat | Ready | Metric | Final | Departed | Error | Avail | RoundStart
 # the allow-list: a type name off the wire only ever selects one of these
 MESSAGES: dict[str, type] = {cls.TYPE: cls for cls in (Heartbeat, Ready, Metric, Final, Departed,
                                                         Error, Avail, RoundStart)}
