@@ -13,10 +13,10 @@ from gasloc_emu.scenario.events import (
     PartitionEvent,
     ScenarioError,
 )
-from gasloc_emu.scenario.fixing import Fixing, RoundFixer, timed_items
+from gasloc_emu.scenario.fixing import Fixing, RoundFixer, timed_items, touch_of
 from gasloc_emu.scenario.observed import event_text, round_records
 from gasloc_emu.scenario.script import Scenario
-from gasloc_emu.scenario.world import World, ring_peers
+from gasloc_emu.scenario.world import World, by_round, ring_peers
 from gasloc_emu.simulator.virtual_clock import Compute, Done, Park, Start, VirtualClock
 
 ROUNDS = 10
@@ -69,6 +69,81 @@ def test_a_fixing_round_trips_through_json_and_junk_is_refused():
                 {"index": 0, "part": "start", "at_s": 1.0, "round": -2}):
         with pytest.raises(ValueError, match="not a fixing"):
             Fixing.from_json(bad)
+
+
+def _rounds(fixer: RoundFixer, now_s: float) -> dict[tuple[int, str], int]:
+    return {(f.index, f.part): f.round for f in fixer.due(now_s)}
+
+
+def test_crashes_of_different_workers_share_rounds_and_each_restart_follows_its_crash():
+    # three crashes, each back 0.5 s later, all due before any new round starts: one change a
+    # round would take rounds 1-6; the leaves share round 1 and the joins round 2
+    crashes = [ev for w, t in ((0, 1.0), (1, 1.1), (2, 1.2))
+               for ev in (LeaveEvent(at_s=t, worker=w), JoinEvent(at_s=t + 0.5, worker=w))]
+    fixer = RoundFixer(_scenario(*crashes))
+    fixer.started(0)
+    assert _rounds(fixer, 9.0) == {(0, "start"): 1, (2, "start"): 1, (4, "start"): 1,
+                                   (1, "start"): 2, (3, "start"): 2, (5, "start"): 2}
+
+
+def test_a_worker_s_own_events_and_its_named_donor_keep_their_order():
+    fixer = RoundFixer(_scenario(LeaveEvent(at_s=1.0, worker=3), LeaveEvent(at_s=1.5, worker=2),
+                                 JoinEvent(at_s=2.0, worker=3, from_worker=1),
+                                 LeaveEvent(at_s=2.5, worker=1), JoinEvent(at_s=3.0, worker=2)))
+    fixer.started(4)
+    # 2's leave shares 3's round; 1 gives 3 its parameters at round 6, so it leaves after it;
+    # 2's join follows 2's leave only
+    assert _rounds(fixer, 9.0) == {(0, "start"): 5, (1, "start"): 5, (2, "start"): 6,
+                                   (3, "start"): 7, (4, "start"): 6}
+
+
+def test_a_leave_waits_for_the_joins_before_it_or_no_worker_would_be_alive():
+    # two workers: 0 leaves and comes back, then 1 leaves. Nothing else orders 1's leave
+    # after 0's join, and sharing 0's leave's round it would leave nobody
+    sc = _scenario(LeaveEvent(at_s=1.0, worker=0), JoinEvent(at_s=2.0, worker=0),
+                   LeaveEvent(at_s=3.0, worker=1), workers=2)
+    fixer = RoundFixer(sc)
+    assert _rounds(fixer, 9.0) == {(0, "start"): 0, (1, "start"): 1, (2, "start"): 2}
+    with pytest.raises(ScenarioError, match="no worker would be alive"):
+        by_round(sc, [Fixing(0, "start", 1.0, 0), Fixing(1, "start", 2.0, 1),
+                      Fixing(2, "start", 3.0, 0)])
+
+
+def test_a_partition_is_ordered_against_every_event():
+    fixer = RoundFixer(_scenario(
+        LeaveEvent(at_s=1.0, worker=0), PartitionEvent(at_s=1.5, end_s=2.5, groups=((1,), (2,))),
+        LeaveEvent(at_s=2.0, worker=3), JoinEvent(at_s=3.0, worker=0), workers=5))
+    fixer.started(1)
+    assert _rounds(fixer, 9.0) == {(0, "start"): 2, (1, "start"): 3, (2, "start"): 4,
+                                   (1, "end"): 5, (3, "start"): 6}
+
+
+def test_an_unplanned_event_is_ordered_against_its_workers_as_a_leave_and_a_join():
+    sc = _scenario(LeaveEvent(at_s=0.5, worker=1), JoinEvent(at_s=1.0, worker=4),
+                   JoinEvent(at_s=2.5, worker=1), LeaveEvent(at_s=2.5, worker=3), workers=5)
+    fixer = RoundFixer(sc)
+    fixer.started(0)
+    assert _rounds(fixer, 1.0) == {(0, "start"): 1, (1, "start"): 1}
+    assert fixer.fixed_unplanned(2.0, ranks=[2, 3]) == 2   # as a leave: after 4's join
+    # 1's join touches neither 2 nor 3 and shares its round; 3's leave comes after it
+    assert _rounds(fixer, 2.5) == {(2, "start"): 2, (3, "start"): 3}
+    assert fixer.fixed_unplanned(3.5) == 4                  # every worker: after everything
+    assert fixer.round_at(3.5, touch_of(LeaveEvent(at_s=3.5, worker=0))) == 4
+    assert fixer.round_at(3.6, touch_of(LeaveEvent(at_s=3.6, worker=0))) == 5
+    for bad in ([], [-1], [True]):
+        with pytest.raises(ValueError, match="expected at least one worker rank"):
+            fixer.fixed_unplanned(4.0, ranks=bad)
+
+
+def test_a_host_loss_decided_before_the_events_due_then_orders_them_as_at_its_time():
+    # the conductor fixes a loss at the clock's now before it fixes an event due earlier: that
+    # event counts as at the loss's time, so it shares no round before the loss's
+    fixer = RoundFixer(_scenario(LeaveEvent(at_s=1.0, worker=1)))
+    assert fixer.fixed_unplanned(2.0, ranks=[1]) == 0
+    assert fixer.due(2.0) == [Fixing(0, "start", 1.0, 0)]
+    fixer = RoundFixer(_scenario(LeaveEvent(at_s=1.0, worker=1), LeaveEvent(at_s=3.0, worker=2)))
+    assert fixer.fixed_unplanned(2.0) == 0 and _rounds(fixer, 2.5) == {(0, "start"): 0}
+    assert _rounds(fixer, 3.0) == {(1, "start"): 1}
 
 
 # ---------------------------------------------------------------- the world
