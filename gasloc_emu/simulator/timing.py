@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import math
 import time
+from array import array
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,10 +37,14 @@ from gasloc_emu.training.drivers import Rounds
 from gasloc_emu.training.model import count_parameters, shape_from_config
 from gasloc_emu.training.recipe import schedule_for
 from gasloc_emu.training.worker import build_algorithm
-from gasloc_emu.transport.schema import WireSchema
+from gasloc_emu.transport.schema import RING_PHASES, WireSchema, chunk_sizes, ring_chunk
 
 LOSSES = "none (timing only)"   # the summary's ``losses``
 _ITEMSIZE = {"float32": 4, "uint8": 1}
+# A worker's round of more messages than this is handed to the clock this many messages at a
+# time (``_Stream``): a ring All-Reduce's 2 (N - 1) sends and as many receives per worker,
+# made for every worker at the round's start, were most of the replay's memory (N^2 steps)
+CHUNK_MESSAGES = 256
 
 
 def refusal(plan: RunPlan) -> str | None:
@@ -80,7 +85,16 @@ def check(plan: RunPlan) -> None:
 
 class _Size:
     """Bytes of each message on the wire and before compression, as each receiver's wire
-    schema has them (built for the receivers that get one, when they do)."""
+    schema has them (built for the receivers that get one, when they do).
+
+    A ring All-Reduce's message (``rs<s>``, ``ag<s>``) from a worker to the next one on the
+    ring in rank order (the schema's ring: timing-only runs have no leaves, joins or
+    partitions) is, by ``WireSchema.wire_of``, a function of its phase and its chunk's length
+    (one of two: ``chunk_sizes``): its sizes are kept by (phase, length), asked of the
+    receiver's schema the first time, and that schema is not kept. Kept by (sender, receiver,
+    kind) with every receiver's schema, as other kinds are, they grew as N^2 (the ring's
+    4 N (N - 1) messages a round, each receiver's schema a table of the 2 (N - 1) ring
+    kinds)."""
 
     def __init__(self, plan: RunPlan, numel: int):
         self.plan, self.numel, self.schemas = plan, numel, {}
@@ -90,24 +104,47 @@ class _Size:
 
         # the sizes of those kinds, by kind, as found (``_Program.round`` reads it first)
         self.by_kind: dict[str, tuple[int, int]] = {}
+        workers = plan.cfg.workers
+        self.workers = workers
+        # the ring's kinds, as the schema names them: {kind: (phase, step)}
+        self.ring = {f"{phase}{s}": (phase, s) for phase in RING_PHASES
+                     for s in range(workers - 1)}
+        self.chunks = chunk_sizes(numel, workers)
+        self.ring_cache: dict[tuple[str, int], tuple[int, int]] = {}
 
     def of(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
-        key = (kind,) if kind in self.fixed else (src, dst, kind)
+        fixed = kind in self.fixed
+        if not fixed:
+            step = self.ring.get(kind)
+            if step is not None and dst == (src + 1) % self.workers:
+                return self._ring_message(src, dst, round_idx, kind, step)
+        key = (kind,) if fixed else (src, dst, kind)
         sizes = self.cache.get(key)
         if sizes is None:
             sizes = self.cache[key] = self._wire(src, dst, round_idx, kind)
-            if kind in self.fixed:
+            if fixed:
                 self.by_kind[kind] = sizes
         return sizes
 
-    def _wire(self, src: int, dst: int, round_idx: int, kind: str) -> tuple[int, int]:
+    def _ring_message(self, src: int, dst: int, round_idx: int, kind: str,
+                      step: tuple[str, int]) -> tuple[int, int]:
+        key = (step[0], self.chunks[ring_chunk(*step, src, self.workers)])
+        sizes = self.ring_cache.get(key)
+        if sizes is None:
+            sizes = self.ring_cache[key] = self._wire(src, dst, round_idx, kind, keep=False)
+        return sizes
+
+    def _wire(self, src: int, dst: int, round_idx: int, kind: str,
+              keep: bool = True) -> tuple[int, int]:
         plan = self.plan
         schema = self.schemas.get(dst)
         if schema is None:
-            schema = self.schemas[dst] = WireSchema(
+            schema = WireSchema(
                 dst, plan.cfg.workers, self.numel,
                 extra=plan.algo.wire_kinds(self.numel, plan.algorithm.params),
                 codec=plan.codec, compressed=plan.algo.compressed_kinds)
+            if keep:
+                self.schemas[dst] = schema
         wire = schema.wire_of(src, kind, round_idx)
         if wire is None:
             raise RuntimeError(f"worker {src} sends {kind!r} of round {round_idx} to worker "
@@ -139,17 +176,67 @@ def _phase(model: compute_mod.ComputeModel, fixed_steps: int) -> tuple[int, floa
     return phase.steps, phase.elapsed_s()
 
 
+class _KindIds(dict):
+    """{kind: its number} for every kind the workers' messages have, numbered as first seen;
+    ``names[number]`` is the kind, one string for all the workers (each worker's
+    ``exchange`` makes its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __missing__(self, kind: str) -> int:
+        number = self[kind] = len(self.names)
+        self.names.append(kind)
+        return number
+
+
+class _Stream:
+    """The messages of one worker's round not handed to the clock yet, packed: per message
+    its peer, round and kind's number in arrays and whether it sends in a byte (13 bytes,
+    where the algorithm's list of ``Message`` tuples and their kinds' strings take some
+    100), and the round's row, whose byte counts are filled in as the messages go."""
+
+    __slots__ = ("peers", "rounds", "kinds", "sends", "names", "count", "pos", "sent",
+                 "received", "row")
+
+    def __init__(self, messages: list, ids: _KindIds, row: dict):
+        peers, rounds, kinds, sends = zip(*messages, strict=True)
+        self.peers, self.rounds = array("i", peers), array("i", rounds)
+        self.kinds, self.names = array("i", map(ids.__getitem__, kinds)), ids.names
+        self.sends = bytes(map(bool, sends))
+        self.count, self.pos, self.sent, self.received, self.row = len(messages), 0, 0, 0, row
+
+    def next(self, count: int):
+        """The next ``count`` messages (fewer at the end) as (peer, round, kind, sends)."""
+        lo = self.pos
+        hi = self.pos = min(lo + count, self.count)
+        return zip(self.peers[lo:hi], self.rounds[lo:hi],
+                   map(self.names.__getitem__, self.kinds[lo:hi]), self.sends[lo:hi],
+                   strict=True)
+
+    def done(self) -> bool:
+        return self.pos == self.count
+
+
 class _Program:
-    """One worker's steps for the clock, a round at a time (the clock's ``source``)."""
+    """One worker's steps for the clock, a round at a time (the clock's ``source``); a round
+    of more than ``CHUNK_MESSAGES`` messages goes in pieces (``_Stream``): its compute, then
+    that many messages at each call, the last piece ending with the round's row. The clock
+    asks for more only when a lane is ready with no step left, and takes the steps in the
+    same order, so the pieces are timed as the whole round would be."""
 
     # thousands of programs, each read every round: slots keep each one's state in one block
     __slots__ = ("plan", "rank", "sizes", "counted", "algo", "model", "fixed", "rounds", "t",
-                 "step", "tokens_per_step", "schedule", "links", "_phase")
+                 "step", "tokens_per_step", "schedule", "links", "_phase", "kind_ids",
+                 "stream")
 
     def __init__(self, plan: RunPlan, rank: int, sizes: _Size, tokens_per_step: int,
-                 counted: dict):
+                 counted: dict, kind_ids: _KindIds | None = None):
         cfg = plan.cfg
         self.plan, self.rank, self.sizes, self.counted = plan, rank, sizes, counted
+        self.kind_ids = _KindIds() if kind_ids is None else kind_ids
+        self.stream: _Stream | None = None   # the round in pieces, while it is handed over
         self.algo = _instance(plan, rank)
         self.model = plan.compute.models[rank]
         self.fixed = plan.compute.fixed_steps[rank]
@@ -162,6 +249,8 @@ class _Program:
         self._phase = None    # (model, steps, compute seconds, its Compute) of the last round
 
     def __call__(self, lane: int) -> list | None:
+        if self.stream is not None:
+            return self.more()
         t = self.t
         if t > self.rounds:
             return None
@@ -189,11 +278,43 @@ class _Program:
         steps, compute_s, compute = self.phase()
         self.step += steps
         ops.append(compute)
+        messages = self.algo.exchange(t, t == self.rounds - 1, self.plan.codec)
+        if not isinstance(messages, list):
+            messages = list(messages)
+        row = {"worker": self.rank, "round": t, "step": self.step, "train_loss": None,
+               "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": 0,
+               "bytes_recv": 0, "peers": self.algo.peers(t), "steps": steps,
+               "speed": self.model.speed, "overruns": 0, "overrun_ratio": 0.0,
+               "tokens": steps * self.tokens_per_step}
+        if self.schedule is not None:
+            row["lr"] = self.schedule.lr_at(max(0, self.step - 1))
+        if len(messages) > CHUNK_MESSAGES:
+            self.stream = _Stream(messages, self.kind_ids, row)
+            return ops
+        row["bytes_sent"], row["bytes_recv"] = self.steps_of(messages, ops)
+        ops.append(Mark(row))
+        return ops
+
+    def more(self) -> list:
+        """The next piece of a round in pieces (``_Stream``), the last with the round's row."""
+        stream, ops = self.stream, []
+        sent, received = self.steps_of(stream.next(CHUNK_MESSAGES), ops)
+        stream.sent += sent
+        stream.received += received
+        if stream.done():
+            row = stream.row
+            row["bytes_sent"], row["bytes_recv"] = stream.sent, stream.received
+            ops.append(Mark(row))
+            self.stream = None
+        return ops
+
+    def steps_of(self, messages, ops: list) -> tuple[int, int]:
+        """Append the clock's step of each message ((peer, round, kind, sends), in program
+        order) to ``ops``, count what it sends on its links; (bytes sent, bytes received)."""
         sent = received = 0
         rank, append = self.rank, ops.append
         by_kind, size_of = self.sizes.by_kind, self.sizes.of
-        for peer, r, kind, sends in self.algo.exchange(t, t == self.rounds - 1,
-                                                       self.plan.codec):   # Messages
+        for peer, r, kind, sends in messages:
             if sends:
                 nbytes, raw = by_kind.get(kind) or size_of(rank, peer, r, kind)
                 append(Send((peer, rank, r, kind), nbytes))
@@ -204,15 +325,7 @@ class _Program:
             else:
                 received += (by_kind.get(kind) or size_of(peer, rank, r, kind))[0]
                 append(Recv((rank, peer, r, kind)))
-        row = {"worker": rank, "round": t, "step": self.step, "train_loss": None,
-               "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": sent,
-               "bytes_recv": received, "peers": self.algo.peers(t), "steps": steps,
-               "speed": self.model.speed, "overruns": 0, "overrun_ratio": 0.0,
-               "tokens": steps * self.tokens_per_step}
-        if self.schedule is not None:
-            row["lr"] = self.schedule.lr_at(max(0, self.step - 1))
-        ops.append(Mark(row))
-        return ops
+        return sent, received
 
     def _link(self, peer: int) -> list[int]:
         """[bytes, raw bytes] sent to ``peer`` so far, in the shared table (made at the
@@ -230,7 +343,9 @@ def timing_clock(plan: RunPlan, emit=None) -> tuple[VirtualClock, dict]:
     sizes, counted = _Size(plan, numel), {}
     tokens = (cfg.algo.inner.micro_batches * cfg.data.batch_size
               * shape_from_config(cfg.model).block_size)
-    programs = [_Program(plan, r, sizes, tokens, counted) for r in range(cfg.workers)]
+    kind_ids = _KindIds()
+    programs = [_Program(plan, r, sizes, tokens, counted, kind_ids)
+                for r in range(cfg.workers)]
     clock = VirtualClock(cfg.workers, plan.link_model, cpu_slots(cfg), emit,
                          timed_self=timed_self(plan),
                          source=lambda lane: programs[lane](lane))
