@@ -2,53 +2,53 @@
 
 A departure, a join or a cut changes whom every worker mixes with, so all of them must agree on
 the round it starts, while a time falls in different rounds on different workers. The first
-time a clock reaches an event's time T, the event is *fixed* at a round R >= R(T), where
+time a clock reaches a time T, the events at T are *fixed* at one round R >= R(T), where
 
     R(T) = 1 + the highest round any worker has started so far.
 
-No round >= R(T) has started when it is fixed, and a worker asks for the fixings at the start of
-each round, so every worker plays the event at the same round, R. A partition's start and its
-end (``end_s``) are fixed separately. An event fixed at a round the run does not have never
-fires. Events are fixed in time order (``timed_items``); R is the least round >= R(T) that keeps
-three orders (docs/ALGORITHM.md, "Leaves, joins and partitions at a time"):
+No round >= R(T) has started when they are fixed, and a worker asks for the fixings at the start
+of each round, so every worker plays them at the same round, R. A partition's start and its end
+(``end_s``) are fixed separately. An event fixed at a round the run does not have never fires.
+Times are fixed in order (``timed_items``), each at the least round >= R(T) that keeps (the
+rule of docs/ALGORITHM.md, "Leaves, joins and partitions at a time"):
 
-1. **Each worker's own events.** An event *touches* workers: a leave its worker, a join its
-   worker and its named donor (``from_worker``). An event comes at least one round after every
-   event fixed before it at an earlier time that touches one of its workers (at the same round
-   as one at the same time).
+1. **Each worker's own order.** An event *touches* workers: a leave its worker, a join its
+   worker and its named donor (``from_worker``). It comes at least one round after every event
+   fixed at an earlier time that touches one of its workers.
 2. **Partitions against everything.** A partition's start or end touches every worker: it
-   comes at least one round after every event fixed before it at an earlier time, and every
-   event after it at least one round after it (events at one time share a round).
-3. **A leave after the joins before it.** A leave comes at least one round after every join
-   fixed before it at an earlier time (at the same round as one at the same time).
+   comes at least one round after every event fixed at an earlier time, and every later event
+   at least one round after it.
+3. **Someone to mix with and to give.** With the leaves and joins fixed so far, every round
+   from R on keeps a living worker, and each of its joins a worker alive in the round before
+   and its own (the donor a joiner without ``from_worker`` takes its parameters from).
 
-Events that touch no worker in common may share a round or land in the other order: the world
-plays a round's changes as one set (the round's membership, Metropolis-Hastings weights over
-its degrees, DiLoCo's ring over its members; ``World.by_round``), so only which memberships
-the rounds show matters. Why every run this rule gives is one the scenario allows (``World``
-plays the fixings as a scenario by round, and ``Scenario`` checks that again):
+Events at different times that touch no worker in common may share a round, or land in the other
+order: the world plays a round's changes as one set (its membership, Metropolis-Hastings
+weights over its degrees, DiLoCo's ring over its members: ``World.by_round``), so only the
+memberships the rounds show matter, and these orders make each a valid one. The world plays
+the fixings as a scenario by round, which ``Scenario`` checks again:
 
-- By (1), each worker's leaves and joins come in its drawn order, each in a round of its own,
-  and a named donor is alive in the rounds before and of its join, as it is at the join's time.
-- By (2), a partition starts and ends with the membership of its times: its groups are alive at
-  its start, one cut holds at a time, and during it each worker is in a state it has during
+- By (1) each worker's leaves and joins come in its drawn order, in rounds of their own, and a
+  named donor is alive in the rounds before and of its join, as at the join's time.
+- By (2) a partition starts and ends with the memberships of its times: its groups are alive
+  at its start, one cut holds at a time, and during it each worker is in a state it has during
   the cut (what DiLoCo's check of a cut's groups looked at).
-- By (3), no round's membership is below the scenario's. Take a round r and the latest time t'
-  of a leave fixed at a round <= r: every join before t' is fixed before that leave, so a worker
-  alive both just before and just after t' (in the timeline as drawn) is alive in rounds r - 1
-  and r: its last join before t' has a round < r, its leaves in rounds <= r are before that
-  join. The scenario's own check makes that set non-empty (a worker must remain after each
-  time, and a join at t' needs a donor alive before and after it), so no round is empty and
-  every join has a default donor alive in the round before and its own (with no leave fixed up
-  to r, every initial worker is). Without (3), on two workers: 0 leaves at 1 s and is back at
-  2 s, 1 leaves at 3 s; (1) alone lets 1's leave share the round of 0's, leaving nobody.
-- Never later than the rule that put every event one round after the one before it at an
-  earlier time (R(T) and nothing else at one time): each order above is one that rule kept, so
-  by induction over the fixings no event comes later.
+- (3) is what the scenario's own check holds at each time (a worker remains, a joiner has a
+  donor), now for rounds whose changes come from several times. Without it, on two workers: 0
+  leaves at 1 s and is back at 2 s, 1 leaves at 3 s; (1) lets 1's leave share 0's round,
+  leaving nobody.
 
-An event not of the scenario (a host lost without warning, ``scenario.hostloss``) is fixed by
-the same rule (``fixed_unplanned``): it touches its workers as a leave and as a join both (a
-host's workers go and may come back), or every worker when they are not given.
+(3) counts workers: a worker changes at most once a round (by (1); the scenario refuses two
+changes of one worker at one time), so round r keeps ``n(r-1) - leaves(r)`` workers alive in
+both rounds and ``n(r) = n(r-1) - leaves(r) + joins(r)``. It is always met at one round past
+every fixed leave and join, where the membership before is the timeline's just before T and
+after it the timeline's just after (the scenario's check holds them). So no time lands later
+than under the rule that put each one round after the time before it (and R(T)): every bound
+of (1) and (2) is one that rule kept, and that rule put T past every earlier time's round.
+
+An event that is none of the scenario's (a host lost without warning, ``scenario.hostloss``)
+is fixed by (1) and (2) (``fixed_unplanned``): it touches its workers, or every worker when
+they are not given. Its change is not counted by (3): nobody checked it against the scenario.
 
 Pure rules with an injected clock: the simulator's virtual clock calls ``due`` when it reaches
 each ``alarms_s`` time and ``started`` at each round start; the emulator's launcher does the same
@@ -100,27 +100,17 @@ def timed_items(scenario: Scenario) -> list[tuple[float, int, str]]:
     return sorted(items, key=lambda item: (item[0], item[2] != "end", item[1]))
 
 
-@dataclass(frozen=True)
-class Touch:
-    """What an event fixed at a time is ordered against (the module docstring's rule):
-    ``workers`` it touches (None: every worker, as a partition), whether it is a ``leave``
-    (after the joins before it) and a ``join`` (before the leaves after it)."""
-
-    workers: frozenset[int] | None
-    leave: bool = False
-    join: bool = False
-
-
-EVERYONE = Touch(None)
+# the workers an event touches (the module docstring's rule); None: every worker
+Touch = frozenset | None
 
 
 def touch_of(ev) -> Touch:
-    """What a leave, join or partition (start or end) of a scenario touches."""
+    """The workers a leave, join or partition (start or end) of a scenario touches."""
     if isinstance(ev, LeaveEvent):
-        return Touch(frozenset({ev.worker}), leave=True)
+        return frozenset({ev.worker})
     if isinstance(ev, JoinEvent):
-        return Touch(frozenset({ev.worker} | ({ev.from_worker} - {None})), join=True)
-    return EVERYONE
+        return frozenset({ev.worker} | ({ev.from_worker} - {None}))
+    return None
 
 
 class _After:
@@ -151,14 +141,15 @@ class RoundFixer:
 
     def __init__(self, scenario: Scenario):
         self.items = timed_items(scenario)
-        self.touches = {(i, part): touch_of(scenario.events[i]) for _, i, part in self.items}
+        self.events = {i: scenario.events[i] for _, i, _ in self.items}
         self.next = 0
         self.highest_started = -1
         self.last_s = float("-inf")   # the latest time fixed so far
         self._worker: dict[int, _After] = {}   # the events touching each worker
-        self._joins = _After()   # joins (and events not of the scenario)
-        self._cuts = _After()    # events touching every worker: partitions
+        self._cuts = _After()    # the events touching every worker (partitions)
         self._all = _After()     # every event
+        self._initial = len(scenario.initial)    # workers alive before round 0
+        self._changes: dict[int, tuple[int, int]] = {}   # round -> (leaves, joins) fixed there
 
     @property
     def alarms_s(self) -> list[float]:
@@ -178,51 +169,81 @@ class RoundFixer:
         self.next = len(self.items)
 
     def due(self, now_s: float) -> list[Fixing]:
-        """Fix every event with at_s <= now_s not fixed yet; the new fixings, in order."""
+        """Fix every event with at_s <= now_s not fixed yet, those at one time at one round;
+        the new fixings, in order."""
         out = []
         while self.next < len(self.items) and self.items[self.next][0] <= now_s:
-            at_s, index, part = self.items[self.next]
-            out.append(Fixing(index, part, at_s, self._fix(at_s, self.touches[index, part])))
-            self.next += 1
+            at_s = self.items[self.next][0]
+            group = []
+            while self.next < len(self.items) and self.items[self.next][0] == at_s:
+                group.append(self.items[self.next][1:])
+                self.next += 1
+            events = [self.events[index] for index, _ in group]
+            touches = [touch_of(ev) for ev in events]
+            touch = None if None in touches else frozenset().union(*touches)
+            change = (sum(isinstance(ev, LeaveEvent) for ev in events),
+                      sum(isinstance(ev, JoinEvent) for ev in events))
+            round_idx = self._fix(at_s, touch, change)
+            out += [Fixing(index, part, at_s, round_idx) for index, part in group]
         return out
 
-    def round_at(self, at_s: float, touch: Touch = EVERYONE) -> int:
-        """The round an event reached at ``at_s`` that touches ``touch`` would be fixed at now
-        (the module docstring's rule; by default one touching every worker)."""
+    def round_at(self, at_s: float, touch: Touch = None, change: tuple[int, int] = (0, 0)) -> int:
+        """The round events at ``at_s`` that touch ``touch`` (None: every worker) and make
+        ``change`` = (leaves, joins) would be fixed at now (the module docstring's rule)."""
         # an event fixed after one at a later time (a host loss decided at the clock's now,
         # before the events due then) counts as at that time, so times never go back
         at_s = max(at_s, self.last_s)
-        if touch.workers is None:
+        if touch is None:
             bounds = [self._all.bound(at_s)]
         else:
             bounds = [self._cuts.bound(at_s)] + [self._worker[w].bound(at_s)
-                                                  for w in touch.workers if w in self._worker]
-            if touch.leave:
-                bounds.append(self._joins.bound(at_s))
-        return max(self.highest_started + 1, *bounds)
+                                                  for w in touch if w in self._worker]
+        round_idx = max(self.highest_started + 1, *bounds)
+        past = max(self._changes, default=-1) + 1
+        while not self._keeps_members(round_idx, change):
+            if round_idx >= past:   # the membership no longer changes: never met
+                raise ValueError(f"{change[0]} leaves and {change[1]} joins at {at_s:g} s "
+                                 "leave no worker alive, or a joiner without a donor")
+            round_idx += 1
+        return round_idx
 
     def fixed_unplanned(self, at_s: float, ranks: Iterable[int] | None = None) -> int:
         """Fix an event that is none of the scenario's (a host lost) at ``at_s``: its round.
-        ``ranks``: the workers it concerns, ordered against as a leave and as a join both;
-        None: every worker. Later events are fixed after it as after any other."""
+        ``ranks``: the workers it touches; None: every worker. Later events are fixed after
+        it as after any other that touches them."""
         if ranks is None:
-            return self._fix(at_s, EVERYONE)
+            return self._fix(at_s, None, (0, 0))
         workers = frozenset(ranks)
         if not workers or any(isinstance(r, bool) or not isinstance(r, int) or r < 0
                               for r in workers):
             raise ValueError(f"an unplanned event of workers {sorted(workers, key=str)!r}: "
                              "expected at least one worker rank >= 0, or None for every worker")
-        return self._fix(at_s, Touch(workers, leave=True, join=True))
+        return self._fix(at_s, workers, (0, 0))
 
-    def _fix(self, at_s: float, touch: Touch) -> int:
-        round_idx = self.round_at(at_s, touch)
+    def _keeps_members(self, start: int, change: tuple[int, int]) -> bool:
+        """Whether ``change`` = (leaves, joins) at round ``start`` keeps, in every round from
+        it, a living worker and, where workers join, one alive in the round before too."""
+        alive = self._initial + sum(j - n for r, (n, j) in self._changes.items() if r < start)
+        for r in sorted({start, *(r for r in self._changes if r > start)}):
+            leaves, joins = self._changes.get(r, (0, 0))
+            if r == start:
+                leaves, joins = leaves + change[0], joins + change[1]
+            stay = alive - leaves
+            if stay + joins <= 0 or (joins and stay <= 0):
+                return False
+            alive = stay + joins
+        return True
+
+    def _fix(self, at_s: float, touch: Touch, change: tuple[int, int]) -> int:
+        round_idx = self.round_at(at_s, touch, change)
         at_s = self.last_s = max(at_s, self.last_s)
         self._all.add(at_s, round_idx)
-        if touch.workers is None:
+        if touch is None:
             self._cuts.add(at_s, round_idx)
         else:
-            for w in touch.workers:
+            for w in touch:
                 self._worker.setdefault(w, _After()).add(at_s, round_idx)
-        if touch.join:
-            self._joins.add(at_s, round_idx)
+        if change != (0, 0):
+            leaves, joins = self._changes.get(round_idx, (0, 0))
+            self._changes[round_idx] = (leaves + change[0], joins + change[1])
         return round_idx

@@ -3,9 +3,13 @@
 clock's alarms and parked workers, and what is refused before a run."""
 from __future__ import annotations
 
-import pytest
+import math
 
-from gasloc_emu.scenario.checks import check_supported
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gasloc_emu.scenario.checks import _alive_during, check_supported
 from gasloc_emu.scenario.events import (
     JoinEvent,
     LeaveEvent,
@@ -97,16 +101,19 @@ def test_a_worker_s_own_events_and_its_named_donor_keep_their_order():
                                    (3, "start"): 7, (4, "start"): 6}
 
 
-def test_a_leave_waits_for_the_joins_before_it_or_no_worker_would_be_alive():
-    # two workers: 0 leaves and comes back, then 1 leaves. Nothing else orders 1's leave
-    # after 0's join, and sharing 0's leave's round it would leave nobody
-    sc = _scenario(LeaveEvent(at_s=1.0, worker=0), JoinEvent(at_s=2.0, worker=0),
-                   LeaveEvent(at_s=3.0, worker=1), workers=2)
-    fixer = RoundFixer(sc)
-    assert _rounds(fixer, 9.0) == {(0, "start"): 0, (1, "start"): 1, (2, "start"): 2}
-    with pytest.raises(ScenarioError, match="no worker would be alive"):
-        by_round(sc, [Fixing(0, "start", 1.0, 0), Fixing(1, "start", 2.0, 1),
-                      Fixing(2, "start", 3.0, 0)])
+def test_a_later_leave_may_come_first_while_a_worker_remains_and_a_joiner_has_a_donor():
+    # 0 leaves and comes back, then 1 leaves: on three workers 1's leave shares 0's round
+    # (2 stays); on two it would leave nobody there, and next to 0's join no donor for it
+    events = (LeaveEvent(at_s=1.0, worker=0), JoinEvent(at_s=2.0, worker=0),
+              LeaveEvent(at_s=3.0, worker=1))
+    assert _rounds(RoundFixer(_scenario(*events, workers=3)), 9.0) == {
+        (0, "start"): 0, (1, "start"): 1, (2, "start"): 0}
+    sc = _scenario(*events, workers=2)
+    assert _rounds(RoundFixer(sc), 9.0) == {(0, "start"): 0, (1, "start"): 1, (2, "start"): 2}
+    for leave_round, words in ((0, "no worker would be alive"), (1, "no worker alive both")):
+        with pytest.raises(ScenarioError, match=words):
+            by_round(sc, [Fixing(0, "start", 1.0, 0), Fixing(1, "start", 2.0, 1),
+                          Fixing(2, "start", 3.0, leave_round)])
 
 
 def test_a_partition_is_ordered_against_every_event():
@@ -118,18 +125,18 @@ def test_a_partition_is_ordered_against_every_event():
                                    (1, "end"): 5, (3, "start"): 6}
 
 
-def test_an_unplanned_event_is_ordered_against_its_workers_as_a_leave_and_a_join():
+def test_an_unplanned_event_is_ordered_against_its_workers():
     sc = _scenario(LeaveEvent(at_s=0.5, worker=1), JoinEvent(at_s=1.0, worker=4),
                    JoinEvent(at_s=2.5, worker=1), LeaveEvent(at_s=2.5, worker=3), workers=5)
     fixer = RoundFixer(sc)
     fixer.started(0)
     assert _rounds(fixer, 1.0) == {(0, "start"): 1, (1, "start"): 1}
-    assert fixer.fixed_unplanned(2.0, ranks=[2, 3]) == 2   # as a leave: after 4's join
-    # 1's join touches neither 2 nor 3 and shares its round; 3's leave comes after it
-    assert _rounds(fixer, 2.5) == {(2, "start"): 2, (3, "start"): 3}
-    assert fixer.fixed_unplanned(3.5) == 4                  # every worker: after everything
-    assert fixer.round_at(3.5, touch_of(LeaveEvent(at_s=3.5, worker=0))) == 4
-    assert fixer.round_at(3.6, touch_of(LeaveEvent(at_s=3.6, worker=0))) == 5
+    assert fixer.fixed_unplanned(2.0, ranks=[2, 3]) == 1   # it touches neither 1 nor 4
+    # 3's leave comes after it; 1's join, at the same time, after 1's leave: one round
+    assert _rounds(fixer, 2.5) == {(2, "start"): 2, (3, "start"): 2}
+    assert fixer.fixed_unplanned(3.5) == 3                  # every worker: after everything
+    assert fixer.round_at(3.5, touch_of(LeaveEvent(at_s=3.5, worker=0))) == 3
+    assert fixer.round_at(3.6, touch_of(LeaveEvent(at_s=3.6, worker=0))) == 4
     for bad in ([], [-1], [True]):
         with pytest.raises(ValueError, match="expected at least one worker rank"):
             fixer.fixed_unplanned(4.0, ranks=bad)
@@ -144,6 +151,121 @@ def test_a_host_loss_decided_before_the_events_due_then_orders_them_as_at_its_ti
     fixer = RoundFixer(_scenario(LeaveEvent(at_s=1.0, worker=1), LeaveEvent(at_s=3.0, worker=2)))
     assert fixer.fixed_unplanned(2.0) == 0 and _rounds(fixer, 2.5) == {(0, "start"): 0}
     assert _rounds(fixer, 3.0) == {(1, "start"): 1}
+
+
+# ---------------------------------------------------------------- the rule, on random timelines
+
+def _old_rounds(items, ops) -> dict[tuple[int, str], int]:
+    """The rule before, written out: every event one round after the highest started and at
+    least one after the event fixed before it at an earlier time."""
+    out, highest, last, k = {}, -1, None, 0
+    for op, value in ops:
+        if op == "start":
+            highest = max(highest, value)
+            continue
+        while k < len(items) and items[k][0] <= value:
+            at_s, index, part = items[k]
+            r = highest + 1 if last is None else max(highest + 1,
+                                                     last[1] + (at_s > last[0]))
+            out[index, part], last, k = r, (at_s, r), k + 1
+    return out
+
+
+def _workers_of(ev) -> set[int] | None:
+    """Whom an event concerns, written out: None for a partition (everyone)."""
+    if isinstance(ev, PartitionEvent):
+        return None
+    return {ev.worker} | ({ev.from_worker} - {None} if isinstance(ev, JoinEvent) else set())
+
+
+@st.composite
+def _timelines(draw):
+    """A scenario's leaves, joins (some from a named donor) and partitions at times that the
+    scenario accepts, on 2-5 workers (the last may be new), some at one time."""
+    workers = draw(st.integers(2, 5))
+    newcomer = draw(st.booleans())
+    alive = set(range(workers - newcomer))
+    events, t, cut_end = [], 0.0, 0.0
+    for _ in range(draw(st.integers(1, 16))):
+        t = round(t + draw(st.sampled_from([0.0, 0.1, 0.3, 1.0])), 3)
+        kind = draw(st.sampled_from(["leave", "join", "partition"]))
+        gone = sorted(set(range(workers)) - alive)
+        if kind == "leave" and len(alive) > 1:
+            w = draw(st.sampled_from(sorted(alive)))
+            alive.discard(w)
+            events.append(LeaveEvent(at_s=t, worker=w))
+        elif kind == "join" and gone:
+            w = draw(st.sampled_from(gone))
+            donor = draw(st.sampled_from([None, *sorted(alive)])) if t >= cut_end else None
+            alive.add(w)
+            events.append(JoinEvent(at_s=t, worker=w, from_worker=donor))
+        elif kind == "partition" and t >= cut_end and len(alive) > 1:
+            members = draw(st.permutations(sorted(alive)))
+            k = draw(st.integers(1, len(members) - 1))
+            end_s = draw(st.sampled_from([None, 0.1, 0.5, 2.0]))
+            end_s = None if end_s is None else round(t + end_s, 3)
+            events.append(PartitionEvent(at_s=t, end_s=end_s, groups=(tuple(members[:k]),
+                                                                       tuple(members[k:]))))
+            cut_end = end_s if end_s is not None else math.inf
+    try:
+        sc = Scenario(tuple(events), workers, draw(st.sampled_from([6, 40])))
+        check_supported(sc)
+    except ScenarioError:   # events at one time it refuses (a donor changes or is cut then)
+        assume(False)
+    return sc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(sc=_timelines(), data=st.data())
+def test_on_random_timelines_the_rule_keeps_every_order_and_is_never_later(sc, data):
+    fixer = RoundFixer(sc)
+    ops, now_s, fixings = [], 0.0, []
+    for _ in range(data.draw(st.integers(1, 30))):
+        if data.draw(st.booleans()):   # a worker starts a round, out of step with the others
+            ops.append(("start", max(fixer.highest_started, 0) + data.draw(st.integers(-2, 3))))
+            fixer.started(ops[-1][1])
+        else:
+            now_s += data.draw(st.sampled_from([0.05, 0.1, 0.5, 2.0]))
+            ops.append(("due", now_s))
+            new = fixer.due(now_s)
+            # no event is fixed at a round any worker has started
+            assert all(f.round > fixer.highest_started for f in new)
+            fixings += new
+    ops.append(("due", math.inf))
+    fixings += fixer.due(math.inf)
+    assert not fixer.pending and len(fixings) == len(timed_items(sc))
+    got = {(f.index, f.part): f.round for f in fixings}
+    old = _old_rounds(timed_items(sc), ops)
+    assert all(got[k] <= old[k] for k in got)   # never later than one change a round
+    items = timed_items(sc)
+    for a_s, a, a_part in items:
+        for b_s, b, b_part in items:
+            if a_s >= b_s:
+                continue
+            wa, wb = _workers_of(sc.events[a]), _workers_of(sc.events[b])
+            # a worker's own events (a join's donor among them), and a partition against
+            # everything, keep their time order in rounds
+            if wa is None or wb is None or wa & wb:
+                assert got[a, a_part] < got[b, b_part], (a, a_part, b, b_part)
+    # what the fixings make of the scenario is one it allows: a worker alive in every round,
+    # each join with a donor alive in the round before and its own, one cut at a time (the
+    # scenario by round checks them all); and every worker can plan every round
+    world = World(sc, sc.workers, sc.rounds, 0.5, ring_peers)
+    world.fix(fixings)
+    for t in range(sc.rounds):
+        assert world.alive(t)
+        for rank in world.alive(t) - (world.alive(t - 1) if t else world.alive(0)):
+            plan = world.plan(rank, t)
+            assert plan.join_from is None or plan.join_from in world.alive(t - 1) & plan.alive
+    # a cut whose groups hold every worker alive while it lasts (DiLoCo's check, on times)
+    # holds every worker alive in its rounds
+    for index, p in enumerate(sc.events):
+        named = set(p.groups[0] + p.groups[1]) if isinstance(p, PartitionEvent) else None
+        if named is None or any(alive - named for _, alive in _alive_during(sc, p, sc.rounds)):
+            continue
+        end = got.get((index, "end"), sc.rounds)
+        assert all(world.alive(t) <= named for t in range(got[index, "start"],
+                                                            min(end, sc.rounds)))
 
 
 # ---------------------------------------------------------------- the world
