@@ -24,6 +24,7 @@ The protocol, as every node sees it (``launch_cluster``):
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -32,12 +33,15 @@ from pathlib import Path
 from gasloc_emu import exitcodes
 from gasloc_emu.cluster.rendezvous import (
     CHECKPOINTS_VERSION,
+    JOIN_TIMEOUT_S,
+    BackOrder,
     Holdings,
     NodeInfo,
     PruneOrder,
     Rendezvous,
     ResumeOrder,
     Successor,
+    check_agreement,
     config_hash,
     open_store,
     shared_config,
@@ -68,6 +72,7 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
 from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
+from gasloc_emu.scenario.hostloss import HostBack, HostLossError
 from gasloc_emu.training.checkpoint import (
     CheckpointError,
     Checkpoints,
@@ -156,16 +161,39 @@ class Node:
         return self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
                                                       // len(self.devices))
 
-    def join(self, info: NodeInfo) -> list[NodeInfo]:
-        """Publish, gather, check: every node's info, or a RendezvousError on every node."""
+    def join(self, info: NodeInfo) -> BackOrder | None:
+        """Publish, gather, check: every node's info, or a RendezvousError on every node.
+        A node other than 0 that finds the run under way (node 0 lost it, and it was started
+        again) asks to come back instead: node 0's order, or a ClusterError with its refusal."""
         self.rdv = Rendezvous(open_store(self.role), self.role)
-        self.rdv.publish(info)
-        self.infos = self.rdv.gather()
+        back = None
+        if not self.role.is_master and self.rdv.running():
+            self.infos = self.rdv.published()
+            back = self._come_back(info)
+        else:
+            self.rdv.publish(info)
+            self.infos = self.rdv.gather()
         check_split([i.workers for i in self.infos], self.cfg.workers)
         self.network.decide({i.node: i.tc_missing for i in self.infos},
                             [(i.addr, i.port_base, i.workers) for i in self.infos],
                             list(self.ranks))
-        return self.infos
+        return back
+
+    def _come_back(self, info: NodeInfo) -> BackOrder:
+        """Ask node 0 to take this node back: it answers once it has found the node lost
+        (silent for run.heartbeat_timeout_s), with the round its workers join at."""
+        if self.resume_dir is not None:
+            raise ClusterError(f"node {info.node}: the run is under way; start it again "
+                               "without --resume to come back into it")
+        self.rdv.ask_back(info)
+        order = self.rdv.back_order(info.node, info.pid,
+                                    JOIN_TIMEOUT_S + self.cfg.run.heartbeat_timeout_s)
+        if order.refused:
+            raise ClusterError(f"node 0 did not take node {info.node} back: {order.refused}")
+        if set(order.lives) != set(self.ranks):
+            raise ClusterError(f"node 0's back order names workers {sorted(order.lives)}; "
+                               f"node {info.node} runs {list(self.ranks)}")
+        return order
 
     @property
     def ranks(self) -> range:
@@ -258,6 +286,11 @@ class ClusterSupervisor(Supervisor):
         self.next_beat_s = 0.0
         self.lives = [0] * self.cfg.workers  # which process of each rank runs now
         self.lost_nodes: set[int] = set()    # nodes lost without warning, the run going on
+        self.answered: set[tuple[int, int]] = set()   # (node, pid) of each back request seen
+
+    def _start(self) -> None:
+        super()._start()
+        self.node.rdv.mark_running()   # an agent that joins from now on is coming back
 
     def _start_successor(self, s: WorkerSlot, start: int) -> None:
         """A successor on another host: its node starts it when it reads the order."""
@@ -319,6 +352,8 @@ class ClusterSupervisor(Supervisor):
         for info in self.node.infos[1:]:
             if info.node not in self.lost_nodes:
                 self._check_node(info, rdv, now)
+            else:
+                self._check_back(info, rdv)
 
     def _check_node(self, info: NodeInfo, rdv: Rendezvous, now: float) -> None:
         status = rdv.status(info.node)
@@ -365,6 +400,53 @@ class ClusterSupervisor(Supervisor):
         if ranks:   # else its workers had all left as the scenario said: nothing to decide
             self._lose(info.node, info.host, ranks,
                        f"node {info.node} ({info.host}, workers {ranks})")
+
+
+    # -- a lost node that comes back (``scenario.hostloss``)
+    def _check_back(self, info: NodeInfo, rdv: Rendezvous) -> None:
+        """Answer a lost node's agent started again, once: take its workers back from the
+        round an event reached now is fixed at, or refuse in one line why not."""
+        req = rdv.back_request(info.node)
+        if req is None or (req.node, req.pid) in self.answered:
+            return
+        self.answered.add((req.node, req.pid))
+        ranks = list(blocks([i.workers for i in self.node.infos])[info.node])
+        why = self._back_refusal(info, req, ranks)
+        if why is not None:
+            rdv.answer_back(BackOrder(CHECKPOINTS_VERSION, req.node, req.pid, 0, {}, {}, why))
+            if self.progress is not None:
+                self.progress({"kind": "event", "text": f"node {info.node} not taken back: "
+                                                        f"{why}"})
+            return
+        back, addrs = self._back(info.node, req.host, ranks)
+        for r in ranks:
+            self.lives[r] += 1
+        rdv.seen.pop(info.node, None)   # its new agent's beats are watched afresh
+        self.node.infos[info.node] = req
+        self.lost_nodes.discard(info.node)
+        rdv.answer_back(BackOrder(CHECKPOINTS_VERSION, req.node, req.pid, back.round,
+                                  {r: self.lives[r] for r in ranks}, addrs))
+
+    def _back_refusal(self, info: NodeInfo, req: NodeInfo, ranks: list[int]) -> str | None:
+        """Why node 0 does not take the node of ``req`` back, or None."""
+        try:   # as at the start; a resumed run's (--resume) agent comes back without it
+            check_agreement([self.node.infos[0],
+                             dataclasses.replace(req, resuming=self.node.infos[0].resuming)])
+        except ClusterError as exc:
+            return str(exc)
+        if (req.workers, req.addr) != (info.workers, info.addr):
+            return (f"it now runs {req.workers} workers at {req.addr}; the run has "
+                    f"{info.workers} at {info.addr} there")
+        start, world = self.scenario.back_round(), self.plan.world
+        if start >= self.cfg.run.rounds:
+            return (f"the run has no round left to take it back at (round {start} of "
+                    f"{self.cfg.run.rounds})")
+        try:   # each of its workers lost with it, and not back since
+            HostBack(info.node, req.host, tuple(ranks), start, 0.0).check(
+                self.cfg.workers, world.losses, world.backs)
+        except HostLossError as exc:
+            return str(exc)
+        return None
 
 
 def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:
@@ -438,10 +520,13 @@ def _end(node: Node, summary: dict, rec: records.RunRecord) -> dict:
 # ---------------------------------------------------------------- the other nodes
 
 def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
-    """Start this node's workers, beat, and wait for node 0's end of the run."""
+    """Start this node's workers, beat, and wait for node 0's end of the run; when the run is
+    under way already (node 0 lost this node), ask node 0 to take it back and start its
+    workers from the round node 0 says."""
+    back = None
     try:
-        node.join(node.info())
-        if node.resume_dir is not None:
+        back = node.join(node.info())
+        if node.resume_dir is not None and back is None:
             node.follow_resume(log)
     except BaseException:
         if node.rdv is not None:
@@ -451,19 +536,24 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
     (local_dir / "config.toml").write_text(to_toml(node.cfg))
     node.launch_spec().write(local_dir)
     master, ranks = node.infos[0], list(node.ranks)
+    if back is not None:   # its killed predecessor could not undo what it changed here
+        node.network.clear_leftovers(lambda line: log(f"node {node.role.node_rank}: {line}"))
     with node.network:
         log(f"node {node.role.node_rank} of {node.role.nnodes}: workers {ranks} for the run of "
             f"node 0 ({master.host}), which keeps the record; shaper {node.network.shaper}; "
-            f"logs: {local_dir / 'workers'}")
-        end = _serve_workers(node, local_dir, master)
+            f"logs: {local_dir / 'workers'}"
+            + (f"; back in the run: its workers join at round {back.start}" if back else ""))
+        end = _serve_workers(node, local_dir, master, back)
     status = end.get("status", "error")
     log(f"node {node.role.node_rank}: the run ended {status}"
         + (f": {end['error']}" if end.get("error") else ""))
     return LaunchResult(_EXIT_CODES.get(status, exitcodes.INTERNAL), dict(end), None)
 
 
-def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
-    """This node's workers from start to exit; how node 0 says the run ended."""
+def _serve_workers(node: Node, local_dir: Path, master: NodeInfo,
+                   back: BackOrder | None = None) -> dict:
+    """This node's workers from start to exit (``back``: each from node 0's round, on its
+    predecessor's address, after node 0 lost this node); how node 0 says the run ended."""
     zygote = node.zygote
     devices = dict(zip(node.ranks, node.devices, strict=True))
 
@@ -471,10 +561,14 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo) -> dict:
         return spawn_worker(local_dir, rank, devices[rank], node.network, node.security,
                             rejoin=rejoin, zygote=zygote)
 
-    procs = {r: spawn(r) for r in node.ranks}
+    if back is None:
+        procs, lives = {r: spawn(r) for r in node.ranks}, dict.fromkeys(node.ranks, 0)
+    else:
+        procs = {r: spawn(r, (back.addrs[r], back.start)) for r in node.ranks}
+        lives = dict(back.lives)
     try:
         with SigTerm():
-            end = _watch(node, procs, master, spawn, Pruner(local_dir, node.rdv))
+            end = _watch(node, procs, lives, master, spawn, Pruner(local_dir, node.rdv))
         reap(list(procs.values()), EXIT_GRACE_S)
         node.rdv.leave()
         return end
@@ -497,11 +591,12 @@ class Pruner:
             self.done = order.keep_from
 
 
-def _watch(node: Node, procs: dict, master: NodeInfo, spawn, prune: Pruner) -> dict:
+def _watch(node: Node, procs: dict, lives: dict, master: NodeInfo, spawn,
+           prune: Pruner) -> dict:
     """Beat until node 0 says the run ended, starting the successors it orders and pruning
-    checkpoints as it says; RunFailed when node 0 is gone or silent."""
+    checkpoints as it says; RunFailed when node 0 is gone or silent. ``lives``: which
+    process of each rank runs (node 0's count)."""
     rdv, timeout_s = node.rdv, node.cfg.run.heartbeat_timeout_s
-    lives = dict.fromkeys(procs, 0)
     while True:
         try:
             _successors(rdv, procs, lives, spawn)

@@ -12,7 +12,10 @@ JSON: a beat counter and the exit codes of dead local workers), ``end`` (how the
 written by node 0), ``left/<k>`` (node k saw the end and is leaving); for checkpoints,
 ``holdings/<k>`` (Holdings: which rounds node k's workers have whole on its disk, sent when a
 run resumes), ``resume`` (ResumeOrder: the round node 0 chose from them) and ``prune``
-(PruneOrder: below which round every node may remove its files), all versioned.
+(PruneOrder: below which round every node may remove its files), all versioned; for a lost
+host that comes back, ``running`` (node 0 started the run: a node agent that finds it is
+coming back), ``back/<k>`` (the returning agent's NodeInfo) and ``back/<k>/<pid>`` (BackOrder:
+node 0's answer to that process).
 """
 from __future__ import annotations
 
@@ -207,6 +210,44 @@ class PruneOrder:
     @classmethod
     def from_json(cls, text: str | bytes) -> PruneOrder:
         return _versioned(cls, text, "prune order")
+
+
+@dataclass(frozen=True)
+class BackOrder:
+    """Node 0's answer to node ``node``'s agent (process ``pid``) started again after node 0
+    lost it: ``refused`` says why it is not taken back (one line), else its workers start
+    from round ``start``, rank r as process number ``lives[r]`` on address ``addrs[r]`` (its
+    predecessor's, which its peers know)."""
+
+    version: int
+    node: int
+    pid: int
+    start: int
+    lives: dict[int, int]
+    addrs: dict[int, str]
+    refused: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "node": self.node, "pid": self.pid,
+                           "start": self.start, "refused": self.refused,
+                           "lives": {str(k): v for k, v in self.lives.items()},
+                           "addrs": {str(k): v for k, v in self.addrs.items()}}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> BackOrder:
+        raw = _json_object(text, "back order", {f.name for f in fields(cls)})
+        _check_version(raw, "back order")
+        lives, addrs = raw["lives"], raw["addrs"]
+        ok = all(_nonneg(raw[k]) for k in ("node", "pid", "start")) and \
+            isinstance(raw["refused"], str) and isinstance(lives, dict) and \
+            isinstance(addrs, dict) and set(lives) == set(addrs) and all(
+                isinstance(k, str) and k.isdecimal() and _nonneg(v) for k, v in lives.items()) \
+            and all(isinstance(v, str) and v.startswith("tcp://") for v in addrs.values())
+        if not ok:
+            raise RendezvousError(f"the back order in the store is malformed: {str(raw)[:200]}")
+        return cls(CHECKPOINTS_VERSION, raw["node"], raw["pid"], raw["start"],
+                   {int(k): v for k, v in lives.items()}, {int(k): v for k, v in addrs.items()},
+                   raw["refused"][:MAX_WHY_CHARS])
 
 
 def _nonneg(v) -> bool:
@@ -416,6 +457,59 @@ class Rendezvous:
                                       f"{timeout_s:g} s")
             time.sleep(0.1)
         return ResumeOrder.from_json(self.store.get("resume"))
+
+    # -- a lost host that comes back
+    def mark_running(self) -> None:
+        """Node 0: the run has started; a node agent that joins from now on is coming back."""
+        self.store.set("running", "1")
+
+    def running(self) -> bool:
+        return self.store.check(["running"])
+
+    def published(self) -> list[NodeInfo]:
+        """Every node's info as published at the start (a run under way has them all)."""
+        infos = [NodeInfo.from_json(self.store.get(f"node/{k}"))
+                 for k in range(self.role.nnodes)]
+        if [i.node for i in infos] != list(range(self.role.nnodes)):
+            raise RendezvousError("the store's node infos are not numbered 0 ..")
+        return infos
+
+    def ask_back(self, info: NodeInfo) -> None:
+        """This node's agent, started again after node 0 lost it, asks to be taken back."""
+        self.store.set(f"back/{info.node}", info.to_json())
+
+    def back_request(self, node: int) -> NodeInfo | None:
+        """Node 0: the latest request of ``node``'s agent to come back, or None."""
+        key = f"back/{node}"
+        if not self.store.check([key]):
+            return None
+        info = NodeInfo.from_json(self.store.get(key))
+        if info.node != node:
+            raise RendezvousError(f"the store's {key} says it is node {info.node}")
+        return info
+
+    def answer_back(self, order: BackOrder) -> None:
+        self.store.set(f"back/{order.node}/{order.pid}", order.to_json())
+
+    def back_order(self, node: int, pid: int, timeout_s: float) -> BackOrder:
+        """Node 0's answer to this agent's request (``ask_back``); a RendezvousError when the
+        run ended first or none came in ``timeout_s``."""
+        key, deadline = f"back/{node}/{pid}", time.monotonic() + timeout_s
+        while not self.store.check([key]):
+            end = self.ended()
+            if end is not None:
+                raise RendezvousError(f"the run ended ({end.get('status')}) before node 0 took "
+                                      f"node {node} back")
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"node 0 did not take node {node} back within "
+                                      f"{timeout_s:g} s (it waits for the node to be silent "
+                                      "for run.heartbeat_timeout_s first)")
+            time.sleep(0.1)
+        order = BackOrder.from_json(self.store.get(key))
+        if (order.node, order.pid) != (node, pid):
+            raise RendezvousError(f"the store's {key} answers node {order.node} process "
+                                  f"{order.pid}")
+        return order
 
     def order_prune(self, order: PruneOrder) -> None:
         self.store.set("prune", order.to_json())

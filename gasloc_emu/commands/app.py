@@ -97,9 +97,7 @@ def simulate_command(cfg: Config, out: str | None, overwrite: bool = False,
         return timing_command(cfg, out, overwrite, resume, replay)
     plan = _plan(cfg, faults=replay.faults if replay is not None else _recorded(resume))
     if replay is not None and (replay.fixings or replay.losses):
-        plan.world.replay(replay.fixings)
-        for loss in replay.losses:   # hosts the run lost without warning, as decided then
-            plan.world.lose(loss)
+        replay.play(plan.world)   # with the hosts the run lost and took back, as decided
     if resume is not None:
         from gasloc_emu.plan import refuse_resume
         refuse_resume(plan, resume)

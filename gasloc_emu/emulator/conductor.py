@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gasloc_emu.report.schema import MetricRow
-from gasloc_emu.scenario.hostloss import HostLoss
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
 from gasloc_emu.transport.orders import Fixings
@@ -171,6 +171,31 @@ class Conductor:
                         dict(last_rows), cause=cause)
         self.world.lose(loss)
         return loss
+
+    def back_round(self) -> int:
+        """The round workers coming back now would join at (the rule of ``lose_host``)."""
+        return self.fixer.round_at(self.clock() or 0.0)
+
+    def back_host(self, node: int, host: str, ranks: list[int],
+                  from_checkpoint: bool = False) -> HostBack:
+        """Node ``node``'s workers ``ranks``, lost earlier, come back: they join at the round
+        an event reached now is fixed at, as ``lose_host``'s leave. The decision, played
+        here; the caller tells every living worker."""
+        now_s = self.clock() or 0.0
+        back = HostBack(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s), now_s,
+                        from_checkpoint)
+        self.world.back(back)
+        return back
+
+    def decisions(self) -> list:
+        """Every loss and return decided so far, as orders, in the order decided (what a
+        worker that starts now must play before its first round)."""
+        from gasloc_emu.transport.orders import Back, Lost
+        if self.world is None:
+            return []
+        told = [(x.at_s, 0, Lost(x.to_json())) for x in self.world.losses] + \
+               [(x.at_s, 1, Back(x.to_json())) for x in self.world.backs]
+        return [order for _, _, order in sorted(told, key=lambda d: d[:2])]
 
     # -- the record
     def summary(self) -> dict:

@@ -263,6 +263,14 @@ class HostNetwork:
         self.host.start()
         return self
 
+    @staticmethod
+    def clear_leftovers(echo) -> list[str]:
+        """Remove the tc roots that runs killed on this host left (their process gone): a
+        node agent started again after a kill -9 finds its predecessor's (``gasloc-emu netem
+        clean`` does the same by hand)."""
+        from netem.hosttc import clean_host_leftovers
+        return clean_host_leftovers(echo=echo)
+
     def __exit__(self, *exc) -> None:
         self.host.close()
 

@@ -30,6 +30,7 @@ from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.schema import RunSummary
+from gasloc_emu.scenario.hostloss import HostBack
 from gasloc_emu.scenario.observed import event_feed
 from gasloc_emu.training.checkpoint import Checkpoints, CheckpointWatch, ResumePoint
 from gasloc_emu.training.devices import DeviceAssignment, threads_per_worker
@@ -88,6 +89,7 @@ class Supervisor:
         self.plane = ControlPlane(self.security, *(endpoints or control.ctl_paths(run_dir)))
         self.ctl_addr, self.hb_addr = self.plane.ctl_addr, self.plane.hb_addr
         self.slots: list[WorkerSlot] = []
+        self.addrs: dict[int, str] = {}   # each rank's data-plane address, once it was ready
         self.t0 = 0.0
         self.cpu_at_t0: dict | None = None   # the host's CPU time by kind when training began
         self.link_meter = LinkMeter()
@@ -150,8 +152,16 @@ class Supervisor:
         self.rec.write_json("workers.json", [self._worker_row(s) for s in self.slots])
 
     def _tell_start(self, rank: int) -> None:
-        """The peers' addresses (every worker ready so far) and the run's clock origin."""
-        peers = {s.rank: s.ready["addr"] for s in self.slots if s.ready is not None}
+        """The peers' addresses (every worker ready so far) and the run's clock origin; a
+        worker that starts once the run is under way gets every host loss and return decided
+        so far first, to play before its first round."""
+        if self.t0:
+            for order in self.scenario.decisions():
+                self._tell(rank, order.to_wire())
+        # a rank's address is its for the whole run (a successor binds its predecessor's), so
+        # one whose new process is not ready yet (a host back: several at once) is known too
+        self.addrs |= {s.rank: s.ready["addr"] for s in self.slots if s.ready is not None}
+        peers = dict(self.addrs)
         self._tell(rank, orders.Start(peers, self.t0).to_wire())
 
     def checkpointed(self, row) -> None:
@@ -222,7 +232,10 @@ class Supervisor:
                 self._departed(s, leave)
                 continue
             # before it is ready a worker may be importing torch on a busy machine: the ready
-            # timeout covers that; once it trains, silence means trouble
+            # timeout covers that (a successor's too); once it trains, silence means trouble
+            if s.ready is None and self.t0 and now - s.last_seen > READY_TIMEOUT_S:
+                raise RunFailed(f"worker {s.rank}'s new process did not get ready in "
+                                f"{READY_TIMEOUT_S:.0f} s")
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
             if silent and s.ready is not None and s.final is None and not self._lost(s):
                 raise self._silent(s, now - s.last_seen)
@@ -301,6 +314,29 @@ class Supervisor:
         if self.progress is not None:
             self.progress({"kind": "event", "text": f"{what} lost: workers {ranks} leave at "
                                                     f"round {loss.round}"})
+
+    def _back(self, node: int, host: str, ranks: list[int],
+              from_checkpoint: bool = False) -> tuple[HostBack, dict[int, str]]:
+        """Workers ``ranks``, lost with their host, come back (its node agent started again):
+        they join at the round an event reached now would be fixed at, every living worker is
+        told at once, and their new processes get every decision with their start. The
+        caller has checked that they are lost and that the run still has that round. The
+        decision, and the address each new process binds (its predecessor's)."""
+        addrs = {r: self.slots[r].ready["addr"] for r in ranks}
+        self.addrs |= addrs
+        back = self.scenario.back_host(node, host, ranks, from_checkpoint)
+        for s in self.slots:
+            if not s.gone and s.rank not in ranks:
+                self._tell(s.rank, orders.Back(back.to_json()).to_wire())
+        now = time.monotonic()
+        for r in ranks:   # its first row is of the join round: a later loss counts from there
+            s = self.slots[r]
+            s.gone, s.ready, s.final, s.last_seen = False, None, None, now
+            s.round = back.round - 1
+        if self.progress is not None:
+            self.progress({"kind": "event", "text": f"node {node} ({host}) back: workers "
+                                                    f"{ranks} join at round {back.round}"})
+        return back, addrs
 
     def _died(self, s: WorkerSlot, code: int, where: str = "") -> None:
         self._serve(0.2)  # its last words (an error message) may still be in flight

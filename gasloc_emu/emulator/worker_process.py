@@ -190,8 +190,7 @@ class WorkerProcess:
         self.links: LinkApplier | None = None   # a scenario's link changes, on this shaper
         self.timeline = None   # its speed and pause events at a time (world.SelfTimeline)
         self.released = False   # absent to the end: its join at a time never came
-        self.losses_played = 0   # node 0's host-loss decisions played so far (ctl.losses)
-        self.dead: set[int] = set()   # the peers lost with their hosts (node 0's decisions)
+        self.decisions_played = 0   # node 0's hosts lost and back, played so far (ctl.decisions)
         self.reported_dead = 0   # dead-peer losses in the rows so far
 
     def serve(self) -> int:
@@ -419,23 +418,29 @@ class WorkerProcess:
         return not self.released
 
     def _dead_peers(self) -> set[int]:
-        """Play node 0's host-loss decisions that came since the last call (``orders.Lost``,
-        checked: a loss at a round this worker has started already would make it mix
-        otherwise than the others, so it ends the worker); every peer lost so far."""
-        from gasloc_emu.scenario.hostloss import HostLoss
-        while self.losses_played < len(self.ctl.losses):
-            loss = HostLoss.from_json(self.ctl.losses[self.losses_played].loss)
-            self.losses_played += 1
-            if loss.round <= self.state.round:
-                raise RuntimeError(f"worker {self.rank}: node 0 lost node {loss.node} from "
-                                   f"round {loss.round}, but this worker has started round "
-                                   f"{self.state.round}")
-            if self.world is None or not self.world.lose(loss):
+        """Play node 0's decisions on hosts lost and back that came since the last call
+        (``orders.Lost``, ``orders.Back``; checked: one at a round this worker has started
+        already would make it mix otherwise than the others, so it ends the worker); the
+        peers dead in this worker's round (lost, and not back by then)."""
+        from gasloc_emu.scenario.hostloss import HostBack, HostLoss
+        while self.decisions_played < len(self.ctl.decisions):
+            order = self.ctl.decisions[self.decisions_played]
+            self.decisions_played += 1
+            lost = isinstance(order, orders.Lost)
+            x = HostLoss.from_json(order.loss) if lost else HostBack.from_json(order.back)
+            if x.round <= self.state.round:
+                raise RuntimeError(f"worker {self.rank}: node 0 decided node {x.node} "
+                                   f"{'lost' if lost else 'back'} from round {x.round}, but "
+                                   f"this worker has started round {self.state.round}")
+            if self.world is None or not (self.world.lose(x) if lost else self.world.back(x)):
                 continue
-            self.dead |= set(loss.ranks)
-            print(f"worker {self.rank}: node {loss.node} lost; workers {list(loss.ranks)} leave"
-                  f" at round {loss.round}", flush=True)
-        return self.dead
+            print(f"worker {self.rank}: node {x.node} {'lost' if lost else 'back'}; workers "
+                  f"{list(x.ranks)} {'leave' if lost else 'join'} at round {x.round}",
+                  flush=True)
+        if self.world is None or not self.world.losses:
+            return set()
+        t = max(self.state.round, 0)
+        return {r for loss in self.world.losses for r in loss.ranks if self.world.dead_in(r, t)}
 
     def final_report(self) -> None:
         """Evaluate, send the final parameters as one raw frame, and wait to be let go."""

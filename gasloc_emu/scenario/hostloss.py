@@ -31,6 +31,13 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
   as NaN, the ring goes on, and a survivor whose mean holds it does not commit the round
   (``algorithms.diloco``, as torchft discards a failed step); in round L the survivors merge
   their states, then all-reduce over the ring of the living.
+- A lost host may come back: its node agent started again on it (the same command) asks node
+  0 to take it back, and node 0 decides a ``HostBack``: its workers join at round ``J`` = the
+  round an event reached then is fixed at (the same rule, so no worker has started J), each
+  from its own checkpoint where the run writes them and its host still holds the file the
+  join needs, else from a living neighbour's current parameters, as a scenario's join
+  (``JoinEvent``). Between the loss's round and J they are absent; from J they are members
+  again, and a survivor waits for their messages as for anyone's.
 """
 from __future__ import annotations
 
@@ -120,6 +127,77 @@ class HostLoss:
         """The first round ``rank`` never finished (it died during it: what was sent to it
         from then on is lost with it); None when it is not one of this loss's workers."""
         return self.last_rows[rank] + 1 if rank in self.last_rows else None
+
+
+@dataclass(frozen=True)
+class HostBack:
+    """Node ``node`` (``host``), lost earlier, came back at ``at_s`` on the run's clock: its
+    workers ``ranks`` join at round ``round``, each from its own checkpoint when
+    ``from_checkpoint`` (else from a living neighbour's parameters)."""
+
+    node: int
+    host: str
+    ranks: tuple[int, ...]
+    round: int
+    at_s: float
+    from_checkpoint: bool = False
+    version: int = HOSTLOSS_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(sorted(self.ranks)))
+        if self.version != HOSTLOSS_VERSION:
+            raise HostLossError(f"host back of version {self.version!r}; this gasloc-emu reads "
+                                f"{HOSTLOSS_VERSION}")
+        if not _nonneg(self.node) or not self.ranks or not all(_nonneg(r) for r in self.ranks) \
+                or len(set(self.ranks)) != len(self.ranks):
+            raise HostLossError(f"host back of node {self.node!r}, workers {list(self.ranks)!r}:"
+                                " expected a node >= 0 and distinct worker ranks >= 0")
+        if not _nonneg(self.round) or type(self.at_s) not in (int, float) or self.at_s < 0:
+            raise HostLossError(f"host back at round {self.round!r}, {self.at_s!r} s: expected "
+                                "a round >= 0 and a time >= 0")
+        if not isinstance(self.host, str) or type(self.from_checkpoint) is not bool:
+            raise HostLossError(f"host back: host {self.host!r} must be text and "
+                                f"from_checkpoint {self.from_checkpoint!r} true or false")
+
+    def check(self, workers: int, losses: list[HostLoss],
+              backs: list[HostBack]) -> HostBack:
+        """This return, when each of its ranks is the run's and lost (a loss of it before
+        ``round``, with no return since); else a HostLossError naming what is not."""
+        bad = [r for r in self.ranks if r >= workers]
+        if bad:
+            raise HostLossError(f"host back of workers {bad}: the run has {workers}")
+        for r in self.ranks:
+            lost = [x.round for x in losses if r in x.ranks]
+            back = [x.round for x in backs if r in x.ranks]
+            if not lost or max(lost) >= self.round or (back and max(back) > max(lost)):
+                raise HostLossError(f"host back of worker {r} at round {self.round}: it is not "
+                                    f"lost then (lost at rounds {lost}, back at {back})")
+        return self
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "node": self.node, "host": self.host,
+                "ranks": list(self.ranks), "round": self.round, "at_s": self.at_s,
+                "from_checkpoint": self.from_checkpoint}
+
+    @classmethod
+    def from_json(cls, obj) -> HostBack:
+        keys = {"version", "node", "host", "ranks", "round", "at_s", "from_checkpoint"}
+        if not isinstance(obj, dict) or set(obj) != keys or not isinstance(obj["ranks"], list):
+            raise HostLossError(f"not a host back: {str(obj)[:200]}")
+        return cls(obj["node"], obj["host"], tuple(obj["ranks"]), obj["round"], obj["at_s"],
+                   obj["from_checkpoint"], obj["version"])
+
+
+def dead_in(rank: int, t: int, losses: list[HostLoss], backs: list[HostBack]) -> bool:
+    """Whether ``rank`` is dead in round t: it died during a round <= t (a loss's
+    ``dead_from``) and came back at no round in (that loss's round, t]."""
+    for loss in losses:
+        start = loss.dead_from(rank)
+        if start is None or t < start:
+            continue
+        if not any(rank in b.ranks and loss.round < b.round <= t for b in backs):
+            return True
+    return False
 
 
 def _nonneg(v) -> bool:

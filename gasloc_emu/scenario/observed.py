@@ -38,7 +38,10 @@ def membership_summary(world: World) -> dict:
                 # hosts lost without warning, as node 0 decided (``scenario.hostloss``): what
                 # `simulate --replay` plays again, with the rows' ``dead_peer``
                 {"host_losses": [loss.to_json() for loss in world.losses]}
-                if world.losses else {})
+                if world.losses else {}) | (
+                # lost hosts that came back, as node 0 decided: their workers' joins
+                {"host_backs": [back.to_json() for back in world.backs]}
+                if world.backs else {})
 
 
 def link_changes(links) -> list[dict]:

@@ -80,7 +80,7 @@ from gasloc_emu.scenario.events import (
     SpeedEvent,
 )
 from gasloc_emu.scenario.fixing import TIMED_KINDS, Fixing, RoundFixer, timed_items
-from gasloc_emu.scenario.hostloss import HostLoss, sent_to_dead
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss, dead_in, sent_to_dead
 from gasloc_emu.scenario.links import (
     BaseLink,
     LinkSchedule,
@@ -167,6 +167,7 @@ class World:
             timed_items(scenario) or self.armed) else None
         self.fixings: list[Fixing] = []
         self.losses: list[HostLoss] = []   # hosts lost without warning, as decided
+        self.backs: list[HostBack] = []    # lost hosts that came back, as decided
         self.view = scenario   # the scenario by round: what is fixed so far, in rounds
         self._fixed_at_s: dict = {}
         self.links = (LinkSchedule(scenario, rounds, base_link, trace)
@@ -204,6 +205,17 @@ class World:
         self._refix()
         return True
 
+    def back(self, back: HostBack) -> bool:
+        """Play a lost host's return: its workers join at ``back.round`` (node 0's decision,
+        ``scenario.hostloss``), each from its checkpoint or a living neighbour's parameters;
+        rounds before it come out as before. False when it was played already."""
+        if back in self.backs:
+            return False
+        back.check(self.workers, self.losses, self.backs)
+        self.backs.append(back)
+        self._refix()
+        return True
+
     def peers(self, rank: int, t: int) -> list:
         """Whom ``rank`` exchanges with in round t (the living graph without cut edges, or
         DiLoCo's ring)."""
@@ -226,11 +238,10 @@ class World:
                 out[rank] = out.get(rank, 0) + n
         return out
 
-    def lost_from(self, src: int) -> int | None:
-        """The first round ``src`` never finished, as a lost host's worker (the run has no row
-        of it from then on); None when no lost host had it."""
-        rounds = [loss.dead_from(src) for loss in self.losses if src in loss.ranks]
-        return min(rounds) if rounds else None
+    def dead_in(self, src: int, t: int) -> bool:
+        """Whether ``src`` is dead in round t, as a lost host's worker that had not come back
+        (the run has no row of it then)."""
+        return dead_in(src, t, self.losses, self.backs)
 
     def replay(self, fixings: list[Fixing]) -> None:
         """Play a run's fixings (its record's ``membership.fixings``) and fix nothing on this
@@ -241,7 +252,8 @@ class World:
         self.fixer.close()
 
     def _refix(self) -> None:
-        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings, self.losses)
+        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings, self.losses,
+                                               self.backs)
         self.__dict__.pop("_by_round", None)
         self.links.build(self.view)
 
@@ -449,8 +461,8 @@ class World:
                 for ev in [self.scenario.events[i]] if (i, part) not in fired]
 
 
-def by_round(scenario: Scenario, fixings: list[Fixing],
-             losses: list[HostLoss] = ()) -> tuple[Scenario, dict]:
+def by_round(scenario: Scenario, fixings: list[Fixing], losses: list[HostLoss] = (),
+             backs: list[HostBack] = ()) -> tuple[Scenario, dict]:
     """``scenario`` with its leaves, joins and partitions at a time at the rounds they were
     fixed at, those not fixed yet left out (a new worker stays absent until its join is fixed);
     and {such event at its round: its times, ``at_s`` and a partition's ``end_s``}. Fixings at
@@ -472,6 +484,11 @@ def by_round(scenario: Scenario, fixings: list[Fixing],
         for rank in loss.ranks if loss.round < scenario.rounds else ():
             events.append(LeaveEvent(worker=rank, round=loss.round))
             at_s[events[-1]] = {"at_s": loss.at_s, "reason": loss.reason, "node": loss.node}
+    for back in backs:   # a lost host back: its workers join at its round
+        for rank in back.ranks if back.round < scenario.rounds else ():
+            events.append(JoinEvent(worker=rank, round=back.round,
+                                    from_checkpoint=back.from_checkpoint))
+            at_s[events[-1]] = {"at_s": back.at_s, "reason": "host back", "node": back.node}
     view = Scenario(tuple(events), scenario.workers, scenario.rounds, scenario.source,
                     absent=scenario.newcomers)
     return view, {ev: at_s[old] for ev, old in zip(view.events, events, strict=True)

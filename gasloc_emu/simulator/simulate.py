@@ -27,7 +27,7 @@ from gasloc_emu.report.summary import drops_summary, final_summary, with_dead_se
 from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
-from gasloc_emu.scenario.hostloss import HostLoss, HostLossError
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
 from gasloc_emu.simulator.async_sim import simulate_async
@@ -171,14 +171,23 @@ class ReplaySource:
     threads: tuple[int, ...] | None
     losses: tuple[HostLoss, ...] = ()   # hosts lost without warning (``scenario.hostloss``)
     dead: frozenset = frozenset()       # the messages done without then: (dst, src, round, kind)
+    backs: tuple[HostBack, ...] = ()    # lost hosts that came back
+
+    def play(self, world) -> None:
+        """Play the run's fixings, then its hosts lost and back as node 0 decided them, in
+        the order it did (by time; a loss before a return at the same time)."""
+        world.replay(self.fixings)
+        decisions = sorted([(x.at_s, 0, x) for x in self.losses]
+                           + [(x.at_s, 1, x) for x in self.backs], key=lambda d: d[:2])
+        for _, kind, x in decisions:
+            world.lose(x) if kind == 0 else world.back(x)
 
 
 def _died_before(world, row: dict) -> bool:
-    """A row of a worker lost with its host, of a round it died in or after (the replay of a
-    run that lost a host computes those rounds, for the messages it sent before it died, but
-    the run has no row of them)."""
-    dead_from = world.lost_from(row["worker"]) if world is not None else None
-    return dead_from is not None and row["round"] >= dead_from
+    """A row of a worker lost with its host, of a round it died in or after and before it
+    came back (the replay of a run that lost a host computes those rounds, for the messages
+    it sent before it died, but the run has no row of them)."""
+    return world is not None and world.dead_in(row["worker"], row["round"])
 
 
 def _recorded_dead(folder: Path) -> frozenset:
@@ -223,8 +232,10 @@ def replay_source(run_dir: str) -> ReplaySource:
         raise ConfigError(f"--replay {run_dir}: {err}") from None
     fixings = (summary.get("membership") or {}).get("fixings")
     try:
+        membership = summary.get("membership") or {}
         losses = tuple(HostLoss.from_json(x).check(cfg.workers, cfg.run.rounds) for x in
-                       (summary.get("membership") or {}).get("host_losses") or ())
+                       membership.get("host_losses") or ())
+        backs = tuple(HostBack.from_json(x) for x in membership.get("host_backs") or ())
         dead = _recorded_dead(folder) if losses else frozenset()
     except (HostLossError, KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a host loss is malformed ({exc})") from None
@@ -233,7 +244,7 @@ def replay_source(run_dir: str) -> ReplaySource:
                           "partition at a time; simulate its config.toml instead)")
     try:
         return ReplaySource(cfg, [Fixing.from_json(f) for f in fixings or ()], faults,
-                            _recorded_threads(folder, cfg.workers), losses, dead)
+                            _recorded_threads(folder, cfg.workers), losses, dead, backs)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"--replay {run_dir}: a fixing is malformed ({exc})") from None
 

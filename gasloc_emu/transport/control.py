@@ -37,7 +37,7 @@ import torch
 import zmq
 
 from gasloc_emu.transport import auth
-from gasloc_emu.transport.orders import Exit, Lost, Order, Stop, Wire, parse_order
+from gasloc_emu.transport.orders import Back, Exit, Lost, Order, Stop, Wire, parse_order
 from gasloc_emu.transport.zmq_sockets import check_tcp_addr
 
 
@@ -618,9 +618,9 @@ class WorkerControl:
             auth.make_client(self.sock, security, auth.user_id(rank), auth.LAUNCHER)
         self.sock.connect(ctl_addr)
         self.stop_requested = False
-        # node 0's decisions on hosts lost without warning, in order (``orders.Lost``): kept
-        # whenever they come, the worker plays them at its next chance
-        self.losses: list[Lost] = []
+        # node 0's decisions on hosts lost without warning and back, in order (``orders.Lost``,
+        # ``orders.Back``): kept whenever they come, the worker plays them at its next chance
+        self.decisions: list[Lost | Back] = []
 
     def send(self, msg: Wire, *frames) -> None:
         self.sock.send_multipart([pack(msg.to_wire()), *frames], copy=False)
@@ -630,8 +630,8 @@ class WorkerControl:
         if self.sock.poll(int(timeout_s * 1000)):
             msg = parse_order(unpack(self.sock.recv()))
             self.stop_requested = self.stop_requested or isinstance(msg, Stop)
-            if isinstance(msg, Lost) and kind is not Lost:
-                self.losses.append(msg)
+            if isinstance(msg, (Lost, Back)) and kind not in (Lost, Back):
+                self.decisions.append(msg)
             return msg if isinstance(msg, (kind, Stop)) else self.wait_for(kind, timeout_s)
         raise TimeoutError(f"worker {self.rank}: no {kind.TYPE!r} from the launcher "
                            f"in {timeout_s:.0f} s")
@@ -642,8 +642,8 @@ class WorkerControl:
             wire = unpack(self.sock.recv())
             if wire["type"] in (Stop.TYPE, Exit.TYPE):
                 self.stop_requested = True
-            elif wire["type"] == Lost.TYPE:
-                self.losses.append(parse_order(wire))
+            elif wire["type"] in (Lost.TYPE, Back.TYPE):
+                self.decisions.append(parse_order(wire))
         return self.stop_requested
 
     def close(self) -> None:

@@ -120,6 +120,24 @@ class Lost(Wire):
 
 
 @dataclass(frozen=True)
+class Back(Wire):
+    """Node 0's decision on a lost host that came back (``scenario.hostloss.HostBack``'s
+    JSON, versioned; checked by the worker against its run): its workers join at the
+    decision's round. Sent to every living worker once, as soon as decided, and to each
+    returning worker with every earlier decision before its start."""
+
+    TYPE: ClassVar[str] = "back"
+    back: dict
+
+    @classmethod
+    def from_wire(cls, wire: dict) -> Back:
+        _shape(wire, ("back",))
+        if not isinstance(wire["back"], dict):
+            raise OrderError("back.back: not a map")
+        return cls(dict(wire["back"]))
+
+
+@dataclass(frozen=True)
 class Pair(Wire):
     """Asynchronous gossip: worker ``worker``'s partner for its exchange (None: alone) and the
     exchange's label (``training.pairing.Pairing``)."""
@@ -138,8 +156,9 @@ class Pair(Wire):
                    _rank("pair.label", wire["label"]))
 
 
-Order = Start | Stop | Exit | Fixings | Lost | Pair
-ORDERS: dict[str, type] = {cls.TYPE: cls for cls in (Start, Stop, Exit, Fixings, Lost, Pair)}
+Order = Start | Stop | Exit | Fixings | Lost | Back | Pair
+ORDERS: dict[str, type] = {cls.TYPE: cls for cls in (Start, Stop, Exit, Fixings, Lost, Back,
+                                                     Pair)}
 
 
 def parse_order(wire) -> Order:

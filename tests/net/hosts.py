@@ -14,10 +14,12 @@ in the record's metrics.jsonl (training is under way there, however busy the mac
 ``"rows": n`` too, once the record has n rows: a given round), or
 with ``"output": {"node": k, "text": "..."}`` t s after node k's stdout has that text;
 ``kill`` may also be a list of such kills, each armed and fired on its own (``after_kill_s``:
-since the last one fired); ``timeout_s``; ``net``: optional net.* settings (a ``bw_profile``
-with the hosts as its workers, ``delay``): the links between the hosts are then shaped and
-delayed as a run's would be (``NetworkSession``: HTB on each host's eth0, the packet line as
-the switch), and ``listeners`` reports the TCP listeners left in each host.
+since the last one fired); a kill with ``"restart_after_s": t`` starts that node's command
+again t s after it (the host's agent started again by hand; its output: ``back_out``,
+``back_err``, and ``rc`` is then the new process's); ``timeout_s``; ``net``: optional net.*
+settings (a ``bw_profile`` with the hosts as its workers, ``delay``): the links between the
+hosts are then shaped and delayed as a run's would be (``NetworkSession``: HTB on each host's
+eth0, the packet line as the switch), and ``listeners`` reports the TCP listeners left in each host.
 """
 from __future__ import annotations
 
@@ -44,11 +46,12 @@ def host_addr(k: int) -> str:
     return NetTopology("0", k + 1).address(k)
 
 
-def _start(topo: NetTopology, node: dict, log_dir: str, i: int) -> subprocess.Popen:
+def _start(topo: NetTopology, node: dict, log_dir: str, i: int,
+           name: str = "node") -> subprocess.Popen:
     argv = ["ip", "netns", "exec", topo.worker_ns(node["host"]), *node["argv"]]
     env = os.environ | {"PYTHONUNBUFFERED": "1"} | node.get("env", {})
-    out = open(os.path.join(log_dir, f"node{i}.out"), "w")  # noqa: SIM115 - closed by the OS
-    err = open(os.path.join(log_dir, f"node{i}.err"), "w")  # noqa: SIM115
+    out = open(os.path.join(log_dir, f"{name}{i}.out"), "w")  # noqa: SIM115 - closed by the OS
+    err = open(os.path.join(log_dir, f"{name}{i}.err"), "w")  # noqa: SIM115
     return subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=node.get("cwd"),
                             preexec_fn=die_with_parent)
 
@@ -78,22 +81,29 @@ def _armed(kill: dict, log_dir: str) -> bool:
     return _printed(kill["output"], log_dir)
 
 
-def _wait_all(procs, kill, timeout_s: float,
-              log_dir: str) -> tuple[dict, float | None]:
+def _wait_all(procs, kill, timeout_s: float, log_dir: str,
+              restart=None) -> tuple[dict, float | None]:
     """Wait for every node, killing as ``kill`` says (one kill, or a list of them, each
-    armed and fired on its own); the time of the last kill fired."""
+    armed and fired on its own) and starting a node again where a kill says
+    (``restart(node)``: its new process); the time of the last kill fired."""
     kills = [] if not kill else [kill] if isinstance(kill, dict) else list(kill)
     t0, ended, killed_at = time.monotonic(), {}, None
     armed_at = [t0 if "training" not in k and "output" not in k else None for k in kills]
-    fired = [False] * len(kills)
+    fired, restarted = [None] * len(kills), [False] * len(kills)
     while len(ended) < len(procs) and time.monotonic() - t0 < timeout_s:
         for i, k in enumerate(kills):
             if armed_at[i] is None and _armed(k, log_dir):
                 armed_at[i] = time.monotonic()   # the kill's clock starts here
-            if not fired[i] and armed_at[i] is not None and \
+            if fired[i] is None and armed_at[i] is not None and \
                     time.monotonic() - armed_at[i] >= k["after_s"]:
                 procs[k["node"]].send_signal(signal.SIGKILL)
-                fired[i], killed_at = True, time.monotonic()
+                procs[k["node"]].wait()
+                fired[i] = killed_at = time.monotonic()
+            if fired[i] is not None and not restarted[i] and "restart_after_s" in k and \
+                    time.monotonic() - fired[i] >= k["restart_after_s"]:
+                procs[k["node"]] = restart(k["node"])
+                ended.pop(k["node"], None)
+                restarted[i] = True
         for i, p in enumerate(procs):
             if i not in ended and p.poll() is not None:
                 ended[i] = (p.returncode, time.monotonic())
@@ -121,7 +131,9 @@ def main(argv: list[str]) -> int:
     log_dir = args["log_dir"]
     t0 = time.monotonic()
     procs = [_start(topo, node, log_dir, i) for i, node in enumerate(args["nodes"])]
-    ended, killed_at = _wait_all(procs, args.get("kill"), args.get("timeout_s", 240.0), log_dir)
+    ended, killed_at = _wait_all(
+        procs, args.get("kill"), args.get("timeout_s", 240.0), log_dir,
+        lambda i: _start(topo, args["nodes"][i], log_dir, i, name="back"))
     time.sleep(0.5)  # what dies with its parent has had time to go
     hosts = [topo.worker_ns(k) for k in range(args["hosts"])]   # the switch runs the line
     left = {ns: _netns_pids(ns) for ns in hosts}
@@ -132,12 +144,20 @@ def main(argv: list[str]) -> int:
               "after_kill_s": None if killed_at is None else ended[i][1] - killed_at,
               "out": Path(log_dir, f"node{i}.out").read_text()[-4000:],
               "err": Path(log_dir, f"node{i}.err").read_text()[-4000:]}
-             for i in range(len(procs))]
+             | _back_output(log_dir, i) for i in range(len(procs))]
     print("RESULT " + json.dumps({"nodes": nodes, "left": {k: v for k, v in left.items() if v},
                                   "listeners": {k: v for k, v in listeners.items() if v},
                                   "addrs": [host_addr(k) for k in range(args["hosts"])]}),
           flush=True)
     return 0
+
+
+def _back_output(log_dir: str, i: int) -> dict:
+    """A node started again after its kill: its new process's output."""
+    if not Path(log_dir, f"back{i}.out").exists():
+        return {}
+    return {"back_out": Path(log_dir, f"back{i}.out").read_text()[-4000:],
+            "back_err": Path(log_dir, f"back{i}.err").read_text()[-4000:]}
 
 
 def _shaped(args: dict):

@@ -498,6 +498,53 @@ def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path)
     assert again.get("uncommitted") == summary.get("uncommitted"), why
 
 
+def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts, tmp_path):
+    """Three hosts with 1, 2 and 3 workers; one node agent other than 0 is killed with SIGKILL
+    at a random point of the run and started again by hand with the same command. Node 0
+    finds the node silent and loses it, then takes it back: its workers join at a round no
+    worker has started, each from a living neighbour's parameters. The run ends ok with every
+    worker, the lost workers have no rows between their death and their return, and
+    `simulate --replay` gives the run's losses row by row."""
+    import random
+    rng = random.Random()
+    node, rows = rng.choice([1, 2]), rng.randrange(6, 18)
+    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
+    why = f"{algo}: node {node} killed after {rows} rows, started again"
+    out = tmp_path / "rec"
+    nodes = _going_on_after_losses(out, rounds=40, heartbeat_timeout_s=3, algo=algo)
+    result = hosts(nodes, kill={"node": node, "after_s": 0.0, "restart_after_s": 0.5,
+                                "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
+                                                              "rows": rows}})
+    lost = [1, 2] if node == 1 else [3, 4, 5]
+    for k in (0, 1, 2):
+        assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k])
+    assert "back in the run" in result["nodes"][node]["back_err"], (why, result["nodes"][node])
+    assert result["left"] == {}, (why, result["left"])
+    summary = _summary(out)
+    assert summary["status"] == "ok", (why, summary.get("error"))
+    membership = summary["membership"]
+    [loss], [back] = membership["host_losses"], membership["host_backs"]
+    assert loss["node"] == back["node"] == node and loss["ranks"] == back["ranks"] == lost
+    assert loss["round"] < back["round"] < 40, (why, loss, back)
+    assert membership["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "join"] == \
+        [(r, back["round"], "host back") for r in lost], (why, events)
+    ran = _losses(out)
+    for r in lost:   # no row from the round it died in to its return, then every round
+        last = loss["last_rows"][str(r)]
+        assert sorted(t for (w, t) in ran if w == r) == \
+            [*range(last + 1), *range(back["round"], 40)], (why, r)
+    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
+                             str(tmp_path / "replay")], capture_output=True, text=True)
+    assert replay.returncode == 0, (why, replay.stderr)
+    again = _summary(tmp_path / "replay")
+    assert again["membership"]["changes"] == membership["changes"], why
+    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
+    assert again["drops"] == summary["drops"], why
+    assert again.get("uncommitted") == summary.get("uncommitted"), why
+
+
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
                                                                                  tmp_path):
     """A kill -9 of the launcher (node 0) during a fault: node 2's agent is killed, node 0

@@ -4,6 +4,7 @@ done without (``gossip_mix``) and counted, and the wire forms that carry it. The
 across emulated hosts is tests/net/test_multinode.py's killed-host test."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ from gasloc_emu.algorithms import registry
 from gasloc_emu.algorithms.base import gossip_mix
 from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.scenario.fixing import RoundFixer
-from gasloc_emu.scenario.hostloss import HostLoss, HostLossError, sent_to_dead
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError, sent_to_dead
 from gasloc_emu.scenario.script import Scenario
 from gasloc_emu.scenario.world import World, ring_peers
 from gasloc_emu.transport import control, orders
@@ -23,6 +24,7 @@ from gasloc_emu.transport.base import PeerLost
 from gasloc_emu.transport.control import ControlError, Expect
 
 LOSS = HostLoss(node=2, host="h2", ranks=(4, 3), round=6, at_s=5.25, last_rows={3: 3, 4: 4})
+BACK = HostBack(node=2, host="h2", ranks=(4, 3), round=9, at_s=8.5)   # the same host, back
 
 
 def test_a_host_loss_round_trips_through_json_and_sorts_its_ranks():
@@ -69,7 +71,9 @@ def test_the_lost_workers_take_part_until_the_loss_and_leave_at_its_round():
     assert w.fixer is not None and w.reshapes   # every worker asks at its round starts
     assert w.lose(LOSS) and not w.lose(LOSS)    # once: the decision may come twice
     assert w.alive(5) == frozenset(range(6)) and w.alive(6) == frozenset({0, 1, 2, 5})
-    assert w.lost_from(3) == 4 and w.lost_from(4) == 5 and w.lost_from(0) is None
+    assert [t for t in range(12) if w.dead_in(3, t)] == list(range(4, 12))
+    assert [t for t in range(12) if w.dead_in(4, t)] == list(range(5, 12))
+    assert not any(w.dead_in(0, t) for t in range(12))
     plan = w.plan(2, 6)
     assert plan.detect_s == 2.0 and not plan.leaving   # 2 was 3's ring neighbour in round 5
     assert w.plan(3, 6).leaving
@@ -162,6 +166,10 @@ def test_the_decision_travels_as_a_typed_order():
     assert isinstance(parsed, orders.Lost) and HostLoss.from_json(parsed.loss) == LOSS
     with pytest.raises(orders.OrderError):
         orders.parse_order({"type": "lost", "loss": [1]})
+    back = orders.parse_order(orders.Back(BACK.to_json()).to_wire())
+    assert isinstance(back, orders.Back) and HostBack.from_json(back.back) == BACK
+    with pytest.raises(orders.OrderError):
+        orders.parse_order({"type": "back", "back": "soon"})
 
 
 EXPECT = Expect(workers=4, rounds=5, numel=6)
@@ -409,3 +417,112 @@ def test_node_0_loses_a_worker_its_node_agent_saw_killed_and_fails_on_an_error_e
     sup._when = lambda s: "in round 3"
     with pytest.raises(RunFailed, match=r"worker 4 died \(exit code 1\) in round 3"):
         sup._check_node(host, beat(1), 0.0)
+
+
+# -- a lost host that comes back
+
+
+
+def test_a_host_back_round_trips_through_json_and_is_refused_when_malformed():
+    assert BACK.ranks == (3, 4) and HostBack.from_json(BACK.to_json()) == BACK
+    for change, words in [({"version": 2}, "version 2"), ({"ranks": [3, 3]}, "distinct"),
+                          ({"round": -1}, "round >= 0"), ({"from_checkpoint": 1}, "true or"),
+                          ({"extra": 1}, "not a host back")]:
+        with pytest.raises(HostLossError, match=re.escape(words)):
+            HostBack.from_json(BACK.to_json() | change)
+
+
+def test_lost_workers_come_back_at_the_round_decided_from_a_neighbour_and_are_dead_between():
+    w = world(rounds=14)
+    w.lose(LOSS)
+    assert w.back(BACK) and not w.back(BACK)   # once: the decision may come twice
+    assert w.alive(8) == frozenset({0, 1, 2, 5}) and w.alive(9) == frozenset(range(6))
+    assert [t for t in range(14) if w.dead_in(3, t)] == [4, 5, 6, 7, 8]
+    assert [t for t in range(14) if w.dead_in(4, t)] == [5, 6, 7, 8]
+    plan = w.plan(3, 9)
+    # no graph here: the lowest-ranked living worker gives each its parameters
+    assert plan.join_from == 0 and plan.joined == frozenset({3, 4})
+    assert w.plan(0, 9).donate_to == (3, 4) and not w.plan(3, 9).donate_to
+    assert [c for c in w.left_and_joined() if c["type"] == "join"] == [
+        {"type": "join", "worker": r, "round": 9, "at_s": 8.5,
+         "reason": "host back", "node": 2} for r in (3, 4)]
+    assert w.ring_members(0)(9) == frozenset(range(6))
+    # lost again later: dead from the round after its last row since the return
+    again = HostLoss(2, "h2", (3, 4), 12, 11.0, {3: 10, 4: 10})
+    w.lose(again)
+    assert [t for t in range(14) if w.dead_in(3, t)] == [4, 5, 6, 7, 8, 11, 12, 13]
+
+
+@pytest.mark.parametrize("back, words", [
+    (HostBack(2, "h2", (3, 4), 6, 8.5), "not lost then"),            # at the loss's round
+    (HostBack(2, "h2", (3, 4, 5), 9, 8.5), "worker 5 at round 9"),   # 5 was never lost
+    (HostBack(2, "h2", (3, 9), 9, 8.5), "the run has 6"),
+])
+def test_a_return_of_workers_that_are_not_lost_is_refused(back, words):
+    w = world(rounds=14)
+    w.lose(LOSS)
+    with pytest.raises(HostLossError, match=re.escape(words)):
+        w.back(back)
+
+
+def test_a_worker_back_twice_without_a_loss_between_is_refused():
+    w = world(rounds=14)
+    w.lose(LOSS)
+    w.back(BACK)
+    with pytest.raises(HostLossError, match="not lost then"):
+        w.back(HostBack(2, "h2", (3, 4), 11, 10.0))
+
+
+def test_node_0_takes_a_lost_node_back_and_tells_the_living_then_the_returners_everything():
+    """Node 0's side: the node's agent asks again with the same settings; its workers join at
+    the round after the highest started, the others hear of it at once, and each returner's
+    start carries every decision so far (the loss, then the return) before the peers."""
+    from gasloc_emu.cluster.rendezvous import BackOrder, NodeInfo
+    sup, lost = shell("gasloc")
+    sup._lose_node(lost)
+    sup.told.clear()
+    for s in sup.slots:
+        s.ready = {"addr": f"tcp://198.18.0.{s.rank}:5000"}
+    sup.lives, sup.answered, sup.addrs = [0] * 6, set(), {}
+    info = NodeInfo(2, "h2", "198.18.0.3", 3, ("cpu",) * 3, ("cpu",) * 3, "hash", {}, "v", "",
+                    5000, pid=77)
+    ref = dataclasses.replace(info, node=0, workers=1, devices=("cpu",), labels=("cpu",))
+    sup.node.infos = [ref, sup.node.infos[1], info]
+    answers = []
+    rdv = SimpleNamespace(back_request=lambda node: info, seen={2: (5, 0.0)},
+                          answer_back=answers.append)
+    sup.plan.world.fixer.started(6)
+    sup._check_back(info, rdv)
+    sup._check_back(info, rdv)   # the same request is answered once
+    back = HostBack(2, "h2", (3, 4, 5), 7, 5.25)
+    assert sup.plan.world.backs == [back] and sup.lost_nodes == set() and 2 not in rdv.seen
+    assert answers == [BackOrder(1, 2, 77, 7, {3: 1, 4: 1, 5: 1},
+                                 {r: f"tcp://198.18.0.{r}:5000" for r in (3, 4, 5)})]
+    assert sup.told == [(r, orders.Back(back.to_json()).to_wire()) for r in (0, 1, 2)]
+    assert [s.gone or s.ready is not None for s in sup.slots] == [True] * 3 + [False] * 3
+    sup.told.clear()
+    sup._tell_start(3)
+    assert [m["type"] for _, m in sup.told] == ["lost", "back", "start"]
+    start = orders.parse_order(sup.told[-1][1])
+    assert start.peers == {r: f"tcp://198.18.0.{r}:5000" for r in range(6)}   # returners too
+
+
+def test_node_0_refuses_a_node_back_with_other_settings_or_no_round_left():
+    from gasloc_emu.cluster.rendezvous import NodeInfo
+    sup, lost = shell("gasloc")
+    sup._lose_node(lost)
+    sup.scenario.clock = lambda: 6.0
+    for s in sup.slots:
+        s.ready = {"addr": "tcp://a:1"}
+    info = NodeInfo(2, "h2", "198.18.0.3", 3, ("cpu",) * 3, ("cpu",) * 3, "hash", {}, "v", "",
+                    5000)
+    sup.node.infos = [dataclasses.replace(info, node=0, workers=1, devices=("cpu",),
+                                          labels=("cpu",)),
+                      sup.node.infos[1], info]
+    assert sup._back_refusal(info, dataclasses.replace(info, addr="198.18.0.9"),
+                             [3, 4, 5]).startswith("it now runs 3 workers at 198.18.0.9")
+    assert "different config" in sup._back_refusal(
+        info, dataclasses.replace(info, config_hash="other"), [3, 4, 5])
+    assert sup._back_refusal(info, info, [3, 4, 5]) is None
+    sup.plan.world.fixer.started(11)
+    assert "no round left" in sup._back_refusal(info, info, [3, 4, 5])

@@ -19,6 +19,7 @@ from gasloc_emu import config as C
 from gasloc_emu.cluster.rendezvous import (
     CHECKPOINTS_VERSION,
     NODE_LOCAL,
+    BackOrder,
     Holdings,
     NodeInfo,
     NodeStatus,
@@ -744,3 +745,49 @@ def test_a_port_already_taken_is_refused_naming_the_node_and_address(stores):
         open_store(_role(2, 0, port), timeout_s=2)
     host.set("k", "still up")
     assert host.get("k") == b"still up"
+
+
+# -- a lost node that comes back
+
+
+def test_a_back_order_round_trips_and_a_malformed_one_is_refused():
+    order = BackOrder(CHECKPOINTS_VERSION, 2, 77, 9, {3: 1, 4: 2}, {3: "tcp://h:1", 4: "tcp://h:2"})
+    assert BackOrder.from_json(order.to_json()) == order
+    refused = BackOrder(CHECKPOINTS_VERSION, 2, 77, 0, {}, {}, "it now runs 2 workers")
+    assert BackOrder.from_json(refused.to_json()) == refused
+    raw = json.loads(order.to_json())
+    for change in ({"start": -1}, {"lives": {"3": 1}}, {"addrs": {"3": "ipc://x", "4": "y"}},
+                   {"lives": {"x": 1, "4": 1}}, {"refused": 3}):
+        with pytest.raises(RendezvousError, match="back order in the store is malformed"):
+            BackOrder.from_json(json.dumps(raw | change))
+    with pytest.raises(RendezvousError, match="version 2"):
+        BackOrder.from_json(json.dumps(raw | {"version": 2}))
+
+
+def test_a_restarted_agent_finds_the_run_under_way_asks_back_and_gets_its_answer(cluster):
+    """Node 0 marks the run started; an agent that joins then reads every node's info as
+    published at the start, asks to come back, and waits for node 0's answer to its own
+    process; an answer for another process or the run's end is not taken for it."""
+    n0, n1 = cluster(2)
+    infos = [_info(0), _info(1, workers=3)]
+    n0.publish(infos[0])
+    n1.publish(infos[1])
+    assert not n1.running()
+    n0.mark_running()
+    _flush(n0)
+    assert n1.running() and n1.published() == infos
+    again = replace(infos[1], pid=4242)
+    assert n0.back_request(1) is None
+    n1.ask_back(again)
+    _flush(n1)
+    assert n0.back_request(1) == again
+    order = BackOrder(CHECKPOINTS_VERSION, 1, 4242, 7, {1: 1, 2: 1, 3: 1},
+                      {r: f"tcp://h:{r}" for r in (1, 2, 3)})
+    threading.Timer(0.2, n0.answer_back, args=(order,)).start()
+    assert n1.back_order(1, 4242, timeout_s=5) == order
+    with pytest.raises(RendezvousError, match="did not take node 1 back within 0.3 s"):
+        n1.back_order(1, 999, timeout_s=0.3)
+    n0.end("ok", None)
+    _flush(n0)
+    with pytest.raises(RendezvousError, match=r"the run ended \(ok\) before node 0 took"):
+        n1.back_order(1, 999, timeout_s=5)
