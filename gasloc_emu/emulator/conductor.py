@@ -167,8 +167,8 @@ class Conductor:
         (every worker asks before it starts one). The decision, played here; the caller tells
         every survivor."""
         now_s = self.clock() or 0.0
-        loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s), now_s,
-                        dict(last_rows), cause=cause)
+        loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s, ranks),
+                        now_s, dict(last_rows), cause=cause)
         self.world.lose(loss)
         return loss
 

@@ -153,6 +153,21 @@ def test_a_host_loss_decided_before_the_events_due_then_orders_them_as_at_its_ti
     assert _rounds(fixer, 3.0) == {(1, "start"): 1}
 
 
+def test_the_launcher_fixes_a_lost_host_against_its_workers_only():
+    from gasloc_emu.emulator.conductor import Conductor
+    world = World(_scenario(LeaveEvent(at_s=0.5, worker=0), JoinEvent(at_s=1.0, worker=0),
+                            workers=6), 6, 20, 0.5, ring_peers, armed=True)
+    now = [1.0]
+    conductor = Conductor(world, None, 20, lambda: now[0], lambda rank, msg: None)
+    world.fixer.started(3)
+    conductor.fix_due([])
+    assert [f.round for f in world.fixings] == [4, 5]
+    now[0] = 1.5
+    loss = conductor.lose_host(1, "h1", [2, 3], {2: 2, 3: 3})
+    # round 4, with 0's leave, not after 0's join at round 5: it concerns workers 2 and 3
+    assert loss.round == 4 and world.alive(4) == {1, 4, 5} and world.alive(5) == {0, 1, 4, 5}
+
+
 # ---------------------------------------------------------------- the rule, on random timelines
 
 def _old_rounds(items, ops) -> dict[tuple[int, str], int]:
