@@ -482,3 +482,59 @@ def test_diloco_refuses_a_partition_at_a_time_that_leaves_a_living_worker_out():
         check_with_config(_scenario(*joins_late, part), cfg, DiLoCo)
     ends_first = PartitionEvent(at_s=1.0, end_s=2.0, groups=((0, 1), (2,)))
     check_with_config(_scenario(*joins_late, ends_first), cfg, DiLoCo)
+
+
+# ---------------------------------------------------------------- in simulate
+
+CRASHES = """
+[faults]
+seed = 3
+horizon_s = 1.8
+
+[[faults.crash]]
+mtbf_s = 0.8
+duration_median_s = 0.1
+"""
+
+
+def _simulate_crashes(tmp_path, algo: str, out: str) -> tuple[dict, list[dict]]:
+    from gasloc_emu import config as C
+    from gasloc_emu.plan import build_plan
+    from gasloc_emu.simulator.simulate import simulate
+    (tmp_path / "s.toml").write_text(CRASHES)
+    cfg = C.resolve(overrides={
+        "workers": 4, "algo.name": algo, "topology.name": "ring", "algo.local_steps": 3,
+        "run.rounds": 12, "run.eval_every": 4, "run.scenario": str(tmp_path / "s.toml"),
+        "run.dashboard": "off", "run.failure_detect_s": 0.05, "compute.step_time_s": 0.05})
+    summary = simulate(build_plan(cfg), tmp_path / out)
+    return summary, summary["membership"]["changes"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("algo", ["gasloc", "diloco"])
+def test_simulate_fires_more_of_a_crash_heavy_timeline_than_one_change_a_round(
+        tmp_path, monkeypatch, algo):
+    """Crashes every 0.2 s on average (4 workers, MTBF 0.8 s, back after 0.1 s) against
+    rounds of 0.15 s: one membership change a round (every event touching every worker, the
+    rule before) plays fewer of them than fixing each against its own workers."""
+    from gasloc_emu.scenario import fixing
+    summary, changes = _simulate_crashes(tmp_path, algo, "now")
+    with monkeypatch.context() as m:
+        m.setattr(fixing, "touch_of", lambda ev: None)
+        before, before_changes = _simulate_crashes(tmp_path, algo, "before")
+    assert summary["status"] == before["status"] == "ok"
+    leaves = [c for c in changes if c["type"] == "leave"]
+    rounds = [c["round"] for c in changes]
+    assert len(leaves) > sum(c["type"] == "leave" for c in before_changes)
+    assert len(set(rounds)) < len(rounds)   # some round has several leaves and joins
+    assert sorted(c["round"] for c in before_changes) == sorted(
+        set(c["round"] for c in before_changes))   # before: one a round
+    # each worker's leaves and joins alternate, in rounds as in time
+    for w in {c["worker"] for c in changes}:
+        mine = [c for c in changes if c["worker"] == w]
+        assert [c["type"] for c in mine] == ["leave", "join"] * (len(mine) // 2) + (
+            ["leave"] if len(mine) % 2 else [])
+        assert [c["round"] for c in mine] == sorted({c["round"] for c in mine})
+        assert [c["at_s"] for c in mine] == sorted(c["at_s"] for c in mine)
+    if algo == "diloco":   # joiners of one round took over their donors' state: one model
+        assert summary["consensus_distance"] == 0.0
