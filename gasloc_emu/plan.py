@@ -254,10 +254,7 @@ def _refuse_checkpoints(cfg: Config, algo: type[Algorithm], world: World | None)
          f"{algo.name} does not declare the state it keeps between rounds (checkpoint_state)"),
         (bool(cfg.algo.overlap), "algo.overlap = 1 keeps an exchange in flight at every "
                                  "round's end"),
-        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"),
-        (world is not None and world.armed,
-         "run.on_worker_loss = 'continue' goes on after a host lost without warning, from a "
-         "round fixed on the run's own clock"))
+        (cfg.sim.batched, "sim.batched = true keeps the optimizers' state in the batch"))
     why = next((text for applies, text in reasons if applies), "")
     if why:
         raise ConfigError(f"run.checkpoint_every = {cfg.run.checkpoint_every} cannot be used: "
@@ -270,6 +267,11 @@ def refuse_resume(plan: RunPlan, run_dir: str) -> None:
     one with events at a time (the rounds they fell on are the interrupted run's clock's)."""
     if plan.world is None:
         return
+    if plan.world.armed:   # its checkpoints serve the workers of a lost host that comes back
+        raise ConfigError(f"--resume {run_dir}: it went on after hosts lost without warning "
+                          "(run.on_worker_loss = 'continue'), at rounds fixed on the "
+                          "interrupted run's clock, which a resumed run cannot repeat; run it "
+                          "again")
     if plan.world.churns:
         raise ConfigError(f"--resume {run_dir}: its scenario has workers leave or join, which "
                           "a resumed run cannot take up where it stopped; run it again")

@@ -72,7 +72,6 @@ from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import multi_host_decision
 from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
-from gasloc_emu.scenario.hostloss import HostBack, HostLossError
 from gasloc_emu.training.checkpoint import (
     CheckpointError,
     Checkpoints,
@@ -161,15 +160,16 @@ class Node:
         return self.cfg.run.threads_per_worker or max(1, (os.cpu_count() or 1)
                                                       // len(self.devices))
 
-    def join(self, info: NodeInfo) -> BackOrder | None:
+    def join(self, info: NodeInfo, local_dir: Path | None = None) -> BackOrder | None:
         """Publish, gather, check: every node's info, or a RendezvousError on every node.
         A node other than 0 that finds the run under way (node 0 lost it, and it was started
-        again) asks to come back instead: node 0's order, or a ClusterError with its refusal."""
+        again) asks to come back instead (``local_dir``: where its workers' checkpoints are):
+        node 0's order, or a ClusterError with its refusal."""
         self.rdv = Rendezvous(open_store(self.role), self.role)
         back = None
         if not self.role.is_master and self.rdv.running():
             self.infos = self.rdv.published()
-            back = self._come_back(info)
+            back = self._come_back(info, local_dir)
         else:
             self.rdv.publish(info)
             self.infos = self.rdv.gather()
@@ -179,13 +179,17 @@ class Node:
                             list(self.ranks))
         return back
 
-    def _come_back(self, info: NodeInfo) -> BackOrder:
-        """Ask node 0 to take this node back: it answers once it has found the node lost
-        (silent for run.heartbeat_timeout_s), with the round its workers join at."""
+    def _come_back(self, info: NodeInfo, local_dir: Path | None) -> BackOrder:
+        """Ask node 0 to take this node back, saying which checkpoints this host holds: it
+        answers once it has found the node lost (silent for run.heartbeat_timeout_s), with
+        the round its workers join at."""
         if self.resume_dir is not None:
             raise ClusterError(f"node {info.node}: the run is under way; start it again "
                                "without --resume to come back into it")
-        self.rdv.ask_back(info)
+        held, refused = Checkpoints(local_dir).holdings(self.ranks) \
+            if local_dir is not None and self.cfg.run.checkpoint_every else \
+            ({r: () for r in self.ranks}, ())
+        self.rdv.ask_back(info, Holdings(CHECKPOINTS_VERSION, info.node, held, refused))
         order = self.rdv.back_order(info.node, info.pid,
                                     JOIN_TIMEOUT_S + self.cfg.run.heartbeat_timeout_s)
         if order.refused:
@@ -410,7 +414,8 @@ class ClusterSupervisor(Supervisor):
         if req is None or (req.node, req.pid) in self.answered:
             return
         self.answered.add((req.node, req.pid))
-        ranks = list(blocks([i.workers for i in self.node.infos])[info.node])
+        block = blocks([i.workers for i in self.node.infos])[info.node]
+        ranks = list(block)
         why = self._back_refusal(info, req, ranks)
         if why is not None:
             rdv.answer_back(BackOrder(CHECKPOINTS_VERSION, req.node, req.pid, 0, {}, {}, why))
@@ -418,7 +423,10 @@ class ClusterSupervisor(Supervisor):
                 self.progress({"kind": "event", "text": f"node {info.node} not taken back: "
                                                         f"{why}"})
             return
-        back, addrs = self._back(info.node, req.host, ranks)
+        held = rdv.back_holdings(req.node, req.pid).checked(info.node, block,
+                                                            self.cfg.run.rounds)
+        back, addrs = self._back(info.node, req.host, ranks,
+                                 self._from_checkpoints(ranks, held))
         for r in ranks:
             self.lives[r] += 1
         rdv.seen.pop(info.node, None)   # its new agent's beats are watched afresh
@@ -426,6 +434,18 @@ class ClusterSupervisor(Supervisor):
         self.lost_nodes.discard(info.node)
         rdv.answer_back(BackOrder(CHECKPOINTS_VERSION, req.node, req.pid, back.round,
                                   {r: self.lives[r] for r in ranks}, addrs))
+
+    def _from_checkpoints(self, ranks: list[int], held: Holdings) -> bool:
+        """Whether the returning workers restore their own checkpoints: the run writes them,
+        the algorithm's state between rounds is each worker's own (not DiLoCo's shared
+        momentum), and the host holds, for every one of them, the file of the last
+        checkpoint round it wrote before the round they would join at; else each starts from
+        a living neighbour's parameters."""
+        if not self.cfg.run.checkpoint_every or self.plan.algo.groups_all_reduce():
+            return False
+        start, world = self.scenario.back_round(), self.plan.world
+        wrote = {r: world.restore_rounds(r, start) for r in ranks}
+        return all(wrote[r] and wrote[r][-1] in held.held.get(r, ()) for r in ranks)
 
     def _back_refusal(self, info: NodeInfo, req: NodeInfo, ranks: list[int]) -> str | None:
         """Why node 0 does not take the node of ``req`` back, or None."""
@@ -437,16 +457,7 @@ class ClusterSupervisor(Supervisor):
         if (req.workers, req.addr) != (info.workers, info.addr):
             return (f"it now runs {req.workers} workers at {req.addr}; the run has "
                     f"{info.workers} at {info.addr} there")
-        start, world = self.scenario.back_round(), self.plan.world
-        if start >= self.cfg.run.rounds:
-            return (f"the run has no round left to take it back at (round {start} of "
-                    f"{self.cfg.run.rounds})")
-        try:   # each of its workers lost with it, and not back since
-            HostBack(info.node, req.host, tuple(ranks), start, 0.0).check(
-                self.cfg.workers, world.losses, world.backs)
-        except HostLossError as exc:
-            return str(exc)
-        return None
+        return self.scenario.back_refusal(info.node, ranks)
 
 
 def _run_master(node: Node, path: Path, progress_factory, log: Log) -> LaunchResult:
@@ -525,7 +536,7 @@ def _run_agent(node: Node, local_dir: Path, log: Log) -> LaunchResult:
     workers from the round node 0 says."""
     back = None
     try:
-        back = node.join(node.info())
+        back = node.join(node.info(), local_dir)
         if node.resume_dir is not None and back is None:
             node.follow_resume(log)
     except BaseException:

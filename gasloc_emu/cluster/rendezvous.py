@@ -14,8 +14,8 @@ written by node 0), ``left/<k>`` (node k saw the end and is leaving); for checkp
 run resumes), ``resume`` (ResumeOrder: the round node 0 chose from them) and ``prune``
 (PruneOrder: below which round every node may remove its files), all versioned; for a lost
 host that comes back, ``running`` (node 0 started the run: a node agent that finds it is
-coming back), ``back/<k>`` (the returning agent's NodeInfo) and ``back/<k>/<pid>`` (BackOrder:
-node 0's answer to that process).
+coming back), ``back/<k>`` (the returning agent's NodeInfo) and ``back/<k>/holdings/<pid>`` (its
+Holdings), ``back/<k>/<pid>`` (BackOrder: node 0's answer to that process).
 """
 from __future__ import annotations
 
@@ -474,9 +474,15 @@ class Rendezvous:
             raise RendezvousError("the store's node infos are not numbered 0 ..")
         return infos
 
-    def ask_back(self, info: NodeInfo) -> None:
-        """This node's agent, started again after node 0 lost it, asks to be taken back."""
+    def ask_back(self, info: NodeInfo, holdings: Holdings) -> None:
+        """This node's agent, started again after node 0 lost it, asks to be taken back,
+        saying which checkpoints its host holds (its workers may come back from them)."""
+        self.store.set(f"back/{info.node}/holdings/{info.pid}", holdings.to_json())
         self.store.set(f"back/{info.node}", info.to_json())
+
+    def back_holdings(self, node: int, pid: int) -> Holdings:
+        """Node 0: the checkpoints the returning agent ``pid`` of ``node`` said it holds."""
+        return Holdings.from_json(self.store.get(f"back/{node}/holdings/{pid}"))
 
     def back_request(self, node: int) -> NodeInfo | None:
         """Node 0: the latest request of ``node``'s agent to come back, or None."""

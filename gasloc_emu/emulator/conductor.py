@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gasloc_emu.report.schema import MetricRow
-from gasloc_emu.scenario.hostloss import HostBack, HostLoss
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
 from gasloc_emu.transport.orders import Fixings
@@ -175,6 +175,20 @@ class Conductor:
     def back_round(self) -> int:
         """The round workers coming back now would join at (the rule of ``lose_host``)."""
         return self.fixer.round_at(self.clock() or 0.0)
+
+    def back_refusal(self, node: int, ranks: list[int]) -> str | None:
+        """Why workers ``ranks`` cannot come back now, or None: the run has no round left to
+        take them at, or one of them is not lost (lost with its host, not back since)."""
+        start = self.back_round()
+        if start >= self.rounds:
+            return (f"the run has no round left to take it back at (round {start} of "
+                    f"{self.rounds})")
+        try:
+            HostBack(node, "", tuple(ranks), start, 0.0).check(
+                self.world.workers, self.world.losses, self.world.backs)
+        except HostLossError as exc:
+            return str(exc)
+        return None
 
     def back_host(self, node: int, host: str, ranks: list[int],
                   from_checkpoint: bool = False) -> HostBack:

@@ -249,6 +249,8 @@ class WorkerProcess:
             security=self.ctl.security, link_ports=self.spec.link_ports,
             dead_peers=self._dead_peers)
         self.state.transport = tp
+        if self.rejoin is not None:   # what comes for earlier rounds was its predecessor's
+            tp.begin_life(self.rejoin.from_round)
         device = self.spec.devices[self.rank]
         self.ctl.send(_control().Ready(self.rank, tp.address, device))
         start = self.ctl.wait_for(orders.Start, self.spec.start_timeout_s)
@@ -281,6 +283,8 @@ class WorkerProcess:
         if self.links is not None:
             self.links.start(t0)
         first = self._first_round()
+        if self.rejoin is not None and first is not None:
+            self.transport.begin_life(first)   # a join at a time may land later than asked
         rounds = self.cfg.run.rounds
         done = self.plan.drive.train(self, worker, self.world, self.rank, rounds,
                                      first if first is not None else rounds,

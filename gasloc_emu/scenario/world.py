@@ -375,8 +375,13 @@ class World:
         known only as the run goes, so where its worker wrote no checkpoint before it, it
         joins from a donor instead, as every worker can tell from the rounds alone (a join
         by round without one is refused before the run: ``checks``)."""
-        return ev.from_checkpoint and bool(
-            checkpoint_rounds_before(self.view, ev.worker, t, self.checkpoint_every))
+        return ev.from_checkpoint and bool(self.restore_rounds(ev.worker, t))
+
+    def restore_rounds(self, rank: int, t: int) -> list[int]:
+        """The checkpoint rounds before t whose files ``rank`` wrote: those it took part in,
+        but not those it was a member of while dead with a lost host (it wrote none then)."""
+        return [r for r in checkpoint_rounds_before(self.view, rank, t, self.checkpoint_every)
+                if not self.dead_in(rank, r)]
 
     def donor(self, ev: JoinEvent, stay: frozenset) -> int:
         """The scenario's ``from_worker``, else the lowest-ranked living neighbour, else the

@@ -128,7 +128,11 @@ class RoundDriver:
         """A rejoin from a checkpoint (step 3): the worker's state of the last round before t
         of which it has a whole checkpoint; the round taken. A damaged file is passed over for
         the one before (``Checkpoints.last_whole``)."""
-        round_idx, state, refused = self.checkpoints.last_whole(self.rank, before=t)
+        # not past the last it wrote: a replay computes a lost worker's dead rounds (for the
+        # messages it sent before it died) and may write files of them that the run has not
+        rounds = self.world.restore_rounds(self.rank, t) if self.world is not None else []
+        before = rounds[-1] + 1 if rounds else t
+        round_idx, state, refused = self.checkpoints.last_whole(self.rank, before=before)
         self.worker.restore(state)
         self.host.rejoined(t, round_idx, refused)
         return round_idx

@@ -122,6 +122,7 @@ class ZmqTransport(TransportBase):
         self.link_log = RecvLinks()  # what the messages taken say about their links
         self._numbers: dict[int, int] = {}  # this worker's messages so far, per peer
         self._renew: set[int] = set()  # peers whose next send connects afresh (a successor)
+        self.first_round = 0   # a successor's first round (``begin_life``)
         super().__init__(rank, world_size)
         self.bind_addr = check_tcp_addr(bind_addr, "bind_addr", any_port=not link_ports)
         self.link_ports = link_ports
@@ -258,6 +259,17 @@ class ZmqTransport(TransportBase):
         """Move the round window to ``round_idx`` (e.g. when a run resumes at a later round)."""
         self.mailbox.set_round(round_idx)
 
+    def begin_life(self, first_round: int) -> None:
+        """This process is a successor that takes part from ``first_round``: the window starts
+        there (a peer's message of that round may come before this worker asks for it), and
+        a message of an earlier round was sent to its predecessor. Such messages go without
+        a count here: they are the ones sent to a worker lost with its host in rounds it was
+        a member but dead, which their senders' records count already (``dead_peer``,
+        ``scenario.hostloss.sent_to_dead``), and ZeroMQ delivers them to this process only
+        because it binds its predecessor's address."""
+        self.first_round = first_round
+        self.mailbox.set_round(first_round)
+
     def close(self, linger_s: float | None = None) -> None:
         """Flush queued sends for at most ``linger_s`` (default: the constructor's), then close.
 
@@ -355,10 +367,11 @@ class ZmqTransport(TransportBase):
         return None if self.security is None else auth.peer_user(frame)
 
     def _accept(self, frames: list, user: str | None, arrival_s: float) -> None:
-        try:
+        lo, hi = self.mailbox.window()
+        try:   # a predecessor's rounds are decoded, to be told apart (``begin_life``)
             msg = framing.decode(frames, world_size=self.world_size, self_rank=self.rank,
                                  dtype=self.dtype, max_numel=self.max_numel,
-                                 round_window=self.mailbox.window(), schema=self.schema,
+                                 round_window=(min(lo, 0), hi), schema=self.schema,
                                  authenticated_as=user)
         except FrameError as exc:
             if exc.numbered is not None:
@@ -366,6 +379,8 @@ class ZmqTransport(TransportBase):
             self.mailbox.refuse(exc.reason)
             return
         self.mailbox.numbered(msg.src, msg.seq)
+        if msg.round < self.first_round:
+            return   # sent to this rank's predecessor: counted by its sender (``begin_life``)
         self.mailbox.accept(msg, arrival_s)
 
     # -- lifecycle

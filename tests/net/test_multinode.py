@@ -502,16 +502,20 @@ def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts,
     """Three hosts with 1, 2 and 3 workers; one node agent other than 0 is killed with SIGKILL
     at a random point of the run and started again by hand with the same command. Node 0
     finds the node silent and loses it, then takes it back: its workers join at a round no
-    worker has started, each from a living neighbour's parameters. The run ends ok with every
-    worker, the lost workers have no rows between their death and their return, and
-    `simulate --replay` gives the run's losses row by row."""
+    worker has started, from their own checkpoints where the run writes them and the
+    algorithm's state is each worker's own (GASLoC), else from a living neighbour's
+    parameters. The run ends ok with every worker, the lost workers have no rows between
+    their death and their return, and `simulate --replay` gives the run's losses row by row.
+    The algorithm and whether the run checkpoints are drawn (GASLOC_TEST_ALGO picks one)."""
     import random
     rng = random.Random()
-    node, rows = rng.choice([1, 2]), rng.randrange(6, 18)
+    node, rows, every = rng.choice([1, 2]), rng.randrange(12, 20), rng.choice([0, 2])
     algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
-    why = f"{algo}: node {node} killed after {rows} rows, started again"
+    why = f"{algo}: node {node} killed after {rows} rows, started again; checkpoints {every}"
     out = tmp_path / "rec"
-    nodes = _going_on_after_losses(out, rounds=40, heartbeat_timeout_s=3, algo=algo)
+    nodes = _going_on_after_losses(out, rounds=30, heartbeat_timeout_s=3, algo=algo)
+    for n in nodes:
+        n["argv"] += ["--set", f"run.checkpoint_every={every}"]
     result = hosts(nodes, kill={"node": node, "after_s": 0.0, "restart_after_s": 0.5,
                                 "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
                                                               "rows": rows}})
@@ -525,7 +529,7 @@ def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts,
     membership = summary["membership"]
     [loss], [back] = membership["host_losses"], membership["host_backs"]
     assert loss["node"] == back["node"] == node and loss["ranks"] == back["ranks"] == lost
-    assert loss["round"] < back["round"] < 40, (why, loss, back)
+    assert loss["round"] < back["round"] < 30, (why, loss, back)
     assert membership["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "join"] == \
@@ -534,7 +538,17 @@ def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts,
     for r in lost:   # no row from the round it died in to its return, then every round
         last = loss["last_rows"][str(r)]
         assert sorted(t for (w, t) in ran if w == r) == \
-            [*range(last + 1), *range(back["round"], 40)], (why, r)
+            [*range(last + 1), *range(back["round"], 30)], (why, r)
+    # from its checkpoint exactly when every returner wrote one before it died (round 1's
+    # file is written before round 1's row), and GASLoC's state is each worker's own
+    wrote = every and algo == "gasloc" and min(loss["last_rows"].values()) >= 1
+    assert back["from_checkpoint"] == bool(wrote), (why, back, loss)
+    for r in lost:
+        log = (tmp_path / f"rec.node{node}" / "workers" / f"worker{r}.log").read_text()
+        last = loss["last_rows"][str(r)]
+        restored = f"rejoins at round {back['round']} from its checkpoint of round " \
+                   f"{last - (last + 1) % 2}"   # the last odd round it finished
+        assert (restored in log) == bool(wrote), (why, r, log[-2000:])
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, (why, replay.stderr)
@@ -543,6 +557,8 @@ def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts,
     assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
     assert again["drops"] == summary["drops"], why
     assert again.get("uncommitted") == summary.get("uncommitted"), why
+    print(f"{why}: lost at round {loss['round']}, back at {back['round']}"
+          f"{' from checkpoints' if back['from_checkpoint'] else ''}")
 
 
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,

@@ -287,3 +287,12 @@ def test_a_record_of_several_hosts_is_resumed_on_every_host_not_here(tmp_path):
     (tmp_path / "workers.json").write_text(json.dumps([{"rank": 0, "pid": 1}]))
     with pytest.raises(C.ConfigError, match="no round that every worker"):
         resume_point(tmp_path, cfg_of())
+
+
+def test_a_run_that_goes_on_after_lost_hosts_checkpoints_but_is_not_resumed():
+    """Its checkpoints serve a lost host's workers that come back; the rounds its losses fell
+    on were fixed on the interrupted run's clock, so it is not resumed."""
+    plan = build_plan(cfg_of(**{"run.on_worker_loss": "continue"}), data=False)
+    assert plan.cfg.run.checkpoint_every == 2
+    with pytest.raises(C.ConfigError, match="--resume rec: it went on after hosts lost"):
+        refuse_resume(plan, "rec")

@@ -477,7 +477,7 @@ def test_node_0_takes_a_lost_node_back_and_tells_the_living_then_the_returners_e
     """Node 0's side: the node's agent asks again with the same settings; its workers join at
     the round after the highest started, the others hear of it at once, and each returner's
     start carries every decision so far (the loss, then the return) before the peers."""
-    from gasloc_emu.cluster.rendezvous import BackOrder, NodeInfo
+    from gasloc_emu.cluster.rendezvous import BackOrder, Holdings, NodeInfo
     sup, lost = shell("gasloc")
     sup._lose_node(lost)
     sup.told.clear()
@@ -490,7 +490,8 @@ def test_node_0_takes_a_lost_node_back_and_tells_the_living_then_the_returners_e
     sup.node.infos = [ref, sup.node.infos[1], info]
     answers = []
     rdv = SimpleNamespace(back_request=lambda node: info, seen={2: (5, 0.0)},
-                          answer_back=answers.append)
+                          answer_back=answers.append,
+                          back_holdings=lambda node, pid: Holdings(1, 2, {3: (), 4: (), 5: ()}))
     sup.plan.world.fixer.started(6)
     sup._check_back(info, rdv)
     sup._check_back(info, rdv)   # the same request is answered once
@@ -526,3 +527,22 @@ def test_node_0_refuses_a_node_back_with_other_settings_or_no_round_left():
     assert sup._back_refusal(info, info, [3, 4, 5]) is None
     sup.plan.world.fixer.started(11)
     assert "no round left" in sup._back_refusal(info, info, [3, 4, 5])
+
+
+@pytest.mark.parametrize("held, algo, expected", [
+    ({3: (1, 3), 4: (3,), 5: (3,)}, "gasloc", True),    # each holds the last round it wrote
+    ({3: (1,), 4: (3,), 5: (3,)}, "gasloc", False),     # 3's file of round 3 is not there
+    ({3: (3,), 4: (3,), 5: (3,)}, "diloco", False),     # a shared momentum: from a donor
+])
+def test_returning_workers_restore_their_checkpoints_only_where_every_file_is_there(
+        held, algo, expected):
+    """Checkpoints every 2 rounds (1, 3, 5, ...): the lost workers died in rounds 4 and 5, so
+    the last checkpoint each wrote is round 3, not 5 (it was a member but dead then)."""
+    from gasloc_emu.cluster.rendezvous import Holdings
+    sup, lost = shell(algo, sets=("run.checkpoint_every=2",))
+    sup._lose_node(lost)
+    sup.scenario.clock = lambda: 6.0
+    for t in range(6, 8):
+        sup.plan.world.fixer.started(t)
+    assert [sup.plan.world.restore_rounds(r, 8) for r in (3, 4, 5)] == [[1, 3]] * 3
+    assert sup._from_checkpoints([3, 4, 5], Holdings(1, 2, held)) is expected
