@@ -443,7 +443,7 @@ class ClusterSupervisor(Supervisor):
         a living neighbour's parameters."""
         if not self.cfg.run.checkpoint_every or self.plan.algo.groups_all_reduce():
             return False
-        start, world = self.scenario.back_round(), self.plan.world
+        start, world = self.scenario.back_round(ranks), self.plan.world
         wrote = {r: world.restore_rounds(r, start) for r in ranks}
         return all(wrote[r] and wrote[r][-1] in held.held.get(r, ()) for r in ranks)
 

@@ -172,14 +172,15 @@ class Conductor:
         self.world.lose(loss)
         return loss
 
-    def back_round(self) -> int:
-        """The round workers coming back now would join at (the rule of ``lose_host``)."""
-        return self.fixer.round_at(self.clock() or 0.0)
+    def back_round(self, ranks: list[int]) -> int:
+        """The round workers ``ranks`` coming back now would join at (the rule of
+        ``lose_host``: after every event fixed before that touches them)."""
+        return self.fixer.round_at(self.clock() or 0.0, frozenset(ranks))
 
     def back_refusal(self, node: int, ranks: list[int]) -> str | None:
         """Why workers ``ranks`` cannot come back now, or None: the run has no round left to
         take them at, or one of them is not lost (lost with its host, not back since)."""
-        start = self.back_round()
+        start = self.back_round(ranks)
         if start >= self.rounds:
             return (f"the run has no round left to take it back at (round {start} of "
                     f"{self.rounds})")
@@ -196,8 +197,8 @@ class Conductor:
         an event reached now is fixed at, as ``lose_host``'s leave. The decision, played
         here; the caller tells every living worker."""
         now_s = self.clock() or 0.0
-        back = HostBack(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s), now_s,
-                        from_checkpoint)
+        back = HostBack(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s, ranks),
+                        now_s, from_checkpoint)
         self.world.back(back)
         return back
 
