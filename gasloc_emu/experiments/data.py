@@ -39,8 +39,8 @@ def _faults(run_dir: Path, summary, clock) -> dict | None:
     """What a run's random faults did (None without a [faults] section, i.e. faults.json):
     ``due``, the leaves (crashes) whose time came before the run's clock ended, fired or not;
     ``left`` and ``joined``, the leaves and joins that fired (an event at a time lands on a
-    round at least one after the event before it, so crashes due faster than rounds go by
-    fire late or never: ``membership.not_fired``); ``alive_at_end``; ``drops``, the
+    round no worker has started, after its own worker's change before it, so a crash due in
+    the run's last round never fires: ``membership.not_fired``); ``alive_at_end``; ``drops``, the
     data-plane messages dropped."""
     if not (run_dir / "faults.json").exists():   # scenario.faults.FAULTS_FILE
         return None

@@ -11,8 +11,9 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
   ``run.heartbeat_timeout_s`` (and ``run.on_worker_loss = continue``); a worker process
   killed by a signal while its host lives (its agent, or the one-host launcher, sees it exit)
   is lost the same way, alone (``cause = worker``). Its workers leave at round
-  ``L`` = the round an event at a time would be fixed at then (``fixing.RoundFixer``: one after
-  the highest any worker has started): no worker has started round L, and each asks before it
+  ``L`` = the round an event at a time of those workers would be fixed at then
+  (``fixing.RoundFixer``: at least one after the highest any worker has started, after their
+  own changes before it): no worker has started round L, and each asks before it
   starts one, so every survivor plays the departure at the same round, as a scenario's leave
   (Metropolis–Hastings weights over the survivors from round L, DiLoCo's ring re-formed).
 - Between the last round a lost worker reported (``last_rows``) and L it is still a member, but

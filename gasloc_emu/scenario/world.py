@@ -28,7 +28,8 @@ The rules (docs/ALGORITHM.md, "Churn"):
   ``TimedLinks``).
 - Leaves, joins and partitions at a time change whom everyone mixes with, so every worker must
   play them at the same round: each is fixed at a round as the run goes (``fixing.RoundFixer``:
-  one round after the highest any worker has started when a clock reaches its time), and
+  at least one round after the highest any worker has started when a clock reaches its time,
+  after the changes of its own workers before it), and
   ``World.fix`` plays it from there; rounds before it come out as they were. Until then a new
   worker, or a departed one whose join is at a time, is absent (``awaits_join``). They all take
   one clock: by round, or all at a time (``check_supported``).
