@@ -117,21 +117,18 @@ class _Size:
         if not fixed:
             step = self.ring.get(kind)
             if step is not None and dst == (src + 1) % self.workers:
-                return self._ring_message(src, dst, round_idx, kind, step)
+                ring_key = (step[0], self.chunks[ring_chunk(*step, src, self.workers)])
+                sizes = self.ring_cache.get(ring_key)
+                if sizes is None:
+                    sizes = self.ring_cache[ring_key] = self._wire(src, dst, round_idx, kind,
+                                                                   keep=False)
+                return sizes
         key = (kind,) if fixed else (src, dst, kind)
         sizes = self.cache.get(key)
         if sizes is None:
             sizes = self.cache[key] = self._wire(src, dst, round_idx, kind)
             if fixed:
                 self.by_kind[kind] = sizes
-        return sizes
-
-    def _ring_message(self, src: int, dst: int, round_idx: int, kind: str,
-                      step: tuple[str, int]) -> tuple[int, int]:
-        key = (step[0], self.chunks[ring_chunk(*step, src, self.workers)])
-        sizes = self.ring_cache.get(key)
-        if sizes is None:
-            sizes = self.ring_cache[key] = self._wire(src, dst, round_idx, kind, keep=False)
         return sizes
 
     def _wire(self, src: int, dst: int, round_idx: int, kind: str,
