@@ -109,26 +109,29 @@ def test_overlapped_diloco_in_worker_processes_is_simulate_to_the_bit(tmp_path):
 
 def final_loss(tmp_path: Path, name: str, overlap: int, alpha: float) -> float:
     """GASLoC on one-peer matchings (runs/overlap.toml, gamma 0.9, eta 0.35), 4 workers, 20
-    rounds, in the simulator (its losses are run's, as above)."""
+    rounds of 5 inner steps (the preset's 10 halved, for CI's budget), in the simulator (its
+    losses are run's, as above)."""
     from gasloc_emu import config
     from gasloc_emu.plan import build_plan
     from gasloc_emu.simulator.simulate import simulate
     cfg = config.resolve(Path(__file__).parents[2] / "runs" / "overlap.toml",
-                         {"workers": 4, "run.rounds": 20, "run.eval_every": 0,
-                          "net.bw_profile": "", "algo.overlap": overlap, "algo.alpha": alpha,
-                          "algo.outer_lr": 0.35})
+                         {"workers": 4, "run.rounds": 20, "algo.local_steps": 5,
+                          "run.eval_every": 0, "net.bw_profile": "", "algo.overlap": overlap,
+                          "algo.alpha": alpha, "algo.outer_lr": 0.35})
     return simulate(build_plan(cfg), tmp_path / name)["final_eval_loss"]
 
 
-@pytest.mark.slow  # CI's 15-minute budget; the default suite keeps its neighbours in this file
-def test_overlapped_gasloc_ends_within_3_percent_of_sequential_at_equal_rounds(tmp_path):
-    """The loss half of the must-hold, each arm with the gossip step the sweep found best for
-    it (docs/RESULTS.md, "Overlap"): 1.3 % here. Overlapped at alpha = 1 ends 5.0 % above (the
-    late correction overshoots: docs/ALGORITHM.md, "What the lag costs", and its test on the
-    quadratic harness in tests/unit/test_overlap.py)."""
+def test_overlapped_gasloc_ends_within_2_percent_of_sequential_at_equal_rounds(tmp_path):
+    """The loss half of the must-hold (3 % at the sweep's 10 inner steps: 1.3 % at 20 rounds
+    of them), each arm with the gossip step the sweep found best for it (docs/RESULTS.md,
+    "Overlap"), at 5 inner steps a round. The bound is this setting's own, from seeds 0-7:
+    overlapped ends -0.73 % to +0.52 % from sequential (+0.46 % on seed 0, the preset's, taken
+    here), and overlapped at alpha = 1, whose late correction overshoots (docs/ALGORITHM.md,
+    "What the lag costs", and its test on the quadratic harness in tests/unit/test_overlap.py),
+    ends +3.5 % to +6.4 % above: 2 % keeps about 1.5 points from either."""
     sequential = final_loss(tmp_path, "seq", 0, 0.5)
     lazy = final_loss(tmp_path, "lazy", 1, 0.35)
-    assert lazy <= 1.03 * sequential, (lazy, sequential)
+    assert lazy <= 1.02 * sequential, (lazy, sequential)
 
 
 def test_overlap_refuses_leaves_joins_and_partitions_and_says_why(tmp_path):
