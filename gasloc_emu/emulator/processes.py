@@ -101,3 +101,4 @@ class WorkerSlot:
     gone: bool = False  # left for good, as its scenario says: no final, no supervision
     # the counters of this rank's earlier processes, each sent as it left (``Departed``)
     departed: list = field(default_factory=list)
+    departures: int = 0   # its processes that left as the scenario says (each sends Departed)

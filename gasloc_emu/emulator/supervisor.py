@@ -126,6 +126,7 @@ class Supervisor:
         self._start()
         self._await(lambda s: s.final is not None, None, "finish")
         wall_s = time.time() - self.t0
+        self._await_departed(EXIT_GRACE_S)
         for s in self.slots:
             self._tell(s.rank, orders.Exit().to_wire())
         self._reap(EXIT_GRACE_S)
@@ -251,6 +252,7 @@ class Supervisor:
         """A planned departure: forget the process; when it joins again, start its successor
         now, on the same address (it waits for its join round and its donor's parameters)."""
         self._serve(0.2)  # its last metrics may still be in flight
+        s.departures += 1
         # a join at a time not fixed yet: the successor waits for it (``Conductor.on_round``)
         start = self.scenario.rejoin_round(s.rank, leave)
         if start is None:
@@ -258,6 +260,18 @@ class Supervisor:
             return
         self._start_successor(s, start)
         s.ready, s.final, s.last_seen = None, None, time.monotonic()
+
+    def _await_departed(self, timeout_s: float) -> None:
+        """Serve until every process that left as the scenario says has sent its counters
+        (``Departed``: sent as it goes, it can come after the run's last final message on a
+        busy host); the record's bytes sum them. A RunFailed naming the workers when some did
+        not come in ``timeout_s``: the record would be short."""
+        deadline = time.monotonic() + timeout_s
+        while (late := [s.rank for s in self.slots if len(s.departed) < s.departures]):
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the counters of workers {late}' processes that left never "
+                                f"came ({timeout_s:.0f} s); the record's bytes would be short")
+            self._serve(0.1)
 
     def _start_successor(self, s: WorkerSlot, start: int) -> None:
         """The departed worker's successor, on its address, from round ``start``."""

@@ -177,7 +177,7 @@ def _garbage(addr: str) -> list[list[bytes]]:
 @pytest.mark.slow
 def test_garbage_from_outside_the_run_changes_nothing(tmp_path):
     """Covered in the default suite by tests/integration/test_forger.py's
-    test_a_forger_without_the_keys_changes_nothing[userspace]."""
+    test_a_forger_without_the_keys_changes_nothing (one shaper drawn per session)."""
     out = tmp_path / "run"
     proc = start("run", *BASE, "--rounds", "10", "--algo", "gasloc", "--topology", "ring",
                  "--out", str(out))

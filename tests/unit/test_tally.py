@@ -3,6 +3,10 @@ that left as its scenario says sent its counters as it went (``Departed``); its 
 counts from 0, and the record adds them up, as ``simulate`` adds up every life of a worker."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from gasloc_emu.emulator.processes import WorkerSlot
 from gasloc_emu.emulator.tally import lifetime_counters, link_bytes
 
@@ -35,3 +39,27 @@ def test_a_worker_that_left_for_good_keeps_what_it_sent():
     assert lifetime_counters(gone)["bytes_sent"] == {0: 64}
     assert link_bytes([gone]) == [{"src": 1, "dst": 0, "bytes": 64, "raw_bytes": 64}]
     assert lifetime_counters(_slot(2, [], None))["bytes_sent"] == {}
+
+
+def test_the_launcher_waits_for_every_departed_process_counters_and_fails_without_them():
+    """A process that left as the scenario says sends its counters as it goes; on a busy host
+    they can come after the run's last final message, so the launcher waits for them before
+    it sums the record's bytes, and ends the run failed naming the worker when one never
+    comes (the bytes would be short)."""
+    from gasloc_emu.emulator.errors import RunFailed
+    from gasloc_emu.emulator.supervisor import Supervisor
+    sup = object.__new__(Supervisor)
+    late = SimpleNamespace(rank=4, departures=1, departed=[])
+    sup.slots = [SimpleNamespace(rank=0, departures=0, departed=[]), late]
+    served = []
+
+    def serve(timeout_s):
+        served.append(timeout_s)
+        if len(served) == 3:   # it comes on the third look
+            late.departed.append({"bytes_sent": {}})
+    sup._serve = serve
+    sup._await_departed(5.0)
+    assert len(served) == 3
+    late.departures = 2
+    with pytest.raises(RunFailed, match=r"counters of workers \[4\]' processes that left"):
+        sup._await_departed(0.05)
