@@ -194,15 +194,14 @@ class _Stream:
     where the algorithm's list of ``Message`` tuples and their kinds' strings take some
     100), and the round's row, whose byte counts are filled in as the messages go."""
 
-    __slots__ = ("peers", "rounds", "kinds", "sends", "names", "count", "pos", "sent",
-                 "received", "row")
+    __slots__ = ("peers", "rounds", "kinds", "sends", "names", "count", "pos", "row")
 
     def __init__(self, messages: list, ids: _KindIds, row: dict):
         peers, rounds, kinds, sends = zip(*messages, strict=True)
         self.peers, self.rounds = array("i", peers), array("i", rounds)
         self.kinds, self.names = array("i", map(ids.__getitem__, kinds)), ids.names
         self.sends = bytes(map(bool, sends))
-        self.count, self.pos, self.sent, self.received, self.row = len(messages), 0, 0, 0, row
+        self.count, self.pos, self.row = len(messages), 0, row
 
     def next(self, count: int):
         """The next ``count`` messages (fewer at the end) as (peer, round, kind, sends)."""
@@ -275,9 +274,7 @@ class _Program:
         steps, compute_s, compute = self.phase()
         self.step += steps
         ops.append(compute)
-        messages = self.algo.exchange(t, t == self.rounds - 1, self.plan.codec)
-        if not isinstance(messages, list):
-            messages = list(messages)
+        messages = self.algo.exchange(t, t == self.rounds - 1, self.plan.codec)   # a list
         row = {"worker": self.rank, "round": t, "step": self.step, "train_loss": None,
                "compute_s": compute_s, "comm_s": 0.0, "wait_s": 0.0, "bytes_sent": 0,
                "bytes_recv": 0, "peers": self.algo.peers(t), "steps": steps,
@@ -288,26 +285,23 @@ class _Program:
         if len(messages) > CHUNK_MESSAGES:
             self.stream = _Stream(messages, self.kind_ids, row)
             return ops
-        row["bytes_sent"], row["bytes_recv"] = self.steps_of(messages, ops)
+        self.steps_of(messages, ops, row)
         ops.append(Mark(row))
         return ops
 
     def more(self) -> list:
         """The next piece of a round in pieces (``_Stream``), the last with the round's row."""
         stream, ops = self.stream, []
-        sent, received = self.steps_of(stream.next(CHUNK_MESSAGES), ops)
-        stream.sent += sent
-        stream.received += received
+        self.steps_of(stream.next(CHUNK_MESSAGES), ops, stream.row)
         if stream.done():
-            row = stream.row
-            row["bytes_sent"], row["bytes_recv"] = stream.sent, stream.received
-            ops.append(Mark(row))
+            ops.append(Mark(stream.row))
             self.stream = None
         return ops
 
-    def steps_of(self, messages, ops: list) -> tuple[int, int]:
+    def steps_of(self, messages, ops: list, row: dict) -> None:
         """Append the clock's step of each message ((peer, round, kind, sends), in program
-        order) to ``ops``, count what it sends on its links; (bytes sent, bytes received)."""
+        order) to ``ops``, count what it sends on its links and add the bytes it sends and
+        receives to the round's ``row``."""
         sent = received = 0
         rank, append = self.rank, ops.append
         by_kind, size_of = self.sizes.by_kind, self.sizes.of
@@ -322,7 +316,8 @@ class _Program:
             else:
                 received += (by_kind.get(kind) or size_of(peer, rank, r, kind))[0]
                 append(Recv((rank, peer, r, kind)))
-        return sent, received
+        row["bytes_sent"] += sent
+        row["bytes_recv"] += received
 
     def _link(self, peer: int) -> list[int]:
         """[bytes, raw bytes] sent to ``peer`` so far, in the shared table (made at the
