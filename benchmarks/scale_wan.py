@@ -26,6 +26,10 @@ workers of one region on that region's row or the same-region fill.
 Each (algorithm, N) runs in a fresh process. Usage:
 
     PYTHONPATH=$PWD nice python benchmarks/scale_wan.py --out docs/results/scale-wan.json
+
+``--merge FILE`` runs only the rows asked for (``--workers``, ``--algorithms``) and merges them
+into a data file this script wrote with the same settings: a row of the same algorithm and N is
+replaced, the others kept; the file records each merge's command, machine and seconds.
 """
 from __future__ import annotations
 
@@ -169,9 +173,45 @@ def summary(rows: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+# the settings a merged row must share with the data file's (the rest say which rows run)
+SHARED = ("preset", "step_time_s", "local_steps", "rounds", "diloco_rounds", "surrogate_rounds",
+          "targets")
+
+
+def check_mergeable(settings: dict, args) -> None:
+    """Exit naming each setting of ``args`` that differs from the data file's."""
+    differ = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (the file's: {settings[k]!r})"
+              for k in SHARED if getattr(args, k) != settings[k]]
+    if differ:
+        raise SystemExit(f"--merge {args.merge}: its rows were run with other settings: "
+                         + "; ".join(differ))
+
+
+def merged(record: dict, rows: list[dict], args, run: dict) -> dict:
+    """``record`` (a data file) with ``rows`` in place of its rows of the same algorithm and N,
+    the rows in order of N then ``ALGORITHMS``, its table made again, and ``run`` (this merge's
+    command, machine, seconds and rows) added to its ``merges``."""
+    new = {(r["algorithm"], r["workers"]): r for r in rows}
+    runs = [r for r in record["runs"] if (r["algorithm"], r["workers"]) not in new] + rows
+    order = list(ALGORITHMS)
+    runs.sort(key=lambda r: (r["workers"], order.index(r["algorithm"])))
+    settings = dict(record["settings"])
+    settings["workers"] = sorted({r["workers"] for r in runs})
+    settings["algorithms"] = [a for a in order if any(r["algorithm"] == a for r in runs)]
+    # the largest N whose DiLoCo row was run (those not run say so in their row)
+    settings["diloco_upto"] = max((r["workers"] for r in runs
+                                   if r["algorithm"] == "diloco" and not r.get("skipped")),
+                                  default=0)
+    kept = argparse.Namespace(**settings)
+    return record | {"settings": settings, "runs": runs,
+                     "merges": record.get("merges", []) + [run],
+                     "table": table(runs, kept) + "\n\n" + summary(runs, kept)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, nargs="+", default=[8, 32, 128, 512, 1024, 4096])
+    ap.add_argument("--workers", type=int, nargs="+",
+                    default=[8, 32, 128, 512, 1024, 2048, 4096])
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
                     choices=list(ALGORITHMS))
     ap.add_argument("--preset", default="gpt2")
@@ -179,7 +219,7 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--diloco-rounds", type=int, default=2)
-    ap.add_argument("--diloco-upto", type=int, default=1024,
+    ap.add_argument("--diloco-upto", type=int, default=4096,
                     help="DiLoCo's timing beyond this N is not run (its ring's 2 (N - 1) "
                          "messages per worker and round)")
     ap.add_argument("--surrogate-rounds", type=int, default=400)
@@ -188,6 +228,10 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--print-from", default="",
                     help="print the table of a data file this script wrote, run nothing")
+    ap.add_argument("--merge", default="",
+                    help="run only the rows asked for and merge them into this data file "
+                         "(written by this script with the same settings), replacing rows of "
+                         "the same algorithm and N")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:
@@ -199,6 +243,11 @@ def main() -> None:
         kept = argparse.Namespace(**record["settings"])
         print(table(record["runs"], kept) + "\n\n" + summary(record["runs"], kept))
         return
+    kept = None
+    if args.merge:
+        with open(args.merge) as fh:
+            kept = json.load(fh)
+        check_mergeable(kept["settings"], args)
     rows, started = [], time.perf_counter()
     passed = [a for a in sys.argv[1:]]
     for n in args.workers:
@@ -213,13 +262,22 @@ def main() -> None:
             rows.append(json.loads(done.stdout.splitlines()[-1]))
             print(f"{algo} N={n}: {rows[-1]['round_s']:.2f} s a round, "
                   f"{rows[-1]['rounds_to_target']} rounds", file=sys.stderr, flush=True)
+    command = "PYTHONPATH=$PWD nice python benchmarks/scale_wan.py " + " ".join(passed)
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, "
+               f"Python {platform.python_version()}")
+    if kept is not None:
+        record = merged(kept, rows, args, {"command": command, "machine": machine,
+                                           "seconds": time.perf_counter() - started,
+                                           "rows": [f"{r['algorithm']} {r['workers']}"
+                                                    for r in rows]})
+        with open(args.merge, "w") as fh:
+            json.dump(record, fh, indent=1)
+        print(record["table"])
+        return
     text = table(rows, args) + "\n\n" + summary(rows, args)
     print(text)
     if args.out:
-        record = {"command": "PYTHONPATH=$PWD nice python benchmarks/scale_wan.py "
-                             + " ".join(passed),
-                  "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                             f"Python {platform.python_version()}",
+        record = {"command": command, "machine": machine,
                   "seconds": time.perf_counter() - started,
                   "placement": "aws8 regions, N / 8 workers each, in blocks; single-stream",
                   "targets": [f"f(xbar) - f* <= {t:g} x round 0's, consensus surrogate"
