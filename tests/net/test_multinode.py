@@ -436,143 +436,118 @@ def _going_on_after_losses(out: Path, rounds: int, heartbeat_timeout_s: int,
             for k in range(3)]
 
 
-def test_a_host_killed_without_warning_is_survived_and_replayed(hosts, tmp_path):
-    """Three hosts with 1, 2 and 3 workers on random matchings; one node agent other than 0
-    (and its workers with it) is killed with SIGKILL at a random point of the run, which
-    does not know it in advance (``run.on_worker_loss = continue``). Node 0 finds the node
-    silent, decides the round its workers leave at, and tells the others: the run ends ok
-    without them, the messages lost with them are counted (``dead_peer``) in the summary,
-    the record says from which round and which messages, `simulate --replay` gives the
-    run's losses row by row, and nothing is left running on any host. The algorithm is drawn
-    too: GASLoC, or DiLoCo, whose rounds broken by the loss are not committed, the same in
-    the replay (GASLOC_TEST_ALGO=gasloc or diloco picks one)."""
+def _lost_with_the_host(out: Path, loss: dict) -> dict[int, int]:
+    """{worker: the messages lost with the dead host that it must count}: those it did
+    without (its rows say which) and those it sent to the dead workers in the rounds they
+    were members but dead (from the rounds' peers)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    counts = {}
+    for row in rows:
+        counts[row["worker"]] = counts.get(row["worker"], 0) + len(row.get("dead_peer") or ())
+    plan = build_plan(config.resolve(out / "config.toml"), data=False)
+    plan.world.lose(HostLoss.from_json(loss))
+    for w, n in plan.world.sent_to_dead().items():
+        counts[w] = counts.get(w, 0) + n
+    return counts
+
+
+ROUNDS_LOST = 18
+
+
+def test_a_host_killed_without_warning_is_survived_or_comes_back_and_is_replayed(hosts,
+                                                                                  tmp_path):
+    """Three hosts with 1, 2 and 3 workers; one node agent other than 0 (and its workers with
+    it) is killed with SIGKILL at a random point of the run, which does not know it in
+    advance (``run.on_worker_loss = continue``). Node 0 finds the node silent, decides the
+    round its workers leave at, and tells the others; the messages lost with them are
+    counted exactly (``dead_peer``), the record says from which round and which messages,
+    `simulate --replay` gives the run's losses row by row, and nothing is left running on any
+    host. Drawn each time (an environment variable picks):
+    - the algorithm (GASLOC_TEST_ALGO): GASLoC on random matchings, or DiLoCo, whose rounds
+      broken by the loss are not committed, the same in the replay;
+    - whether the host comes back (GASLOC_TEST_BACK=1 or 0): its agent started again by hand
+      with the same command; node 0 takes its workers back at a round no worker has started,
+      from their own checkpoints where the run writes them (drawn too) and GASLoC's state is
+      each worker's own, else from a living neighbour; the run ends ok with every worker, and
+      the lost ones have no rows between their death and their return. Else the run ends ok
+      without them."""
     import random
     rng = random.Random()
-    node, rows = rng.choice([1, 2]), rng.randrange(8, 30)
+    node, rows, every = rng.choice([1, 2]), rng.randrange(8, 14), rng.choice([0, 1])
     algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
-    why = f"{algo}: node {node} killed after {rows} rows"
+    comes_back = os.environ.get("GASLOC_TEST_BACK", rng.choice("01")) == "1"
+    why = f"{algo}: node {node} killed after {rows} rows" + (
+        f", started again; checkpoints {every}" if comes_back else "")
     out = tmp_path / "rec"
-    result = hosts(_going_on_after_losses(out, rounds=12, heartbeat_timeout_s=6, algo=algo),
-                   kill={"node": node, "after_s": 0.0,
-                         "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
-                                                       "rows": rows}})
+    nodes = _going_on_after_losses(out, rounds=ROUNDS_LOST, heartbeat_timeout_s=3, algo=algo)
+    for n in nodes:   # rounds of 0.2 s at least: the agent started again is back in time
+        n["argv"] += ["--set", f"run.checkpoint_every={every}", "--step-time-s", "0.1"]
+    result = hosts(nodes, kill={"node": node, "after_s": 0.0,
+                                "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
+                                                              "rows": rows}}
+                   | ({"restart_after_s": 0.5} if comes_back else {}))
     lost = [1, 2] if node == 1 else [3, 4, 5]
-    for k in {0, 1, 2} - {node}:
+    for k in {0, 1, 2} - ({node} if not comes_back else set()):
         assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k]["err"][-1500:])
     assert result["left"] == {}, (why, result["left"])
     summary = _summary(out)
     assert summary["status"] == "ok", (why, summary.get("error"))
-    [loss] = summary["membership"]["host_losses"]
-    assert loss["node"] == node and loss["ranks"] == lost, (why, loss)
-    assert summary["membership"]["alive_at_end"] == sorted({0, 1, 2, 3, 4, 5} - set(lost))
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    leaves = [e for e in events if e["type"] == "leave"]
-    assert [(e["worker"], e["round"], e["reason"]) for e in leaves] == \
-        [(r, loss["round"], "host lost") for r in lost], (why, leaves)
-    ran = _losses(out)
-    for r in lost:   # no row of a lost worker past the round it died in
-        assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
-    # every message lost with the dead host is counted, the same way as other drops: those
-    # each survivor did without (its rows say which) and those sent to the dead workers in
-    # the rounds they were members but dead (from the rounds' peers)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    done_without = {}
-    for row in rows:
-        done_without[row["worker"]] = done_without.get(row["worker"], 0) + \
-            len(row.get("dead_peer") or ())
-    plan = build_plan(config.resolve(out / "config.toml"), data=False)
-    plan.world.lose(HostLoss.from_json(loss))
-    sent = plan.world.sent_to_dead()
-    expected = {str(w): n + sent.get(w, 0) for w, n in done_without.items()
-                if w not in lost and n + sent.get(w, 0)}
-    assert {w: r.get("dead_peer", 0) for w, r in summary["drops"]["by_worker"].items()
-            if r.get("dead_peer")} == expected, (why, summary["drops"], done_without, sent)
-    assert sum(expected.values()) == summary["drops"]["by_reason"].get("dead_peer", 0)
-    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
-                             str(tmp_path / "replay")], capture_output=True, text=True)
-    assert replay.returncode == 0, (why, replay.stderr)
-    again = _summary(tmp_path / "replay")
-    assert again["membership"]["changes"] == summary["membership"]["changes"], why
-    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
-    assert again["drops"] == summary["drops"], why   # the same messages lost with the host
-    assert again.get("uncommitted") == summary.get("uncommitted"), why
-
-
-def test_a_host_killed_without_warning_comes_back_and_the_run_is_replayed(hosts, tmp_path):
-    """Three hosts with 1, 2 and 3 workers; one node agent other than 0 is killed with SIGKILL
-    at a random point of the run and started again by hand with the same command. Node 0
-    finds the node silent and loses it, then takes it back: its workers join at a round no
-    worker has started, from their own checkpoints where the run writes them and the
-    algorithm's state is each worker's own (GASLoC), else from a living neighbour's
-    parameters. The run ends ok with every worker, the lost workers have no rows between
-    their death and their return, and `simulate --replay` gives the run's losses row by row.
-    The algorithm and whether the run checkpoints are drawn (GASLOC_TEST_ALGO picks one)."""
-    import random
-    rng = random.Random()
-    node, rows, every = rng.choice([1, 2]), rng.randrange(18, 27), rng.choice([0, 2])
-    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
-    why = f"{algo}: node {node} killed after {rows} rows, started again; checkpoints {every}"
-    out = tmp_path / "rec"
-    nodes = _going_on_after_losses(out, rounds=30, heartbeat_timeout_s=3, algo=algo)
-    for n in nodes:
-        n["argv"] += ["--set", f"run.checkpoint_every={every}"]
-    result = hosts(nodes, kill={"node": node, "after_s": 0.0, "restart_after_s": 0.5,
-                                "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
-                                                              "rows": rows}})
-    lost = [1, 2] if node == 1 else [3, 4, 5]
-    for k in (0, 1, 2):
-        assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k])
-    assert "back in the run" in result["nodes"][node]["back_err"], (why, result["nodes"][node])
-    assert result["left"] == {}, (why, result["left"])
-    summary = _summary(out)
-    assert summary["status"] == "ok", (why, summary.get("error"))
     membership = summary["membership"]
-    [loss], [back] = membership["host_losses"], membership["host_backs"]
-    assert loss["node"] == back["node"] == node and loss["ranks"] == back["ranks"] == lost
-    assert loss["round"] < back["round"] < 30, (why, loss, back)
-    assert membership["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
+    [loss] = membership["host_losses"]
+    assert loss["node"] == node and loss["ranks"] == lost, (why, loss)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "join"] == \
-        [(r, back["round"], "host back") for r in lost], (why, events)
+    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "leave"] \
+        == [(r, loss["round"], "host lost") for r in lost], (why, events)
     ran = _losses(out)
-    for r in lost:   # no row from the round it died in to its return, then every round
-        last = loss["last_rows"][str(r)]
-        assert sorted(t for (w, t) in ran if w == r) == \
-            [*range(last + 1), *range(back["round"], 30)], (why, r)
-    # from its checkpoint exactly when every returner wrote one before it died (round 1's
-    # file is written before round 1's row), and GASLoC's state is each worker's own
-    # every message lost with the dead host is counted, as in the test above, and nothing
-    # else: the returners' new processes drop none (what their peers had queued for their
-    # dead predecessors is counted by the senders)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    done_without = {}
-    for row in rows:
-        done_without[row["worker"]] = done_without.get(row["worker"], 0) + \
-            len(row.get("dead_peer") or ())
-    plan = build_plan(config.resolve(out / "config.toml"), data=False)
-    plan.world.lose(HostLoss.from_json(loss))
-    sent = plan.world.sent_to_dead()
-    expected = {str(w): {"dead_peer": n + sent.get(w, 0)} if n + sent.get(w, 0) else {}
-                for w, n in done_without.items()}
+    if comes_back:
+        _came_back(result, summary, events, ran, loss, lost, tmp_path, every, algo, why)
+    else:
+        assert "host_backs" not in membership, why
+        assert membership["alive_at_end"] == sorted({0, 1, 2, 3, 4, 5} - set(lost)), why
+        for r in lost:   # no row of a lost worker past the round it died in
+            assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
+    # every message lost with the dead host is counted, the same way as other drops, and
+    # nothing else: returners' new processes drop none (what their peers had queued for
+    # their dead predecessors is counted by the senders)
+    expected = {str(w): {"dead_peer": n} if n else {}
+                for w, n in _lost_with_the_host(out, loss).items()
+                if comes_back or w not in lost}
     assert summary["drops"]["by_worker"] == expected, (why, summary["drops"], expected)
-    wrote = every and algo == "gasloc" and min(loss["last_rows"].values()) >= 1
-    assert back["from_checkpoint"] == bool(wrote), (why, back, loss)
-    for r in lost:
-        log = (tmp_path / f"rec.node{node}" / "workers" / f"worker{r}.log").read_text()
-        last = loss["last_rows"][str(r)]
-        restored = f"rejoins at round {back['round']} from its checkpoint of round " \
-                   f"{last - (last + 1) % 2}"   # the last odd round it finished
-        assert (restored in log) == bool(wrote), (why, r, log[-2000:])
     replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
                              str(tmp_path / "replay")], capture_output=True, text=True)
     assert replay.returncode == 0, (why, replay.stderr)
     again = _summary(tmp_path / "replay")
     assert again["membership"]["changes"] == membership["changes"], why
     assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
-    assert again["drops"] == summary["drops"], why
+    assert again["drops"] == summary["drops"], why   # the same messages lost with the host
     assert again.get("uncommitted") == summary.get("uncommitted"), why
-    print(f"{why}: lost at round {loss['round']}, back at {back['round']}"
-          f"{' from checkpoints' if back['from_checkpoint'] else ''}")
+    print(f"{why}: lost at round {loss['round']}" + (
+        f", back at {membership['host_backs'][0]['round']}"
+        f"{' from checkpoints' if membership['host_backs'][0]['from_checkpoint'] else ''}"
+        if comes_back else ""))
+
+
+def _came_back(result, summary, events, ran, loss, lost, tmp_path, every, algo, why) -> None:
+    """The killed host's agent, started again, was taken back: its workers joined at the
+    decided round, from their checkpoints exactly when each wrote one before it died (a
+    round's file is written before its row) and GASLoC's state is each worker's own."""
+    node = loss["node"]
+    assert "back in the run" in result["nodes"][node]["back_err"], (why, result["nodes"][node])
+    [back] = summary["membership"]["host_backs"]
+    assert back["node"] == node and back["ranks"] == lost, (why, back)
+    assert loss["round"] < back["round"] < ROUNDS_LOST, (why, loss, back)
+    assert summary["membership"]["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
+    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "join"] == \
+        [(r, back["round"], "host back") for r in lost], (why, events)
+    wrote = every and algo == "gasloc" and min(loss["last_rows"].values()) >= 0
+    assert back["from_checkpoint"] == bool(wrote), (why, back, loss)
+    for r in lost:   # no row from the round it died in to its return, then every round
+        last = loss["last_rows"][str(r)]
+        assert sorted(t for (w, t) in ran if w == r) == \
+            [*range(last + 1), *range(back["round"], ROUNDS_LOST)], (why, r)
+        log = (tmp_path / f"rec.node{node}" / "workers" / f"worker{r}.log").read_text()
+        restored = f"rejoins at round {back['round']} from its checkpoint of round {last}"
+        assert (restored in log) == bool(wrote), (why, r, log[-2000:])
 
 
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,
