@@ -379,6 +379,25 @@ def test_a_message_for_a_round_behind_the_window_is_refused_at_once(free_ports):
             tp.recv(1, 3, "z")
 
 
+def test_a_successor_takes_its_first_rounds_and_none_of_its_predecessors_uncounted():
+    """A successor binds its predecessor's address, so what its peers had queued for the dead
+    predecessor may reach it: messages of rounds before its first are taken without a count
+    (their senders count them lost with the dead), and one of its first round that comes
+    before it asks is kept, however far that round is from 0."""
+    with _local_pair() as (a, b):
+        b.begin_life(40)
+        for t in (3, 39, 40):
+            a.send(1, t, "z", torch.full((10,), float(t)))
+        assert torch.equal(b.recv(0, 40, "z"), torch.full((10,), 40.0))
+        assert b.counters()["dropped"] == 0 and b.counters()["drop_reasons"] == {}
+        # a worker that is no successor still counts a message behind its window
+        a.set_round(10)
+        b.send(0, 1, "z", torch.ones(10))
+        b.send(0, 10, "z", torch.ones(10))
+        a.recv(1, 10, "z")
+        assert a.counters()["drop_reasons"] == {"round": 1}
+
+
 def test_a_sent_tensor_stays_alive_until_it_is_out():
     with _local_pair(model_numel=1 << 20) as (a, b):
         a.send(1, 0, "z", torch.arange(1 << 20, dtype=torch.float32))  # no reference kept here
