@@ -405,7 +405,6 @@ class ClusterSupervisor(Supervisor):
             self._lose(info.node, info.host, ranks,
                        f"node {info.node} ({info.host}, workers {ranks})")
 
-
     # -- a lost node that comes back (``scenario.hostloss``)
     def _check_back(self, info: NodeInfo, rdv: Rendezvous) -> None:
         """Answer a lost node's agent started again, once: take its workers back from the

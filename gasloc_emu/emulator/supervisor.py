@@ -269,8 +269,9 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while (late := [s.rank for s in self.slots if len(s.departed) < s.departures]):
             if time.monotonic() > deadline:
-                raise RunFailed(f"the counters of workers {late}' processes that left never "
-                                f"came ({timeout_s:.0f} s); the record's bytes would be short")
+                raise RunFailed(f"the counters of the processes of workers {late} that left "
+                                f"never came ({timeout_s:.0f} s); the record's bytes would be "
+                                "short")
             self._serve(0.1)
 
     def _start_successor(self, s: WorkerSlot, start: int) -> None:

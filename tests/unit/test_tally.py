@@ -61,5 +61,5 @@ def test_the_launcher_waits_for_every_departed_process_counters_and_fails_withou
     sup._await_departed(5.0)
     assert len(served) == 3
     late.departures = 2
-    with pytest.raises(RunFailed, match=r"counters of workers \[4\]' processes that left"):
+    with pytest.raises(RunFailed, match=r"counters of the processes of workers \[4\] that left"):
         sup._await_departed(0.05)
