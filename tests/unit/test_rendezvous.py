@@ -778,9 +778,10 @@ def test_a_restarted_agent_finds_the_run_under_way_asks_back_and_gets_its_answer
     assert n1.running() and n1.published() == infos
     again = replace(infos[1], pid=4242)
     assert n0.back_request(1) is None
-    n1.ask_back(again)
+    held = Holdings(CHECKPOINTS_VERSION, 1, {1: (0, 1), 2: (1,), 3: ()})
+    n1.ask_back(again, held)
     _flush(n1)
-    assert n0.back_request(1) == again
+    assert n0.back_request(1) == again and n0.back_holdings(1, 4242) == held
     order = BackOrder(CHECKPOINTS_VERSION, 1, 4242, 7, {1: 1, 2: 1, 3: 1},
                       {r: f"tcp://h:{r}" for r in (1, 2, 3)})
     threading.Timer(0.2, n0.answer_back, args=(order,)).start()
