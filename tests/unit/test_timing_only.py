@@ -42,17 +42,24 @@ def _links(folder):
     {"algo.name": "diloco", "net.bw_profile": "two-cluster", "comm.codec": "int8"},
 ], ids=["gasloc-expander-tcp", "gasloc-overlap-straggler", "dsgd-topk", "diloco-int8"])
 def test_timing_only_equals_simulate_to_the_float(tmp_path, settings):
-    plan = build_plan(_cfg(**settings))
-    full = simulate(plan, tmp_path / "full", device="cpu")
+    _assert_timing_equals_simulate(tmp_path, settings)
+    for row in _rows(tmp_path / "timed").values():
+        assert row["train_loss"] is None and "eval_loss" not in row
+    assert all(lk["busy_s"] > 0 for lk in _links(tmp_path / "timed").values())
+
+
+def _assert_timing_equals_simulate(tmp_path, settings: dict):
+    """Timing-only's rows (their timed fields), links and wall-clock are simulate's; both
+    summaries."""
+    full = simulate(build_plan(_cfg(**settings)), tmp_path / "full", device="cpu")
     timed = timing.simulate_timing(build_plan(_cfg(**settings), data=False), tmp_path / "timed")
     a, b = _rows(tmp_path / "full"), _rows(tmp_path / "timed")
     assert a.keys() == b.keys()
     for key, row in a.items():
         assert {f: row.get(f) for f in TIMED} == {f: b[key].get(f) for f in TIMED}, key
-        assert b[key]["train_loss"] is None and "eval_loss" not in b[key]
     assert _links(tmp_path / "full") == _links(tmp_path / "timed")
-    assert all(lk["busy_s"] > 0 for lk in _links(tmp_path / "timed").values())
     assert timed.predicted_wall_s == full.predicted_wall_s
+    return full, timed
     assert timed.bytes_sent_total == full.bytes_sent_total and timed.comm == full.comm
     assert timed.losses == "none (timing only)" and full.losses is None
     assert timed.final_eval_loss is None
@@ -86,15 +93,7 @@ def test_rounds_in_pieces_equal_simulate_to_the_float(tmp_path, monkeypatch, set
     """Every round of more than 3 messages handed to the clock 3 messages at a time (as a
     ring All-Reduce's rounds are at scale): still simulate's rows, links and wall-clock."""
     monkeypatch.setattr(timing, "CHUNK_MESSAGES", 3)
-    plan = build_plan(_cfg(**settings))
-    full = simulate(plan, tmp_path / "full", device="cpu")
-    timed = timing.simulate_timing(build_plan(_cfg(**settings), data=False), tmp_path / "timed")
-    a, b = _rows(tmp_path / "full"), _rows(tmp_path / "timed")
-    assert a.keys() == b.keys()
-    for key, row in a.items():
-        assert {f: row.get(f) for f in TIMED} == {f: b[key].get(f) for f in TIMED}, key
-    assert _links(tmp_path / "full") == _links(tmp_path / "timed")
-    assert timed.predicted_wall_s == full.predicted_wall_s
+    full, timed = _assert_timing_equals_simulate(tmp_path, settings)
     assert timed.bytes_sent_total == full.bytes_sent_total
 
 
