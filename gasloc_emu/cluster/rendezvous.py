@@ -446,17 +446,23 @@ class Rendezvous:
     def resume_order(self, timeout_s: float = JOIN_TIMEOUT_S) -> ResumeOrder:
         """The round node 0 chose for every worker; a RendezvousError when node 0 ended the
         run instead (it found no round every worker holds) or said nothing in time."""
+        return ResumeOrder.from_json(self._await_order(
+            "resume", timeout_s,
+            lambda end: f"node 0 chose no round to resume from: {end.get('error')}",
+            f"node 0 chose no round to resume from within {timeout_s:g} s"))
+
+    def _await_order(self, key: str, timeout_s: float, if_ended, if_late: str) -> bytes:
+        """What node 0 puts at ``key``, once it is there; a RendezvousError saying
+        ``if_ended(end)`` when node 0 ends the run first, ``if_late`` after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while not self.store.check(["resume"]):
+        while not self.store.check([key]):
             end = self.ended()
             if end is not None:
-                raise RendezvousError(f"node 0 chose no round to resume from: "
-                                      f"{end.get('error')}")
+                raise RendezvousError(if_ended(end))
             if time.monotonic() > deadline:
-                raise RendezvousError(f"node 0 chose no round to resume from within "
-                                      f"{timeout_s:g} s")
+                raise RendezvousError(if_late)
             time.sleep(0.1)
-        return ResumeOrder.from_json(self.store.get("resume"))
+        return self.store.get(key)
 
     # -- a lost host that comes back
     def mark_running(self) -> None:
@@ -500,18 +506,13 @@ class Rendezvous:
     def back_order(self, node: int, pid: int, timeout_s: float) -> BackOrder:
         """Node 0's answer to this agent's request (``ask_back``); a RendezvousError when the
         run ended first or none came in ``timeout_s``."""
-        key, deadline = f"back/{node}/{pid}", time.monotonic() + timeout_s
-        while not self.store.check([key]):
-            end = self.ended()
-            if end is not None:
-                raise RendezvousError(f"the run ended ({end.get('status')}) before node 0 took "
-                                      f"node {node} back")
-            if time.monotonic() > deadline:
-                raise RendezvousError(f"node 0 did not take node {node} back within "
-                                      f"{timeout_s:g} s (it waits for the node to be silent "
-                                      "for run.heartbeat_timeout_s first)")
-            time.sleep(0.1)
-        order = BackOrder.from_json(self.store.get(key))
+        key = f"back/{node}/{pid}"
+        order = BackOrder.from_json(self._await_order(
+            key, timeout_s,
+            lambda end: f"the run ended ({end.get('status')}) before node 0 took node {node} "
+                        "back",
+            f"node 0 did not take node {node} back within {timeout_s:g} s (it waits for the "
+            "node to be silent for run.heartbeat_timeout_s first)"))
         if (order.node, order.pid) != (node, pid):
             raise RendezvousError(f"the store's {key} answers node {order.node} process "
                                   f"{order.pid}")
