@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gasloc_emu.report.schema import MetricRow
-from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError
+from gasloc_emu.scenario.hostloss import (
+    HostBack,
+    HostLoss,
+    HostLossError,
+    in_decided_order,
+)
 from gasloc_emu.scenario.observed import link_changes, membership_summary, observed_link_changes
 from gasloc_emu.scenario.world import World
 from gasloc_emu.transport.orders import Fixings
@@ -208,9 +213,8 @@ class Conductor:
         from gasloc_emu.transport.orders import Back, Lost
         if self.world is None:
             return []
-        told = [(x.at_s, 0, Lost(x.to_json())) for x in self.world.losses] + \
-               [(x.at_s, 1, Back(x.to_json())) for x in self.world.backs]
-        return [order for _, _, order in sorted(told, key=lambda d: d[:2])]
+        return [Lost(x.to_json()) if isinstance(x, HostLoss) else Back(x.to_json())
+                for x in in_decided_order(self.world.losses, self.world.backs)]
 
     # -- the record
     def summary(self) -> dict:

@@ -189,6 +189,13 @@ class HostBack:
                    obj["from_checkpoint"], obj["version"])
 
 
+def in_decided_order(losses, backs) -> list[HostLoss | HostBack]:
+    """Hosts lost and back in the order node 0 decided them: by time, a loss before a return
+    at the same time (what a worker that starts mid-run, and a replay, play them in)."""
+    return [x for _, _, x in sorted([(x.at_s, 0, x) for x in losses]
+                                    + [(x.at_s, 1, x) for x in backs], key=lambda d: d[:2])]
+
+
 def dead_in(rank: int, t: int, losses: list[HostLoss], backs: list[HostBack]) -> bool:
     """Whether ``rank`` is dead in round t: it died during a round <= t (a loss's
     ``dead_from``) and came back at no round in (that loss's round, t]."""

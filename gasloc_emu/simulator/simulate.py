@@ -27,7 +27,7 @@ from gasloc_emu.report.summary import drops_summary, final_summary, with_dead_se
 from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.faults import FaultTimeline, read_recorded
 from gasloc_emu.scenario.fixing import Fixing
-from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError
+from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError, in_decided_order
 from gasloc_emu.scenario.observed import event_feed, membership_summary
 from gasloc_emu.scenario.world import RoundPlan
 from gasloc_emu.simulator.async_sim import simulate_async
@@ -177,10 +177,8 @@ class ReplaySource:
         """Play the run's fixings, then its hosts lost and back as node 0 decided them, in
         the order it did (by time; a loss before a return at the same time)."""
         world.replay(self.fixings)
-        decisions = sorted([(x.at_s, 0, x) for x in self.losses]
-                           + [(x.at_s, 1, x) for x in self.backs], key=lambda d: d[:2])
-        for _, kind, x in decisions:
-            world.lose(x) if kind == 0 else world.back(x)
+        for x in in_decided_order(self.losses, self.backs):
+            world.lose(x) if isinstance(x, HostLoss) else world.back(x)
 
 
 def _died_before(world, row: dict) -> bool:

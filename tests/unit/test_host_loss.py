@@ -16,7 +16,13 @@ from gasloc_emu.algorithms import registry
 from gasloc_emu.algorithms.base import gossip_mix
 from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.scenario.fixing import RoundFixer
-from gasloc_emu.scenario.hostloss import HostBack, HostLoss, HostLossError, sent_to_dead
+from gasloc_emu.scenario.hostloss import (
+    HostBack,
+    HostLoss,
+    HostLossError,
+    in_decided_order,
+    sent_to_dead,
+)
 from gasloc_emu.scenario.script import Scenario
 from gasloc_emu.scenario.world import World, ring_peers
 from gasloc_emu.transport import control, orders
@@ -546,3 +552,11 @@ def test_returning_workers_restore_their_checkpoints_only_where_every_file_is_th
         sup.plan.world.fixer.started(t)
     assert [sup.plan.world.restore_rounds(r, 8) for r in (3, 4, 5)] == [[1, 3]] * 3
     assert sup._from_checkpoints([3, 4, 5], Holdings(1, 2, held)) is expected
+
+
+def test_losses_and_returns_are_played_in_the_order_node_0_decided_them():
+    """By time, a loss before a return at the same time: a second loss of the same host after
+    its return comes after that return, whichever list it is in."""
+    again = HostLoss(2, "h2", (3, 4), 12, 11.0, {3: 10, 4: 10})
+    same_time = HostBack(2, "h2", (3, 4), 13, 11.0)
+    assert in_decided_order([again, LOSS], [same_time, BACK]) == [LOSS, BACK, again, same_time]
