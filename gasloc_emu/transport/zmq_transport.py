@@ -368,10 +368,12 @@ class ZmqTransport(TransportBase):
 
     def _accept(self, frames: list, user: str | None, arrival_s: float) -> None:
         lo, hi = self.mailbox.window()
-        try:   # a predecessor's rounds are decoded, to be told apart (``begin_life``)
+        if self.first_round:   # a predecessor's rounds are decoded, to be told apart
+            lo = 0             # (``begin_life``); every other worker refuses them at once
+        try:
             msg = framing.decode(frames, world_size=self.world_size, self_rank=self.rank,
                                  dtype=self.dtype, max_numel=self.max_numel,
-                                 round_window=(min(lo, 0), hi), schema=self.schema,
+                                 round_window=(lo, hi), schema=self.schema,
                                  authenticated_as=user)
         except FrameError as exc:
             if exc.numbered is not None:
