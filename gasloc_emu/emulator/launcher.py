@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -134,6 +135,8 @@ def outcome(exc: BaseException) -> tuple[int, dict]:
                                     "diverged_at": exc.where}
     if isinstance(exc, (RunFailed, records.RecordError)):
         return exitcodes.RUN_FAILED, {"status": "failed", "error": str(exc)}
+    # a bug of ours: where it happened, for the report (the summary says what it was)
+    traceback.print_exception(exc, file=sys.stderr)
     return exitcodes.INTERNAL, {"status": "error",
                                 "error": f"internal error: {type(exc).__name__}: {exc}"}
 
