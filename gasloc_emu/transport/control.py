@@ -621,12 +621,17 @@ class WorkerControl:
         # node 0's decisions on hosts lost without warning and back, in order (``orders.Lost``,
         # ``orders.Back``): kept whenever they come, the worker plays them at its next chance
         self.decisions: list[Lost | Back] = []
+        # other orders read while polling for a stop (``poll_stop``), kept for ``wait_for``
+        self.pending: list[Order] = []
 
     def send(self, msg: Wire, *frames) -> None:
         self.sock.send_multipart([pack(msg.to_wire()), *frames], copy=False)
 
     def wait_for(self, kind: type, timeout_s: float) -> Order:
         """Block until a message of ``kind`` (an ``orders`` class) or a ``Stop`` arrives."""
+        for i, msg in enumerate(self.pending):
+            if isinstance(msg, (kind, Stop)):
+                return self.pending.pop(i)
         if self.sock.poll(int(timeout_s * 1000)):
             msg = parse_order(unpack(self.sock.recv()))
             self.stop_requested = self.stop_requested or isinstance(msg, Stop)
@@ -644,6 +649,8 @@ class WorkerControl:
                 self.stop_requested = True
             elif wire["type"] in (Lost.TYPE, Back.TYPE):
                 self.decisions.append(parse_order(wire))
+            else:   # an answer its wait_for has not asked for yet: not lost for it
+                self.pending.append(parse_order(wire))
         return self.stop_requested
 
     def close(self) -> None:

@@ -314,3 +314,32 @@ def test_fuzzed_fields_of_valid_messages_give_a_message_or_a_control_error(kind,
 def test_fuzzed_bytes_give_a_control_error(raw):
     with pytest.raises(ControlError):
         control.decode(raw, EXPECT)
+
+
+def test_an_answer_read_while_polling_for_a_stop_is_kept_for_its_wait():
+    """A worker polls its control socket for a stop while it waits on peers; what else it
+    reads then (an answer, a decision) is not lost: the next wait for it returns it."""
+    import time
+
+    import zmq
+
+    from gasloc_emu.transport import orders
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        router.bind("inproc://ctl-test")
+        ctl = control.WorkerControl(ctx, "inproc://ctl-test", 0)
+        ctl.send(control.Ready(0, "tcp://198.18.0.2:40123", "cpu"))
+        who, _ = router.recv_multipart()
+        router.send_multipart([who, control.pack(orders.Fixings(False, []).to_wire())])
+        router.send_multipart([who, control.pack(orders.Stop().to_wire())])
+        for _ in range(100):   # both read while polling
+            if ctl.poll_stop():
+                break
+            time.sleep(0.01)
+        assert ctl.stop_requested
+        assert isinstance(ctl.wait_for(orders.Fixings, 0.01), orders.Fixings)
+        ctl.close()
+        router.close()
+    finally:
+        ctx.term()
