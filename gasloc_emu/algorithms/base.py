@@ -112,6 +112,9 @@ class Algorithm:
     # the attributes holding its state between rounds, which a checkpoint keeps and a resumed
     # worker gets back (``state_dict``); None: not declared, so its runs take no checkpoint
     checkpoint_state: ClassVar[tuple[str, ...] | None] = None
+    # the message kinds ``handover`` gives a joiner besides theta: how many messages a donor
+    # sends, known before the run (those to a joiner lost with its host are counted lost)
+    handover_kinds: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, rank: int, transport: Transport, topology: Topology | None):
         self.rank, self.transport, self.topology = rank, transport, topology
@@ -286,8 +289,9 @@ class OuterAlgorithm(Algorithm):
         return self.topology.peers(self.rank, round_idx) if self.topology else []
 
     def handover(self) -> dict[str, torch.Tensor]:
-        """What a joiner takes over from its donor besides theta, by message kind: nothing
-        here (a gossip worker's outer state is its own; docs/ALGORITHM.md, "Churn")."""
+        """What a joiner takes over from its donor besides theta, by message kind (those of
+        ``handover_kinds``): nothing here (a gossip worker's outer state is its own;
+        docs/ALGORITHM.md, "Churn")."""
         return {}
 
     def take_over(self, state: dict[str, torch.Tensor]) -> None:

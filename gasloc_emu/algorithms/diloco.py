@@ -93,6 +93,7 @@ class DiLoCo(OuterAlgorithm):
     shows = ("gamma", "eta")
     supports = Supports(overlap=True)
     compressed_kinds = ()        # its ring's messages only (``reduce``)
+    handover_kinds = (OUTER,)    # a joiner takes the shared momentum over
 
     @classmethod
     def create(cls, ctx: Context) -> DiLoCo:

@@ -194,7 +194,7 @@ class Node:
                                     JOIN_TIMEOUT_S + self.cfg.run.heartbeat_timeout_s)
         if order.refused:
             raise ClusterError(f"node 0 did not take node {info.node} back: {order.refused}")
-        if set(order.lives) != set(self.ranks):
+        if not order.lives or not set(order.lives) <= set(self.ranks):
             raise ClusterError(f"node 0's back order names workers {sorted(order.lives)}; "
                                f"node {info.node} runs {list(self.ranks)}")
         return order
@@ -414,7 +414,8 @@ class ClusterSupervisor(Supervisor):
             return
         self.answered.add((req.node, req.pid))
         block = blocks([i.workers for i in self.node.infos])[info.node]
-        ranks = list(block)
+        # those that had left as the scenario says, for good, stay gone
+        ranks = sorted(set(block) & self.plan.world.lost_now())
         why = self._back_refusal(info, req, ranks)
         if why is not None:
             rdv.answer_back(BackOrder(CHECKPOINTS_VERSION, req.node, req.pid, 0, {}, {}, why))
@@ -456,6 +457,8 @@ class ClusterSupervisor(Supervisor):
         if (req.workers, req.addr) != (info.workers, info.addr):
             return (f"it now runs {req.workers} workers at {req.addr}; the run has "
                     f"{info.workers} at {info.addr} there")
+        if not ranks:
+            return "none of its workers is lost: those that left as the scenario says stay gone"
         return self.scenario.back_refusal(info.node, ranks)
 
 
@@ -490,10 +493,9 @@ def _ending(exc: BaseException) -> tuple[int, dict]:
     """Exit code and summary of a node's run that ``exc`` ended; bad settings are bad input."""
     from netem.capabilities import CapabilityError
     from netem.profiles import ProfileError
-    code, summary = outcome(exc)
     if isinstance(exc, (ClusterError, CapabilityError, ProfileError)):
-        code, summary = exitcodes.BAD_INPUT, {"status": "failed", "error": str(exc)}
-    return code, summary
+        return exitcodes.BAD_INPUT, {"status": "failed", "error": str(exc)}
+    return outcome(exc)
 
 
 class _NoProgress:
@@ -574,7 +576,8 @@ def _serve_workers(node: Node, local_dir: Path, master: NodeInfo,
     if back is None:
         procs, lives = {r: spawn(r) for r in node.ranks}, dict.fromkeys(node.ranks, 0)
     else:
-        procs = {r: spawn(r, (back.addrs[r], back.start)) for r in node.ranks}
+        # the workers lost with the host; one that had left as the scenario says stays gone
+        procs = {r: spawn(r, (back.addrs[r], back.start)) for r in sorted(back.lives)}
         lives = dict(back.lives)
     try:
         with SigTerm():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.report.schema import MetricRow
+from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.hostloss import (
     HostBack,
     HostLoss,
@@ -124,7 +126,11 @@ class Conductor:
         new = self.fixer.due(now_s)
         self.late_s += [now_s - f.at_s for f in new]
         if new:
-            self.world.fix(new)
+            try:
+                self.world.fix(new)
+            except ScenarioError as exc:   # with the hosts lost, nobody would be left
+                raise RunFailed(f"the scenario's events at {new[0].at_s:g} s, with the "
+                                f"workers lost so far, leave no worker: {exc}") from None
             self.links_round = min(self.links_round, min(f.round for f in new))
             for rank, t in list(self.join_waiters.items()):
                 if not self.world.awaits_join(rank, t):
@@ -175,6 +181,8 @@ class Conductor:
         loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s, ranks),
                         now_s, dict(last_rows), cause=cause)
         self.world.lose(loss)
+        for r in ranks:   # a successor that waited for its join died with the host
+            self.join_waiters.pop(r, None)
         return loss
 
     def back_round(self, ranks: list[int]) -> int:

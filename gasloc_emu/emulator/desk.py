@@ -44,7 +44,7 @@ class ControlDesk:
         slot = self.sup._slot(hb.worker)  # a checked rank has one once every worker spawned
         if slot is None:
             return self.drop("early")
-        slot.last_seen, slot.status = time.monotonic(), msg
+        slot.last_seen, slot.status, slot.heartbeat = time.monotonic(), msg, hb
         self.sup.link_meter.update(slot.rank, hb.sent, hb.arrived)
         if self.sup.progress is not None:
             self.sup.progress(status_row(hb, self.sup._label(slot)))
@@ -80,6 +80,7 @@ class ControlDesk:
         row = MetricRow.of(msg.row)   # checked field by field by ``control``
         slot.round = row.round
         slot.overruns += row.overruns or 0
+        slot.rows_dead_peer += len(row.dead_peer or ())
         self.sup.scenario.change_links(row.round + 1)
         self.sup.scenario.keep_link_row(row)
         self.sup.goodput.note(row)

@@ -102,3 +102,8 @@ class WorkerSlot:
     # the counters of this rank's earlier processes, each sent as it left (``Departed``)
     departed: list = field(default_factory=list)
     departures: int = 0   # its processes that left as the scenario says (each sends Departed)
+    # this process's last checked heartbeat (``control.Heartbeat``), and the messages its rows
+    # say it did without (``dead_peer``): what is known of its counters if it is killed
+    heartbeat: object = None
+    rows_dead_peer: int = 0
+    killed: list = field(default_factory=list)   # what is known of each (``killed_counters``)

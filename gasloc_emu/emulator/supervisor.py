@@ -24,12 +24,13 @@ from gasloc_emu.emulator.processes import (
     remove_socket_files,
     spawn_worker,
 )
-from gasloc_emu.emulator.tally import Goodput, drops_so_far, run_summary
+from gasloc_emu.emulator.tally import Goodput, drops_so_far, killed_counters, run_summary
 from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.plan import RunPlan, handed
 from gasloc_emu.report import records
 from gasloc_emu.report.lanes import LaneTally
 from gasloc_emu.report.schema import RunSummary
+from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.hostloss import HostBack
 from gasloc_emu.scenario.observed import event_feed
 from gasloc_emu.training.checkpoint import Checkpoints, CheckpointWatch, ResumePoint
@@ -252,7 +253,8 @@ class Supervisor:
         """A planned departure: forget the process; when it joins again, start its successor
         now, on the same address (it waits for its join round and its donor's parameters)."""
         self._serve(0.2)  # its last metrics may still be in flight
-        s.departures += 1
+        s.departures += 1   # its counters come in its Departed
+        s.heartbeat, s.rows_dead_peer = None, 0
         # a join at a time not fixed yet: the successor waits for it (``Conductor.on_round``)
         start = self.scenario.rejoin_round(s.rank, leave)
         if start is None:
@@ -320,12 +322,17 @@ class Supervisor:
         if why is not None:
             raise RunFailed(f"{what} lost; the run cannot go on without them: "
                             f"{self.plan.algo.name}: {why}")
-        loss = self.scenario.lose_host(node, host, ranks,
-                                       {r: self.slots[r].round for r in ranks}, cause)
-        for r in ranks:
-            self.slots[r].gone = True
+        try:
+            loss = self.scenario.lose_host(node, host, ranks,
+                                           {r: self.slots[r].round for r in ranks}, cause)
+        except ScenarioError as exc:   # the scenario's leaves fixed already take the rest
+            raise RunFailed(f"{what} lost, and no worker would be left: {exc}") from None
+        for r in ranks:   # its counters died with it: what its heartbeats and rows said
+            s = self.slots[r]
+            s.killed.append(killed_counters(s.heartbeat, s.rows_dead_peer))
+            s.gone, s.heartbeat, s.rows_dead_peer = True, None, 0
         for s in left:
-            self._tell(s.rank, orders.Lost(loss.to_json()).to_wire())
+            self._tell_decision(s, orders.Lost(loss.to_json()))
         if self.progress is not None:
             self.progress({"kind": "event", "text": f"{what} lost: workers {ranks} leave at "
                                                     f"round {loss.round}"})
@@ -337,12 +344,13 @@ class Supervisor:
         told at once, and their new processes get every decision with their start. The
         caller has checked that they are lost and that the run still has that round. The
         decision, and the address each new process binds (its predecessor's)."""
-        addrs = {r: self.slots[r].ready["addr"] for r in ranks}
-        self.addrs |= addrs
+        # each rank's address from the start (its process may have died before it got ready:
+        # a scenario's restart ordered on a host already dead)
+        addrs = {r: self.addrs[r] for r in ranks}
         back = self.scenario.back_host(node, host, ranks, from_checkpoint)
         for s in self.slots:
             if not s.gone and s.rank not in ranks:
-                self._tell(s.rank, orders.Back(back.to_json()).to_wire())
+                self._tell_decision(s, orders.Back(back.to_json()))
         now = time.monotonic()
         for r in ranks:   # its first row is of the join round: a later loss counts from there
             s = self.slots[r]
@@ -352,6 +360,13 @@ class Supervisor:
             self.progress({"kind": "event", "text": f"node {node} ({host}) back: workers "
                                                     f"{ranks} join at round {back.round}"})
         return back, addrs
+
+    def _tell_decision(self, s: WorkerSlot, order) -> None:
+        """A loss or return, to a living worker's process that is ready: one starting now
+        (a successor, its Ready not in yet) gets every decision in order with its start
+        (``_tell_start``); told this one first, it would play it before those it lacks."""
+        if s.ready is not None:
+            self._tell(s.rank, order.to_wire())
 
     def _died(self, s: WorkerSlot, code: int, where: str = "") -> None:
         self._serve(0.2)  # its last words (an error message) may still be in flight

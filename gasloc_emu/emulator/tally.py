@@ -14,26 +14,31 @@ from gasloc_emu.transport.base import DEAD_PEER
 def run_summary(plan: RunPlan, slots: Sequence, wall_s: float) -> RunSummary:
     """summary.json's numbers: the losses over the workers there at the end; the bytes over
     every process the run had, those that left before the end included (as ``simulate``
-    counts every life of a worker); ``drops`` (by reason and worker) over the processes there
-    at the end, as ``simulate`` counts them."""
+    counts every life of a worker); ``drops`` (by reason and worker) over every process of
+    the workers there at the end, as ``simulate`` counts them (one that left as the scenario
+    says and came back did without messages in its earlier life too)."""
     alive = [s for s in slots if not s.gone]
     lives = [lifetime_counters(s) for s in slots]
+    ends = [c for s, c in zip(slots, lives, strict=True) if not s.gone]
     sent, raw = (sum(sum(c[key].values()) for c in lives)
                  for key in ("bytes_sent", "raw_bytes_sent"))
     out = final_summary(plan, [s.theta for s in alive], [s.final["eval_loss"] for s in alive],
                         plan.corpus.eval_batches(), wall_s, sent,
                         overruns=[s.overruns for s in alive], raw_bytes_sent=raw)
     return out.replace(
-        dropped_messages=sum(s.final["counters"]["dropped"] for s in alive),
+        dropped_messages=sum(c["dropped"] for c in ends),
         drops=drops_summary(with_dead_sends(
-            plan, {s.rank: s.final["counters"]["drop_reasons"] for s in alive}, DEAD_PEER)))
+            plan, {s.rank: c["drop_reasons"] for s, c in zip(alive, ends, strict=True)},
+            DEAD_PEER)))
 
 
 def lifetime_counters(slot) -> dict:
     """One rank's data-plane counters over all its processes: those that left as the scenario
-    says (``departed``, each sent as it went) and the last one's final counters (none for a
-    worker that left for good). Bytes per peer, drops by reason, and their totals, summed."""
-    parts = list(slot.departed) + ([slot.final["counters"]] if slot.final is not None else [])
+    says (``departed``, each sent as it went), those killed without a word (``killed``: what
+    their heartbeats and rows said) and the last one's final counters (none for a worker that
+    left for good). Bytes per peer, drops by reason, and their totals, summed."""
+    parts = [*slot.departed, *slot.killed] + (
+        [slot.final["counters"]] if slot.final is not None else [])
     out: dict = {"bytes_sent": {}, "raw_bytes_sent": {}, "dropped": 0, "drop_reasons": {}}
     for part in parts:
         for key in ("bytes_sent", "raw_bytes_sent", "drop_reasons"):
@@ -41,6 +46,22 @@ def lifetime_counters(slot) -> dict:
                 out[key][k] = out[key].get(k, 0) + v
         out["dropped"] += part["dropped"]
     return out
+
+
+def killed_counters(heartbeat, rows_dead_peer: int) -> dict:
+    """What is known of the counters of a process killed without a word (lost with its host,
+    or alone by a signal): its last heartbeat's bytes per peer and drops by reason (at most a
+    heartbeat period old), with the messages it did without from a dead peer as its rows say
+    (``dead_peer``: what ``simulate --replay`` takes, so both count the same). A run that goes
+    on after a loss has no lossy codec (``host_loss_refusal``), so its raw bytes are its
+    bytes."""
+    sent = dict(heartbeat.sent) if heartbeat is not None else {}
+    reasons = {k: v for k, v in (heartbeat.drop_reasons if heartbeat is not None else {}).items()
+               if k != DEAD_PEER}
+    if rows_dead_peer:
+        reasons[DEAD_PEER] = rows_dead_peer
+    return {"bytes_sent": sent, "raw_bytes_sent": dict(sent), "dropped": sum(reasons.values()),
+            "drop_reasons": reasons}
 
 
 def drops_so_far(plan: RunPlan, slots: Sequence) -> dict:

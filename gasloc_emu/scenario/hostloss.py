@@ -208,6 +208,13 @@ def dead_in(rank: int, t: int, losses: list[HostLoss], backs: list[HostBack]) ->
     return False
 
 
+def still_lost(losses: list[HostLoss], backs: list[HostBack]) -> frozenset[int]:
+    """The workers lost with their hosts that have not come back since."""
+    return frozenset(r for loss in losses for r in loss.ranks
+                     if not any(r in b.ranks and b.round > loss.round for b in backs)
+                     and loss.round == max(x.round for x in losses if r in x.ranks))
+
+
 def _nonneg(v) -> bool:
     return type(v) is int and v >= 0
 

@@ -41,7 +41,9 @@ def membership_summary(world: World) -> dict:
                 if world.losses else {}) | (
                 # lost hosts that came back, as node 0 decided: their workers' joins
                 {"host_backs": [back.to_json() for back in world.backs]}
-                if world.backs else {})
+                if world.backs else {}) | (
+                # the scenario's events that workers lost with their hosts could not play
+                {"skipped": world.skipped} if world.skipped else {})
 
 
 def link_changes(links) -> list[dict]:
@@ -140,6 +142,11 @@ def round_records(world: World, t: int) -> list[dict]:
             rec["detected_by"] = sorted(r for r in world.alive(t)
                                         if world.plan(r, t).detect_s > 0)
         out.append(rec)
+    for skipped in world.skipped:   # what workers lost with their hosts could not play
+        if skipped["round"] == t:
+            event = {k: v for k, v in skipped.items() if k != "why"}
+            out.append({"type": "not_played", "round": t, "event": event,
+                        "why": skipped["why"]})
     return out + _link_records(world, t)
 
 def _link_records(world: World, t: int) -> list[dict]:
@@ -237,6 +244,9 @@ def event_text(rec: dict) -> str:
             "pause": "worker {worker} pauses for {seconds:g} s",
             "link": "links {links} change",
             "partition": "partition {groups}"}.get(rec["type"], rec["type"])
+    if rec["type"] == "not_played":   # a scenario event a lost host's worker could not play
+        return f"round {rec['round']}: not played: " + event_text(rec["event"]).split(": ", 1)[1] \
+            + f" ({rec['why']})"
     when = f"round {rec['round']}" if rec.get("round") is not None else f"{rec['at_s']:g} s"
     if rec.get("round") is not None and rec.get("at_s") is not None:   # fixed at that round
         when += f" (at_s {rec['at_s']:g})"

@@ -75,13 +75,22 @@ from gasloc_emu.scenario.events import (
     Event,
     JoinEvent,
     LeaveEvent,
+    LinkEvent,
     PartitionEvent,
     PauseEvent,
     ScenarioError,
     SpeedEvent,
+    as_record,
 )
 from gasloc_emu.scenario.fixing import TIMED_KINDS, Fixing, RoundFixer, timed_items
-from gasloc_emu.scenario.hostloss import HostBack, HostLoss, dead_in, sent_to_dead
+from gasloc_emu.scenario.hostloss import (
+    HostBack,
+    HostLoss,
+    HostLossError,
+    dead_in,
+    sent_to_dead,
+    still_lost,
+)
 from gasloc_emu.scenario.links import (
     BaseLink,
     LinkSchedule,
@@ -147,18 +156,19 @@ class World:
                  failure_detect_s: float, peers: PeersFn,
                  neighbours: Callable[[int], list] | None = None,
                  base_link: BaseLink = unshaped_link, trace: LinkTrace | None = None,
-                 checkpoint_every: int = 0, armed: bool = False):
+                 checkpoint_every: int = 0, armed: bool = False, join_messages: int = 1):
         """``checkpoint_every``: the run's checkpoint period, so a join from a checkpoint
         knows which checkpoint rounds its worker took part in. ``armed``: a host may be lost
         without warning and the others go on (``run.on_worker_loss = continue``;
         ``scenario.hostloss``): every worker asks for the round's fixings and mixes over the
-        living graph, as with leaves at a time."""
+        living graph, as with leaves at a time. ``join_messages``: how many messages a donor
+        sends a joiner (its parameters, and the algorithm's ``handover_kinds``)."""
         if not (math.isfinite(failure_detect_s) and 0.0 <= failure_detect_s <= 3600.0):
             raise ScenarioError(f"run.failure_detect_s = {failure_detect_s!r} is out of range; "
                                 "expected [0, 3600] seconds")
         self.scenario, self.workers, self.rounds = scenario, workers, rounds
         self.failure_detect_s, self._peers = failure_detect_s, peers
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every, self.join_messages = checkpoint_every, join_messages
         self._neighbours = neighbours or (lambda rank: [])
         if scenario is not None:
             check_supported(scenario, trace)
@@ -170,6 +180,8 @@ class World:
         self.losses: list[HostLoss] = []   # hosts lost without warning, as decided
         self.backs: list[HostBack] = []    # lost hosts that came back, as decided
         self.view = scenario   # the scenario by round: what is fixed so far, in rounds
+        # the scenario's events that workers lost with their hosts could not play (records)
+        self.skipped: list[dict] = []
         self._fixed_at_s: dict = {}
         self.links = (LinkSchedule(scenario, rounds, base_link, trace)
                       if scenario is not None else None)
@@ -180,7 +192,9 @@ class World:
 
     def fix(self, fixings: list[Fixing]) -> None:
         """Play leaves, joins and partitions at a time from the rounds they were fixed at
-        (``fixing.RoundFixer``); rounds before them come out as before."""
+        (``fixing.RoundFixer``); rounds before them come out as before. A ScenarioError, the
+        world as it was, when with the hosts lost so far they would leave no worker alive
+        (the scenario's own check held them with the lost workers there)."""
         items = {(index, part) for _, index, part in (self.fixer.items if self.fixer else ())}
         for f in fixings:   # they may come over the control plane: each must be one of ours
             if (f.index, f.part) not in items:
@@ -189,8 +203,7 @@ class World:
         known = {(f.index, f.part) for f in self.fixings}
         new = [f for f in fixings if (f.index, f.part) not in known]
         if new:
-            self.fixings.extend(new)
-            self._refix()
+            self._decided(self.fixings, *new)
 
     def lose(self, loss: HostLoss) -> bool:
         """Play a host lost without warning: its workers leave at ``loss.round`` (node 0's
@@ -202,8 +215,12 @@ class World:
         loss.check(self.workers, self.rounds)
         if loss in self.losses:
             return False
-        self.losses.append(loss)
-        self._refix()
+        early = [r for r in loss.ranks for b in self.backs
+                 if r in b.ranks and b.round >= loss.round]
+        if early:
+            raise HostLossError(f"host loss of worker {early[0]} at round {loss.round}: it comes "
+                                "back at that round or later")
+        self._decided(self.losses, loss)
         return True
 
     def back(self, back: HostBack) -> bool:
@@ -213,9 +230,19 @@ class World:
         if back in self.backs:
             return False
         back.check(self.workers, self.losses, self.backs)
-        self.backs.append(back)
-        self._refix()
+        self._decided(self.backs, back)
         return True
+
+    def _decided(self, into: list, *decisions) -> None:
+        """Play fixings, a loss or a return, or raise the ScenarioError of the world they
+        would make (no worker left) with the world as it was."""
+        into.extend(decisions)
+        try:
+            self._refix()
+        except ScenarioError:
+            del into[-len(decisions):]
+            self._refix()
+            raise
 
     def peers(self, rank: int, t: int) -> list:
         """Whom ``rank`` exchanges with in round t (the living graph without cut edges, or
@@ -224,11 +251,13 @@ class World:
 
     def sends(self, rank: int, peer: int, t: int) -> int:
         """How many messages ``rank`` sends ``peer`` in round t: 2(n - 1) to its next worker
-        on a ring All-Reduce of n (``ring_peers``' exchange), one to each gossip neighbour."""
+        on a ring All-Reduce of n (``ring_peers``' exchange), one to each gossip neighbour;
+        and a donor's ``join_messages`` to the worker joining from it."""
+        donated = self.join_messages if self.plan(peer, t).join_from == rank else 0
         if peer not in self.peers(rank, t):
-            return 0
+            return donated
         count = getattr(self._peers, "sends", None)   # a plain peers function: one each
-        return 1 if count is None else count(rank, peer, self.ring_members(rank)(t))
+        return donated + (1 if count is None else count(rank, peer, self.ring_members(rank)(t)))
 
     def sent_to_dead(self) -> dict[int, int]:
         """{survivor: n}: its messages to workers lost with their hosts, in the rounds they
@@ -238,6 +267,10 @@ class World:
             for rank, n in sent_to_dead(loss, self.rounds, self.sends, self.alive).items():
                 out[rank] = out.get(rank, 0) + n
         return out
+
+    def lost_now(self) -> frozenset[int]:
+        """The workers lost with their hosts and not back (those a return takes back)."""
+        return still_lost(self.losses, self.backs)
 
     def dead_in(self, src: int, t: int) -> bool:
         """Whether ``src`` is dead in round t, as a lost host's worker that had not come back
@@ -253,8 +286,8 @@ class World:
         self.fixer.close()
 
     def _refix(self) -> None:
-        self.view, self._fixed_at_s = by_round(self.scenario, self.fixings, self.losses,
-                                               self.backs)
+        self.view, self._fixed_at_s, self.skipped = by_round(
+            self.scenario, self.fixings, self.losses, self.backs)
         self.__dict__.pop("_by_round", None)
         self.links.build(self.view)
 
@@ -467,13 +500,18 @@ class World:
                 for ev in [self.scenario.events[i]] if (i, part) not in fired]
 
 
+# why a lost worker's own scenario events are not played, by the loss's cause
+LOST_WHY = {"host": "lost with its host", "worker": "its process was lost"}
+
+
 def by_round(scenario: Scenario, fixings: list[Fixing], losses: list[HostLoss] = (),
-             backs: list[HostBack] = ()) -> tuple[Scenario, dict]:
+             backs: list[HostBack] = ()) -> tuple[Scenario, dict, list[dict]]:
     """``scenario`` with its leaves, joins and partitions at a time at the rounds they were
     fixed at, those not fixed yet left out (a new worker stays absent until its join is fixed);
-    and {such event at its round: its times, ``at_s`` and a partition's ``end_s``}. Fixings at
-    a round the run does not have fire never, and a partition whose end is not fixed lasts so
-    far."""
+    {such event at its round: its times, ``at_s`` and a partition's ``end_s``}; and the
+    scenario's events that workers lost with their hosts could not play (``_around_losses``),
+    as records. Fixings at a round the run does not have fire never, and a partition whose end
+    is not fixed lasts so far."""
     rounds = {(f.index, f.part): f.round for f in fixings if f.round < scenario.rounds}
     events, at_s = [], {}
     for i, ev in enumerate(scenario.events):
@@ -486,19 +524,137 @@ def by_round(scenario: Scenario, fixings: list[Fixing], losses: list[HostLoss] =
             events.append(fixed)
             at_s[fixed] = {"at_s": ev.at_s} | (
                 {"end_s": ev.end_s} if isinstance(ev, PartitionEvent) else {})
-    for loss in losses:   # a host lost without warning: its workers leave at its round
-        for rank in loss.ranks if loss.round < scenario.rounds else ():
-            events.append(LeaveEvent(worker=rank, round=loss.round))
-            at_s[events[-1]] = {"at_s": loss.at_s, "reason": loss.reason, "node": loss.node}
-    for back in backs:   # a lost host back: its workers join at its round
-        for rank in back.ranks if back.round < scenario.rounds else ():
-            events.append(JoinEvent(worker=rank, round=back.round,
-                                    from_checkpoint=back.from_checkpoint))
-            at_s[events[-1]] = {"at_s": back.at_s, "reason": "host back", "node": back.node}
+    skipped: list[dict] = []
+    if losses:
+        events, skipped = _around_losses(scenario, events, at_s, losses, backs)
     view = Scenario(tuple(events), scenario.workers, scenario.rounds, scenario.source,
                     absent=scenario.newcomers)
     return view, {ev: at_s[old] for ev, old in zip(view.events, events, strict=True)
-                  if old in at_s}
+                  if old in at_s}, skipped
+
+
+def _around_losses(scenario: Scenario, events: list, at_s: dict, losses: list[HostLoss],
+                   backs: list[HostBack]) -> tuple[list, list[dict]]:
+    """The events of a world with hosts lost without warning (``scenario.hostloss``): the
+    scenario's, by round, then each loss's leaves and each return's joins, with what the lost
+    workers cannot play left out (docs/ALGORITHM.md, "A host lost without warning").
+
+    Walking the rounds in order with who is alive, in each round: a loss's workers leave (those
+    alive then: one the scenario had made leave before is gone already) and a return's workers
+    join; then the scenario's changes and its events that name workers, except
+    - a leave or join of a worker while its host is lost (from the loss's round to its
+      return's), or in the round its host is lost or back in: that worker's process is dead, or
+      its host's return is its join ("lost with its host");
+    - a join of a worker alive then, or a leave of one absent: the return brought it back, or
+      the loss took it, before the scenario's change ("not alive" / "alive already");
+    - a leave that would leave no worker alive in both that round and the one before: the
+      scenario's own check held it with the lost workers there ("last worker");
+    - a partition group, link pair or worker's speed or pause that names a worker absent then
+      (a partition with a group left empty is left out);
+    and a join whose named donor is absent takes the world's default donor. The scenario's own
+    rounds are kept otherwise: without losses this returns them as given. The records say what
+    was left out, and why."""
+    gone: dict[int, list[tuple[int, float, str]]] = {}   # rank -> [lost from, back at), why
+    for loss in losses:
+        for r in loss.ranks:
+            ends = [b.round for b in backs if r in b.ranks and b.round > loss.round]
+            gone.setdefault(r, []).append((loss.round, min(ends, default=math.inf),
+                                           LOST_WHY[loss.cause]))
+
+    def lost(r: int, t: int) -> str | None:
+        """Why ``r`` cannot change in round t: lost then, or its host lost or back in it."""
+        return next((why for a, b, why in gone.get(r, ()) if a <= t <= b), None)
+
+    hosts = {t: ([r for x in losses if x.round == t for r in x.ranks],
+                 [(r, x) for x in backs if x.round == t for r in x.ranks])
+             for x in [*losses, *backs] for t in [x.round] if t < scenario.rounds}
+    by_t: dict[int, list[int]] = {}
+    for k, ev in enumerate(events):
+        if ev.by_round:
+            by_t.setdefault(ev.round, []).append(k)
+    kept: dict[int, Any] = dict(enumerate(events))
+    extra_leaves, extra_joins, skipped = [], [], []
+
+    def skip(k: int, why: str) -> None:
+        ev = kept.pop(k)
+        skipped.append((ev.round, k, as_record(ev) | at_s.get(ev, {}) | {"why": why}))
+
+    alive = set(scenario.initial)
+    for t in sorted(set(by_t) | set(hosts)):
+        before = set(alive)
+        leaving, returning = hosts.get(t, ([], []))
+        for r in sorted(set(leaving) & alive):
+            alive.discard(r)
+            extra_leaves.append((r, t))
+        for r, back in returning:
+            alive.add(r)
+            extra_joins.append((r, back))
+        changes = [k for k in by_t.get(t, ()) if isinstance(events[k], (LeaveEvent, JoinEvent))]
+        for k in sorted(changes, key=lambda k: isinstance(events[k], JoinEvent)):
+            ev = events[k]
+            why = _unplayable(ev, t, lost, alive, before)
+            if why is not None:
+                skip(k, why)
+            elif isinstance(ev, LeaveEvent):
+                alive.discard(ev.worker)
+            else:
+                alive.add(ev.worker)
+                if ev.from_worker is not None and ev.from_worker not in before & alive:
+                    kept[k] = _moved(at_s, ev, dataclasses.replace(ev, from_worker=None))
+        for k in by_t.get(t, ()):
+            if k in kept and k not in changes:
+                trimmed = _within(events[k], alive)
+                if trimmed is None:
+                    skip(k, "names workers lost with their host")
+                elif trimmed != events[k]:
+                    kept[k] = _moved(at_s, events[k], trimmed)
+    out = [kept[k] for k in sorted(kept)]
+    for r, t in extra_leaves:
+        loss = next(x for x in losses if x.round == t and r in x.ranks)
+        out.append(LeaveEvent(worker=r, round=t))
+        at_s[out[-1]] = {"at_s": loss.at_s, "reason": loss.reason, "node": loss.node}
+    for r, back in extra_joins:
+        out.append(JoinEvent(worker=r, round=back.round, from_checkpoint=back.from_checkpoint))
+        at_s[out[-1]] = {"at_s": back.at_s, "reason": "host back", "node": back.node}
+    return out, [record for _, _, record in sorted(skipped, key=lambda s: s[:2])]
+
+
+def _unplayable(ev, t: int, lost: Callable[[int, int], str | None], alive: set,
+                before: set) -> str | None:
+    """Why the scenario's leave or join ``ev`` of round t cannot be played in a world with
+    lost hosts (``_around_losses``), or None."""
+    w = ev.worker
+    if (why := lost(w, t)) is not None:
+        return why
+    if isinstance(ev, JoinEvent):
+        return "alive already" if w in alive else None
+    if w not in alive:
+        return "not alive"
+    return None if before & (alive - {w}) else "last worker"
+
+
+def _within(ev, alive: set):
+    """``ev`` with only the workers in ``alive`` named: a partition's groups and a link
+    event's pairs trimmed; None when nothing of it is left (a group emptied, no pair, a
+    speed or pause of an absent worker)."""
+    if isinstance(ev, PartitionEvent):
+        groups = tuple(tuple(w for w in g if w in alive) for g in ev.groups)
+        return dataclasses.replace(ev, groups=groups) if all(groups) else None
+    if isinstance(ev, LinkEvent):
+        links = tuple(p for p in ev.links if set(p) <= alive)
+        if (ev.worker is not None and ev.worker not in alive) or not links:
+            return None
+        return dataclasses.replace(ev, links=links)
+    if isinstance(ev, (SpeedEvent, PauseEvent)) and ev.worker not in alive:
+        return None
+    return ev
+
+
+def _moved(at_s: dict, old, new):
+    """``new`` in place of ``old``, with its times for the record."""
+    if old in at_s:
+        at_s[new] = at_s[old]
+    return new
 
 
 def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
@@ -519,10 +675,12 @@ def from_config(cfg, topo, algo, link_plan, faults=None) -> World | None:
     if topo is None:
         return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                      ring_peers, base_link=base, trace=trace,
-                     checkpoint_every=cfg.run.checkpoint_every, armed=armed)
+                     checkpoint_every=cfg.run.checkpoint_every, armed=armed,
+                     join_messages=1 + len(algo.handover_kinds))
     return World(scenario, cfg.workers, cfg.run.rounds, cfg.run.failure_detect_s,
                  graph_peers(topo), GraphNeighbours(topo), base_link=base, trace=trace,
-                 checkpoint_every=cfg.run.checkpoint_every, armed=armed)
+                 checkpoint_every=cfg.run.checkpoint_every, armed=armed,
+                 join_messages=1 + len(algo.handover_kinds))
 
 
 def living_graph(topo, world: World | None):

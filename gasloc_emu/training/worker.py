@@ -275,9 +275,13 @@ class Worker:
     def donate(self, joiner: int, round_idx: int) -> None:
         """Send this worker's parameters (the start of round ``round_idx``) to a joiner:
         traffic of that round."""
+        handover = self.algo.handover()   # DiLoCo: its shared momentum
+        if sorted(handover) != sorted(self.algo.handover_kinds):
+            raise RuntimeError(f"{self.algo.name}: handover() gives kinds {sorted(handover)}; "
+                               f"its handover_kinds declares {list(self.algo.handover_kinds)}")
         self.count_from_here()
         self.transport.send(joiner, round_idx, "join", self.theta.detach().clone())
-        for kind, tensor in self.algo.handover().items():   # DiLoCo: its shared momentum
+        for kind, tensor in handover.items():
             self.transport.send(joiner, round_idx, kind, tensor)
 
     def join(self, donor: int, round_idx: int) -> None:

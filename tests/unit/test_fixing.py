@@ -538,3 +538,60 @@ def test_simulate_fires_more_of_a_crash_heavy_timeline_than_one_change_a_round(
         assert [c["at_s"] for c in mine] == sorted(c["at_s"] for c in mine)
     if algo == "diloco":   # joiners of one round took over their donors' state: one model
         assert summary["consensus_distance"] == 0.0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(sc=_timelines(), data=st.data())
+def test_hosts_lost_and_back_amid_random_timelines_keep_a_valid_world(sc, data):
+    """Node 0's decisions among the scenario's events at times, as the launcher takes them:
+    hosts (sets of workers) lost without warning and back, between rounds started and times
+    reached. Every world is a scenario its own check accepts (or the loss that would leave no
+    worker is refused, the world unchanged); a lost worker is absent from its loss's round to
+    its return's; what is left out is said; and the rounds before a decision stay as they
+    were, as every worker has played them."""
+    from gasloc_emu.scenario.hostloss import HostBack, HostLoss
+    from gasloc_emu.scenario.world import World, ring_peers
+    w = World(sc, sc.workers, sc.rounds, 0.0, ring_peers, armed=True)
+    now_s, rows = 0.0, dict.fromkeys(range(sc.workers), -1)
+    for _ in range(data.draw(st.integers(1, 30))):
+        op = data.draw(st.sampled_from(["start", "due", "lose", "back"]))
+        started = w.fixer.highest_started
+        before = [w.alive(t) for t in range(started + 1)]
+        if op == "start":
+            w.fixer.started(max(started, 0) + data.draw(st.integers(0, 2)))
+            rows = {r: w.fixer.highest_started - 1 for r in rows}
+        elif op == "due":   # with the hosts lost, the scenario's leaves may leave nobody
+            now_s += data.draw(st.sampled_from([0.05, 0.3, 1.0]))
+            new = w.fixer.due(now_s)
+            try:
+                w.fix(new)
+            except ScenarioError:
+                assert not set(new) & set(w.fixings) and w.losses
+                return
+        elif op == "lose":
+            ranks = data.draw(st.sets(st.sampled_from(range(sc.workers)), min_size=1))
+            ranks -= w.lost_now()
+            if not ranks or started < 0:
+                continue
+            now_s += 0.01   # decided later than anything before (node 0 serves in between)
+            at = w.fixer.round_at(now_s, frozenset(ranks))
+            loss = HostLoss(1, "h", tuple(ranks), at, now_s, {r: rows[r] for r in ranks})
+            try:
+                w.lose(loss)
+                w.fixer.fixed_unplanned(now_s, ranks)
+            except ScenarioError:
+                assert loss not in w.losses
+        elif w.lost_now():
+            now_s += 0.01
+            ranks = data.draw(st.sets(st.sampled_from(sorted(w.lost_now())), min_size=1))
+            ret = HostBack(1, "h", tuple(ranks), w.fixer.fixed_unplanned(now_s, ranks), now_s)
+            w.back(ret)
+        assert [w.alive(t) for t in range(started + 1)] == before
+        for t in range(sc.rounds):
+            assert w.alive(t)
+            for r in w.lost_now() | {r for x in w.losses for r in x.ranks}:
+                lost_at = [x.round for x in w.losses if r in x.ranks and x.round <= t]
+                back_at = [x.round for x in w.backs if r in x.ranks and x.round <= t]
+                if lost_at and (not back_at or max(back_at) <= max(lost_at)):
+                    assert r not in w.alive(t), (r, t)
+    assert all(s["why"] for s in w.skipped)

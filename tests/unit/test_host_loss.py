@@ -220,8 +220,9 @@ def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4), sets=()):
         for t in range(6):
             plan.world.fixer.started(t)
     rows = [5, 5, 5, *dead_rows]
-    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r], final=None)
-                 for r in range(6)]
+    sup.slots = [SimpleNamespace(rank=r, gone=False, round=rows[r], final=None, killed=[],
+                                 heartbeat=None, rows_dead_peer=0,
+                                 ready={"addr": f"tcp://198.18.0.{r}:5000"}) for r in range(6)]
     infos = [SimpleNamespace(node=k, host=f"h{k}", workers=k + 1) for k in range(3)]
     sup.node = SimpleNamespace(infos=infos, node_of=lambda r: infos[(r > 0) + (r > 2)])
     sup._serve = lambda timeout_s: None
@@ -231,11 +232,15 @@ def shell(algo: str, on_loss: str = "continue", dead_rows=(3, 3, 4), sets=()):
 def test_node_0_decides_the_round_of_a_lost_host_and_tells_every_survivor_first():
     sup, lost = shell("gasloc")
     assert sup._goes_on_without(lost) and not sup._goes_on_without(sup.node.infos[0])
+    sup.slots[4].heartbeat = SimpleNamespace(sent={3: 10}, drop_reasons={"zap.user": 1})
+    sup.slots[1].ready = None   # a successor starting now: told every decision at its start
     sup._lose_node(lost)
+    # what the dead processes' counters had is kept as their heartbeats and rows said
+    assert [s.killed[0]["drop_reasons"] for s in sup.slots[3:]] == [{}, {"zap.user": 1}, {}]
     loss = HostLoss(2, "h2", (3, 4, 5), 6, 5.25, {3: 3, 4: 3, 5: 4})
     assert sup.plan.world.losses == [loss] and sup.lost_nodes == {2}
     assert [s.gone for s in sup.slots] == [False] * 3 + [True] * 3
-    assert sup.told == [(r, orders.Lost(loss.to_json()).to_wire()) for r in (0, 1, 2)]
+    assert sup.told == [(r, orders.Lost(loss.to_json()).to_wire()) for r in (0, 2)]
     assert sup.plan.world.alive(6) == frozenset({0, 1, 2})
 
 
@@ -489,7 +494,9 @@ def test_node_0_takes_a_lost_node_back_and_tells_the_living_then_the_returners_e
     sup.told.clear()
     for s in sup.slots:
         s.ready = {"addr": f"tcp://198.18.0.{s.rank}:5000"}
-    sup.lives, sup.answered, sup.addrs = [0] * 6, set(), {}
+    sup.lives, sup.answered = [0] * 6, set()
+    sup.addrs = {s.rank: s.ready["addr"] for s in sup.slots}   # as the start gave them
+    sup.slots[3].ready = None   # its restart was ordered on the dead host: never ready
     info = NodeInfo(2, "h2", "198.18.0.3", 3, ("cpu",) * 3, ("cpu",) * 3, "hash", {}, "v", "",
                     5000, pid=77)
     ref = dataclasses.replace(info, node=0, workers=1, devices=("cpu",), labels=("cpu",))
@@ -560,3 +567,121 @@ def test_losses_and_returns_are_played_in_the_order_node_0_decided_them():
     again = HostLoss(2, "h2", (3, 4), 12, 11.0, {3: 10, 4: 10})
     same_time = HostBack(2, "h2", (3, 4), 13, 11.0)
     assert in_decided_order([again, LOSS], [same_time, BACK]) == [LOSS, BACK, again, same_time]
+
+
+# ---------------------------------------------------------------- the scenario of a lost host
+
+def timed_world(*events, workers=6, rounds=20, peers=ring_peers, join_messages=1) -> World:
+    return World(Scenario(tuple(events), workers, rounds, "timed"), workers, rounds, 2.0,
+                 peers, armed=True, join_messages=join_messages)
+
+
+def fix_at(w: World, now_s: float, started: int) -> None:
+    w.fixer.started(started)
+    w.fix(w.fixer.due(now_s))
+
+
+def lose(w: World, at_s: float, ranks, last_rows, node=2) -> HostLoss:
+    loss = HostLoss(node, f"h{node}", tuple(ranks), w.fixer.fixed_unplanned(at_s, ranks), at_s,
+                    dict(last_rows))
+    w.lose(loss)
+    return loss
+
+
+def back(w: World, at_s: float, ranks, node=2) -> HostBack:
+    ret = HostBack(node, f"h{node}", tuple(ranks), w.fixer.fixed_unplanned(at_s, ranks), at_s)
+    w.back(ret)
+    return ret
+
+
+def test_a_crashed_worker_lost_with_its_host_is_not_restarted_until_the_host_comes_back():
+    """Worker 3 crashes at 1 s (a leave) and would restart at 3 s (a join); its host is lost at
+    2 s meanwhile. The loss makes no leave of 3 (gone already), the restart is not played (its
+    process is dead with the host: recorded why), a later crash of 4 neither; the host's
+    return brings both back, and 3's crash and restart after it are played."""
+    from gasloc_emu.scenario.events import JoinEvent, LeaveEvent
+    w = timed_world(LeaveEvent(worker=3, at_s=1.0), JoinEvent(worker=3, at_s=3.0),
+                    LeaveEvent(worker=4, at_s=4.0), JoinEvent(worker=3, at_s=9.0),
+                    LeaveEvent(worker=3, at_s=8.0))
+    fix_at(w, 1.0, 1)                                   # 3 leaves at round 2
+    loss = lose(w, 2.0, (3, 4, 5), {3: 1, 4: 2, 5: 2})  # round 3
+    fix_at(w, 4.0, 4)                                   # 3's join and 4's leave: round 5
+    assert loss.round == 3 and w.alive(2) == frozenset({0, 1, 2, 4, 5})
+    assert all(w.alive(t) == frozenset({0, 1, 2}) for t in range(3, 20))
+    assert w.lost_now() == frozenset({3, 4, 5})
+    assert [(s["type"], s["worker"], s["round"], s["at_s"], s["why"]) for s in w.skipped] == [
+        ("join", 3, 5, 3.0, "lost with its host"), ("leave", 4, 5, 4.0, "lost with its host")]
+    assert [(c["type"], c["worker"], c["round"]) for c in w.left_and_joined()] == [
+        ("leave", 3, 2), ("leave", 4, 3), ("leave", 5, 3)]
+    from gasloc_emu.scenario.observed import event_text, round_records
+    assert [event_text(r) for r in round_records(w, 5)] == [
+        "round 5: not played: worker 3 joins (lost with its host)",
+        "round 5: not played: worker 4 leaves (lost with its host)"]
+    ret = back(w, 6.0, (3, 4, 5))                       # round 6
+    fix_at(w, 9.0, 6)                                   # 3 crashes at 8 s (round 7), back at 9
+    assert ret.round == 6 and w.alive(6) == frozenset(range(6))
+    assert w.alive(7) == frozenset({0, 1, 2, 4, 5}) and w.alive(8) == frozenset(range(6))
+    assert w.lost_now() == frozenset()
+
+
+def test_a_restart_after_the_return_of_a_worker_whose_crash_was_not_played_is_not_played():
+    from gasloc_emu.scenario.events import JoinEvent, LeaveEvent
+    w = timed_world(LeaveEvent(worker=4, at_s=3.0), JoinEvent(worker=4, at_s=7.0))
+    w.fixer.started(0)
+    lose(w, 2.0, (3, 4, 5), {3: 0, 4: 0, 5: 0})         # round 1
+    fix_at(w, 3.0, 1)                                   # 4's crash: lost, round 2
+    back(w, 5.0, (3, 4, 5))                             # round 3
+    fix_at(w, 7.0, 3)                                   # 4's restart: alive already, round 4
+    assert [(s["type"], s["worker"], s["why"]) for s in w.skipped] == [
+        ("leave", 4, "lost with its host"), ("join", 4, "alive already")]
+    assert all(w.alive(t) == frozenset(range(6)) for t in range(3, 20))
+
+
+def test_a_crash_that_would_leave_no_worker_after_a_lost_host_is_not_played():
+    """On four workers: 2 and 3 are lost, then 0 crashes: 1 stays. 1's crash after it would
+    leave nobody, so it is not played; 0 restarts from 1."""
+    from gasloc_emu.scenario.events import JoinEvent, LeaveEvent
+    w = timed_world(LeaveEvent(worker=0, at_s=3.0), LeaveEvent(worker=1, at_s=4.0),
+                    JoinEvent(worker=0, at_s=5.0), workers=4)
+    w.fixer.started(0)
+    lose(w, 2.0, (2, 3), {2: 0, 3: 0})
+    fix_at(w, 5.0, 1)
+    assert [(s["type"], s["worker"], s["why"]) for s in w.skipped] == [
+        ("leave", 1, "last worker")]
+    assert w.alive(19) == frozenset({0, 1})
+
+
+def test_a_loss_that_would_leave_no_worker_is_refused_and_the_world_stays_as_it_was():
+    from gasloc_emu.scenario.events import LeaveEvent, ScenarioError
+    w = timed_world(LeaveEvent(worker=0, at_s=1.0), workers=3)
+    fix_at(w, 1.0, 0)      # round 1; a loss of the others there would skip it (last worker)
+    w.fixer.started(1)
+    with pytest.raises(ScenarioError, match="no worker would be alive"):
+        lose(w, 2.0, (1, 2), {1: 0, 2: 0})
+    assert w.losses == [] and w.alive(19) == frozenset({1, 2})
+
+
+def test_a_partition_naming_lost_workers_cuts_the_others_and_one_emptied_is_not_played():
+    from gasloc_emu.scenario.events import PartitionEvent
+    w = timed_world(PartitionEvent(at_s=3.0, end_s=4.0, groups=((0, 3), (1, 2))),
+                    PartitionEvent(at_s=5.0, groups=((4, 5), (0, 1, 2, 3))))
+    w.fixer.started(0)
+    lose(w, 2.0, (3, 4, 5), {3: 0, 4: 0, 5: 0})        # round 1
+    fix_at(w, 5.0, 1)
+    assert w.cut_edges(2) == frozenset({(0, 1), (0, 2)})
+    assert [(s["type"], s["why"]) for s in w.skipped] == [
+        ("partition", "names workers lost with their host")]
+    assert w.cut_edges(19) == frozenset()
+
+
+def test_what_a_donor_sends_a_joiner_dead_with_its_host_is_lost_with_it():
+    """Worker 3 restarts at round 2 on a host already dead (node 0 had not found it yet): its
+    donor's parameters and DiLoCo's momentum (two messages) go to a dead process."""
+    from gasloc_emu.scenario.events import JoinEvent, LeaveEvent
+    w = timed_world(LeaveEvent(worker=3, at_s=1.0), JoinEvent(worker=3, at_s=2.0),
+                    join_messages=2)
+    fix_at(w, 2.0, 0)                                   # 3 leaves at 1, joins at 2
+    assert w.plan(3, 2).join_from == 0
+    lose(w, 3.0, (3, 4, 5), {3: 0, 4: 2, 5: 2})        # round 3: 3 dead from round 1
+    # ring of 6 in round 2: each sends 2 * 5 messages to the next; 2 -> 3, and 0 donates
+    assert w.sent_to_dead() == {2: 10, 0: 2}

@@ -63,3 +63,19 @@ def test_the_launcher_waits_for_every_departed_process_counters_and_fails_withou
     late.departures = 2
     with pytest.raises(RunFailed, match=r"counters of the processes of workers \[4\] that left"):
         sup._await_departed(0.05)
+
+
+def test_a_process_killed_without_a_word_counts_what_its_heartbeat_and_rows_said():
+    """Its counters died with it: its last heartbeat's bytes and drops stand for them, with the
+    messages it did without from a dead peer as its rows listed them (what the replay takes),
+    not its heartbeat's count, which may be ahead of or behind its rows."""
+    from gasloc_emu.emulator.tally import killed_counters
+    hb = SimpleNamespace(sent={1: 300}, drop_reasons={"zap.key": 2, "dead_peer": 5})
+    killed = killed_counters(hb, rows_dead_peer=1)
+    assert killed["drop_reasons"] == {"zap.key": 2, "dead_peer": 1} and killed["dropped"] == 3
+    slot = _slot(0, [], _counters({1: 7}, {1: 7}, {"dead_peer": 1}))
+    slot.killed = [killed]
+    total = lifetime_counters(slot)
+    assert total["bytes_sent"] == {1: 307} and total["drop_reasons"] == {"zap.key": 2,
+                                                                          "dead_peer": 2}
+    assert killed_counters(None, 0)["drop_reasons"] == {}   # killed before its first heartbeat
