@@ -388,6 +388,21 @@ class ClusterSupervisor(Supervisor):
         self._lose_node(info)
         return True
 
+    def _exit_reported_soon(self, s: WorkerSlot, now: float) -> bool:
+        """As on one host, for a worker of another node whose node beats: that node reports
+        its exit. Its latest report is read first (node 0 reads the nodes' beats every BEAT_S,
+        the silence every pass)."""
+        info = self.node.node_of(s.rank)
+        if not info.node:
+            return super()._exit_reported_soon(s, now)
+        if info.node in self.lost_nodes:
+            return False
+        self._check_node(info, self.node.rdv, now)
+        if s.gone or s.ready is None:   # its exit was in the report: handled
+            return True
+        return self.node.rdv.silent_s(info.node, now) <= 2 * BEAT_S and \
+            super()._exit_reported_soon(s, now)
+
     def _goes_on_without(self, info: NodeInfo) -> bool:
         return self._goes_on() and info.node != 0
 

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 FILE_NAME = "launch.json"
+# at most this long a worker that leaves as the scenario says flushes its last messages before
+# it dies (its heartbeats stopped): the launcher counts it in before calling it silent
+LEAVE_FLUSH_S = 10.0
 
 
 class SpecError(ValueError):

@@ -16,7 +16,7 @@ from gasloc_emu.emulator.errors import RunFailed
 from gasloc_emu.emulator.inbound import (
     where_in_run,
 )
-from gasloc_emu.emulator.launch_spec import LaunchSpec
+from gasloc_emu.emulator.launch_spec import LEAVE_FLUSH_S, LaunchSpec
 from gasloc_emu.emulator.processes import (
     WorkerSlot,
     kill_group,
@@ -239,7 +239,8 @@ class Supervisor:
                 raise RunFailed(f"worker {s.rank}'s new process did not get ready in "
                                 f"{READY_TIMEOUT_S:.0f} s")
             silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
-            if silent and s.ready is not None and s.final is None and not self._lost(s):
+            if silent and s.ready is not None and s.final is None and not self._lost(s) \
+                    and not self._exit_reported_soon(s, now):
                 raise self._silent(s, now - s.last_seen)
 
     def _planned_leave(self, s: WorkerSlot) -> int | None:
@@ -384,6 +385,14 @@ class Supervisor:
         """Whether a silent worker is lost with its host and the run goes on without it
         (multi-node runs, ``scenario.hostloss``); one host loses none."""
         return False
+
+    def _exit_reported_soon(self, s: WorkerSlot, now: float) -> bool:
+        """Whether a silent worker is one that leaves at its next round as the scenario says:
+        it stops its heartbeats, flushes its last messages for at most ``LEAVE_FLUSH_S`` (at
+        once to peers lost with their hosts) and dies without a word, so its exit is still to
+        be seen that long past the heartbeat timeout."""
+        return self._planned_leave(s) == s.round + 1 and \
+            now - s.last_seen <= self.cfg.run.heartbeat_timeout_s + LEAVE_FLUSH_S
 
     def _when(self, slot: WorkerSlot) -> str:
         return where_in_run(slot.ready is not None, bool(self.t0), slot.round,

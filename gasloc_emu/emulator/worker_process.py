@@ -25,12 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gasloc_emu.emulator.launch_spec import LaunchSpec
+from gasloc_emu.emulator.launch_spec import LEAVE_FLUSH_S, LaunchSpec
 from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.transport import orders
 
 _PR_SET_PDEATHSIG = 1
-_LEAVE_FLUSH_S = 10.0  # at most this long to flush a departing worker's last messages
 
 
 def die_with_parent() -> None:
@@ -310,11 +309,11 @@ class WorkerProcess:
         out), so that its peers' last round with it is the same in ``run`` and ``simulate``."""
         self.heartbeat.stop()
         self.ctl.send(_control().Departed(self.rank, self.transport.counters()))
-        self.transport.close(linger_s=_LEAVE_FLUSH_S)
-        self.ctl.sock.close(linger=int(_LEAVE_FLUSH_S * 1000))
+        self.transport.close(linger_s=LEAVE_FLUSH_S)
+        self.ctl.sock.close(linger=int(LEAVE_FLUSH_S * 1000))
         flush = threading.Thread(target=self.ctx.term, daemon=True)  # returns once flushed
         flush.start()
-        flush.join(timeout=_LEAVE_FLUSH_S)
+        flush.join(timeout=LEAVE_FLUSH_S)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def joiner(self, t: int):

@@ -84,9 +84,12 @@ class DataSockets:
         """Handshakes ZAP refused, as "zap.<reason>"; none on an unauthenticated plane."""
         return {} if self.zap is None else self.zap.refusals()
 
-    def close_pushes(self, linger_ms: int) -> None:
-        for sock in self.push.values():
-            sock.close(linger=linger_ms)
+    def close_pushes(self, linger_ms: int, dead: frozenset = frozenset()) -> None:
+        """Close every socket to a peer, flushing what is queued for at most ``linger_ms``;
+        at once for the ``dead`` peers (lost with their hosts: what is queued for them is lost
+        with them, and counted so by its sender; waiting would only keep this process)."""
+        for peer, sock in self.push.items():
+            sock.close(linger=0 if peer in dead else linger_ms)
 
     def close_context(self) -> None:
         if self.zap is not None:

@@ -271,7 +271,8 @@ class ZmqTransport(TransportBase):
         self.mailbox.set_round(first_round)
 
     def close(self, linger_s: float | None = None) -> None:
-        """Flush queued sends for at most ``linger_s`` (default: the constructor's), then close.
+        """Flush queued sends for at most ``linger_s`` (default: the constructor's), then close;
+        what is queued for a peer lost with its host is dropped at once (``close_pushes``).
 
         Idempotent. Never blocks longer than the linger: unsent messages are then discarded.
         """
@@ -281,7 +282,8 @@ class ZmqTransport(TransportBase):
         if self._background is not None:  # it sees _closed at its next poll slice and ends
             self._background.join(timeout_s=2 * POLL_SLICE_S + 1)
         linger_ms = int(1000 * (self.linger_s if linger_s is None else linger_s))
-        self._sockets.close_pushes(linger_ms)
+        dead = frozenset(self.dead_peers()) if self.dead_peers is not None else frozenset()
+        self._sockets.close_pushes(linger_ms, dead)
         if self._rx is not None:
             self._rx.stop()
         self._pull.close(linger=0)

@@ -343,6 +343,16 @@ def test_close_is_bounded_when_the_peer_never_comes(free_ports):
         tp.recv(1, 0, "z")
 
 
+def test_what_is_queued_for_a_peer_lost_with_its_host_is_not_waited_for(free_ports):
+    """A worker that leaves flushes its last messages for a long linger, but not those for a
+    peer lost with its host: they are lost with it (and counted so by the sender)."""
+    tp = _lone(free_ports, linger_s=5.0, dead_peers=lambda: {1})
+    tp.send(1, 0, "z", torch.ones(1 << 20))
+    t0 = time.monotonic()
+    tp.close()
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_sending_what_the_data_plane_cannot_carry_is_refused(free_ports):
     with _lone(free_ports, max_numel=100) as tp:
         with pytest.raises(ValueError, match="float64"):

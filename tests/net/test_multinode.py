@@ -238,49 +238,112 @@ ROUNDS_FAULTS = 30
 
 def test_random_faults_and_a_host_killed_without_warning_are_survived_and_replayed(hosts,
                                                                                    tmp_path):
-    """Three hosts with 1, 2 and 3 workers on random matchings, a random-fault section
-    (crashes and restarts, hangs, node 1's host lost and back as the scenario says), and node
-    2's agent killed with SIGKILL once worker 3 has crashed, then started again by hand. Node 0
-    loses node 2 while its workers' restarts are due: a restart fixed before node 0 found the
-    host lost is played as a process dead with it (what its donor sent is lost with it), one
-    fixed after is not played (the record says why), and node 2's return takes back every
-    worker lost with it. The run ends ok, every message lost with the dead host is counted,
-    and `simulate --replay` gives its losses row by row, its drops and its membership."""
+    """Three hosts with 1, 2 and 3 workers, shaped by tc, a random-fault section (crashes and
+    restarts, hangs, node 1's host lost and back as the scenario says), and node 2's agent
+    (and its workers with it) killed with SIGKILL once worker 3 has crashed; the run does not
+    know it in advance (``run.on_worker_loss = continue``). Node 0 finds the node silent,
+    decides the round its workers leave at, and tells the others; a restart of theirs fixed
+    before that is played as a process dead with the host (what its donor sent is lost with
+    it), one fixed after is not played (the record says why). The run ends ok, every message
+    lost with the dead host is counted exactly (``dead_peer``), `simulate --replay` gives the
+    run's losses row by row, its drops and its membership, and nothing is left running on
+    any host. Drawn each time (an environment variable picks):
+    - the algorithm (GASLOC_TEST_ALGO): GASLoC on random matchings, or DiLoCo, whose rounds
+      broken by the loss are not committed, the same in the replay;
+    - whether the host comes back (GASLOC_TEST_BACK=1 or 0): its agent started again by hand
+      with the same command, which first removes the tc root its predecessor left; node 0
+      takes every worker lost with it back at a round no worker has started, from their own
+      checkpoints where the run writes them (drawn too) and GASLoC's state is each worker's
+      own, else from a living neighbour; the lost workers have no rows between their death
+      and their return. Else the run ends without them."""
+    import random
+    rng = random.Random()
+    every = rng.choice([0, 1])
+    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
+    comes_back = os.environ.get("GASLOC_TEST_BACK", rng.choice("01")) == "1"
+    why = f"{algo}, checkpoints {every}" + (", started again" if comes_back else "")
     out, scenario = tmp_path / "rec", tmp_path / "faults.toml"
     scenario.write_text(RANDOM_FAULTS)
-    nodes = _going_on_after_losses(out, rounds=ROUNDS_FAULTS, heartbeat_timeout_s=3)
+    profile = tmp_path / "fast.toml"   # shaped by tc on every host: what the killed agent left
+    profile.write_text("[default]\nrate_mbit = 1000\n")
+    nodes = _going_on_after_losses(out, rounds=ROUNDS_FAULTS, heartbeat_timeout_s=3, algo=algo)
     for n in nodes:
-        n["argv"] += ["--scenario", str(scenario), "--step-time-s", "0.1"]
-    result = hosts(nodes, kill={"node": 2, "after_s": 0.0, "restart_after_s": 0.5,
-                                "output": {"node": 0, "text": "worker 3 leaves"}})
-    for k in range(3):
-        assert result["nodes"][k]["rc"] == 0, (k, result["nodes"][k]["err"][-1500:])
-    assert result["left"] == {}, result["left"]
+        n["argv"] += ["--scenario", str(scenario), "--step-time-s", "0.1",
+                      "--set", f"run.checkpoint_every={every}",
+                      "--bw-profile", str(profile), "--shaper", "tc"]
+    result = hosts(nodes, kill={"node": 2, "after_s": 0.0,
+                                "output": {"node": 0, "text": "worker 3 leaves"}}
+                   | ({"restart_after_s": 0.5} if comes_back else {}))
+    for k in (0, 1, 2) if comes_back else (0, 1):
+        assert result["nodes"][k]["rc"] == 0, (why, k, result["nodes"][k]["err"][-1500:])
+    assert result["left"] == {}, (why, result["left"])
     summary = _summary(out)
-    assert summary["status"] == "ok", summary.get("error")
+    assert summary["status"] == "ok", (why, summary.get("error"))
+    assert summary["shaper"] == "tc", why
     membership = summary["membership"]
     assert json.loads((out / "faults.json").read_text())["counts"]["host"] == {"played": 2}
     [loss] = membership["host_losses"]
-    [back] = membership["host_backs"]
-    assert loss["node"] == back["node"] == 2 and back["ranks"] == loss["ranks"] == [3, 4, 5]
-    assert loss["round"] < back["round"] < ROUNDS_FAULTS, (loss, back)
-    assert membership["alive_at_end"] == [0, 1, 2, 3, 4, 5]
+    assert loss["node"] == 2 and loss["ranks"] == [3, 4, 5], (why, loss)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    left = [e["worker"] for e in events if e.get("reason") == "host lost"]
+    assert left and set(left) <= {3, 4, 5}, (why, events)   # those alive at the loss's round
+    ran = _losses(out)
+    if comes_back:
+        _came_back(result, membership, loss, ran, out, every, algo, why)
+    else:
+        assert "host_backs" not in membership, why
+        assert membership["alive_at_end"] == [0, 1, 2], why
+        for r in (3, 4, 5):   # no row of a lost worker past the round it died in
+            assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
     for s in membership.get("skipped", ()):   # only what the dead host's workers could not do
-        assert s["worker"] in (3, 4, 5) and loss["round"] <= s["round"] <= back["round"], s
-    # over every process of each worker: one that left as the scenario says and came back
-    # did without messages of the dead in its earlier life too
-    expected = {str(w): {"dead_peer": n} if n else {}
-                for w, n in _lost_with_the_host(out).items()}
-    assert summary["drops"]["by_worker"] == expected, (summary["drops"], expected)
+        assert s["worker"] in (3, 4, 5) and loss["round"] <= s["round"], (why, s)
+    # over every process of each worker there at the end: one that left as the scenario says
+    # and came back did without messages of the dead in its earlier life too
+    lost_by = _lost_with_the_host(out)
+    expected = {str(w): {"dead_peer": lost_by[w]} if lost_by.get(w) else {}
+                for w in membership["alive_at_end"]}
+    assert summary["drops"]["by_worker"] == expected, (why, summary["drops"], expected)
     _assert_threads_of_hosts_1_2_3(out)
     _replayed(out, tmp_path / "replay")
     again = _summary(tmp_path / "replay")
-    assert again["membership"]["changes"] == membership["changes"]
-    assert again["drops"] == summary["drops"]
-    assert _losses(tmp_path / "replay") == _losses(out)   # row by row, to the bit
+    assert again["membership"]["changes"] == membership["changes"], why
+    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
+    assert again["drops"] == summary["drops"], why   # the same messages lost with the host
+    assert again.get("uncommitted") == summary.get("uncommitted"), why
     skipped = [(s["type"], s["worker"], s["round"], s["why"])
                for s in membership.get("skipped", ())]
-    print(f"lost at round {loss['round']}, back at {back['round']}; skipped: {skipped}")
+    print(f"{why}: lost at round {loss['round']}" + (
+        f", back at {membership['host_backs'][0]['round']}"
+        f"{' from checkpoints' if membership['host_backs'][0]['from_checkpoint'] else ''}"
+        if comes_back else "") + f"; skipped: {skipped}")
+
+
+def _came_back(result, membership, loss, ran, out, every, algo, why) -> None:
+    """The killed host's agent, started again, removed the tc root its predecessor left and
+    was taken back: every worker lost with it joined at the decided round, from its own
+    checkpoint exactly when each took part in a checkpoint round before it died and GASLoC's
+    state is each worker's own, and has no row between its death and its return."""
+    back_log = result["nodes"][2]["back_out"] + result["nodes"][2]["back_err"]
+    assert "back in the run" in back_log, (why, back_log[-2000:])
+    assert "tc qdisc del dev eth0 root  # left by run" in back_log, (why, back_log[-2000:])
+    [back] = membership["host_backs"]
+    assert back["node"] == 2 and back["ranks"] == [3, 4, 5], (why, back)
+    assert loss["round"] < back["round"] < ROUNDS_FAULTS, (why, loss, back)
+    assert membership["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
+    joins = [c for c in membership["changes"] if c.get("reason") == "host back"]
+    assert [(c["worker"], c["round"]) for c in joins] == \
+        [(r, back["round"]) for r in (3, 4, 5)], (why, joins)
+    world = _record_world(out)
+    wrote = {r: world.restore_rounds(r, back["round"]) for r in (3, 4, 5)}
+    restores = bool(every) and algo == "gasloc" and all(wrote.values())
+    assert back["from_checkpoint"] == restores, (why, back, wrote)
+    for r in (3, 4, 5):   # no row from the round it died in to its return
+        last = loss["last_rows"][str(r)]
+        assert not [t for (w, t) in ran if w == r and last < t < back["round"]], (why, r)
+        log = (out.parent / "rec.node2" / "workers" / f"worker{r}.log").read_text()
+        restored = f"rejoins at round {back['round']} from its checkpoint of round " \
+                   f"{wrote[r][-1] if wrote[r] else None}"
+        assert (restored in log) == restores, (why, r, log[-2000:])
 
 
 def test_torchrun_launch(hosts, tmp_path):
@@ -458,15 +521,9 @@ def _going_on_after_losses(out: Path, rounds: int, heartbeat_timeout_s: int,
             for k in range(3)]
 
 
-def _lost_with_the_host(out: Path) -> dict[int, int]:
-    """{worker: the messages lost with dead hosts that it must count}: those it did without
-    (its rows say which) and those it sent to the dead workers in the rounds they were
-    members but dead (the world of the record's config, with its events at a time, hosts
-    lost and back played as node 0 decided them)."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    counts = {}
-    for row in rows:
-        counts[row["worker"]] = counts.get(row["worker"], 0) + len(row.get("dead_peer") or ())
+def _record_world(out: Path):
+    """The world of a record's config with its events at a time, and its hosts lost and back
+    played in the order node 0 decided them (what the replay plays)."""
     plan = build_plan(config.resolve(out / "config.toml"), data=False)
     membership = _summary(out)["membership"]
     if "fixings" in membership:
@@ -474,108 +531,20 @@ def _lost_with_the_host(out: Path) -> dict[int, int]:
     for x in in_decided_order([HostLoss.from_json(x) for x in membership["host_losses"]],
                               [HostBack.from_json(x) for x in membership.get("host_backs", ())]):
         plan.world.lose(x) if isinstance(x, HostLoss) else plan.world.back(x)
-    for w, n in plan.world.sent_to_dead().items():
+    return plan.world
+
+
+def _lost_with_the_host(out: Path) -> dict[int, int]:
+    """{worker: the messages lost with dead hosts that it must count}: those it did without
+    (its rows say which) and those it sent to the dead workers in the rounds they were
+    members but dead (from the record's world)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    counts = {}
+    for row in rows:
+        counts[row["worker"]] = counts.get(row["worker"], 0) + len(row.get("dead_peer") or ())
+    for w, n in _record_world(out).sent_to_dead().items():
         counts[w] = counts.get(w, 0) + n
     return counts
-
-
-ROUNDS_LOST = 18
-
-
-def test_a_host_killed_without_warning_is_survived_or_comes_back_and_is_replayed(hosts,
-                                                                                  tmp_path):
-    """Three hosts with 1, 2 and 3 workers; one node agent other than 0 (and its workers with
-    it) is killed with SIGKILL at a random point of the run, which does not know it in
-    advance (``run.on_worker_loss = continue``). Node 0 finds the node silent, decides the
-    round its workers leave at, and tells the others; the messages lost with them are
-    counted exactly (``dead_peer``), the record says from which round and which messages,
-    `simulate --replay` gives the run's losses row by row, and nothing is left running on any
-    host. Drawn each time (an environment variable picks):
-    - the algorithm (GASLOC_TEST_ALGO): GASLoC on random matchings, or DiLoCo, whose rounds
-      broken by the loss are not committed, the same in the replay;
-    - whether the host comes back (GASLOC_TEST_BACK=1 or 0): its agent started again by hand
-      with the same command; node 0 takes its workers back at a round no worker has started,
-      from their own checkpoints where the run writes them (drawn too) and GASLoC's state is
-      each worker's own, else from a living neighbour; the run ends ok with every worker, and
-      the lost ones have no rows between their death and their return. Else the run ends ok
-      without them."""
-    import random
-    rng = random.Random()
-    node, rows, every = rng.choice([1, 2]), rng.randrange(8, 14), rng.choice([0, 1])
-    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
-    comes_back = os.environ.get("GASLOC_TEST_BACK", rng.choice("01")) == "1"
-    why = f"{algo}: node {node} killed after {rows} rows" + (
-        f", started again; checkpoints {every}" if comes_back else "")
-    out = tmp_path / "rec"
-    nodes = _going_on_after_losses(out, rounds=ROUNDS_LOST, heartbeat_timeout_s=3, algo=algo)
-    for n in nodes:   # rounds of 0.2 s at least: the agent started again is back in time
-        n["argv"] += ["--set", f"run.checkpoint_every={every}", "--step-time-s", "0.1"]
-    result = hosts(nodes, kill={"node": node, "after_s": 0.0,
-                                "training": _training(out) | {"workers": [0, 1, 2, 3, 4, 5],
-                                                              "rows": rows}}
-                   | ({"restart_after_s": 0.5} if comes_back else {}))
-    lost = [1, 2] if node == 1 else [3, 4, 5]
-    for k in {0, 1, 2} - ({node} if not comes_back else set()):
-        assert result["nodes"][k]["rc"] == 0, (why, result["nodes"][k]["err"][-1500:])
-    assert result["left"] == {}, (why, result["left"])
-    summary = _summary(out)
-    assert summary["status"] == "ok", (why, summary.get("error"))
-    membership = summary["membership"]
-    [loss] = membership["host_losses"]
-    assert loss["node"] == node and loss["ranks"] == lost, (why, loss)
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "leave"] \
-        == [(r, loss["round"], "host lost") for r in lost], (why, events)
-    ran = _losses(out)
-    if comes_back:
-        _came_back(result, summary, events, ran, loss, lost, tmp_path, every, algo, why)
-    else:
-        assert "host_backs" not in membership, why
-        assert membership["alive_at_end"] == sorted({0, 1, 2, 3, 4, 5} - set(lost)), why
-        for r in lost:   # no row of a lost worker past the round it died in
-            assert max(t for (w, t) in ran if w == r) == loss["last_rows"][str(r)], why
-    # every message lost with the dead host is counted, the same way as other drops, and
-    # nothing else: returners' new processes drop none (what their peers had queued for
-    # their dead predecessors is counted by the senders)
-    expected = {str(w): {"dead_peer": n} if n else {}
-                for w, n in _lost_with_the_host(out).items()
-                if comes_back or w not in lost}
-    assert summary["drops"]["by_worker"] == expected, (why, summary["drops"], expected)
-    replay = subprocess.run([*_cli(), "simulate", "--replay", str(out), "--out",
-                             str(tmp_path / "replay")], capture_output=True, text=True)
-    assert replay.returncode == 0, (why, replay.stderr)
-    again = _summary(tmp_path / "replay")
-    assert again["membership"]["changes"] == membership["changes"], why
-    assert _losses(tmp_path / "replay") == ran, why   # row by row, to the bit
-    assert again["drops"] == summary["drops"], why   # the same messages lost with the host
-    assert again.get("uncommitted") == summary.get("uncommitted"), why
-    print(f"{why}: lost at round {loss['round']}" + (
-        f", back at {membership['host_backs'][0]['round']}"
-        f"{' from checkpoints' if membership['host_backs'][0]['from_checkpoint'] else ''}"
-        if comes_back else ""))
-
-
-def _came_back(result, summary, events, ran, loss, lost, tmp_path, every, algo, why) -> None:
-    """The killed host's agent, started again, was taken back: its workers joined at the
-    decided round, from their checkpoints exactly when each wrote one before it died (a
-    round's file is written before its row) and GASLoC's state is each worker's own."""
-    node = loss["node"]
-    assert "back in the run" in result["nodes"][node]["back_err"], (why, result["nodes"][node])
-    [back] = summary["membership"]["host_backs"]
-    assert back["node"] == node and back["ranks"] == lost, (why, back)
-    assert loss["round"] < back["round"] < ROUNDS_LOST, (why, loss, back)
-    assert summary["membership"]["alive_at_end"] == [0, 1, 2, 3, 4, 5], why
-    assert [(e["worker"], e["round"], e["reason"]) for e in events if e["type"] == "join"] == \
-        [(r, back["round"], "host back") for r in lost], (why, events)
-    wrote = every and algo == "gasloc" and min(loss["last_rows"].values()) >= 0
-    assert back["from_checkpoint"] == bool(wrote), (why, back, loss)
-    for r in lost:   # no row from the round it died in to its return, then every round
-        last = loss["last_rows"][str(r)]
-        assert sorted(t for (w, t) in ran if w == r) == \
-            [*range(last + 1), *range(back["round"], ROUNDS_LOST)], (why, r)
-        log = (tmp_path / f"rec.node{node}" / "workers" / f"worker{r}.log").read_text()
-        restored = f"rejoins at round {back['round']} from its checkpoint of round {last}"
-        assert (restored in log) == bool(wrote), (why, r, log[-2000:])
 
 
 def test_node_0_killed_while_a_lost_host_is_survived_leaves_nothing_on_any_host(hosts,

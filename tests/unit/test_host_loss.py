@@ -685,3 +685,27 @@ def test_what_a_donor_sends_a_joiner_dead_with_its_host_is_lost_with_it():
     lose(w, 3.0, (3, 4, 5), {3: 0, 4: 2, 5: 2})        # round 3: 3 dead from round 1
     # ring of 6 in round 2: each sends 2 * 5 messages to the next; 2 -> 3, and 0 donates
     assert w.sent_to_dead() == {2: 10, 0: 2}
+
+
+def test_a_remote_worker_leaving_as_planned_is_waited_for_while_its_node_beats(tmp_path):
+    """Worker 4 (node 2) leaves at round 6 as the scenario says: it flushes its last messages
+    (up to LEAVE_FLUSH_S) and dies without a word. Silent, it is not a failure while its node
+    beats (its node reports the exit), up to that flush past the heartbeat timeout; a worker
+    with no leave due, or a node that stopped beating, is judged at once."""
+    scenario = tmp_path / "leave.toml"
+    scenario.write_text('[[event]]\ntype = "leave"\nworker = 4\nat_s = 5.0\n')
+    sup, _ = shell("gasloc", sets=(f"run.scenario={scenario}", "run.heartbeat_timeout_s=3"))
+    sup.plan.world.fix(sup.plan.world.fixer.due(5.25))
+    assert sup._planned_leave(sup.slots[4]) == 6
+    sup.slots[4].round, sup.slots[3].round = 5, 5
+    beats = {"silent_s": 0.2}
+    sup.node.rdv = SimpleNamespace(status=lambda node: None,
+                                   silent_s=lambda node, now: beats["silent_s"])
+    for s in sup.slots:
+        s.last_seen = 100.0
+    assert sup._exit_reported_soon(sup.slots[4], now=104.0)       # its node will report it
+    assert sup._exit_reported_soon(sup.slots[4], now=112.5)       # still flushing, maybe
+    assert not sup._exit_reported_soon(sup.slots[4], now=113.5)   # 3 s + LEAVE_FLUSH_S
+    assert not sup._exit_reported_soon(sup.slots[3], now=104.0)   # no leave due: silent
+    beats["silent_s"] = 2.0
+    assert not sup._exit_reported_soon(sup.slots[4], now=104.0)   # its node is silent too
