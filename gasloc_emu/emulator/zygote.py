@@ -127,9 +127,11 @@ class Zygote:
             return self.exits.get(pid)
 
     def wait_exit(self, pid: int, deadline: float | None) -> int | None:
+        """``pid``'s exit code once the zygote reports it; None at ``deadline``, or at once
+        when the zygote is gone (it will report nothing more)."""
         with self.cond:
             def ended() -> bool:
-                return pid in self.exits
+                return pid in self.exits or not self.alive
 
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             self.cond.wait_for(ended, timeout=left)

@@ -68,3 +68,12 @@ def test_sigkill_of_the_launcher_takes_the_forked_workers_with_it(tmp_path, aliv
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_wait_for_a_worker_of_a_zygote_that_is_gone_ends_at_once():
+    """A zygote that exited reports no more exits: waiting for one ends at once, not at the
+    deadline (the launcher's clean-up waits for every worker it kills)."""
+    zygote = Zygote()   # never started: as one whose process has ended (not alive)
+    t0 = time.monotonic()
+    assert zygote.wait_exit(12345, time.monotonic() + 5.0) is None
+    assert time.monotonic() - t0 < 1.0
