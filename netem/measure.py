@@ -303,7 +303,7 @@ def _receive(sock, nbytes: int, deadline_s: float,
     most one point per POINT_EVERY_S but always the last, and which clock timed them: the
     kernel's receive stamps where every read had one (a receiver process that the machine
     runs late does not lower the rate then), else this process's clock."""
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)   # the caller's, before "go"
     buf = memoryview(bytearray(CHUNK_BYTES))
     by_clock: list[tuple[float, int]] = []
     by_stamp: list[tuple[float | None, int]] = []
@@ -350,6 +350,9 @@ def serve_pair(sock: socket.socket, budget: PairBudget, clock: Clock = time.mono
         return _report(sock, budget, clock, {
             "error": f"the sender asked for {nbytes} bytes in {seconds:g} s; this host allows "
                      f"{limit} bytes in {budget.bulk_seconds(clock()):g} s"})
+    # stamped from the first segment: set after "go", the sender's first segments could land
+    # unstamped and the whole transfer would fall back to this process's clock
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     _send_all(sock, LENGTH.pack(0), budget.deadline_s, clock)      # go
     points, timed_by = _receive(sock, nbytes, budget.bulk_deadline_s, clock)
     try:
