@@ -565,9 +565,12 @@ def _around_losses(scenario: Scenario, events: list, at_s: dict, losses: list[Ho
         """Why ``r`` cannot change in round t: lost then, or its host lost or back in it."""
         return next((why for a, b, why in gone.get(r, ()) if a <= t <= b), None)
 
-    hosts = {t: ([r for x in losses if x.round == t for r in x.ranks],
-                 [(r, x) for x in backs if x.round == t for r in x.ranks])
-             for x in [*losses, *backs] for t in [x.round] if t < scenario.rounds}
+    # round -> ([(rank, its loss)], [(rank, its return)]) of the decisions at that round
+    hosts: dict[int, tuple[list, list]] = {}
+    for side, decisions in ((0, losses), (1, backs)):
+        for x in decisions:
+            if x.round < scenario.rounds:
+                hosts.setdefault(x.round, ([], []))[side].extend((r, x) for r in x.ranks)
     by_t: dict[int, list[int]] = {}
     for k, ev in enumerate(events):
         if ev.by_round:
@@ -583,9 +586,10 @@ def _around_losses(scenario: Scenario, events: list, at_s: dict, losses: list[Ho
     for t in sorted(set(by_t) | set(hosts)):
         before = set(alive)
         leaving, returning = hosts.get(t, ([], []))
-        for r in sorted(set(leaving) & alive):
-            alive.discard(r)
-            extra_leaves.append((r, t))
+        for r, loss in sorted(leaving, key=lambda rx: rx[0]):
+            if r in alive:
+                alive.discard(r)
+                extra_leaves.append((r, loss))
         for r, back in returning:
             alive.add(r)
             extra_joins.append((r, back))
@@ -609,9 +613,8 @@ def _around_losses(scenario: Scenario, events: list, at_s: dict, losses: list[Ho
                 elif trimmed != events[k]:
                     kept[k] = _moved(at_s, events[k], trimmed)
     out = [kept[k] for k in sorted(kept)]
-    for r, t in extra_leaves:
-        loss = next(x for x in losses if x.round == t and r in x.ranks)
-        out.append(LeaveEvent(worker=r, round=t))
+    for r, loss in extra_leaves:
+        out.append(LeaveEvent(worker=r, round=loss.round))
         at_s[out[-1]] = {"at_s": loss.at_s, "reason": loss.reason, "node": loss.node}
     for r, back in extra_joins:
         out.append(JoinEvent(worker=r, round=back.round, from_checkpoint=back.from_checkpoint))
