@@ -42,6 +42,7 @@ The rules (docs/ALGORITHM.md, "A host lost without warning"):
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -208,11 +209,21 @@ def dead_in(rank: int, t: int, losses: list[HostLoss], backs: list[HostBack]) ->
     return False
 
 
+def lost_spans(losses: list[HostLoss],
+               backs: list[HostBack]) -> dict[int, list[tuple[HostLoss, float]]]:
+    """{rank: [(a loss of it, the round of its first return after it, inf for none)]}."""
+    out: dict[int, list[tuple[HostLoss, float]]] = {}
+    for loss in losses:
+        for r in loss.ranks:
+            ends = [b.round for b in backs if r in b.ranks and b.round > loss.round]
+            out.setdefault(r, []).append((loss, min(ends, default=math.inf)))
+    return out
+
+
 def still_lost(losses: list[HostLoss], backs: list[HostBack]) -> frozenset[int]:
     """The workers lost with their hosts that have not come back since."""
-    return frozenset(r for loss in losses for r in loss.ranks
-                     if not any(r in b.ranks and b.round > loss.round for b in backs)
-                     and loss.round == max(x.round for x in losses if r in x.ranks))
+    return frozenset(r for r, spans in lost_spans(losses, backs).items()
+                     if any(end == math.inf for _, end in spans))
 
 
 def _nonneg(v) -> bool:

@@ -88,6 +88,7 @@ from gasloc_emu.scenario.hostloss import (
     HostLoss,
     HostLossError,
     dead_in,
+    lost_spans,
     sent_to_dead,
     still_lost,
 )
@@ -554,16 +555,12 @@ def _around_losses(scenario: Scenario, events: list, at_s: dict, losses: list[Ho
     and a join whose named donor is absent takes the world's default donor. The scenario's own
     rounds are kept otherwise: without losses this returns them as given. The records say what
     was left out, and why."""
-    gone: dict[int, list[tuple[int, float, str]]] = {}   # rank -> [lost from, back at), why
-    for loss in losses:
-        for r in loss.ranks:
-            ends = [b.round for b in backs if r in b.ranks and b.round > loss.round]
-            gone.setdefault(r, []).append((loss.round, min(ends, default=math.inf),
-                                           LOST_WHY[loss.cause]))
+    gone = lost_spans(losses, backs)
 
     def lost(r: int, t: int) -> str | None:
         """Why ``r`` cannot change in round t: lost then, or its host lost or back in it."""
-        return next((why for a, b, why in gone.get(r, ()) if a <= t <= b), None)
+        return next((LOST_WHY[loss.cause] for loss, back in gone.get(r, ())
+                     if loss.round <= t <= back), None)
 
     # round -> ([(rank, its loss)], [(rank, its return)]) of the decisions at that round
     hosts: dict[int, tuple[list, list]] = {}
