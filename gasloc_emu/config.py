@@ -482,6 +482,23 @@ class ExecConfig(_Validated):
                                        "checksummed; older ones removed once every worker has "
                                        "two newer ones), so that --resume RUN_DIR can continue "
                                        "the run; 0: never.", lo=0, hi=10_000_000)
+    time_scale: float | str = setting(
+        1.0, "Time dilation K (Gupta et al., NSDI 2006): every rate / K and every delay, "
+             "jitter, nominal step time, scenario time and timeout x K, so the machine carries K "
+             "times fewer frames a second while every bandwidth-delay product and "
+             "compute-to-communication ratio stays; records report emulated time (wall / K). "
+             "'auto' picks the smallest K whose peak frame rate the packet line measured here "
+             "carries.", lo=1.0, hi=1000.0, names=("auto",))
+    require_faithful: bool = setting(False, "End a run whose fidelity verdict is degraded "
+                                            "(the network or the machine did not emulate "
+                                            "what was asked) with its own exit code and one "
+                                            "line naming the worst link.")
+
+    def _check(self) -> None:
+        k = self.time_scale
+        if isinstance(k, str) and k != "auto":
+            raise ConfigError(f"run.time_scale = {k!r} is not allowed; expected a number in "
+                              "[1.0, 1000.0] or 'auto'")
 
 
 # The named compute profiles; training.compute.NAMED is the list it builds (a unit test keeps

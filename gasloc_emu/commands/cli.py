@@ -92,6 +92,16 @@ def _momentum(value: str | None):
                             "(F in (0, 1])") from None
 
 
+def _time_scale(value: str | None):
+    if value is None or value == "auto":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise C.ConfigError(f"--time-scale {value!r}: expected a number in [1.0, 1000.0] or "
+                            "'auto'") from None
+
+
 def _outer_lr(value: str | None):
     if value is None or value == C.ONE_MINUS_MOMENTUM:
         return value
@@ -146,10 +156,12 @@ FLAGS: tuple[tuple[str, ...], ...] = (
     ("--cloud-missing", "net.cloud_missing"),
     ("--codec", "comm.codec"),
     ("--codec-ratio", "comm.ratio"),
+    ("--time-scale", "run.time_scale"),
 )
 # Rows only `run` has: probing needs real links, which simulate and config never build.
 RUN_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--probe", "net.probe"),
+    ("--require-faithful", "run.require_faithful"),
 )
 # Rows only `simulate` has: how the simulator computes, which `run` has no use for.
 SIM_FLAGS: tuple[tuple[str, ...], ...] = (
@@ -194,6 +206,7 @@ _PARSERS = {
     "algo.local_steps": (_local_steps, "H|H1,H2,..."),
     "algo.momentum": (_momentum, "GAMMA|auto|auto*F"),
     "algo.outer_lr": (_outer_lr, "ETA|1-momentum"),
+    "run.time_scale": (_time_scale, "K|auto"),
 }
 # Flags that set a setting without naming it as a value, for `config --fields`.
 _OTHER_FLAGS = {"run.dashboard": "--no-dashboard (off)"}

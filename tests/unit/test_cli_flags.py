@@ -35,7 +35,7 @@ ADDED_RUN = {"--overwrite", "--compute-profile", "--step-time-s", "--inner-budge
              "--link-trace", "--overlap", "--codec", "--codec-ratio", "--jitter-ms",
              "--loss-pct", "--delay", "--tcp-cc", "--placement", "--cloud-rate",
              "--cloud-missing", "--checkpoint-every", "--lr-schedule", "--warmup-steps",
-             "--micro-batches", "--precision", "--compile", "--no-compile"}
+             "--micro-batches", "--precision", "--compile", "--no-compile", "--time-scale"}
 NODE_FLAGS = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--nproc-per-node",
               "--secret-file"}  # run only: one node agent per host
 TODAY_NET = {"--config", "--bw-profile", "--workers", "-n", "--rate-mbit", "--latency-ms",
@@ -88,7 +88,8 @@ def test_rows_are_unique_and_net_flags_come_from_the_table():
 
 @pytest.mark.parametrize("cmd,expected", [
     (("run",), TODAY_RUN | ADDED_RUN | NODE_FLAGS | {"--probe", "--no-probe", "--dry-run",
-                                                     "--resume"}),
+                                                     "--resume", "--require-faithful",
+                                                     "--no-require-faithful"}),
     (("simulate",), TODAY_RUN | ADDED_RUN | {"--batched", "--no-batched", "--timing-only",
                                              "--no-timing-only", "--replay",
                                              "--resume"}),
