@@ -163,6 +163,17 @@ PER_FRAME_COST_BYTES = 256
 TIMER_SLACK_NS = 1000
 
 DEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")   # IFNAMSIZ 16 with the NUL
+ENGINES = ("auto", "c", "python")    # auto: the compiled core where it was built, else Python
+
+try:
+    from netem import _linecore
+except ImportError:                  # built without a compiler: the pure-Python loop only
+    _linecore = None
+
+
+def engine_available() -> bool:
+    """Whether the compiled core (netem/_linecore.c) was built and imports."""
+    return _linecore is not None
 
 
 class SpecError(ValueError):
@@ -215,6 +226,7 @@ class PacketLineSpec:
     stats_path: str | None = None
     ready_path: str | None = None
     global_limit_bytes: int = DEFAULT_GLOBAL_LIMIT_BYTES
+    engine: str = "auto"
     version: int = SPEC_VERSION
 
     def __post_init__(self) -> None:
@@ -243,6 +255,19 @@ class PacketLineSpec:
         if isinstance(g, bool) or not isinstance(g, int) or not (1 << 20) <= g <= (1 << 40):
             raise SpecError(f"global_limit_bytes = {g!r} is out of range; expected an integer "
                             f"in [{1 << 20}, {1 << 40}]")
+        if self.engine not in ENGINES:
+            raise SpecError(f"engine = {self.engine!r} is not allowed; expected one of "
+                            f"{', '.join(ENGINES)}")
+
+    def engine_to_run(self) -> str:
+        """'c' or 'python': what ``engine`` picks on this installation; a SpecError when 'c'
+        is asked for and the compiled core is not built."""
+        if self.engine == "c" and _linecore is None:
+            raise SpecError("engine = 'c' is not possible here: netem._linecore is not built "
+                            "(reinstall with a C compiler); expected 'auto' or 'python'")
+        if self.engine == "auto":
+            return "c" if _linecore is not None else "python"
+        return self.engine
 
     @staticmethod
     def _check_link(key: Any, imp: Any, ranks: set[int]) -> None:
@@ -266,14 +291,15 @@ class PacketLineSpec:
                           for (s, d), imp in sorted(self.links.items())],
                 "default": self.default.to_json(),
                 "seed": self.seed, "stats_path": self.stats_path,
-                "ready_path": self.ready_path, "global_limit_bytes": self.global_limit_bytes}
+                "ready_path": self.ready_path, "global_limit_bytes": self.global_limit_bytes,
+                "engine": self.engine}
 
     @classmethod
     def from_json(cls, data: Any) -> PacketLineSpec:
         if not isinstance(data, dict):
             raise SpecError(f"a packet line spec is a JSON object, not {type(data).__name__}")
         known = {"version", "ports", "links", "default", "seed", "stats_path", "ready_path",
-                 "global_limit_bytes"}
+                 "global_limit_bytes", "engine"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(f"unknown spec field(s) {', '.join(unknown)}; expected some of "
@@ -291,7 +317,7 @@ class PacketLineSpec:
                    ready_path=data.get("ready_path"),
                    global_limit_bytes=data.get("global_limit_bytes",
                                                DEFAULT_GLOBAL_LIMIT_BYTES),
-                   version=data.get("version", SPEC_VERSION))
+                   engine=data.get("engine", "auto"), version=data.get("version", SPEC_VERSION))
 
     def save(self, path: str) -> None:
         write_atomically(path, self.to_json())
@@ -467,6 +493,14 @@ class Histogram:
         else:
             self.over += 1
 
+    @classmethod
+    def from_bins(cls, fine: list, coarse: list, over: int, count: int,
+                  max_s: float) -> Histogram:
+        """The compiled core's histogram (the same bins), to summarise with these rules."""
+        h = cls()
+        h.fine, h.coarse, h.over, h.count, h.max_s = list(fine), list(coarse), over, count, max_s
+        return h
+
     def percentile_s(self, q: float) -> float:
         """The q-quantile (0 < q <= 1); 0 when empty."""
         if not self.count:
@@ -539,7 +573,67 @@ def _arrival_s(ancdata: list, fallback_s: float) -> tuple[float, bool]:
 
 FRAME_COUNTERS = ("received", "forwarded_frames", "flooded", "malformed", "truncated",
                   "recv_errors", "unroutable", "hairpin", "no_timestamp", "send_errors",
-                  "gso_frames", "gso_split", "gso_unsplit", "control_errors")
+                  "gso_frames", "gso_split", "gso_unsplit", "control_errors",
+                  "replies_dropped")
+# Replies the reader has not taken yet are kept, whole lines only, up to this; past it a new
+# reply is dropped whole (counted in replies_dropped) rather than growing without bound.
+REPLY_BUF_LIMIT_BYTES = 64 << 20
+CLOSE_FLUSH_S = 2.0                  # at exit, how long unread replies may wait for the reader
+
+
+def is_plain(imp: Impairment) -> bool:
+    """A fixed delay only (no loss, jitter or reordering): the compiled core decides it."""
+    return not (imp.lossy or imp.jitter_ms or imp.reorders)
+
+
+class _CoreBudget(ByteBudget):
+    """The global budget as the compiled core keeps it, for the LinkLines Python decides: they
+    take from the core's count; the core gives back itself when it sends (ByteBudget.give with
+    one frame's cost, as LinkLine.released would), so give is nothing here."""
+
+    def __init__(self, core: Any, limit_bytes: int, per_pkt_bytes: int):
+        super().__init__(limit_bytes, per_pkt_bytes)
+        self._core = core
+
+    def take(self, size_bytes: int, frames: int = 1) -> bool:
+        return self._core.budget_take(size_bytes + (frames - 1) * self.per_pkt_bytes)
+
+    def give(self, size_bytes: int, frames: int = 1) -> None:
+        pass
+
+    @property
+    def held_bytes(self) -> int:
+        return self._core.budget()[0] if self._core is not None else 0
+
+    @held_bytes.setter
+    def held_bytes(self, value: int) -> None:
+        pass
+
+    @property
+    def refused(self) -> int:
+        return self._core.budget()[1] if self._core is not None else 0
+
+    @refused.setter
+    def refused(self, value: int) -> None:
+        pass
+
+
+class _CoreEpoll:
+    """What the loop registers (control, signal and reply fds), watched by the core's epoll."""
+
+    def __init__(self, core: Any):
+        self._core = core
+
+    def register(self, fd: int, events: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PermissionError(errno.EPERM, "a regular file cannot be polled")
+        self._core.watch(fd, events)
+
+    def unregister(self, fd: int) -> None:
+        self._core.unwatch(fd)
+
+    def close(self) -> None:
+        pass
 
 
 class PacketLine:
@@ -548,10 +642,14 @@ class PacketLine:
     ``clock``: CLOCK_REALTIME in seconds (the kernel's receive stamps are on it)."""
 
     def __init__(self, spec: PacketLineSpec, clock: Callable[[], float] = time.time,
-                 control_fd: int | None = 0, reply: Callable[[dict], None] | None = None):
+                 control_fd: int | None = 0, reply: Callable[[dict], None] | None = None,
+                 reply_fd: int = 1):
         self.spec, self.clock = spec, clock
         self.control_fd = control_fd
-        self.reply = reply or _reply_stdout
+        self.reply = reply or self._queue_reply
+        self.reply_fd = reply_fd
+        self._out = bytearray()          # reply bytes the pipe has not taken yet
+        self._out_watched = False
         self.budget = ByteBudget(spec.global_limit_bytes, PER_FRAME_COST_BYTES)
         self.route = {socket.inet_aton(p.address): p.rank for p in spec.ports}
         self.impairments: dict[tuple[int, int], Impairment] = dict(spec.links)
@@ -571,8 +669,12 @@ class PacketLine:
         self._control_tail = b""
         self._control_drains = True
         self.kernel_drops: dict[int, int] = {}
-        self._epoll: select.epoll | None = None
+        self._epoll: select.epoll | _CoreEpoll | None = None
         self._wake_r = self._wake_w = -1
+        self.engine = spec.engine_to_run()
+        self.core: Any = None            # the compiled core, once open() with engine 'c'
+        self.index_of_rank: dict[int, int] = {}
+        self._plain: set[tuple[int, int]] = set()   # links the core decides
 
     # -- set-up
 
@@ -581,9 +683,12 @@ class PacketLine:
             sock = open_port(p.dev)
             self.socks[p.rank] = sock
             self.rank_of_fd[sock.fileno()] = p.rank
-        self._epoll = select.epoll()
-        for fd in self.rank_of_fd:
-            self._epoll.register(fd, select.EPOLLIN)
+        if self.engine == "c":
+            self.start_core()
+        else:
+            self._epoll = select.epoll()
+            for fd in self.rank_of_fd:
+                self._epoll.register(fd, select.EPOLLIN)
         self._open_control()
         if self.spec.ready_path:
             some = next(iter(self.socks.values()))
@@ -592,7 +697,20 @@ class PacketLine:
                               "ports": [list(p) for p in self.spec.ports],
                               "rcvbuf_bytes": some.getsockopt(socket.SOL_SOCKET,
                                                               socket.SO_RCVBUF),
-                              "time_s": self.clock()})
+                              "engine": self.engine, "time_s": self.clock()})
+
+    def start_core(self, fds: list[int] | None = None) -> None:
+        """The compiled core over the port sockets (``fds`` by port order: tests pass their
+        own); it reads, routes and releases, and hands Python the frames of other links."""
+        ports = self.spec.ports
+        self.index_of_rank = {p.rank: i for i, p in enumerate(ports)}
+        if fds is None:
+            fds = [self.socks[p.rank].fileno() for p in ports]
+        self.core = _linecore.Core(fds, [socket.inet_aton(p.address) for p in ports],
+                                   self.spec.global_limit_bytes, PER_FRAME_COST_BYTES)
+        self.budget = _CoreBudget(self.core, self.spec.global_limit_bytes,
+                                  PER_FRAME_COST_BYTES)
+        self._epoll = _CoreEpoll(self.core)
 
     def _open_control(self) -> None:
         if self.control_fd is None:
@@ -628,17 +746,56 @@ class PacketLine:
             imp = self.impairments.get(key, self.spec.default)
             line = LinkLine(imp, self.spec.seed, src, dst, budget=self.budget)
             self.lines[key] = line
+            if self.core is not None:
+                self._core_link(key, imp, line)
         return line
+
+    def _core_link(self, key: tuple[int, int], imp: Impairment, line: LinkLine) -> None:
+        """Tell the core who decides the link. A link the core decided and that now draws at
+        random hands its state to its LinkLine first; one Python decided stays Python's (its
+        LinkLine holds the state)."""
+        plain = is_plain(imp) and (key in self._plain or line.counters.admitted_pkts == 0)
+        si, di = self.index_of_rank[key[0]], self.index_of_rank[key[1]]
+        if key in self._plain and not plain:
+            st = self.core.link_state(si, di)
+            c = line.counters
+            c.admitted_pkts, c.admitted_bytes = st["admitted_pkts"], st["admitted_bytes"]
+            c.forwarded_pkts, c.forwarded_bytes = st["forwarded_pkts"], st["forwarded_bytes"]
+            c.dropped_pkts["queue"], c.dropped_bytes["queue"] = (st["queue_pkts"],
+                                                                 st["queue_bytes"])
+            line.held_pkts, line.held_bytes = st["held_pkts"], st["held_bytes"]
+            line._last_release_s = st["last_release_s"]
+            self._plain.discard(key)
+        limit_pkts, limit_bytes = imp.queue_limits()
+        self.core.set_link(si, di, plain, max(0.0, imp.delay_ms) / 1e3, limit_pkts,
+                           limit_bytes)
+        if plain:
+            self._plain.add(key)
 
     # -- the loop
 
     def run(self) -> str:
         """Forward until stopped; the reason ('eof', 'SIGTERM', ...)."""
         gc.disable()
+        if self.core is not None:
+            return self._run_core()
         poll, clock = self._epoll.poll, self.clock
         while self.stop_reason is None:
             self.release_due()
             for fd, _ in poll(self._timeout_s(clock())):
+                self._on_ready(fd)
+        return self.stop_reason
+
+    def _run_core(self) -> str:
+        run, take_released, lines = self.core.run, self.core.take_released, self.lines
+        ranks = [p.rank for p in self.spec.ports]
+        while self.stop_reason is None:
+            ready, frames = run(1.0)
+            for si, di, size_bytes, pkts in take_released():
+                lines[(ranks[si], ranks[di])].released(size_bytes, pkts)
+            for si, _di, frame, arrival_s in frames:
+                self.on_frame(ranks[si], frame, arrival_s)
+            for fd in ready:
                 self._on_ready(fd)
         return self.stop_reason
 
@@ -665,6 +822,8 @@ class PacketLine:
         elif fd == self._wake_r:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 512)
+        elif fd == self.reply_fd:
+            self.flush_replies()
 
     def _drain(self, rank: int, sock: socket.socket) -> None:
         recv, view, counts, clock = sock.recvmsg_into, self._view, self.counts, self.clock
@@ -713,11 +872,16 @@ class PacketLine:
         if dst == src:
             counts["hairpin"] += 1
             return
+        if self.core is not None:
+            self.line(src, dst)
+            if (src, dst) in self._plain:    # a link first seen: the core decides it now
+                self.core.frame(self.index_of_rank[src], frame, arrival_s)
+                return
         if frame[1] == GSO_NONE:
             line = self.line(src, dst)
             release_s = line.admit(len(frame) - VNET_LEN, arrival_s)
             if release_s is not None:
-                self._push(release_s, dst, frame, line, len(frame) - VNET_LEN, 1)
+                self._push(release_s, src, dst, frame, line, len(frame) - VNET_LEN, 1)
             return
         self._on_gso(src, dst, frame, info, arrival_s)
 
@@ -737,7 +901,7 @@ class PacketLine:
             counts["gso_unsplit"] += 1
             release_s = line.admit(size, arrival_s)
             if release_s is not None:
-                self._push(release_s, dst, frame, line, size, 1)
+                self._push(release_s, src, dst, frame, line, size, 1)
             return
         v = line.admit_gso(size, arrival_s, segments)
         if v.release_s is None:
@@ -748,10 +912,14 @@ class PacketLine:
             lost = set(v.lost)
             payload = tuple(segment_tcp4(frame, info, hdr_end,
                                          (i for i in range(segments) if i not in lost)))
-        self._push(v.release_s, dst, payload, line, v.held_bytes, v.held_pkts)
+        self._push(v.release_s, src, dst, payload, line, v.held_bytes, v.held_pkts)
 
-    def _push(self, release_s: float, dst: int, payload, line: LinkLine, held_bytes: int,
-              held_pkts: int) -> None:
+    def _push(self, release_s: float, src: int, dst: int, payload, line: LinkLine,
+              held_bytes: int, held_pkts: int) -> None:
+        if self.core is not None:
+            self.core.push(release_s, self.index_of_rank[src], self.index_of_rank[dst],
+                           payload, held_bytes, held_pkts)
+            return
         heap = self.heap
         if (not heap or heap[0][0] > release_s) and release_s <= self.clock():
             # already due and nothing due before it (a zero-delay link, a reordered packet):
@@ -825,6 +993,52 @@ class PacketLine:
             if not self._control_drains:
                 return
 
+    # -- replies
+
+    def _queue_reply(self, answer: dict) -> None:
+        """One JSON line to ``reply_fd``. A non-blocking pipe takes at most its free space (64
+        KiB by default, pipe(7)) per write: what it does not take is kept and written when the
+        loop sees it writable (EPOLLOUT), so a reply of any size arrives whole."""
+        data = (json.dumps(answer) + "\n").encode()
+        if len(self._out) + len(data) > REPLY_BUF_LIMIT_BYTES:
+            self.counts["replies_dropped"] += 1
+            return
+        self._out += data
+        self.flush_replies()
+
+    def flush_replies(self) -> None:
+        """Write what the pipe takes now; watch for writability while anything is left."""
+        while self._out:
+            try:
+                n = os.write(self.reply_fd, self._out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:                  # nobody will read (EPIPE, EBADF): drop them
+                self.counts["replies_dropped"] += self._out.count(b"\n")
+                self._out.clear()
+                break
+            del self._out[:n]
+        self._watch_out(bool(self._out))
+
+    def _watch_out(self, want: bool) -> None:
+        if want == self._out_watched or self._epoll is None:
+            return
+        if want:
+            try:
+                self._epoll.register(self.reply_fd, select.EPOLLOUT)
+            except PermissionError:          # a regular file: its writes do not stop short
+                return
+        else:
+            self._unregister(self.reply_fd)
+        self._out_watched = want
+
+    def _flush_at_close(self) -> None:
+        deadline = time.monotonic() + CLOSE_FLUSH_S
+        while self._out and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([], [self.reply_fd], [], max(0.0, deadline - time.monotonic()))
+            self.flush_replies()
+
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(OSError, ValueError):
             self._epoll.unregister(fd)
@@ -861,7 +1075,10 @@ class PacketLine:
         changes = {k: v for k, v in msg.items() if k not in ("op", "src", "dst")}
         new = self.impairments.get((src, dst), self.spec.default).updated(changes)
         self.impairments[(src, dst)] = new
-        self.line(src, dst).set_impairment(new)
+        line = self.line(src, dst)
+        line.set_impairment(new)
+        if self.core is not None:
+            self._core_link((src, dst), new, line)
         return {"ok": True, "op": "set", "src": src, "dst": dst, "impairment": new.to_json()}
 
     # -- stats
@@ -876,35 +1093,52 @@ class PacketLine:
                                            + TPACKET_STATS.unpack(raw)[1])
         return {f"p{rank}": n for rank, n in sorted(self.kernel_drops.items())}
 
+    def _link_entry(self, key: tuple[int, int], line: LinkLine) -> dict:
+        entry = {"src": key[0], "dst": key[1], "impairment": line.impairment.to_json(),
+                 "counters": line.counters.as_dict(), "held_pkts": line.held_pkts,
+                 "held_bytes": line.held_bytes}
+        if key in self._plain:               # the core's counts: only queue drops there
+            st = self.core.link_state(self.index_of_rank[key[0]], self.index_of_rank[key[1]])
+            c = entry["counters"]
+            for k in ("admitted_pkts", "admitted_bytes", "forwarded_pkts", "forwarded_bytes"):
+                c[k] = st[k]
+            c["dropped_pkts"]["queue"], c["dropped_bytes"]["queue"] = (st["queue_pkts"],
+                                                                       st["queue_bytes"])
+            entry["held_pkts"], entry["held_bytes"] = st["held_pkts"], st["held_bytes"]
+        return entry
+
     def stats(self) -> dict:
-        links = [{"src": s, "dst": d, "impairment": line.impairment.to_json(),
-                  "counters": line.counters.as_dict(), "held_pkts": line.held_pkts,
-                  "held_bytes": line.held_bytes}
-                 for (s, d), line in sorted(self.lines.items())]
-        return {"version": SPEC_VERSION, "pid": os.getpid(),
+        links = [self._link_entry(key, line) for key, line in sorted(self.lines.items())]
+        counts, errors = dict(self.counts), dict(self.send_errnos)
+        late, lag, held = self.late, self.lag, len(self.heap)
+        if self.core is not None:
+            for name, n in self.core.counters().items():
+                counts[name] += n
+            for is_send, err, n in self.core.errnos():
+                name = f"{'send' if is_send else 'recv'}:{errno.errorcode.get(err, err)}"
+                errors[name] = errors.get(name, 0) + n
+            late = Histogram.from_bins(*self.core.histogram("late"))
+            lag = Histogram.from_bins(*self.core.histogram("lag"))
+            held = self.core.held()
+        return {"version": SPEC_VERSION, "pid": os.getpid(), "engine": self.engine,
                 "uptime_s": round(self.clock() - self.started_s, 3),
-                "stop_reason": self.stop_reason, "frames": dict(self.counts),
-                "errors": dict(self.send_errnos), "held_frames": len(self.heap),
+                "stop_reason": self.stop_reason, "frames": counts,
+                "errors": errors, "held_frames": held,
                 "budget": {"limit_bytes": self.budget.limit_bytes,
                            "held_bytes": self.budget.held_bytes,
                            "refused": self.budget.refused},
-                "late_release": self.late.summary_ms(),
-                "read_lag": self.lag.summary_ms(),
+                "late_release": late.summary_ms(),
+                "read_lag": lag.summary_ms(),
                 "socket_drops": self._kernel_drops(), "links": links}
 
     def close(self) -> None:
         if self.spec.stats_path:
             write_atomically(self.spec.stats_path, self.stats())
+        self._flush_at_close()
         for sock in self.socks.values():
             sock.close()
         if self._epoll is not None:
             self._epoll.close()
-
-
-def _reply_stdout(answer: dict) -> None:
-    """One JSON line on stdout; dropped rather than blocking when nobody reads the pipe."""
-    with contextlib.suppress(OSError):      # BlockingIOError, BrokenPipeError included
-        os.write(1, (json.dumps(answer) + "\n").encode())
 
 
 def _stdout_nonblocking() -> None:
@@ -928,7 +1162,11 @@ def main(argv: list[str]) -> int:
         print(f"packetline: {exc}", file=sys.stderr)
         return 2
     _stdout_nonblocking()
-    line = PacketLine(spec)
+    try:
+        line = PacketLine(spec)
+    except SpecError as exc:
+        print(f"packetline: {exc}", file=sys.stderr)
+        return 2
     try:
         line.open()
     except OSError as exc:
