@@ -310,7 +310,7 @@ static int on_frame(Core *c, int src, const unsigned char *f, size_t n, double a
     unsigned gso_type = f[1];
     if (gso_type == GSO_NONE) return admit_plain(c, link, (const char *)f, n, 1, arrival);
     /* gso_segments */
-    unsigned gso_size = f[6] | (f[7] << 8);
+    unsigned gso_size = f[4] | (f[5] << 8);   /* struct virtio_net_hdr, little-endian */
     size_t l4 = ip + ihl, hdr_end = l4;
     unsigned proto = f[ip + 9];
     int tcp4 = (gso_type & ~GSO_ECN) == GSO_TCPV4;
