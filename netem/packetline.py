@@ -52,8 +52,26 @@ CWR on the first only, full IP and TCP checksums in software), and only the surv
 Other GSO types (UDP GSO, IPv6) are decided as one unit (rare on this data plane; counted as
 ``gso_unsplit``). The survivors of one frame share one delay draw (one burst on the wire).
 
-Timing
-------
+Engines
+-------
+Two implementations of the loop, the same rules and the same stats; the ready file and the
+stats say which ran (``"engine": "c" | "python"``), the spec's ``engine`` picks it (``auto``,
+the default and what a spec without the field means: the compiled one where it was built):
+
+- ``c``: ``netem/_linecore.c`` (built by ``pip install``; setup.py marks it optional, so a
+  machine without a compiler installs and runs ``python``). It reads up to 64 frames per
+  ``recvmmsg`` call, parses and routes them, decides every link whose impairment is a plain
+  fixed delay itself (LinkLine's arithmetic for delay, FIFO order, queue limits and the global
+  budget, tested equal to LinkLine's on the same frames: tests/unit/test_linecore.py), holds
+  every release in one heap, sends what is due with one ``sendmmsg`` per port and waits with
+  ``epoll_pwait2`` (nanosecond timeout). Frames of links with random draws (loss, jitter,
+  reordering, Gilbert-Elliott) are handed to Python, whose LinkLine decides them with today's
+  seeded draws (and cuts a GSO frame that loses segments); the core then holds and sends them.
+- ``python``: the loop below, kept for machines without the extension and for side-by-side
+  benchmarks.
+
+Timing (the ``python`` engine)
+------------------------------
 One event loop: epoll over the port sockets, the control pipe (stdin) and a signal pipe, and a
 heap of due releases. epoll's timeout is whole milliseconds (rounded up), so the loop wakes
 up to a millisecond early and sleeps the rest with ``time.sleep`` (a high-resolution timer;
@@ -78,12 +96,19 @@ Host settings
 - Nothing is needed in the switch namespace: it forwards nothing itself (no address on the
   ports, ip_forward off), so frames for the workers go only through this process.
 
-Measured on this machine kind (2 cores, ``benchmarks/bench_packetline.py``, 10 ms each way,
-a 1 kHz UDP probe through the same line): one-way delay error p50 0.06-0.1 ms, p99 0.2-0.3 ms
-from 200 Mbit/s to 2.4 Gbit/s of aggregate TCP goodput (4 flows, HTB-shaped); the largest
-aggregate within +-1 ms at p99 was 2.4-4.3 Gbit/s over repeated runs (the line then takes
-0.5-0.8 of a core, half of it in the kernel, where the receivers' TCP runs inside its sends).
-Past that the line falls behind and the error grows (p99 9-26 ms at 3.2-4 Gbit/s in some runs).
+Measured on this machine kind (2 cores, ``benchmarks/bench_packetline.py --engines c,python``,
+10 ms each way, a 1 kHz UDP probe through the same line; the machine was shared with other
+test runs, so the tails are the CPU's as much as the line's). Small frames (60 bytes, no
+GSO, 2 sender processes): the ``c`` engine forwarded 150,000 frames/s when offered 150,000
+and 245,000-290,000 frames/s when offered all the senders could (at 0.6-0.95 of a core, most of
+it in the kernel's send path); the ``python`` engine 14,000-60,000 (it falls behind: lateness
+p50 0.3-0.7 s). At 150,000 frames/s the ``c`` engine's one-way delay error was p50 0.05 ms but
+p99 4.2 ms (release lateness p99 6.8 ms): frames waited for the line in its sockets (read lag
+p99 14 ms) while the senders took the other core. Shaped TCP (1x200, 4x250 Mbit/s): error p99
+0.22-0.31 ms (``c``) vs 0.34-0.45 ms (``python``), at a fifth to a third of the CPU. With 2
+busy-loop processes beside the line (``--load 2``), real-time priority is what keeps it on
+time: 1x200 Mbit/s at normal priority had error p99 4.8 ms (``c``) and 377 ms (``python``),
+at ``chrt -f 10`` 0.19 ms (``c``, lateness p99 0.15 ms) and 0.68 ms (``python``).
 
 Control and files
 -----------------
