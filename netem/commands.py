@@ -12,12 +12,23 @@ Egress of worker i (``eth0``), one HTB tree::
     1:1     optional uplink cap of worker i: rate = ceil = up_mbit
     1:L_j   one class per peer j (u32 match on j's address): ceil = the link's rate
     1:L_j+1   prio 0 child for small packets (IP total length < 128: the TCP ACKs)
-    1:L_j+2   prio 1 child for bulk data; each child has a ``pfifo limit 1000`` leaf
+    1:L_j+2   prio 1 child for bulk data, ceil = the link's rate; each child has a
+              ``pfifo limit 1000`` leaf
 
 
 The ACK class is not optional: without it ACKs of the reverse direction queue behind bulk data
 and flows on links used both ways fell to 63 % of their rate (docs/NETWORK.md). Short leaf queues
 (a 50 ms bfifo) stalled TCP entirely, hence pfifo limit 1000.
+
+The ACKs are not paid out of the link's rate: the link class i -> j also carries the ACKs of
+j -> i's data, and HTB charges every byte a child sends to its parent's tokens
+(``htb_charge_class`` walks up the tree in net/sched/sch_htb.c), so with link class = bulk ceil
+= the link's rate, bulk data got the rate less the reverse flow's ACKs: 66-byte frames per one
+or two 1514-byte segments, 2-4 % of the reverse rate (8 workers all-to-all at 50 Mbit/s read a
+median of 0.983 of the rate per flow, and single flows 0.92-0.95, while one link alone read
+1.000). The link class now gets ``ACK_HEADROOM`` of the reverse link's rate on top (``Flow.
+ack_mbit``) and the bulk child keeps ceil = the link's rate, so data alone never exceeds the
+link and ACKs never take from it.
 
 TCP hands veth GSO packets of up to 64 KiB, which HTB releases whole: a 1 Mbit/s link
 delivered 64 KiB bursts every 0.52 s. Each worker's veth gets ``gso_max_segs`` so that one
@@ -71,7 +82,23 @@ LEAF_LIMIT_PKTS = DEFAULT_QUEUE_PKTS   # pfifo limit; see the module docstring
 
 ACK_MAX_IP_BYTES = 128          # "small packet" = IP total length below this
 
-BURST_S = 0.001                 # HTB burst: 1 ms of data (what tc's HZ=1000 default used to give)
+# ACK bytes per link-layer byte of the data they acknowledge, worst case: one ACK per full
+# segment (quickack, or GRO off on veth), its frame 14 + 20 + 32 (timestamps) + 12 (one SACK
+# block) = 78 bytes against mtu + 14 = 1514. Room only: the small-packet child may use it, bulk
+# is held to the link's rate by its own ceil.
+ACK_FRAME_B = 78
+
+# HTB burst and cburst: 10 ms of the class's rate, one GSO packet's worth (GSO_BURST_S). HTB
+# caps a class's tokens at its burst whenever it is checked (``htb_accnt_tokens``: toks =
+# min(toks + diff, buffer) in net/sched/sch_htb.c), so a dequeue that comes later than the
+# burst after the tokens turned positive loses the rest of that wait for good. On a 2-core host
+# with 56 flows in softirq (35-40 % of the CPU), the qdisc watchdog and the senders' TSQ
+# refills came late by more than the former 1 ms, and the 8-worker all-to-all read a median of
+# 0.985 of its rate, single flows down to 0.91 with their senders never idle nor window-limited
+# (TCP_INFO). tc-htb(8): burst is what can be sent at ceil speed "before serving other
+# classes"; HTB already releases a whole GSO packet at once (up to GSO_BURST_S of the slowest
+# link), so 10 ms adds no burst of a larger scale than the one the GSO rule allows.
+BURST_S = 0.01
 
 GSO_MAX_SEGS = 65_535          # the kernel's default and upper bound
 
@@ -233,7 +260,8 @@ def _bit(bps: int) -> str:
 
 
 def burst_args(bps: int, mtu: int) -> list[str]:
-    """burst/cburst of 1 ms at this rate but at least two frames; quantum rate/10 within bounds."""
+    """burst/cburst of BURST_S at this rate but at least two frames; quantum rate/10 within
+    bounds."""
     frame = mtu + 14
     burst = max(2 * frame, math.ceil(bps / 8 * BURST_S))
     quantum = min(MAX_QUANTUM_B, max(frame, bps // 80))
@@ -248,6 +276,14 @@ class Flow:
     address: str
     rate_mbit: float
     queue_pkts: int = LEAF_LIMIT_PKTS     # the bulk leaf's limit: the link's bottleneck queue
+    ack_mbit: float = 0.0     # goodput rate of the reverse link, whose ACKs this class carries
+
+
+def ack_headroom_bps(reverse_mbit: float, mtu: int) -> int:
+    """Room for the ACKs of ``reverse_mbit`` of data (``ACK_FRAME_B`` per full frame), bit/s."""
+    if reverse_mbit <= 0:
+        return 0
+    return math.ceil(htb_rate_bps(reverse_mbit, mtu) * ACK_FRAME_B / (mtu + 14))
 
 
 @dataclass(frozen=True)
@@ -292,33 +328,51 @@ def _tree_commands(t: Tree) -> list[Command]:
     return out
 
 
-def class_rates(link_rate_bps: int, cap_bps: int | None, flows: int) -> tuple[int, int, int, int]:
-    """(rate, ceil) of a link class and the rates of its ACK and bulk children, in bit/s.
+@dataclass(frozen=True)
+class ClassRates:
+    """Rates of one link class and its two children, bit/s (HTB's rate and ceil)."""
 
-    Under a cap, guaranteed rates of the link classes must not add up past the cap: HTB lets a
-    class below its own rate send without asking its parent. The children split the link's rate.
+    rate: int
+    ceil: int
+    ack_rate: int
+    bulk_rate: int
+    bulk_ceil: int
+
+
+def class_rates(link_rate_bps: int, cap_bps: int | None, flows: int,
+                ack_bps: int = 0) -> ClassRates:
+    """A link class, its ACK child and its bulk child.
+
+    The link class has the link's rate plus ``ack_bps`` (room for the reverse flow's ACKs, see
+    the module docstring); the bulk child's ceil is the link's rate alone. Under a cap,
+    guaranteed rates of the link classes must not add up past the cap: HTB lets a class below
+    its own rate send without asking its parent. The ACK child is guaranteed ``ack_bps`` (half
+    the class's rate where there is no headroom, or the headroom is more), bulk the rest.
     """
-    rate = ceil = link_rate_bps
+    rate = ceil = link_rate_bps + ack_bps
+    bulk_ceil = link_rate_bps
     if cap_bps is not None:
         ceil = min(ceil, cap_bps)
+        bulk_ceil = min(bulk_ceil, cap_bps)
         rate = max(8, min(ceil, cap_bps // flows))
-    ack_rate = max(8, rate // 2)
-    return rate, ceil, ack_rate, max(8, rate - ack_rate)
+    ack_rate = max(8, rate // 2 if ack_bps <= 0 else min(ack_bps, rate // 2))
+    return ClassRates(rate, ceil, ack_rate, max(8, min(bulk_ceil, rate - ack_rate)), bulk_ceil)
 
 
 def link_classes(t: Tree, parent: str, index: int, flow: Flow, cap_bps: int | None,
                   verb: str = "add") -> list[Command]:
     """The link class of one peer and its ACK (prio 0) and bulk (prio 1) children."""
-    rate, ceil, ack_rate, bulk_rate = class_rates(htb_rate_bps(flow.rate_mbit, t.mtu), cap_bps,
-                                                  len(t.flows))
+    r = class_rates(htb_rate_bps(flow.rate_mbit, t.mtu), cap_bps, len(t.flows),
+                    ack_headroom_bps(flow.ack_mbit, t.mtu))
     minor = link_classid(index)
     arrow = f"->{flow.peer}" if t.match == "dst" else f"<-{flow.peer}"
     return [
-        _htb_class(t, parent, minor, rate, ceil, f"link {arrow} {flow.rate_mbit:g} Mbit/s",
+        _htb_class(t, parent, minor, r.rate, r.ceil, f"link {arrow} {flow.rate_mbit:g} Mbit/s",
                    verb=verb),
-        _htb_class(t, f"1:{minor:x}", minor + 1, ack_rate, ceil, f"link {arrow} small packets", 0,
-                   verb),
-        _htb_class(t, f"1:{minor:x}", minor + 2, bulk_rate, ceil, f"link {arrow} bulk", 1, verb),
+        _htb_class(t, f"1:{minor:x}", minor + 1, r.ack_rate, r.ceil,
+                   f"link {arrow} small packets", 0, verb),
+        _htb_class(t, f"1:{minor:x}", minor + 2, r.bulk_rate, r.bulk_ceil, f"link {arrow} bulk",
+                   1, verb),
     ]
 
 
@@ -367,7 +421,8 @@ def egress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
                  rates: dict[tuple[int, int], float] | None = None) -> Tree:
     """Worker ``rank``'s egress tree; ``rates`` (goodput Mbit/s, 0 = cut) replace the plan's."""
     rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
-    flows = tuple(Flow(j, topo.address(j), rate((rank, j)), plan.links[(rank, j)].queue_pkts)
+    flows = tuple(Flow(j, topo.address(j), rate((rank, j)), plan.links[(rank, j)].queue_pkts,
+                       ack_mbit=rate((j, rank)))
                   for j in peers_of(plan, rank))
     return Tree(topo.worker_ns(rank), WORKER_DEV, "dst", topo.mtu, plan.cap(rank).up_mbit, flows)
 
@@ -376,7 +431,8 @@ def ingress_tree(plan: LinkPlan, topo: NetTopology, rank: int,
                   rates: dict[tuple[int, int], float] | None = None) -> Tree:
     """Worker ``rank``'s download tree on the ifb (only built when it has a download cap)."""
     rate = (lambda key: plan.links[key].rate_mbit) if rates is None else rates.__getitem__
-    flows = tuple(Flow(j, topo.address(j), rate((j, rank))) for j in peers_of(plan, rank))
+    flows = tuple(Flow(j, topo.address(j), rate((j, rank)), ack_mbit=rate((rank, j)))
+                  for j in peers_of(plan, rank))
     return Tree(topo.worker_ns(rank), IFB_DEV, "src", topo.mtu, plan.cap(rank).down_mbit, flows)
 
 

@@ -124,7 +124,8 @@ def link_classes(link: HostLink, index: int, mtu: int, handle: int, rate_mbit: f
                   verb: str = "add") -> list[Command]:
     """The link class at ``rate_mbit`` and its ACK (prio 0) and bulk (prio 1) children;
     ``change`` restates every option, as ``add`` gives them."""
-    rate, ceil, ack, bulk = class_rates(htb_rate_bps(rate_mbit, mtu), None, 1)
+    r = class_rates(htb_rate_bps(rate_mbit, mtu), None, 1)
+    rate, ceil, ack, bulk = r.rate, r.ceil, r.ack_rate, r.bulk_rate
     minor, h = link_classid(index), f"{handle:x}"
     desc = f"link {link.src}->{link.dst} {rate_mbit:g} Mbit/s"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -12,6 +13,7 @@ from netem.commands import (
     NETNS_RE,
     Command,
     NetTopology,
+    ack_headroom_bps,
     check_supported,
     htb_rate_bps,
     overhead_factor,
@@ -131,15 +133,22 @@ def test_each_peer_gets_a_link_class_with_ack_and_bulk_children(tmp_path):
     cls = classes(cmds)
     links = [c for c in cls if args_after(c, "parent") == "1:"]
     assert len(links) == 2
-    for link, rate in zip(links, (50, 5), strict=True):
+    for link, peer, rate in zip(links, (1, 2), (50, 5), strict=True):
+        # the link's rate plus room for the ACKs of the reverse link's data (50 Mbit/s both)
+        assert plan.links[(peer, 0)].rate_mbit == 50
+        room = ack_headroom_bps(50, 1500)
+        assert room == math.ceil(htb_rate_bps(50, 1500) * 78 / 1514)
         assert args_after(link, "rate") == args_after(link, "ceil") \
-            == f"{htb_rate_bps(rate, 1500)}bit"
+            == f"{htb_rate_bps(rate, 1500) + room}bit"
         minor = args_after(link, "classid").split(":")[1]
-        kids = [c for c in cls if args_after(c, "parent") == f"1:{minor}"]
-        assert sorted(args_after(c, "prio") for c in kids) == ["0", "1"]
-        assert all(args_after(c, "ceil") == args_after(link, "ceil") for c in kids)
+        kids = {args_after(c, "prio"): c for c in cls if args_after(c, "parent") == f"1:{minor}"}
+        assert sorted(kids) == ["0", "1"]
+        # small packets may use the whole class; bulk data never more than the link's rate
+        assert args_after(kids["0"], "ceil") == args_after(link, "ceil")
+        assert args_after(kids["1"], "ceil") == f"{htb_rate_bps(rate, 1500)}bit"
+        assert args_after(kids["0"], "rate") == f"{room}bit"
         # children's guaranteed rates add up to the link's, never past it
-        total = sum(int(args_after(c, "rate")[:-3]) for c in kids)
+        total = sum(int(args_after(c, "rate")[:-3]) for c in kids.values())
         assert total == int(args_after(link, "rate")[:-3])
 
 
@@ -180,7 +189,11 @@ def test_uplink_cap_is_a_parent_whose_children_cannot_exceed_it(tmp_path):
     links = [c for c in cls if args_after(c, "parent") == "1:1"]
     assert len(links) == 3
     assert sum(int(args_after(c, "rate")[:-3]) for c in links) <= htb_rate_bps(60, 1500)
-    assert all(args_after(c, "ceil") == f"{htb_rate_bps(50, 1500)}bit" for c in links)
+    room = ack_headroom_bps(50, 1500)
+    assert all(args_after(c, "ceil") == f"{htb_rate_bps(50, 1500) + room}bit" for c in links)
+    bulk = [c for c in cls if "prio" in c.argv and args_after(c, "prio") == "1"]
+    assert len(bulk) == 3
+    assert all(args_after(c, "ceil") == f"{htb_rate_bps(50, 1500)}bit" for c in bulk)
     other = in_ns(plan_commands(plan, NetTopology("ab", 4), TC_QUEUE), "glab-w1")
     assert not [c for c in classes(other) if args_after(c, "classid") == "1:1"]
 
@@ -289,17 +302,20 @@ def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
     from netem.live import link_change_commands
     plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
     cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=5.0)
-    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
+    # 10 ms of each class's ceil; the link class has 1077349 bit/s of room for the ACKs of
+    # 1 -> 0's 20 Mbit/s on top of the link's 5 (ceil(20911602 * 78 / 1514))
+    burst = ("burst", "7882b", "cburst", "7882b", "quantum", "78815")
+    bulk_burst = ("burst", "6535b", "cburst", "6535b", "quantum", "65348")
     head = ("tc", "class", "change", "dev", "eth0")
     assert [(c.netns, c.argv) for c in cmds] == [
         # the slowest link of worker 0 went from 20 to 5 Mbit/s: GSO shrinks first
         ("glab-w0", ("ip", "link", "set", "dev", "eth0", "gso_max_segs", "4")),
-        ("glab-w0", head + ("parent", "1:", "classid", "1:10", "htb", "rate", "5227901bit",
-                            "ceil", "5227901bit") + burst),
-        ("glab-w0", head + ("parent", "1:10", "classid", "1:11", "htb", "rate", "2613950bit",
-                            "ceil", "5227901bit", "prio", "0") + burst),
-        ("glab-w0", head + ("parent", "1:10", "classid", "1:12", "htb", "rate", "2613951bit",
-                            "ceil", "5227901bit", "prio", "1") + burst),
+        ("glab-w0", head + ("parent", "1:", "classid", "1:10", "htb", "rate", "6305250bit",
+                            "ceil", "6305250bit") + burst),
+        ("glab-w0", head + ("parent", "1:10", "classid", "1:11", "htb", "rate", "1077349bit",
+                            "ceil", "6305250bit", "prio", "0") + burst),
+        ("glab-w0", head + ("parent", "1:10", "classid", "1:12", "htb", "rate", "5227901bit",
+                            "ceil", "5227901bit", "prio", "1") + bulk_burst),
         # the leaves' limit restated: what reopens a link after a cut
         ("glab-w0", ("tc", "qdisc", "change", "dev", "eth0", "parent", "1:11", "handle", "11:",
                      "pfifo", "limit", "1000")),
@@ -361,7 +377,8 @@ def test_live_links_remember_what_is_in_force():
     # restore at 5: GSO shrinks first, then the classes change and the leaves reopen
     cmds = live.change(0, 1, rate_mbit=5.0)
     assert cmds[0].argv[-1] == "4" and [c.argv[-1] for c in cmds[-2:]] == ["1000", "1000"]
-    assert [argv[argv.index("ceil") + 1] for _, argv in _change(cmds)] == ["5227901bit"] * 3
+    assert [argv[argv.index("ceil") + 1] for _, argv in _change(cmds)] == \
+        ["6305250bit", "6305250bit", "5227901bit"]
     assert live.rate_mbit(0, 1) == 5.0
 
 
@@ -466,7 +483,7 @@ def test_host_tc_change_is_a_class_change_of_the_links_classes():
              HostLink(0, 2, "198.18.0.3", 30001, 8.0, "eth0"),
              HostLink(0, 3, "198.18.0.1", 30001, 8.0, "lo")]
     cmds = change_commands(links, 1500, 0x4abc, 0, 2, rate_mbit=5.0)
-    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
+    burst = ("burst", "6535b", "cburst", "6535b", "quantum", "65348")   # 10 ms of the ceil
     head = ("tc", "class", "change", "dev", "eth0")
     leaf = ("tc", "qdisc", "change", "dev", "eth0", "parent")
     assert [c.argv for c in cmds] == [
