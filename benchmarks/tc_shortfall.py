@@ -11,7 +11,10 @@ overlimits, requeues, tokens, ctokens, quantum), and each device's GSO/TSO limit
 length, in every namespace and on the host; and each sender's kernel account of the window
 (``netem.tcpinfo``: the share of it spent sending, idle because its process wrote nothing, or
 held back by its receiver's window or its own send buffer). With --burst-ms A,B,... the
-set-ups take the HTB bursts in turn (side by side, as the host's steal time comes and goes).
+set-ups take the HTB bursts in turn (side by side, as the host's steal time comes and goes);
+with --ack-frame-b A,B,... they take the link classes' room for the reverse link's ACKs in
+turn (``netem.commands.ACK_FRAME_B``; 0: none, the ACKs paid out of the link's rate), crossed
+with the bursts.
 One JSON line per set-up goes to --out, with the per-link ratios and a ``short`` flag (every
 fast link under 0.95); the loop stops after
 --setups set-ups, at the first --stop-after shortfalls, or when --budget-s runs out. Run it on
@@ -99,7 +102,8 @@ def one_setup(net: NetConfig, seconds: float) -> dict:
 
 def summary_line(rec: dict) -> str:
     cpu, held = rec["cpu"], held_back(rec["senders"])
-    return (f"set-up {rec['setup']} (burst {rec['burst_ms']:g} ms): fast links "
+    return (f"set-up {rec['setup']} (burst {rec['burst_ms']:g} ms, ACK room "
+            f"{rec['ack_frame_b']} B): fast links "
             f"{rec['min_fast']:.3f}-{rec['max_fast']:.3f}, all {rec['min_all']:.3f}-"
             f"{rec['max_all']:.3f}; senders idle up to {held['idle']:.3f}, receiver-limited up "
             f"to {held['rwnd_limited']:.3f}, buffer-limited up to {held['sndbuf_limited']:.3f}; "
@@ -118,9 +122,16 @@ def main() -> int:
     parser.add_argument("--burst-ms", default=None,
                         help="HTB bursts to take in turn, in ms of each class's rate "
                              "(default: the product's netem.commands.BURST_S)")
+    parser.add_argument("--ack-frame-b", default=None,
+                        help="ACK bytes per frame of reverse data that link classes leave room "
+                             "for, to take in turn (default: the product's "
+                             "netem.commands.ACK_FRAME_B; 0: no room)")
     args = parser.parse_args()
     bursts_s = ([float(x) / 1e3 for x in args.burst_ms.split(",")] if args.burst_ms
                 else [commands.BURST_S])
+    acks_b = ([int(x) for x in args.ack_frame_b.split(",")] if args.ack_frame_b
+              else [commands.ACK_FRAME_B])
+    variants = [(b, a) for b in bursts_s for a in acks_b]
     # tc needs namespaces of our own, as the launcher's: re-run inside a user namespace
     if not reexec_in_userns(sys.argv[1:], entry=[sys.executable, os.path.abspath(__file__)]):
         print("user namespaces do not work here: no tc set-up to build", file=sys.stderr)
@@ -129,25 +140,26 @@ def main() -> int:
         f.write(PROFILE)
     net = NetConfig(bw_profile=f.name, shaper="tc")
     t0, shortfalls = time.monotonic(), 0
-    run = {b: 0 for b in bursts_s}       # per burst: set-ups in a row with every link within 5 %
+    run = {v: 0 for v in variants}      # per variant: set-ups in a row, every link within 5 %
     longest = dict(run)
     with open(args.out, "w") as out:
         for n in range(args.setups):
             if time.monotonic() - t0 > args.budget_s or shortfalls >= args.stop_after:
                 break
-            commands.BURST_S = bursts_s[n % len(bursts_s)]   # burst_args reads it per call
+            v = variants[n % len(variants)]
+            commands.BURST_S, commands.ACK_FRAME_B = v   # the commands read them per call
             rec = one_setup(net, args.seconds) | {"setup": n, "t_s": time.monotonic() - t0,
-                                                  "burst_ms": commands.BURST_S * 1e3}
+                                                  "burst_ms": v[0] * 1e3, "ack_frame_b": v[1]}
             shortfalls += rec["short"]
             out.write(json.dumps(rec) + "\n")
             out.flush()
-            burst = commands.BURST_S
-            run[burst] = run[burst] + 1 if rec["within_5pct"] else 0
-            longest[burst] = max(longest[burst], run[burst])
+            run[v] = run[v] + 1 if rec["within_5pct"] else 0
+            longest[v] = max(longest[v], run[v])
             print(summary_line(rec), flush=True)
-    runs = ", ".join(f"{b * 1e3:g} ms: {n}" for b, n in longest.items())
+    runs = ", ".join(f"burst {b * 1e3:g} ms, ACK room {a} B: {k}"
+                     for (b, a), k in longest.items())
     print(f"{shortfalls} shortfall(s) in {n + 1} set-ups; longest run of consecutive set-ups "
-          f"with every link within 5 % (by burst) {runs}; details in {args.out}")
+          f"with every link within 5 % (by variant) {runs}; details in {args.out}")
     return 0
 
 
