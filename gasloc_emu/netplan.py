@@ -118,7 +118,7 @@ def profile_builder(name: str):
                            "(net, workers, seed) -> (rates, note)")
     return builder
 
-def sim_link_model(cfg: Config, link_plan, world=None, host=None):
+def sim_link_model(cfg: Config, link_plan, world=None, host=None, time_scale: float = 1.0):
     """The simulator's link model from the bandwidth profile, or None when unshaped.
 
     Unshaped means what it means for ``run``: no profile, or ``net.shaper = none``; the virtual
@@ -133,18 +133,22 @@ def sim_link_model(cfg: Config, link_plan, world=None, host=None):
     host's TCP (``host``: a ``tcpsettings.HostTcp``; None reads
     ``tcpsettings.read_original_host()``) under the links' settings. Under the release queue,
     or without latency and loss anywhere, the plain model stays, bit for bit.
+
+    ``time_scale`` (the plan's K): the model times the asked links on the emulated clock,
+    with the TCP the dilated run has (``TcpLinkModel.for_plan``); the plain arithmetic is
+    the same at every K (bytes / (rate / K) / K).
     """
     if world is not None and world.changes_links:
         base = RoundLinkModel(world.links, link_caps(cfg, link_plan))
         delays_later = bool(getattr(world.links, "delays", True))
         if (delays_later or _tcp_limited(link_plan)) and tcp_sees_latency(cfg):
             return TcpLinkModel.for_plan(link_plan, cfg, base=base, path_at=base.path_at,
-                                         host=host)
+                                         host=host, time_scale=time_scale)
         return base
     if not shaped(cfg):
         return None
     if _tcp_limited(link_plan) and tcp_sees_latency(cfg):   # the plan first: no probe
-        return TcpLinkModel.for_plan(link_plan, cfg, host=host)
+        return TcpLinkModel.for_plan(link_plan, cfg, host=host, time_scale=time_scale)
     return link_plan.link_model()
 
 
@@ -313,11 +317,17 @@ class TcpLinkModel:
                 f"window, loss) over {over}")
 
     @classmethod
-    def for_plan(cls, link_plan, cfg, base=None, path_at=None, host=None) -> TcpLinkModel:
+    def for_plan(cls, link_plan, cfg, base=None, path_at=None, host=None,
+                 time_scale: float = 1.0) -> TcpLinkModel:
         """The model of a run's plan: each link's ``tcp`` (with ``cfg.tcp`` under it, read
         field by field so that an older config without some field still works) over the
         host's TCP, the plan's MTU, each link's mean loss and queue; ``cfg.comm.streams``
-        (1 without it). ``base`` / ``path_at``: the plain model and its paths (the plan's)."""
+        (1 without it). ``base`` / ``path_at``: the plain model and its paths (the plan's).
+
+        ``time_scale`` K > 1: ``link_plan`` is the asked one and times stay emulated, but
+        each sender's TCP is the one the dilated run has (``TcpParams.seen_at``: rto_min
+        scaled by the route, the kernel's fixed constants K times shorter, GSO packets sized
+        for the dilated rate as tc sizes them), so simulate predicts what run sees at K."""
         from netem.tcpmodel import params_for
         from netem.tcpsettings import TcpSettings, read_original_host
         # the host's TCP is read when a link is first timed, not when the plan is built: a
@@ -335,12 +345,12 @@ class TcpLinkModel:
             # answers from its rule: one sender's N - 1 links are not walked per link)
             slowest = link_plan.slowest_rate_mbit(src)
             given = (link.tcp, min(link.mean_loss_pct(), 99.0), link.queue_pkts,
-                     gso_segments(slowest, link_plan.mtu))
+                     gso_segments(slowest / time_scale, link_plan.mtu))
             params = made.get(given)   # links alike share their (frozen) params
             if params is None:
                 params = made[given] = params_for(
                     run.merged(given[0]), host_tcp(), mtu=link_plan.mtu, loss_pct=given[1],
-                    queue_pkts=given[2], burst_segments=given[3])
+                    queue_pkts=given[2], burst_segments=given[3]).seen_at(time_scale)
             return params
 
         paths: dict[tuple[int, int], tuple[float, float]] = {}

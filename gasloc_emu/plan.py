@@ -23,6 +23,7 @@ from gasloc_emu.algorithms import Algorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.config import replace as replace_setting
+from gasloc_emu.dilation import dilate_link_plan
 from gasloc_emu.netplan import (
     check_network,
     describe_link_model,
@@ -65,6 +66,22 @@ class RunPlan:
     corpus: Corpus | None
     warnings: tuple[str, ...] = ()
     codec: Codec | None = None  # comm.codec's rule; None: messages are float32 values
+    # run.time_scale resolved (``gasloc_emu.dilation``): K, 1.0 when undilated. ``link_plan``
+    # is then what the shaper plays (rates / K, delays x K); ``asked_links`` the asked one,
+    # which ``link_model`` times on the emulated clock; ``auto_scale``: what 'auto' measured
+    time_scale: float = 1.0
+    asked_links: Any = None
+    auto_scale: Any = None
+
+    @property
+    def emulated_links(self) -> Any:
+        """The link plan as asked (the emulated network), whatever K is."""
+        return self.asked_links if self.asked_links is not None else self.link_plan
+
+    def clock(self):
+        """A worker's clock under this plan's time scale (``dilation.WorkerClock``)."""
+        from gasloc_emu.dilation import WorkerClock
+        return WorkerClock(self.time_scale)
 
     @property
     def algo(self) -> type[Algorithm]:
@@ -110,17 +127,29 @@ class RunPlan:
                       # a random graph's neighbours change every round: none to show
                       "neighbours": None if topo.time_varying else topo.neighbors(0),
                       "peers": topo.peers_record()}
-        shaped = self.link_plan is not None and self.link_plan.shaped
+        links = self.emulated_links
+        shaped = links is not None and links.shaped
         # past DESCRIBED_LINKS_MAX directed links, the ones training uses (a row each of
         # 16.7 M at 4096 workers would take gigabytes to say what the profile's rule says)
-        many = shaped and len(self.link_plan.links) > DESCRIBED_LINKS_MAX
+        many = shaped and len(links.links) > DESCRIBED_LINKS_MAX
         pairs = used_pairs(self.cfg, topo) if many else None
         return {"algorithm": self.algorithm.record(), "constants": self.constants(),
                 "topology": graph, "compute": self.compute.record(),
                 "codec": self.codec.describe() if self.codec is not None else "none",
-                "links": self.link_plan.describe(pairs) if shaped else None,
+                "links": links.describe(pairs) if shaped else None,
                 "link_model": describe_link_model(self.link_model),
+                "time_scale": self.describe_time_scale(),
                 "world": None if self.world is None else _describe_world(self.world)}
+
+    def describe_time_scale(self) -> dict:
+        """K and what it does (``describe``'s ``time_scale``; the record's plan): the asked
+        setting, K, and under 'auto' the estimate it was picked from."""
+        k = self.time_scale
+        return {"asked": self.cfg.run.time_scale, "time_scale": k,
+                "played_as": "as asked" if k == 1.0 else
+                f"every rate / {k:g}, every delay, step time and timer x {k:g}; times "
+                "reported are emulated (wall / K)",
+                "auto": self.auto_scale.record() if self.auto_scale is not None else None}
 
 
 def handed(plan: RunPlan) -> bytes:
@@ -177,6 +206,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
     algo = resolved.cls
     link_plan = check_network(cfg)
     topo = topology.from_config(cfg, link_rates(link_plan)) if algo.needs_graph else None
+    scale, auto = resolve_time_scale(cfg, link_plan, topo)
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
     check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
@@ -190,8 +220,43 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
                      else None if h is None else h * cfg.run.rounds)
     if corpus is None and data:
         corpus = build_corpus(cfg)
-    return RunPlan(cfg, resolved, topo, cp, link_plan, sim_link_model(cfg, link_plan, world),
-                   world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec)
+    played = dilate_link_plan(link_plan, scale)
+    return RunPlan(cfg, resolved, topo, cp, played,
+                   sim_link_model(cfg, link_plan, world, time_scale=scale),
+                   world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec,
+                   time_scale=scale, asked_links=None if played is link_plan else link_plan,
+                   auto_scale=auto)
+
+
+def resolve_time_scale(cfg: Config, link_plan, topo: Topology | None):
+    """(K, the ``dilation.AutoScale`` behind it or None) from ``run.time_scale``: the number
+    as given, or under 'auto' the smallest K whose peak frame rate (every used link sending
+    at once, ``dilation.peak_frame_rate``) the packet line's capacity on this host
+    (``netem.capacity.host_capacity``: measured, or cached per host) carries with the margin.
+    'auto' where nothing can be measured is a ConfigError naming why (exit 2)."""
+    from gasloc_emu import dilation
+    asked = getattr(cfg.run, "time_scale", 1.0)   # an older record has none: 1
+    if asked != "auto":
+        return dilation.check_time_scale(asked), None
+    if link_plan is None or not link_plan.shaped:
+        return 1.0, None    # nothing is shaped: no frames to carry for a line
+    from netem.capacity import CapacityError, host_capacity
+    try:
+        cap = host_capacity()
+    except CapacityError as exc:
+        raise ConfigError(f"run.time_scale = 'auto' cannot be resolved here: {exc}; give K "
+                          "as a number") from None
+    pairs = used_pairs(cfg, topo)
+    streams = getattr(cfg.comm, "streams", 1)
+    mss = link_plan.mtu - 52
+    flows = dilation.plan_flows(link_plan, pairs, streams)
+
+    def peak_at(k: float) -> float:
+        return dilation.peak_frame_rate([r / k for r in flows], mss)
+
+    k = dilation.pick_time_scale(peak_at, cap.frames_per_s)
+    return k, dilation.AutoScale(k, peak_at(1.0), peak_at(k), cap.frames_per_s,
+                                 dilation.AUTO_MARGIN, cap.source)
 
 
 def recorded_faults(run_dir: str | Path) -> FaultTimeline | None:

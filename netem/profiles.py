@@ -687,7 +687,9 @@ def run_tcp(tcp) -> TcpSettings:
     if tcp is None:
         return TcpSettings()
     try:
-        return TcpSettings(**{k: getattr(tcp, k) for k in TcpSettings.__dataclass_fields__})
+        # a field the config has no setting for (rto_min_ms: set per link, or by time
+        # dilation) keeps its default
+        return TcpSettings(**{k: getattr(tcp, k, v) for k, v in TcpSettings().as_dict().items()})
     except TcpSettingsError as exc:
         raise ProfileError(str(exc)) from None
 

@@ -102,7 +102,7 @@ Left out (and why it is small or out of reach here):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from netem.tcpsettings import CONGESTION_CONTROLS, HostTcp, TcpSettings, effective
@@ -128,6 +128,12 @@ HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S = 0.004, 0.016
 BBR_HIGH_GAIN = 2 / math.log(2)
 BBR_CWND_GAIN = 2.0
 BBR_LOSS_TOLERANCE = 0.2
+
+# the model's time constants a time-dilated run may have scaled by K or left fixed
+# (``TcpParams.seen_at``); the kernel lets only rto_min be scaled (docs/NETWORK.md, "Time
+# dilation")
+DILATABLE = ("rto_min_s", "rto_max_s", "cubic_c", "hystart_ack_delta_s",
+             "hystart_delay_min_s", "hystart_delay_max_s")
 
 MAX_EXPLICIT_ROUNDS = 200_000          # then the rest at the average rate so far
 MEMO_SIZE = 64                         # messages in one memo (``_memo_key``)
@@ -178,6 +184,14 @@ class TcpParams:
     queue_pkts: int = DEFAULT_QUEUE_PKTS
     hystart: bool = True
     burst_segments: int = DEFAULT_BURST_SEGMENTS
+    # the kernel's fixed time constants, in seconds of the clock the model runs on: under
+    # time dilation (``seen_at``) the model runs on the emulated clock, where a constant the
+    # kernel keeps in wall time is K times shorter (cubic's C, in segments / s^3, K^3 larger)
+    cubic_c: float = CUBIC_C
+    hystart_ack_delta_s: float = HYSTART_ACK_DELTA_S
+    hystart_delay_min_s: float = HYSTART_DELAY_MIN_S
+    hystart_delay_max_s: float = HYSTART_DELAY_MAX_S
+    rto_max_s: float = TCP_RTO_MAX_S
 
     def __post_init__(self) -> None:
         if self.congestion_control not in CONGESTION_CONTROLS:
@@ -191,7 +205,16 @@ class TcpParams:
         _check_float("wire_overhead", self.wire_overhead, 1.0, 2.0)
         _check_int("rcv_buf_bytes", self.rcv_buf_bytes, 4096, 2**31 - 1)
         _check_int("snd_buf_bytes", self.snd_buf_bytes, 4096, 2**31 - 1)
+        _check_float("rto_max_s", self.rto_max_s, 0.0, TCP_RTO_MAX_S, open_lo=True)
+        # above rto_max_s it is allowed, as in the kernel: the RTO is clamped to the maximum
         _check_float("rto_min_s", self.rto_min_s, 0.0, TCP_RTO_MAX_S, open_lo=True)
+        _check_float("cubic_c", self.cubic_c, 0.0, 1e12, open_lo=True)
+        for name in ("hystart_ack_delta_s", "hystart_delay_min_s", "hystart_delay_max_s"):
+            _check_float(name, getattr(self, name), 0.0, 1.0)
+        if self.hystart_delay_min_s > self.hystart_delay_max_s:
+            raise TcpModelError(f"hystart_delay_min_s = {self.hystart_delay_min_s!r} is out "
+                                f"of range; expected at most hystart_delay_max_s = "
+                                f"{self.hystart_delay_max_s!r}")
         _check_float("loss_pct", self.loss_pct, 0.0, 100.0, open_hi=True)
         _check_int("queue_pkts", self.queue_pkts, 1, 1_000_000)
         _check_int("burst_segments", self.burst_segments, 1, 65_535)
@@ -201,6 +224,31 @@ class TcpParams:
         """Parameters with the MSS of ``mtu`` (IPv4 and TCP headers with timestamps)."""
         _check_int("mtu", mtu, 576, 65_535)
         return cls(mss_bytes=mtu - TCPIP_HEADER_BYTES, **kwargs)
+
+    def seen_at(self, time_scale: float, scaled: frozenset[str] = frozenset({"rto_min_s"})
+                ) -> TcpParams:
+        """These parameters as a run dilated by ``time_scale`` = K sees them on its emulated
+        clock (wall / K; ``gasloc_emu.dilation``): the link is K times slower and K times
+        longer in wall time, so every time the connection makes of the path (RTT, a segment's
+        time, the RTO's srtt) is the emulated one, and so is each constant in ``scaled``
+        (set x K in the kernel: ``rto_min_s`` through the route's rto_min). Every other time
+        constant stays what the kernel has in wall time: K times shorter on the emulated
+        clock (HyStart's ACK spacing and delay thresholds, TCP_RTO_MAX), and cubic's
+        W(t) = C t^3 grows K^3 times faster in emulated seconds. K = 1: these, unchanged."""
+        _check_float("time_scale", time_scale, 1.0, 1000.0)
+        unknown = sorted(set(scaled) - set(DILATABLE))
+        if unknown:
+            raise TcpModelError(f"scaled = {unknown[0]!r} is not a time constant of the model; "
+                                f"expected some of {', '.join(DILATABLE)}")
+        if time_scale == 1.0:
+            return self
+        k = float(time_scale)
+        # each constant's value on the emulated clock: scaled ones are the undilated value
+        # (the kernel was told K x it); fixed ones are the wall value / K (C: x K^3)
+        fixed = {name: (getattr(self, name) * k ** 3 if name == "cubic_c"
+                        else getattr(self, name) / k)
+                 for name in DILATABLE if name not in scaled}
+        return replace(self, **fixed)
 
     @cached_property   # asked several times per message: derived once
     def loss_based(self) -> bool:
@@ -260,13 +308,13 @@ def mathis_window_segs(loss: float) -> float:
     return math.sqrt(1.5 / loss)
 
 
-def cubic_window_segs(loss: float, rtt_s: float) -> float:
+def cubic_window_segs(loss: float, rtt_s: float, c: float = CUBIC_C) -> float:
     """CUBIC's average window under loss p (RFC 8312 section 5.1, RFC 9438 section 5.1):
     the larger of its cubic-region response (C (3 + beta) / (4 (1 - beta)))^(1/4) x
     RTT^(3/4) / p^(3/4) and its Reno-friendly one (alpha = 3 (1 - beta) / (1 + beta), which
     equals Reno's sqrt(3 / 2p))."""
     _check_float("rtt_s", rtt_s, 0.0, 1e4, open_lo=True)
-    cubic = (CUBIC_C * (3 + CUBIC_BETA) / (4 * (1 - CUBIC_BETA))) ** 0.25 \
+    cubic = (c * (3 + CUBIC_BETA) / (4 * (1 - CUBIC_BETA))) ** 0.25 \
         * rtt_s ** 0.75 / loss ** 0.75
     reno_friendly = math.sqrt(CUBIC_ALPHA * (1 + CUBIC_BETA) / (2 * (1 - CUBIC_BETA) * loss))
     return max(cubic, reno_friendly)
@@ -285,7 +333,7 @@ def steady_rate_mbit(params: TcpParams, rate_mbit: float, rtt_s: float) -> float
     if params.congestion_control == "bbr":
         return min(line * (1 - p) * min(1.0, BBR_LOSS_TOLERANCE / p), window)
     segs = mathis_window_segs(p) if params.congestion_control == "reno" \
-        else cubic_window_segs(p, rtt_s)
+        else cubic_window_segs(p, rtt_s, params.cubic_c)
     return min(line * (1 - p), window, segs * params.mss_bytes * 8 / rtt_s / 1e6)
 
 
@@ -417,7 +465,7 @@ class TcpConnection:
 
     def rto_s(self) -> float:
         """tcp_set_rto on a steady path: srtt + rttvar, rttvar held at least rto_min."""
-        return min(self._srtt_s + self.params.rto_min_s, TCP_RTO_MAX_S)
+        return min(self._srtt_s + self.params.rto_min_s, self.params.rto_max_s)
 
     # -- one message
 
@@ -752,11 +800,12 @@ class TcpConnection:
             return
         path = self._path
         ack_gap_s = max(2, self.params.burst_segments) * path.seg_s
-        if ack_gap_s <= HYSTART_ACK_DELTA_S and through * path.seg_s > path.rtt_s / 2:
+        if ack_gap_s <= self.params.hystart_ack_delta_s and through * path.seg_s > path.rtt_s / 2:
             self._hystart_found = True
             self._ssthresh = self._cwnd + path.rtt_s / (2 * path.seg_s)
             return
-        eta_s = min(max(path.rtt_s / 8, HYSTART_DELAY_MIN_S), HYSTART_DELAY_MAX_S)
+        eta_s = min(max(path.rtt_s / 8, self.params.hystart_delay_min_s),
+                    self.params.hystart_delay_max_s)
         if (through - path.bdp_segs) * path.seg_s > eta_s:
             self._hystart_found = True
             self._ssthresh = self._cwnd + through
@@ -770,10 +819,10 @@ class TcpConnection:
             if self._w_max <= cwnd:
                 self._k_s, self._origin = 0.0, cwnd
             else:
-                self._k_s = ((self._w_max - cwnd) / CUBIC_C) ** (1 / 3)
+                self._k_s = ((self._w_max - cwnd) / self.params.cubic_c) ** (1 / 3)
                 self._origin = self._w_max
         t = self._clock_s - self._epoch_s + self._path.rtt_s
-        target = self._origin + CUBIC_C * (t - self._k_s) ** 3
+        target = self._origin + self.params.cubic_c * (t - self._k_s) ** 3
         self._reno_est += CUBIC_ALPHA * through / cwnd
         goal = max(target, self._reno_est)
         if goal > cwnd:
@@ -827,7 +876,8 @@ def params_for(settings: TcpSettings | None, host: HostTcp, *, mtu: int = 1500,
         rcv_buf_bytes=eff["rmem_max_bytes"] or DEFAULT_RMEM_MAX_BYTES,
         snd_buf_bytes=eff["wmem_max_bytes"] or DEFAULT_WMEM_MAX_BYTES,
         loss_pct=float(loss_pct), queue_pkts=queue_pkts, wire_overhead=wire_overhead,
-        burst_segments=burst_segments or max(1, 65_536 // mtu))
+        burst_segments=burst_segments or max(1, 65_536 // mtu),
+        rto_min_s=min(float(eff.get("rto_min_ms", 200.0)) / 1e3, TCP_RTO_MAX_S))
 
 
 __all__ = ["TcpConnection", "TcpModelError", "TcpParams", "TransferTime", "after_idle_series",

@@ -25,6 +25,11 @@ Where each knob lives in the kernel, and how it is set here:
   ``net.core.rmem_max`` is the host's alone and not touched.
 - **Initial window**: the route's ``initcwnd`` (and ``initrwnd``, so the receiver advertises
   as much).
+- **Minimum RTO**: the route's ``rto_min`` (RTAX_RTO_MIN, locked: net/ipv4/tcp_input.c
+  tcp_rto_min reads it over the namespace's tcp_rto_min_us for every connection on the
+  route), per link like the rest of the route's attributes; kernels before 6.11 have no
+  sysctl, every kernel has the route attribute. A time-dilated run sets it to K x 200 ms
+  (``gasloc_emu.dilation``): the one TCP timer the kernel lets a namespace stretch.
 
 Everything here is pure: ``TcpSettings`` validates, ``worker_commands`` says what to run in a
 worker's namespace, ``read_host`` / ``host_record`` read /proc for the run record.
@@ -41,6 +46,8 @@ CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 IDLE_RESTART = (-1, 0, 1)              # -1: leave the namespace's default (1, the kernel's)
 BUFFER_RANGE_BYTES = (4096, 2**31 - 1)
 INIT_CWND_RANGE = (0, 1000)            # 0: the kernel's (10 segments, RFC 6928)
+RTO_MIN_RANGE_MS = (1.0, 200_000.0)    # 0: the kernel's TCP_RTO_MIN (200 ms)
+KERNEL_RTO_MIN_MS = 200.0              # include/net/tcp.h TCP_RTO_MIN (HZ / 5)
 PROC_IPV4 = Path("/proc/sys/net/ipv4")
 # the kernel's own defaults in a new network namespace (net/ipv4/tcp_ipv4.c tcp_sk_init and
 # tcp.c tcp_init): what a worker namespace has where a setting is left alone
@@ -67,6 +74,7 @@ class TcpSettings:
     rmem_max_bytes: int = 0
     wmem_max_bytes: int = 0
     init_cwnd: int = 0
+    rto_min_ms: float = 0.0
 
     def __post_init__(self) -> None:
         cc = self.congestion_control
@@ -84,6 +92,12 @@ class TcpSettings:
             if value:
                 _check_int(f"tcp {name}", value, *BUFFER_RANGE_BYTES, " (0: the default)")
         _check_int("tcp init_cwnd", self.init_cwnd, *INIT_CWND_RANGE, " (0: the kernel's 10)")
+        ms = self.rto_min_ms
+        lo, hi = RTO_MIN_RANGE_MS
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or \
+                not (ms == 0 or lo <= ms <= hi):
+            raise TcpSettingsError(f"tcp rto_min_ms = {ms!r} is out of range; expected 0 (the "
+                                   f"kernel's 200 ms) or a number in [{lo:g}, {hi:g}]")
 
     def merged(self, over: TcpSettings) -> TcpSettings:
         """These settings with every field that ``over`` sets replacing ours."""
@@ -102,6 +116,8 @@ class TcpSettings:
             args += ["initcwnd", str(self.init_cwnd), "initrwnd", str(self.init_cwnd)]
         if self.congestion_control:
             args += ["congctl", self.congestion_control]
+        if self.rto_min_ms:   # iproute2 takes whole ms here (RTAX_RTO_MIN is kept in ms)
+            args += ["rto_min", f"{max(1, round(self.rto_min_ms))}ms"]
         return args
 
     @classmethod
@@ -198,7 +214,8 @@ def differences(asked: list[TcpSettings], host: HostTcp) -> list[dict]:
     got = {"congestion_control": host.congestion_control,
            "slow_start_after_idle": host.slow_start_after_idle,
            "rmem_max_bytes": host.rmem[-1] if host.rmem else 0,
-           "wmem_max_bytes": host.wmem[-1] if host.wmem else 0, "init_cwnd": 10}
+           "wmem_max_bytes": host.wmem[-1] if host.wmem else 0, "init_cwnd": 10,
+           "rto_min_ms": KERNEL_RTO_MIN_MS}
     out: dict[tuple, dict] = {}
     for settings in asked:
         for k, v in settings.as_dict().items():
@@ -228,7 +245,8 @@ def effective(settings: TcpSettings, host: HostTcp) -> dict:
     return {"congestion_control": settings.congestion_control or host.congestion_control,
             "slow_start_after_idle": NETNS_DEFAULT_SSAI if ssai < 0 else ssai,
             "rmem_max_bytes": netns_rmem, "wmem_max_bytes": netns_wmem,
-            "init_cwnd": settings.init_cwnd or 10}
+            "init_cwnd": settings.init_cwnd or 10,
+            "rto_min_ms": settings.rto_min_ms or KERNEL_RTO_MIN_MS}
 
 
 # ---------------------------------------------------------------- commands

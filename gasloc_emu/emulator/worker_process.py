@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gasloc_emu.dilation import dilate_state
 from gasloc_emu.emulator.launch_spec import LEAVE_FLUSH_S, LaunchSpec
 from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.transport import orders
@@ -238,7 +239,7 @@ class WorkerProcess:
                             compressed=plan.algo.compressed_kinds)
         bind = self.rejoin.addr if self.rejoin else self.spec.bind_addrs[self.rank]
         self.links = LinkApplier.of(self.cfg, plan.link_plan, world, self.rank,
-                                    _shaping(self.spec, self.rank))
+                                    _shaping(self.spec, self.rank), plan.time_scale)
         limits = plan.drive.transport_limits(numel * 4)
         self.transport = tp = ZmqTransport(
             self.rank, self.cfg.workers, bind, ctx=self.ctx, **limits,
@@ -334,7 +335,7 @@ class WorkerProcess:
         timeline = self.timeline
         if timeline is None:
             return plan
-        speed, pause_s = timeline.due(time.time() - self.t0)
+        speed, pause_s = timeline.due(self.worker.clock.since_s(self.t0))   # emulated s
         return dataclasses.replace(plan, speed=speed if speed is not None else plan.speed,
                                    pause_s=plan.pause_s + pause_s)
 
@@ -357,7 +358,7 @@ class WorkerProcess:
             self.links.receiving(t + 1)   # after the last receive of round t
         lost = self.transport.dead_peer_losses[self.reported_dead:]
         self.reported_dead += len(lost)
-        row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
+        row = MetricRow.from_round(stats.as_dict(), time_s=self.worker.clock.since_s(self.t0),
                                    dropped=self.transport.counters()["dropped"],
                                    **({"dead_peer": [list(x) for x in lost]} if lost else {}))
         self.ctl.send(_control().Metric(self.rank, row.body()))
@@ -383,7 +384,7 @@ class WorkerProcess:
         if self.worker.should_eval(stats.round):
             self.state.phase = "evaluating"
             stats.eval_loss = self.worker.evaluate(stats.round)
-        row = MetricRow.from_round(stats.as_dict(), time_s=time.time() - self.t0,
+        row = MetricRow.from_round(stats.as_dict(), time_s=self.worker.clock.since_s(self.t0),
                                    dropped=self.transport.counters()["dropped"])
         self.ctl.send(_control().Metric(self.rank, row.body()))
 
@@ -466,8 +467,13 @@ class LinkApplier:
     of R-1 before it, so the sender times each message with its round's values, as the
     simulator does. Links changed by time (scenario events at ``at_s``, a link trace) are set
     just before each message is stamped (the shaper's ``on_stamp``), to the values in force at
-    that moment of the run's clock (``time.time() - t0``), as the simulator takes them at the
-    virtual time of the send.
+    that moment of the run's clock (``time.time() - t0``, emulated: / K), as the simulator
+    takes them at the virtual time of the send.
+
+    Under time dilation (``time_scale`` K) the schedule's values and times are the asked
+    (emulated) ones: each value goes to the shaper dilated (``dilation.dilate_state``: rate
+    / K, latency x K; the caps come from the dilated link plan), each time is compared with
+    the run's clock / K.
 
     Receiver side (``set_rx_link``): in ``userspace`` mode it only bounds the release times a
     sender may stamp, and a sender can enter round R while this worker is still in R-1, so every
@@ -479,8 +485,9 @@ class LinkApplier:
     (the shaper's ``on_release``).
     """
 
-    def __init__(self, schedule, rank: int, shaper, caps):
+    def __init__(self, schedule, rank: int, shaper, caps, time_scale: float = 1.0):
         self.schedule, self.rank, self.shaper, self.caps = schedule, rank, shaper, caps
+        self.k = time_scale
         self.sent_upto = self.recv_upto = -1
         self.round, self.t0 = 0, None   # the round being sent; the run's start (time.time())
         self._timed_set: dict[tuple[int, int], tuple] = {}   # what a timed link was last set to
@@ -492,7 +499,8 @@ class LinkApplier:
             self._bound_timed()
 
     @classmethod
-    def of(cls, cfg, link_plan, world, rank: int, shaper) -> LinkApplier | None:
+    def of(cls, cfg, link_plan, world, rank: int, shaper,
+           time_scale: float = 1.0) -> LinkApplier | None:
         """The applier of a run whose scenario (or link trace) changes links, under a userspace
         shaper (tc runs without latency changes need none: the launcher changes the classes)."""
         if shaper is None or world is None or world.links is None:
@@ -500,7 +508,7 @@ class LinkApplier:
         if not world.links.changes and world.links.timed is None:
             return None
         from gasloc_emu.netplan import link_caps
-        return cls(world.links, rank, shaper, link_caps(cfg, link_plan))
+        return cls(world.links, rank, shaper, link_caps(cfg, link_plan), time_scale)
 
     def start(self, t0: float) -> None:
         """The run's start on the time.time() clock: times of timed changes count from it."""
@@ -515,47 +523,57 @@ class LinkApplier:
         self.round = t
         links = {link for _, ch in self._due(self.sent_upto, t) for link in ch
                  if link[0] == self.rank}
-        now_s = time.time() - self.t0 if self.t0 is not None else 0.0
+        now_s = (time.time() - self.t0) / self.k if self.t0 is not None else 0.0
         for src, dst in sorted(links):
             rate, latency = self.schedule.at(src, dst, t, now_s)
-            self.shaper.set_link(dst, self._rate(rate, (self.caps(src, dst)[1],)), latency)
+            self._set_link(dst, (src, dst), (rate, latency))
             self._timed_set[(src, dst)] = (rate, latency)
         self.sent_upto = max(self.sent_upto, t)
+
+    def _set_link(self, peer: int, link, state) -> None:
+        """The sender's link to ``peer`` at an asked ``state`` (rate, latency), dilated."""
+        rate, latency = dilate_state(state[0], state[1], self.k)
+        self.shaper.set_link(peer, self._rate(rate, (self.caps(*link)[1],)), latency)
+
+    def _set_rx(self, src: int, link, state) -> None:
+        """The receiver's side of ``src``'s link at an asked ``state``, dilated."""
+        rate, latency = dilate_state(state[0], state[1], self.k)
+        self.shaper.set_rx_link(src, self._rate(rate, self.caps(*link)), latency)
 
     def _timed_tx(self, peer: int, now: float) -> None:
         """Before a message to ``peer`` is stamped: the link's values in force now."""
         link = (self.rank, peer)
         if self.t0 is None or link not in self.schedule.timed.steps:
             return
-        state = self.schedule.at(*link, self.round, now - self.t0)
+        state = self.schedule.at(*link, self.round, (now - self.t0) / self.k)
         if self._timed_set.get(link) != state:
             self._timed_set[link] = state
-            self.shaper.set_link(peer, self._rate(state[0], (self.caps(*link)[1],)), state[1])
+            self._set_link(peer, link, state)
 
     def _timed_rx(self, src: int, arrival: float) -> None:
         """delay-only: before a message from ``src`` is released, the latency in force now."""
         link = (src, self.rank)
         if self.t0 is None or link not in self.schedule.timed.steps:
             return
-        state = self.schedule.timed.in_force(*link, arrival - self.t0)
+        state = self.schedule.timed.in_force(*link, (arrival - self.t0) / self.k)
         if state is not None and self._timed_set.get(link) != state:
             self._timed_set[link] = state
-            self.shaper.set_rx_link(src, self._rate(state[0], self.caps(*link)), state[1])
+            self._set_rx(src, link, state)
 
     def _bound_timed(self) -> None:
         """userspace: every value a timed incoming link will have, into the release bound."""
         timed = self.schedule.timed
         for src, dst in sorted(timed.steps if timed is not None else ()):
             if dst == self.rank:
-                for rate, latency in timed.values(src, dst):
-                    self.shaper.set_rx_link(src, self._rate(rate, self.caps(src, dst)), latency)
+                for state in timed.values(src, dst):
+                    self._set_rx(src, (src, dst), state)
 
     def receiving(self, t: int) -> None:
         """Give this worker's release side the values of its incoming links up to round t."""
         for _, changes in self._due(self.recv_upto, t):
-            for (src, dst), (rate, latency) in sorted(changes.items()):
+            for (src, dst), state in sorted(changes.items()):
                 if dst == self.rank:
-                    self.shaper.set_rx_link(src, self._rate(rate, self.caps(src, dst)), latency)
+                    self._set_rx(src, (src, dst), state)
         self.recv_upto = max(self.recv_upto, t)
 
     @staticmethod

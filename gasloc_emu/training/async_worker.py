@@ -37,9 +37,10 @@ def step_unit_s(worker: Worker) -> float:
 def begin_step(worker: Worker) -> tuple[float, float]:
     """The backward pass of ``worker``'s next step on its parameters as they are now; (loss,
     the pass's measured seconds), the measured time kept in the time unit's running mean."""
-    t0 = time.perf_counter()
+    now = worker.clock.now_s if worker.clock is not None else time.perf_counter
+    t0 = now()   # emulated seconds in a process of a dilated run (``Worker.clock``)
     loss = worker.gradient().item()
-    measured_s = time.perf_counter() - t0
+    measured_s = now() - t0
     note_step_time(worker, measured_s)
     return loss, measured_s
 
@@ -110,19 +111,22 @@ def run_async(worker: Worker, rounds: int, t0: float, ask_peer, report) -> bool:
             if not went:
                 return False
             after = worker.transport.counters()
-            for stats in slot_rows(worker, log, before, after, after["wait_s"] - before["wait_s"]):
+            waited_s = worker.emulated(after["wait_s"] - before["wait_s"])
+            for stats in slot_rows(worker, log, before, after, waited_s):
                 report(stats)
     return True
 
 
 class _RunClock:
-    """The run's clock in seconds since its start, and in A2CiD2's units."""
+    """The run's clock in emulated seconds since its start (``Worker.clock``: wall / K), and
+    in A2CiD2's units."""
 
     def __init__(self, worker: Worker, t0: float):
         self.worker, self.t0 = worker, t0
+        self.clock = worker.clock
 
     def s(self) -> float:
-        return time.time() - self.t0
+        return self.clock.since_s(self.t0)
 
     def units(self) -> float:
         return time_units(self.worker, self.s())
@@ -131,7 +135,7 @@ class _RunClock:
 def _gradient_lane(worker: Worker, n: int, lock, clock: _RunClock, log: SlotLog) -> None:
     """``n`` gradient steps, each paced to its nominal time before its update lands."""
     for _ in range(n):
-        phase = compute.InnerPhase(worker.compute, 1, time.perf_counter, worker.sleep)
+        phase = compute.InnerPhase(worker.compute, 1, worker.clock.now_s, worker.sleep)
         start_s = clock.s()
         loss, _ = begin_step(worker)
         phase.step_done()
@@ -160,7 +164,7 @@ def _communication_lane(worker: Worker, n: int, slot: int, lock, clock: _RunCloc
                 algo.mix(theta, received, clock.units())
             log.peers.append(pairing.peer)
             log.spans.append([start_s, clock.s()])
-        log.comm_s += clock.s() - asked_s
+        log.comm_s += clock.s() - asked_s   # emulated, as the clock is
     return True
 
 

@@ -78,17 +78,29 @@ class RoundStats:
         return out
 
 
-def link_row(use, t0_s: float) -> dict:
+def link_row(use, t0_s: float, clock=None) -> dict:
     """One source's ``recv_links`` entry from its ``mailbox.LinkUse``; ``sent_s``: the earliest
-    message's send time on the run's clock (seconds since ``t0_s``, a time.time() value)."""
-    return {"bytes": use.nbytes, "messages": use.messages, "transfer_s": use.transfer_s,
-            "sent_s": use.first_sent_at - t0_s}
+    message's send time on the run's clock (seconds since ``t0_s``, a time.time() value).
+    ``clock`` (a ``dilation.WorkerClock``): both times emulated (wall / K); None: wall."""
+    if clock is None:
+        return {"bytes": use.nbytes, "messages": use.messages, "transfer_s": use.transfer_s,
+                "sent_s": use.first_sent_at - t0_s}
+    return {"bytes": use.nbytes, "messages": use.messages,
+            "transfer_s": clock.emulated_s(use.transfer_s),
+            "sent_s": clock.since_s(t0_s, use.first_sent_at)}
 
 
 class Worker:
     """One worker of a ``RunPlan``. ``pace``: sleep so that each inner phase keeps the compute
     model's schedule (an emulator process); False in the simulator, whose virtual clock is told
-    the emulated time instead."""
+    the emulated time instead.
+
+    Under time dilation (``plan.time_scale`` = K, ``gasloc_emu.dilation``) a paced worker's
+    clock is the plan's ``WorkerClock``: every time it measures (a step, the communication,
+    the waits, its link observations) is emulated (wall / K) where it is measured, and every
+    time it stands still (a nominal step's pacing, a pause, the failure-detect wait) lasts K
+    times longer in wall time. A measured step time (compute.step_time_s = 0) is this host's
+    compute / K: the emulated machine is K times faster than this one."""
 
     def __init__(self, plan, rank: int, transport, device: str | torch.device = "cpu",
                  *, pace: bool = True, batched=None):
@@ -98,7 +110,8 @@ class Worker:
         self.plan, self.cfg, self.rank, self.transport, self.device = \
             plan, cfg, rank, transport, device
         self.compute = plan.compute.models[rank]
-        self.sleep = time.sleep if pace else None
+        self.clock = plan.clock() if pace else None   # emulated time; sleeps dilated
+        self.sleep = self.clock.sleep if pace else None
         self.batched = batched
         self.gpt, self.theta = model.build_model(cfg.model, cfg.seed, device)
         self.opt = make_optimizer(self.gpt, cfg.algo.inner)
@@ -146,8 +159,9 @@ class Worker:
         """AdamW steps on this worker's shard, as many as the compute model says; the mean
         training loss (NaN with no step) and the phase's timing."""
         losses = []
-        phase = compute.InnerPhase(self.compute, self.steps_per_round, time.perf_counter,
-                                   self.sleep)
+        phase = compute.InnerPhase(self.compute, self.steps_per_round,
+                                   self.clock.now_s if self.clock is not None
+                                   else time.perf_counter, self.sleep)
         while phase.another():
             losses.append(self.train_step())
             if not self.compute.at_host_speed:
@@ -231,12 +245,13 @@ class Worker:
         self.algo.outer_step(round_idx, self.theta)
         if round_idx == self.cfg.run.rounds - 1:
             self.algo.finish(self.theta)  # an overlapped last exchange lands here
-        comm_s = self.transport.clock() - c1
+        comm_s = self.emulated(self.transport.clock() - c1)
         self.check_finite(round_idx, train_loss)
         after = self.transport.counters()
         return RoundStats(
             worker=self.rank, round=round_idx, step=self.step, train_loss=train_loss,
-            compute_s=compute_s, comm_s=comm_s, wait_s=after["wait_s"] - before["wait_s"],
+            compute_s=compute_s, comm_s=comm_s,
+            wait_s=self.emulated(after["wait_s"] - before["wait_s"]),
             bytes_sent=_total(after["bytes_sent"]) - _total(before["bytes_sent"]),
             bytes_recv=_total(after["bytes_recv"]) - _total(before["bytes_recv"]),
             peers=self.algo.peers(round_idx), steps=phase.steps, speed=self.compute.speed,
@@ -251,8 +266,13 @@ class Worker:
         observe = getattr(self.transport, "recv_links", None)
         if observe is None or self.t0 is None or round_idx < 0:
             return None
-        return {str(src): link_row(use, self.t0)
+        return {str(src): link_row(use, self.t0, self.clock)
                 for src, use in sorted(observe(round_idx).items())}
+
+    def emulated(self, wall_s: float) -> float:
+        """A duration the transport measured (wall seconds, or the simulator's virtual ones)
+        as the run reports it: / K in an emulator process, as is in the simulator."""
+        return self.clock.emulated_s(wall_s) if self.clock is not None else wall_s
 
     def begin_round(self, plan: RoundPlan) -> None:
         """A scenario's speed change and pause at the start of a round."""
