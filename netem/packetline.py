@@ -56,7 +56,8 @@ Engines
 -------
 Two implementations of the loop, the same rules and the same stats; the ready file and the
 stats say which ran (``"engine": "c" | "python"``), the spec's ``engine`` picks it (``auto``,
-the default and what a spec without the field means: the compiled one where it was built):
+the default and what a spec without the field means: the compiled one where it was built, or
+what the environment's ``NETEM_PACKETLINE_ENGINE`` names):
 
 - ``c``: ``netem/_linecore.c`` (built by ``pip install``; setup.py marks it optional, so a
   machine without a compiler installs and runs ``python``). It reads up to 64 frames per
@@ -189,6 +190,7 @@ TIMER_SLACK_NS = 1000
 
 DEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")   # IFNAMSIZ 16 with the NUL
 ENGINES = ("auto", "c", "python")    # auto: the compiled core where it was built, else Python
+ENGINE_ENV = "NETEM_PACKETLINE_ENGINE"   # what 'auto' means in this environment, if set
 
 try:
     from netem import _linecore
@@ -290,9 +292,19 @@ class PacketLineSpec:
         if self.engine == "c" and _linecore is None:
             raise SpecError("engine = 'c' is not possible here: netem._linecore is not built "
                             "(reinstall with a C compiler); expected 'auto' or 'python'")
-        if self.engine == "auto":
+        engine = self.engine
+        if engine == "auto":
+            # the environment may pick for a spec that does not (side-by-side runs, tests)
+            engine = os.environ.get(ENGINE_ENV, "auto")
+            if engine not in ENGINES:
+                raise SpecError(f"{ENGINE_ENV} = {engine!r} is not allowed; expected one of "
+                                f"{', '.join(ENGINES)}")
+            if engine == "c" and _linecore is None:
+                raise SpecError(f"{ENGINE_ENV} = 'c' is not possible here: netem._linecore "
+                                "is not built (reinstall with a C compiler)")
+        if engine == "auto":
             return "c" if _linecore is not None else "python"
-        return self.engine
+        return engine
 
     @staticmethod
     def _check_link(key: Any, imp: Any, ranks: set[int]) -> None:

@@ -132,3 +132,22 @@ def test_a_link_that_starts_drawing_hands_its_queue_to_its_linkline():
     for s in socks:
         s.close()
     assert len(released) == 10 and ll.held_pkts == 0 and ll.counters.forwarded_pkts == 10
+
+
+def test_the_spec_and_the_environment_pick_the_engine(monkeypatch):
+    from netem.packetline import ENGINE_ENV, SpecError
+    ports = (Port(0, "p0", ADDR[0]),)
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    assert PacketLineSpec(ports=ports).engine_to_run() == "c"
+    assert PacketLineSpec(ports=ports, engine="python").engine_to_run() == "python"
+    data = PacketLineSpec(ports=ports).to_json()
+    del data["engine"]                           # a spec from before the field: auto
+    assert PacketLineSpec.from_json(data).engine == "auto"
+    monkeypatch.setenv(ENGINE_ENV, "python")
+    assert PacketLineSpec(ports=ports).engine_to_run() == "python"
+    assert PacketLineSpec(ports=ports, engine="c").engine_to_run() == "c"
+    monkeypatch.setenv(ENGINE_ENV, "fast")
+    with pytest.raises(SpecError, match="NETEM_PACKETLINE_ENGINE = 'fast'"):
+        PacketLineSpec(ports=ports).engine_to_run()
+    with pytest.raises(SpecError, match="engine = 'gpu' is not allowed"):
+        PacketLineSpec(ports=ports, engine="gpu")
