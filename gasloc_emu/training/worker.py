@@ -102,6 +102,8 @@ class Worker:
     times longer in wall time. A measured step time (compute.step_time_s = 0) is this host's
     compute / K: the emulated machine is K times faster than this one."""
 
+    clock = None   # the simulator's and a bare worker's: times as measured (no dilation)
+
     def __init__(self, plan, rank: int, transport, device: str | torch.device = "cpu",
                  *, pace: bool = True, batched=None):
         """``batched``: the simulator's gate that computes every worker's inner phase of a
