@@ -88,7 +88,7 @@ def test_simulate_at_k_predicts_the_emulated_times_of_k_1_and_the_same_losses(tm
     from gasloc_emu.simulator.simulate import simulate
     rows = {}
     for k in (1.0, 4.0):
-        cfg = _cfg(k, **{"tcp.congestion_control": "bbr"})
+        cfg = _cfg(k, **{"tcp.congestion_control": "bbr", "workers": 2})
         plan = build_plan(cfg, corpus=shared_corpus(cfg))
         assert plan.link_model is not None and "TCP" in plan.link_model.describe()
         simulate(plan, tmp_path / f"k{k:g}")
