@@ -503,15 +503,13 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static int link_index(Core *c, PyObject *args, int *si, int *di, Py_ssize_t off) {
-    (void)off;
-    if (*si < 0 || *di < 0 || *si >= c->nports || *di >= c->nports || *si == *di) {
+static int link_index(Core *c, int si, int di) {
+    if (si < 0 || di < 0 || si >= c->nports || di >= c->nports || si == di) {
         PyErr_Format(PyExc_ValueError, "link (%d, %d) is not a pair of distinct port indices "
-                     "in [0, %d)", *si, *di, c->nports);
+                     "in [0, %d)", si, di, c->nports);
         return -1;
     }
-    (void)args;
-    return *si * c->nports + *di;
+    return si * c->nports + di;
 }
 
 /* set_link(src, dst, plain, delay_s, limit_pkts, limit_bytes) */
@@ -520,7 +518,7 @@ static PyObject *Core_set_link(Core *c, PyObject *args) {
     double delay_s;
     long long lp, lb;
     if (!PyArg_ParseTuple(args, "iipdLL", &si, &di, &plain, &delay_s, &lp, &lb)) return NULL;
-    int k = link_index(c, args, &si, &di, 0);
+    int k = link_index(c, si, di);
     if (k < 0) return NULL;
     Link *l = &c->links[k];
     if (!l->exists) { l->exists = 1; l->last_release_s = -INFINITY; }
@@ -535,7 +533,7 @@ static PyObject *Core_set_link(Core *c, PyObject *args) {
 static PyObject *Core_link_state(Core *c, PyObject *args) {
     int si, di;
     if (!PyArg_ParseTuple(args, "ii", &si, &di)) return NULL;
-    int k = link_index(c, args, &si, &di, 0);
+    int k = link_index(c, si, di);
     if (k < 0) return NULL;
     Link *l = &c->links[k];
     return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}",
@@ -576,7 +574,7 @@ static PyObject *Core_push(Core *c, PyObject *args) {
     long long hb, hp;
     if (!PyArg_ParseTuple(args, "diiOLL", &release_s, &si, &di, &payload, &hb, &hp))
         return NULL;
-    int k = link_index(c, args, &si, &di, 0);
+    int k = link_index(c, si, di);
     if (k < 0) return NULL;
     Entry e = {.release_s = release_s, .link = (uint32_t)k, .held_bytes = hb, .held_pkts = hp};
     if (PyBytes_Check(payload)) {

@@ -748,6 +748,9 @@ class PacketLine:
         self.budget = _CoreBudget(self.core, self.spec.global_limit_bytes,
                                   PER_FRAME_COST_BYTES)
         self._epoll = _CoreEpoll(self.core)
+        for key, line in self.lines.items():     # links made before (a set): the core's now
+            line.budget = self.budget
+            self._core_link(key, line.impairment, line)
 
     def _open_control(self) -> None:
         if self.control_fd is None:
