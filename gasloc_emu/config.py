@@ -22,6 +22,7 @@ from gasloc_emu.params import Params
 from netem import cloud as netem_cloud
 from netem import delay as netem_delay
 from netem import impair as netem_impair
+from netem import lineproc as netem_lineproc
 from netem import profiles as netem_profiles
 from netem import shapers as netem_shapers
 from netem import tcpsettings as netem_tcpsettings
@@ -376,6 +377,12 @@ class NetConfig(_Validated):
                                  "(a userspace delay line between the namespaces: TCP sees the "
                                  "delay), release-queue (the receiver holds messages: TCP does "
                                  "not see the delay; not faithful to TCP).", choices=DELAY_MODES)
+    line_priority: str = setting("auto", "The packet line's CPU before the workers': realtime "
+                                         "(SCHED_FIFO for the line, where permitted), nice "
+                                         "(the workers at a lower priority, always permitted), "
+                                         "auto (realtime where permitted, else nice), none "
+                                         "(the line shares the cores as any process).",
+                                 choices=netem_lineproc.PRIORITIES)
     probe: bool = setting(True, "Measure every link training uses before it starts (shaped "
                                 "runs); configured vs measured goes into links.json.")
     tcp_sample_s: float = setting(1.0, "Sample the senders' TCP (ss: RTT, cwnd, retransmits, who "

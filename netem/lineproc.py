@@ -5,6 +5,12 @@ namespaces go.
 The process (``python -m netem.packetline SPEC.json``, ``netem.packetline``) dies with its
 parent (PR_SET_PDEATHSIG, and EOF on its stdin), so a kill -9 of the launcher leaves nothing
 behind; ``close`` stops it on every other exit path and keeps its final counters.
+
+The line gets the CPU before the workers (``take_cpu``): SCHED_FIFO where the kernel permits
+it, else the workers start at a lower priority (``workers_niced``). On 2 cores shared with 8
+training workers, a line at the same priority as they are released frames tens of ms late; what
+each choice gives is in benchmarks/bench_packetline.py's table. Every wait on the line has a
+deadline, and its error names what was waited for: a reply is read whole, however large.
 """
 from __future__ import annotations
 
@@ -21,6 +27,17 @@ from typing import Any
 from netem.impair import impairment_of
 from netem.packetline import spec_for_topology
 
+# how the line gets the CPU before the workers (config's net.line_priority takes these)
+PRIORITIES = ("auto", "realtime", "nice", "none")
+
+# SCHED_FIFO priority of the line (chrt -f): above every SCHED_OTHER worker, below the kernel's
+# own threads (1-99; 50 is what the kernel gives threaded interrupt handlers)
+LINE_RT_PRIORITY = 10
+# the workers' nice value where the line cannot be real-time: CFS then gives the line, at nice
+# 0, 1024 / 110 of a worker's weight at nice 10 (kernel/sched/core.c sched_prio_to_weight),
+# about 9 times as much of a contended core
+WORKER_NICE = 10
+
 READY_TIMEOUT_S = 20.0
 REPLY_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
@@ -30,10 +47,111 @@ class PacketLineError(RuntimeError):
     """The packet line did not start, stopped early, or refused a change; the message says why."""
 
 
+def _threads(pid: int) -> list[int]:
+    """Every thread of ``pid`` (a scheduling policy is per thread)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
+
+
+def take_cpu(pid: int, asked: str) -> dict:
+    """Give the line process the CPU before the workers, as ``asked`` (PRIORITIES): its record
+    ``{"asked", "got", "why"}``, ``got`` being realtime, nice (the workers are to be started
+    at WORKER_NICE) or none. SCHED_FIFO needs CAP_SYS_NICE in the initial user namespace (or
+    an RLIMIT_RTPRIO), so inside the launcher's own user namespace it is refused; lowering
+    other processes' priority is always allowed (sched(7))."""
+    if asked == "none":
+        return {"asked": asked, "got": "none", "why": "net.line_priority = 'none'"}
+    if asked == "nice":
+        return {"asked": asked, "got": "nice", "why": f"workers at nice {WORKER_NICE}"}
+    try:
+        for tid in _threads(pid):
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(LINE_RT_PRIORITY))
+    except OSError as exc:
+        why = f"SCHED_FIFO refused ({exc.strerror or exc})"
+        if asked == "realtime":
+            raise PacketLineError(f"net.line_priority = 'realtime' is not possible here: "
+                                  f"{why}; use 'auto' or 'nice'") from None
+        return {"asked": asked, "got": "nice",
+                "why": f"{why}; workers at nice {WORKER_NICE} instead"}
+    return {"asked": asked, "got": "realtime",
+            "why": f"SCHED_FIFO priority {LINE_RT_PRIORITY}"}
+
+
+class ControlPipe:
+    """The launcher's end of the line's control: JSON lines to its stdin, one JSON line back for
+    each, in order. Every ask has a deadline (``timeout_s``, for the write and the whole reply
+    together) and its error names what it waited for; a reply is read as it comes, so it may be
+    far larger than a pipe's buffer."""
+
+    def __init__(self, to_fd: int, from_fd: int, timeout_s: float = REPLY_TIMEOUT_S):
+        self.to_fd, self.from_fd, self.timeout_s = to_fd, from_fd, timeout_s
+        self._out = b""                  # reply bytes read past the last newline
+
+    def ask(self, msg: dict) -> dict:
+        """Send ``msg``; its reply, which must say ``ok``."""
+        deadline = time.monotonic() + self.timeout_s
+        what = f"{msg.get('op')!r}"
+        self._write_all((json.dumps(msg) + "\n").encode(), deadline,
+                        f"the packet line did not take the control message {what}")
+        line = self._read_line(deadline, f"the packet line's reply to {what}")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise PacketLineError(f"the packet line's reply to {what} is not JSON: "
+                                  f"{line[:200]!r}") from None
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            error = answer.get("error") if isinstance(answer, dict) else answer
+            raise PacketLineError(f"the packet line refused {msg}: {error}")
+        return answer
+
+    def _write_all(self, data: bytes, deadline: float, what: str) -> None:
+        """All of ``data`` before ``deadline``: a line that stopped reading its control pipe
+        must not hang the launcher."""
+        os.set_blocking(self.to_fd, False)
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PacketLineError(f"{what} within {self.timeout_s:g} s")
+            _, ready, _ = select.select([], [self.to_fd], [], left)
+            if not ready:
+                continue
+            try:
+                view = view[os.write(self.to_fd, view):]
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                raise PacketLineError(f"{what}: it closed its control pipe") from None
+
+    def _read_line(self, deadline: float, what: str) -> bytes:
+        """Bytes up to the next newline, read as they come; a PacketLineError naming ``what``
+        past the deadline or when the other end closes first."""
+        while b"\n" not in self._out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PacketLineError(f"{what} did not come within {self.timeout_s:g} s "
+                                      f"({len(self._out)} bytes of it by then)")
+            ready, _, _ = select.select([self.from_fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self.from_fd, 1 << 20)
+            if not chunk:
+                raise PacketLineError(f"{what} did not come: the packet line closed its "
+                                      f"output after {len(self._out)} bytes")
+            self._out += chunk
+        line, _, self._out = self._out.partition(b"\n")
+        return line
+
+
 class PacketLineProcess:
     """One run's packet line: ``start``, ``set_latency``, ``stats``, ``close``."""
 
-    def __init__(self, plan, topo, seed: int = 0):
+    def __init__(self, plan, topo, seed: int = 0, priority: str = "auto"):
+        if priority not in PRIORITIES:
+            raise PacketLineError(f"line priority = {priority!r} is not allowed; expected one "
+                                  f"of {', '.join(PRIORITIES)}")
         self.dir = tempfile.mkdtemp(prefix=f"gasloc-line-{topo.run_id}-")
         links = {key: impairment_of(link) for key, link in plan.links.items()}
         self.spec = spec_for_topology(topo, links, seed=seed,
@@ -44,12 +162,16 @@ class PacketLineProcess:
                      "netem.packetline", self.spec_path]
         self.proc: subprocess.Popen | None = None
         self.final: dict | None = None
+        self.asked_priority = priority
+        self.priority: dict = {"asked": priority, "got": "none", "why": "not started"}
+        self.control: ControlPipe | None = None
 
     def start(self) -> None:
         from netem.packetline import die_with_parent
         self.spec.save(self.spec_path)
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+        self.control = ControlPipe(self.proc.stdin.fileno(), self.proc.stdout.fileno())
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not os.path.exists(self.spec.ready_path):
             if self.proc.poll() is not None:
@@ -58,8 +180,19 @@ class PacketLineProcess:
             if time.monotonic() > deadline:
                 self.close()
                 raise PacketLineError(f"the packet line was not ready within "
-                                      f"{READY_TIMEOUT_S:g} s")
+                                      f"{READY_TIMEOUT_S:g} s (waiting for its ready file "
+                                      f"{self.spec.ready_path})")
             time.sleep(0.01)
+        try:
+            self.priority = take_cpu(self.proc.pid, self.asked_priority)
+        except PacketLineError:
+            self.close()
+            raise
+
+    @property
+    def workers_niced(self) -> bool:
+        """Whether the workers must run at a lower priority than the line (``WORKER_NICE``)."""
+        return self.priority["got"] == "nice"
 
     def _stderr(self) -> str:
         with contextlib.suppress(Exception):
@@ -67,19 +200,10 @@ class PacketLineProcess:
         return ""
 
     def _ask(self, msg: dict) -> dict:
-        """One control message and its reply line (the line answers each in order)."""
+        """One control message and its reply (``ControlPipe.ask``)."""
         if self.proc is None or self.proc.poll() is not None:
             raise PacketLineError("the packet line is not running")
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], REPLY_TIMEOUT_S)
-        if not ready:
-            raise PacketLineError(f"the packet line did not answer {msg['op']!r} within "
-                                  f"{REPLY_TIMEOUT_S:g} s")
-        answer = json.loads(self.proc.stdout.readline() or b"{}")
-        if not answer.get("ok"):
-            raise PacketLineError(f"the packet line refused {msg}: {answer.get('error')}")
-        return answer
+        return self.control.ask(msg)
 
     def set_latency(self, src: int, dst: int, latency_ms: float) -> None:
         self._ask({"op": "set", "src": src, "dst": dst, "delay_ms": latency_ms})
@@ -88,7 +212,7 @@ class PacketLineProcess:
         """The line's counters now (running) or at its end (closed)."""
         if self.final is not None or self.proc is None or self.proc.poll() is not None:
             return self.final
-        return self._ask({"op": "stats"})["stats"]
+        return self._ask({"op": "stats"})["stats"] | {"priority": self.priority}
 
     def close(self) -> None:
         """EOF on its stdin stops it (it writes its counters); killed if it does not."""
@@ -103,7 +227,7 @@ class PacketLineProcess:
             self.proc.wait()
         with contextlib.suppress(OSError, ValueError), \
                 open(self.spec.stats_path, encoding="utf-8") as f:
-            self.final = json.load(f)
+            self.final = json.load(f) | {"priority": self.priority}
         for f in (self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError):
                 f.close()

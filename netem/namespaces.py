@@ -39,6 +39,7 @@ from netem.commands import (
     plan_commands,
     teardown_commands,
 )
+from netem.lineproc import WORKER_NICE
 from netem.profiles import LinkPlan
 from netem.tcpsettings import TcpSettings
 from netem.userspace import shaping_from_spec, spec_for
@@ -250,8 +251,9 @@ class NetworkSession:
     def __init__(self, plan: LinkPlan, decision: Decision, run_id: str | None = None,
                  dry_run: bool = False, env_flag: str = ENV_FLAG,
                  gso_floor_mbit: dict[int, float] | None = None, seed: int = 0,
-                 delayed_later: bool = False):
+                 delayed_later: bool = False, line_priority: str = "auto"):
         self.plan, self.decision, self.dry_run, self.env_flag = plan, decision, dry_run, env_flag
+        self.line_priority = line_priority  # netem.lineproc.PRIORITIES
         self.seed = seed            # of the packet line's draws (jitter, loss), per link
         # per worker, the slowest rate a scenario will give its links (plan_commands, LiveLinks)
         self.gso_floor_mbit = gso_floor_mbit or {}
@@ -305,7 +307,15 @@ class NetworkSession:
         """argv that runs ``argv`` inside worker ``rank``'s namespace (same pid: ip netns exec
         execs)."""
         ns = self.netns(rank)
+        if self.worker_nice:
+            argv = ["nice", "-n", str(self.worker_nice), *argv]
         return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+
+    @property
+    def worker_nice(self) -> int:
+        """How far below normal priority the workers start: WORKER_NICE where the packet line
+        could not be made real-time (they yield it the CPU instead), else 0."""
+        return WORKER_NICE if self.line is not None and self.line.workers_niced else 0
 
     def shaping_spec(self) -> dict | None:
         """JSON-able spec of the userspace shaping for all workers (``shaping_from_spec``), or
@@ -343,7 +353,7 @@ class NetworkSession:
 
     def _start_line(self) -> None:
         from netem.lineproc import PacketLineProcess
-        self.line = PacketLineProcess(self.plan, self.topo, self.seed)
+        self.line = PacketLineProcess(self.plan, self.topo, self.seed, self.line_priority)
         self.line.start()
 
     def set_line_latency(self, src: int, dst: int, latency_ms: float) -> None:

@@ -16,6 +16,7 @@ class LoopbackNetwork:
 
     kind = shapers.unshaped()
     unshaped_start = False   # whether links start unshaped under a shaper (ScenarioNetwork)
+    worker_nice = 0          # no packet line here to yield the CPU to
 
     @property
     def shaper(self) -> str:
@@ -141,6 +142,12 @@ class ShapedNetwork:
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
         return self.session.wrap(rank, argv)
 
+    @property
+    def worker_nice(self) -> int:
+        """How far below normal priority the workers run (the packet line could not be made
+        real-time: they yield it the CPU); 0 otherwise."""
+        return self.session.worker_nice
+
     def netns(self, rank: int) -> str | None:
         """The named network namespace worker ``rank`` lives in (None: the launcher's)."""
         return self.session.netns(rank)
@@ -230,6 +237,7 @@ class HostNetwork:
         return {}
 
     unshaped_start = False
+    worker_nice = 0          # no packet line on a host of a multi-node run
 
     @property
     def kind(self) -> shapers.Shaper | None:
@@ -383,5 +391,6 @@ def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
     # tc sizes GSO packets for the slowest rate a scenario or trace will give a worker's links
     floor = links.slowest_mbit() if links is not None else {}
     with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor, seed=cfg.seed,
-                        delayed_later=links is not None and links.delays) as session:
+                        delayed_later=links is not None and links.delays,
+                        line_priority=cfg.net.line_priority) as session:
         yield ShapedNetwork(cfg, session)

@@ -36,7 +36,7 @@ def spawn_worker(run_dir: Path, rank: int, device: DeviceAssignment, network,
     log_path = logs / f"worker{rank}.log"
     if zygote is not None:
         return zygote.spawn(args, dict(env), str(log_path), append=rejoin is not None,
-                            netns=network.netns(rank))
+                            netns=network.netns(rank), nice=network.worker_nice)
     with open(log_path, "ab" if rejoin else "wb") as log:
         # own session: Ctrl-C reaches only the launcher, which stops the workers cleanly
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -18,7 +18,7 @@ them, and every worker forked after that reads them back (``plan.received``) ins
 deriving the plan from the config again.
 
 Protocol (JSON lines, one request in flight at a time): launcher -> zygote {"plan"} once,
-answered {"planned": bytes}, then {"argv", "env", "log", "append", "netns"} per worker,
+answered {"planned": bytes}, then {"argv", "env", "log", "append", "netns", "nice"} per worker,
 answered {"pid"}; zygote -> launcher {"exit": pid, "code"} when a worker ends (a negative
 code: killed by that signal, as Popen reports it).
 """
@@ -106,10 +106,12 @@ class Zygote:
                 raise ZygoteError("the worker zygote exited instead of taking the run plan")
 
     def spawn(self, argv: list[str], env: dict[str, str], log: str, append: bool,
-              netns: str | None = None) -> Forked:
+              netns: str | None = None, nice: int = 0) -> Forked:
         """Fork a worker running ``python -m gasloc_emu.emulator.worker_process ARGV``, in the
-        named network namespace ``netns`` (``ip netns``) when given."""
-        request = {"argv": argv, "env": env, "log": log, "append": append, "netns": netns}
+        named network namespace ``netns`` (``ip netns``) when given, ``nice`` steps below the
+        zygote's priority."""
+        request = {"argv": argv, "env": env, "log": log, "append": append, "netns": netns,
+                   "nice": nice}
         self.start()
         with self.cond:
             if not self.alive:
@@ -182,6 +184,8 @@ def _child(request: dict, plan: bytes | None) -> None:
         os.setsid()   # its own session: Ctrl-C reaches only the launcher
         if request.get("netns"):
             _enter_netns(request["netns"])
+        if request.get("nice"):
+            os.nice(int(request["nice"]))     # lowering one's own priority is always allowed
         fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT
                      | (os.O_APPEND if request["append"] else os.O_TRUNC), 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
