@@ -50,7 +50,7 @@ HERE = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests", "net")]
 
-DEFAULT_CASES = "1x200,4x100,4x250,4x400,4x600,1x0,4x0"
+DEFAULT_CASES = "1x200,4x100,4x250,4x400,4x600,1x0,4x0,udp2@150000,udp2"
 PROBE_RATE_HZ = 1000
 CASE_TIMEOUT_S = 60.0
 WARM_S = 1.0
@@ -324,8 +324,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES,
                     help="FLOWSxMBIT per flow (0: unshaped) or udpN (N small-frame senders), "
                          "comma-separated")
-    ap.add_argument("--engines", default="auto",
-                    help="the line's engines to compare: c, python or auto, comma-separated")
+    from netem.packetline import engine_available
+    ap.add_argument("--engines", default="c,python" if engine_available() else "python",
+                    help="the line's engines to compare: c, python or auto, comma-separated "
+                         "(default: both where the compiled one is built)")
     ap.add_argument("--load", type=int, default=0,
                     help="busy-loop processes beside the line (0 to 8)")
     ap.add_argument("--priorities", default="normal",
