@@ -23,12 +23,13 @@ from gasloc_emu.algorithms import Algorithm, Resolved
 from gasloc_emu.comm.codecs import Codec, make_codec
 from gasloc_emu.config import Config, ConfigError
 from gasloc_emu.config import replace as replace_setting
-from gasloc_emu.dilation import dilate_link_plan
 from gasloc_emu.netplan import (
     check_network,
     describe_link_model,
+    dilate_link_plan,
     link_rates,
     placement_regions,
+    resolve_time_scale,
     sim_link_model,
     used_pairs,
 )
@@ -66,7 +67,7 @@ class RunPlan:
     corpus: Corpus | None
     warnings: tuple[str, ...] = ()
     codec: Codec | None = None  # comm.codec's rule; None: messages are float32 values
-    # run.time_scale resolved (``gasloc_emu.dilation``): K, 1.0 when undilated. ``link_plan``
+    # run.time_scale resolved (netplan's "Time dilation"): K, 1.0 when undilated. ``link_plan``
     # is then what the shaper plays (rates / K, delays x K); ``asked_links`` the asked one,
     # which ``link_model`` times on the emulated clock; ``auto_scale``: what 'auto' measured
     time_scale: float = 1.0
@@ -80,7 +81,7 @@ class RunPlan:
 
     def clock(self):
         """A worker's clock under this plan's time scale (``dilation.WorkerClock``)."""
-        from gasloc_emu.dilation import WorkerClock
+        from gasloc_emu.netplan import WorkerClock
         return WorkerClock(self.time_scale)
 
     @property
@@ -206,7 +207,7 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
     algo = resolved.cls
     link_plan = check_network(cfg)
     topo = topology.from_config(cfg, link_rates(link_plan)) if algo.needs_graph else None
-    scale, auto = resolve_time_scale(cfg, link_plan, topo)
+    scale, auto = resolve_time_scale(cfg, link_plan, topo)   # K (netplan, "Time dilation")
     cp = compute.plan(cfg, algo.default_local_steps, algo.weights_by_steps(cfg.algo))
     check_model(cfg.model)
     check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
@@ -226,37 +227,6 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
                    world, corpus, algo.warnings(cfg, topo) if topo is not None else (), codec,
                    time_scale=scale, asked_links=None if played is link_plan else link_plan,
                    auto_scale=auto)
-
-
-def resolve_time_scale(cfg: Config, link_plan, topo: Topology | None):
-    """(K, the ``dilation.AutoScale`` behind it or None) from ``run.time_scale``: the number
-    as given, or under 'auto' the smallest K whose peak frame rate (every used link sending
-    at once, ``dilation.peak_frame_rate``) the packet line's capacity on this host
-    (``netem.capacity.host_capacity``: measured, or cached per host) carries with the margin.
-    'auto' where nothing can be measured is a ConfigError naming why (exit 2)."""
-    from gasloc_emu import dilation
-    asked = getattr(cfg.run, "time_scale", 1.0)   # an older record has none: 1
-    if asked != "auto":
-        return dilation.check_time_scale(asked), None
-    if link_plan is None or not link_plan.shaped:
-        return 1.0, None    # nothing is shaped: no frames to carry for a line
-    from netem.capacity import CapacityError, host_capacity
-    try:
-        cap = host_capacity()
-    except CapacityError as exc:
-        raise ConfigError(f"run.time_scale = 'auto' cannot be resolved here: {exc}; give K "
-                          "as a number") from None
-    pairs = used_pairs(cfg, topo)
-    streams = getattr(cfg.comm, "streams", 1)
-    mss = link_plan.mtu - 52
-    flows = dilation.plan_flows(link_plan, pairs, streams)
-
-    def peak_at(k: float) -> float:
-        return dilation.peak_frame_rate([r / k for r in flows], mss)
-
-    k = dilation.pick_time_scale(peak_at, cap.frames_per_s)
-    return k, dilation.AutoScale(k, peak_at(1.0), peak_at(k), cap.frames_per_s,
-                                 dilation.AUTO_MARGIN, cap.source)
 
 
 def recorded_faults(run_dir: str | Path) -> FaultTimeline | None:

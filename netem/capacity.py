@@ -1,5 +1,5 @@
 """How many frames a second the packet line moves on this host: what ``run.time_scale =
-'auto'`` fits a plan's peak frame rate into (``gasloc_emu.dilation``).
+'auto'`` fits a plan's peak frame rate into (``gasloc_emu.netplan``, "Time dilation").
 
     python -m netem.capacity            # measure now (in a throwaway namespace), print JSON
 

@@ -228,9 +228,9 @@ class TcpParams:
     def seen_at(self, time_scale: float, scaled: frozenset[str] = frozenset({"rto_min_s"})
                 ) -> TcpParams:
         """These parameters as a run dilated by ``time_scale`` = K sees them on its emulated
-        clock (wall / K; ``gasloc_emu.dilation``): the link is K times slower and K times
-        longer in wall time, so every time the connection makes of the path (RTT, a segment's
-        time, the RTO's srtt) is the emulated one, and so is each constant in ``scaled``
+        clock (wall / K; gasloc_emu.netplan's "Time dilation"): the link is K times slower and
+        K times longer in wall time, so every time the connection makes of the path (RTT, a
+        segment's time, the RTO's srtt) is the emulated one, and so is each constant in ``scaled``
         (set x K in the kernel: ``rto_min_s`` through the route's rto_min). Every other time
         constant stays what the kernel has in wall time: K times shorter on the emulated
         clock (HyStart's ACK spacing and delay thresholds, TCP_RTO_MAX), and cubic's

@@ -29,7 +29,7 @@ Where each knob lives in the kernel, and how it is set here:
   tcp_rto_min reads it over the namespace's tcp_rto_min_us for every connection on the
   route), per link like the rest of the route's attributes; kernels before 6.11 have no
   sysctl, every kernel has the route attribute. A time-dilated run sets it to K x 200 ms
-  (``gasloc_emu.dilation``): the one TCP timer the kernel lets a namespace stretch.
+  (``gasloc_emu.netplan``, "Time dilation"): the one TCP timer the kernel lets a namespace stretch.
 
 Everything here is pure: ``TcpSettings`` validates, ``worker_commands`` says what to run in a
 worker's namespace, ``read_host`` / ``host_record`` read /proc for the run record.
@@ -246,7 +246,9 @@ def effective(settings: TcpSettings, host: HostTcp) -> dict:
             "slow_start_after_idle": NETNS_DEFAULT_SSAI if ssai < 0 else ssai,
             "rmem_max_bytes": netns_rmem, "wmem_max_bytes": netns_wmem,
             "init_cwnd": settings.init_cwnd or 10,
-            "rto_min_ms": settings.rto_min_ms or KERNEL_RTO_MIN_MS}
+            # only where a link sets one (time dilation does): the record of any other run
+            # stays as it was; the kernel's is KERNEL_RTO_MIN_MS
+            **({"rto_min_ms": settings.rto_min_ms} if settings.rto_min_ms else {})}
 
 
 # ---------------------------------------------------------------- commands

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gasloc_emu.dilation import dilate_state
 from gasloc_emu.emulator.launch_spec import LEAVE_FLUSH_S, LaunchSpec
+from gasloc_emu.netplan import dilate_state
 from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.transport import orders
 

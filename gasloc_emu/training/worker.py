@@ -95,7 +95,7 @@ class Worker:
     model's schedule (an emulator process); False in the simulator, whose virtual clock is told
     the emulated time instead.
 
-    Under time dilation (``plan.time_scale`` = K, ``gasloc_emu.dilation``) a paced worker's
+    Under time dilation (``plan.time_scale`` = K, netplan's "Time dilation") a paced worker's
     clock is the plan's ``WorkerClock``: every time it measures (a step, the communication,
     the waits, its link observations) is emulated (wall / K) where it is measured, and every
     time it stands still (a nominal step's pacing, a pause, the failure-detect wait) lasts K

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gasloc_emu import dilation
+from gasloc_emu import netplan as dilation
 from gasloc_emu.config import ConfigError
 from gasloc_emu.plan import build_plan
 from gasloc_emu.testing import contract_config, shared_corpus
