@@ -23,12 +23,12 @@ and flows on links used both ways fell to 63 % of their rate (docs/NETWORK.md). 
 The ACKs are not paid out of the link's rate: the link class i -> j also carries the ACKs of
 j -> i's data, and HTB charges every byte a child sends to its parent's tokens
 (``htb_charge_class`` walks up the tree in net/sched/sch_htb.c), so with link class = bulk ceil
-= the link's rate, bulk data got the rate less the reverse flow's ACKs: 66-byte frames per one
-or two 1514-byte segments, 2-4 % of the reverse rate (8 workers all-to-all at 50 Mbit/s read a
-median of 0.983 of the rate per flow, and single flows 0.92-0.95, while one link alone read
-1.000). The link class now gets ``ACK_HEADROOM`` of the reverse link's rate on top (``Flow.
-ack_mbit``) and the bulk child keeps ceil = the link's rate, so data alone never exceeds the
-link and ACKs never take from it.
+= the link's rate, bulk data got the rate less the reverse flow's ACKs (66-byte frames per
+one to four 1514-byte segments): 12 links of 4 workers at 20 Mbit/s, all busy, read 0.987-0.989
+of their rate in every set-up, 0.999-1.000 with the room below (benchmarks/tc_shortfall.py
+--ack-frame-b 0,78), while one link alone read 1.000 either way. The link class now has
+``ack_headroom_bps`` of the reverse link's rate on top (``Flow.ack_mbit``) and the bulk child
+keeps ceil = the link's rate, so data never exceeds the link and ACKs never take from it.
 
 TCP hands veth GSO packets of up to 64 KiB, which HTB releases whole: a 1 Mbit/s link
 delivered 64 KiB bursts every 0.52 s. Each worker's veth gets ``gso_max_segs`` so that one
@@ -92,10 +92,11 @@ ACK_FRAME_B = 78
 # caps a class's tokens at its burst whenever it is checked (``htb_accnt_tokens``: toks =
 # min(toks + diff, buffer) in net/sched/sch_htb.c), so a dequeue that comes later than the
 # burst after the tokens turned positive loses the rest of that wait for good. On a 2-core host
-# with 56 flows in softirq (35-40 % of the CPU), the qdisc watchdog and the senders' TSQ
-# refills came late by more than the former 1 ms, and the 8-worker all-to-all read a median of
-# 0.985 of its rate, single flows down to 0.91 with their senders never idle nor window-limited
-# (TCP_INFO). tc-htb(8): burst is what can be sent at ceil speed "before serving other
+# with 56 flows in softirq (30-40 % of the CPU), the qdisc watchdog and the senders' TSQ
+# refills come late by more than the former 1 ms: with the ACK room, the 8-worker skewed
+# all-to-all read a median of 0.985 of its rate by the senders' kernels (TCP_INFO), single
+# flows down to 0.91 with their senders never idle nor window-limited; 0.996 and 0.963 with
+# 10 ms, set-ups side by side (4 each). tc-htb(8): burst is what can be sent at ceil speed "before serving other
 # classes"; HTB already releases a whole GSO packet at once (up to GSO_BURST_S of the slowest
 # link), so 10 ms adds no burst of a larger scale than the one the GSO rule allows.
 BURST_S = 0.01
