@@ -97,8 +97,9 @@ ACK_FRAME_B = 78
 # all-to-all read a median of 0.985 of its rate by the senders' kernels (TCP_INFO), single
 # flows down to 0.91 with their senders never idle nor window-limited; 0.996 and 0.963 with
 # 10 ms, set-ups side by side (4 each). tc-htb(8): burst is what can be sent at ceil speed
-# "before serving other classes"; HTB already releases a whole GSO packet at once (up to GSO_BURST_S of the slowest
-# link), so 10 ms adds no burst of a larger scale than the one the GSO rule allows.
+# "before serving other classes"; HTB already releases a whole GSO packet at once (up to
+# GSO_BURST_S of the slowest link), so 10 ms adds no burst of a larger scale than the GSO
+# rule allows.
 BURST_S = 0.01
 
 GSO_MAX_SEGS = 65_535          # the kernel's default and upper bound
