@@ -24,6 +24,7 @@ import tempfile
 import time
 from typing import Any
 
+from netem import rtkeeper
 from netem.impair import impairment_of
 from netem.packetline import spec_for_topology
 
@@ -70,6 +71,13 @@ def take_cpu(pid: int, asked: str) -> dict:
             os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(LINE_RT_PRIORITY))
     except OSError as exc:
         why = f"SCHED_FIFO refused ({exc.strerror or exc})"
+        try:
+            rtkeeper.make_realtime(pid, LINE_RT_PRIORITY)
+            return {"asked": asked, "got": "realtime",
+                    "why": f"SCHED_FIFO priority {LINE_RT_PRIORITY}, set from outside the user "
+                           "namespace"}
+        except rtkeeper.KeeperError as kept:
+            why += f"; {kept}"
         if asked == "realtime":
             raise PacketLineError(f"net.line_priority = 'realtime' is not possible here: "
                                   f"{why}; use 'auto' or 'nice'") from None

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from netem import tcpsettings
+from netem import rtkeeper, tcpsettings
 from netem.capabilities import CapabilityError, Decision, in_user_namespace, userns_works
 from netem.commands import (
     NETNS_RE,
@@ -139,7 +139,9 @@ def reexec_in_userns(argv: list[str], env_flag: str = ENV_FLAG,
         return False
     sys.stdout.flush()
     sys.stderr.flush()
-    env = dict(os.environ, **{env_flag: "1"}, **tcpsettings.host_snapshot_env())
+    # SCHED_FIFO for the packet line is refused inside the namespace: a keeper outside gives it
+    env = dict(os.environ, **{env_flag: "1"}, **tcpsettings.host_snapshot_env(),
+               **rtkeeper.start())
     cmd = reexec_argv(argv, entry)
     os.execvpe(cmd[0], cmd, env)
     raise AssertionError("unreachable: execvpe returned")
