@@ -1,0 +1,269 @@
+"""A run's own fidelity verdict: did it emulate the network and compute it was asked for?
+
+Plain functions of what the run recorded (no sockets, no clock): the plan (each link's
+configured rate and one-way delay, the compute's nominal step time), what the run measured
+(the packet line's lateness and read lag, the senders' TCP_INFO per link, the pre-run probe,
+the workers' real / nominal step times), and the verdict ``faithful`` or ``degraded`` with
+every reason, its numbers and the link it concerns.
+
+The rules (docs/RECORDS.md lists the same):
+
+- ``lateness``: the packet line released frames late beyond ``lateness_limit_ms`` at p99,
+  the limit being min(2 ms, 10 % of the smallest delayed link's one-way delay); a frame held
+  for 15 ms and released 27 ms late gave TCP a 42 ms path, not the 15 ms asked;
+- ``read_lag``: the line read frames off its sockets late beyond the same limit at p99 (the
+  delay starts only once a frame is read);
+- ``rate``: a link busy long enough to judge (``MIN_BUSY_MS`` of TCP_INFO busy time,
+  tcpi_busy_time of include/uapi/linux/tcp.h) whose sender was held by the path (not by the
+  receiver's window or its own send buffer: netem.tcpsample.held_by) carried below
+  ``RATE_SHARE`` of its configured rate while busy (bytes acknowledged * 8 / busy time). A
+  sender that was app-limited is not busy (the kernel's busy chrono stops when nothing is
+  queued), so its idle time does not count against the link;
+- ``probe``: the pre-run probe read a link below ``RATE_SHARE`` of its configured rate. That
+  is degraded too: the probe is a bulk flow over the very link training then used, and a link
+  that cannot carry its rate alone cannot carry it under training;
+- ``compute``: the median over workers and rounds of the round's worst real / nominal step
+  time (metrics.jsonl's ``overrun_ratio``) above 1 + ``COMPUTE_SLACK``: the machine could not
+  keep the nominal pace. Only where steps have a nominal time (compute.step_time_s > 0).
+
+The packet line's engine (``c`` or ``python``) is recorded, never a reason by itself: the
+Python engine is slower, and what that costs shows up as lateness or it does not.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+FIDELITY_VERSION = 1
+FAITHFUL, DEGRADED = "faithful", "degraded"
+
+LATENESS_CAP_MS = 2.0     # the line's p99 lateness may not pass this ...
+LATENESS_SHARE = 0.10     # ... nor this share of the smallest delayed link's one-way delay
+RATE_SHARE = 0.95         # a link must carry this share of its configured rate
+MIN_BUSY_MS = 500.0       # TCP_INFO busy time a link needs before its rate is judged
+COMPUTE_SLACK = 0.05      # the median step may take this much longer than its nominal time
+
+
+class FidelityError(ValueError):
+    """Inputs the verdict cannot be made of; the message names the value and its range."""
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """One directed link as asked: rate and one-way delay (the played ones, under dilation)."""
+
+    src: int
+    dst: int
+    rate_mbit: float | None     # None: unshaped
+    delay_ms: float
+
+    def __post_init__(self):
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise FidelityError(f"link {self.src}->{self.dst}: rate_mbit {self.rate_mbit!r} "
+                                "must be > 0 or None")
+        if not self.delay_ms >= 0:
+            raise FidelityError(f"link {self.src}->{self.dst}: delay_ms {self.delay_ms!r} "
+                                "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a run is degraded: the rule's name, one line, its numbers and the link (or None)."""
+
+    rule: str
+    text: str
+    numbers: dict
+    link: tuple[int, int] | None = None
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "text": self.text, "numbers": dict(self.numbers),
+                "link": None if self.link is None else list(self.link)}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    lateness_limit_ms: float | None   # None: no delayed link, no line to judge
+    rate_share: float = RATE_SHARE
+    min_busy_ms: float = MIN_BUSY_MS
+    compute_slack: float = COMPUTE_SLACK
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fidelity: str
+    reasons: tuple[Reason, ...]
+    worst_link: dict | None          # {src, dst, rule, text}
+    thresholds: Thresholds
+    recorded: dict = field(default_factory=dict)   # measured numbers not judged (engine, drops)
+    version: int = FIDELITY_VERSION
+
+    @property
+    def faithful(self) -> bool:
+        return self.fidelity == FAITHFUL
+
+    @property
+    def line_late(self) -> bool:
+        """Whether the packet line's own lateness or read lag broke its limit."""
+        return any(r.rule in ("lateness", "read_lag") for r in self.reasons)
+
+    def headline(self) -> str:
+        """One line: the verdict and its worst reason."""
+        if self.faithful:
+            return FAITHFUL
+        return f"{DEGRADED}: {self.reasons[0].text}"
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "fidelity": self.fidelity,
+                "reasons": [r.to_json() for r in self.reasons], "worst_link": self.worst_link,
+                "thresholds": asdict(self.thresholds), "recorded": dict(self.recorded)}
+
+
+def lateness_limit_ms(links: list[LinkPlan]) -> float | None:
+    """min(LATENESS_CAP_MS, LATENESS_SHARE x the smallest positive one-way delay); None when
+    no link is delayed."""
+    delays = [lk.delay_ms for lk in links if lk.delay_ms > 0]
+    if not delays:
+        return None
+    return min(LATENESS_CAP_MS, LATENESS_SHARE * min(delays))
+
+
+def _line_rules(line: dict | None, limit_ms: float | None) -> list[Reason]:
+    out = []
+    if not line or limit_ms is None:
+        return out
+    for rule, key, what in (("lateness", "late_release", "released frames late"),
+                            ("read_lag", "read_lag", "read frames late")):
+        h = line.get(key) or {}
+        p99 = h.get("p99_ms")
+        if h.get("count") and p99 is not None and p99 > limit_ms:
+            out.append(Reason(rule, f"the packet line {what}: p99 {p99:g} ms, p50 "
+                              f"{h.get('p50_ms', 0):g} ms, max {h.get('max_ms', 0):g} ms "
+                              f"(limit {limit_ms:g} ms)",
+                              {"p50_ms": h.get("p50_ms"), "p99_ms": p99,
+                               "max_ms": h.get("max_ms"), "count": h.get("count"),
+                               "limit_ms": limit_ms}))
+    return out
+
+
+def carried_mbit(tcp: dict) -> float | None:
+    """The rate a link's senders carried while busy: bytes acked x 8 / busy time (Mbit/s)."""
+    busy, acked = tcp.get("busy_ms") or 0, tcp.get("bytes_acked") or 0
+    if busy <= 0:
+        return None
+    return acked * 8 / (busy * 1e3)
+
+
+def _rate_rules(links: dict[tuple[int, int], LinkPlan], tcp: dict, th: Thresholds) -> list[Reason]:
+    out = []
+    for key, row in sorted(tcp.items()):
+        lk = links.get(key)
+        if lk is None or lk.rate_mbit is None or not row:
+            continue
+        if (row.get("busy_ms") or 0) < th.min_busy_ms or row.get("held_by") != "path":
+            continue
+        got = carried_mbit(row)
+        if got is not None and got < th.rate_share * lk.rate_mbit:
+            out.append(Reason("rate", f"link {key[0]}->{key[1]} carried {got:.2f} Mbit/s while "
+                              f"busy, {got / lk.rate_mbit:.0%} of its {lk.rate_mbit:g} Mbit/s",
+                              {"carried_mbit": round(got, 3), "configured_mbit": lk.rate_mbit,
+                               "share": round(got / lk.rate_mbit, 4),
+                               "busy_ms": row.get("busy_ms")}, key))
+    return out
+
+
+def _probe_rules(probe_rows: list[dict], th: Thresholds) -> list[Reason]:
+    out = []
+    for r in probe_rows:
+        want, got = r.get("configured_mbit"), r.get("measured_mbit")
+        if not want or got is None or got >= th.rate_share * want:
+            continue
+        key = (r["src"], r["dst"])
+        out.append(Reason("probe", f"link {key[0]}->{key[1]} probed {got:.2f} Mbit/s, "
+                          f"{got / want:.0%} of its {want:g} Mbit/s",
+                          {"measured_mbit": got, "configured_mbit": want,
+                           "share": round(got / want, 4)}, key))
+    return out
+
+
+def _compute_rules(step_time_s: float | None, ratios: list[float], th: Thresholds) -> list[Reason]:
+    ratios = [r for r in ratios if r and r > 0]
+    if not step_time_s or not ratios:
+        return []
+    p50 = statistics.median(ratios)
+    if p50 <= 1 + th.compute_slack:
+        return []
+    return [Reason("compute", f"steps took {p50:.2f}x their nominal {step_time_s:g} s at the "
+                   "median: the machine could not keep the pace",
+                   {"p50_ratio": round(p50, 4), "step_time_s": step_time_s,
+                    "samples": len(ratios), "limit_ratio": 1 + th.compute_slack})]
+
+
+def _severity(r: Reason) -> float:
+    """How far past its limit a reason is (for the worst link): a share of the limit."""
+    n = r.numbers
+    if r.rule in ("lateness", "read_lag"):
+        return n["p99_ms"] / n["limit_ms"]
+    if r.rule in ("rate", "probe"):
+        return 1 / max(n["share"], 1e-9)
+    return n["p50_ratio"] / n["limit_ratio"]
+
+
+def judge(links: list[LinkPlan], *, line: dict | None = None, tcp: dict | None = None,
+          probe_rows: list[dict] | None = None, step_time_s: float | None = None,
+          step_ratios: list[float] | None = None) -> Verdict:
+    """The verdict of a run.
+
+    ``line``: the packet line's stats (``late_release``, ``read_lag``: {count, p50_ms, p99_ms,
+    max_ms}; ``engine``, ``priority``, ``socket_drops``, ``budget`` recorded); ``tcp``:
+    {(src, dst): netem.tcpsample LinkTcp.summary()}; ``probe_rows``: network.probe_rows;
+    ``step_ratios``: each worker-round's worst real / nominal step time."""
+    by_key = {(lk.src, lk.dst): lk for lk in links}
+    th = Thresholds(lateness_limit_ms(links))
+    line_reasons = _line_rules(line, th.lateness_limit_ms)
+    link_reasons = _rate_rules(by_key, tcp or {}, th) + _probe_rules(probe_rows or [], th)
+    reasons = sorted(line_reasons + link_reasons + _compute_rules(step_time_s,
+                                                                  step_ratios or [], th),
+                     key=_severity, reverse=True)
+    worst = _worst_link(line_reasons, link_reasons, links)
+    recorded = {}
+    if line:
+        recorded = {"engine": line.get("engine", "python"), "priority": line.get("priority"),
+                    "socket_drops": line.get("socket_drops"),
+                    "budget_refused": (line.get("budget") or {}).get("refused")}
+    return Verdict(DEGRADED if reasons else FAITHFUL, tuple(reasons), worst, th, recorded)
+
+
+def _worst_link(line_reasons: list[Reason], link_reasons: list[Reason],
+                links: list[LinkPlan]) -> dict | None:
+    """The link a reason names, the worst first; a line reason (the line serves every link)
+    falls on the link it hurts most: the one with the smallest delay, whose limit it sets."""
+    if link_reasons:
+        r = max(link_reasons, key=_severity)
+        return {"src": r.link[0], "dst": r.link[1], "rule": r.rule, "text": r.text}
+    if line_reasons:
+        delayed = [lk for lk in links if lk.delay_ms > 0]
+        r = max(line_reasons, key=_severity)
+        if delayed:
+            lk = min(delayed, key=lambda x: (x.delay_ms, x.src, x.dst))
+            return {"src": lk.src, "dst": lk.dst, "rule": r.rule, "text": r.text}
+    return None
+
+
+def tcp_by_link(link_rows: list[dict]) -> dict:
+    """{(src, dst): tcp_training} of links.json's rows (those that have one)."""
+    return {(r["src"], r["dst"]): r["tcp_training"] for r in link_rows if r.get("tcp_training")}
+
+
+def plan_links(link_rows: list[dict]) -> list[LinkPlan]:
+    """The plan's links of links.json's rows (configured_mbit, configured_latency_ms)."""
+    return [LinkPlan(r["src"], r["dst"], r.get("configured_mbit") or None,
+                     float(r.get("configured_latency_ms") or 0.0)) for r in link_rows]
+
+
+def of_links_record(record: dict, *, step_time_s: float | None = None,
+                    step_ratios: list[float] | None = None) -> Verdict:
+    """The verdict of a links.json record (``ShapedNetwork.links_record``'s dict)."""
+    rows = record.get("links") or []
+    probes = [r for r in rows if r.get("measured_mbit") is not None]
+    return judge(plan_links(rows), line=record.get("packet_line"), tcp=tcp_by_link(rows),
+                 probe_rows=probes, step_time_s=step_time_s, step_ratios=step_ratios)

@@ -1,0 +1,90 @@
+"""The fidelity verdict's rules, each on hand-built inputs (report.fidelity)."""
+import pytest
+
+from gasloc_emu.report import fidelity as fd
+
+LINKS = [fd.LinkPlan(0, 1, 40.0, 15.0), fd.LinkPlan(1, 0, 40.0, 15.0)]
+QUIET = {"late_release": {"count": 1000, "p50_ms": 0.05, "p99_ms": 0.4, "max_ms": 1.1},
+         "read_lag": {"count": 1000, "p50_ms": 0.02, "p99_ms": 0.3, "max_ms": 0.9},
+         "engine": "c", "socket_drops": 0}
+BUSY_FULL = {"busy_ms": 2000.0, "bytes_acked": int(39.5e6 / 8 * 2), "held_by": "path"}
+
+
+def test_faithful_run():
+    v = fd.judge(LINKS, line=QUIET, tcp={(0, 1): BUSY_FULL},
+                 probe_rows=[{"src": 0, "dst": 1, "configured_mbit": 40.0, "measured_mbit": 39.2}],
+                 step_time_s=0.1, step_ratios=[1.0, 1.01, 1.02])
+    assert v.fidelity == "faithful" and v.reasons == () and v.worst_link is None
+    assert v.to_json()["thresholds"]["lateness_limit_ms"] == pytest.approx(1.5)
+    assert v.recorded["engine"] == "c"
+
+
+def test_limit_is_two_ms_or_a_tenth_of_the_smallest_delay():
+    assert fd.lateness_limit_ms(LINKS) == pytest.approx(1.5)
+    assert fd.lateness_limit_ms([fd.LinkPlan(0, 1, 1.0, 50.0)]) == 2.0
+    assert fd.lateness_limit_ms([fd.LinkPlan(0, 1, 1.0, 0.0)]) is None
+
+
+def test_lateness_degrades_and_names_the_smallest_delayed_link():
+    late = QUIET | {"late_release": {"count": 900, "p50_ms": 27.0, "p99_ms": 74.0, "max_ms": 90.0}}
+    links = LINKS + [fd.LinkPlan(0, 2, 40.0, 5.0)]
+    v = fd.judge(links, line=late)
+    assert v.fidelity == "degraded" and [r.rule for r in v.reasons] == ["lateness"]
+    assert v.reasons[0].numbers["p99_ms"] == 74.0 and v.line_late
+    assert (v.worst_link["src"], v.worst_link["dst"]) == (0, 2)
+
+
+def test_read_lag_degrades():
+    v = fd.judge(LINKS, line=QUIET | {"read_lag": {"count": 5, "p50_ms": 1, "p99_ms": 3.0,
+                                                    "max_ms": 4}})
+    assert [r.rule for r in v.reasons] == ["read_lag"]
+
+
+def test_python_engine_alone_is_recorded_not_a_reason():
+    v = fd.judge(LINKS, line={k: v for k, v in QUIET.items() if k != "engine"})
+    assert v.faithful and v.recorded["engine"] == "python"
+
+
+def test_slow_path_limited_link_degrades():
+    slow = {"busy_ms": 2000.0, "bytes_acked": int(30e6 / 8 * 2), "held_by": "path"}
+    v = fd.judge(LINKS, tcp={(0, 1): BUSY_FULL, (1, 0): slow})
+    assert [r.rule for r in v.reasons] == ["rate"]
+    assert v.reasons[0].link == (1, 0)
+    assert v.reasons[0].numbers["carried_mbit"] == pytest.approx(30.0)
+    assert (v.worst_link["src"], v.worst_link["dst"]) == (1, 0)
+
+
+@pytest.mark.parametrize("row", [
+    {"busy_ms": 200.0, "bytes_acked": int(1e6), "held_by": "path"},     # too short to judge
+    {"busy_ms": 2000.0, "bytes_acked": int(1e6), "held_by": "receiver"},  # not the network
+])
+def test_rate_unjudged_when_short_or_not_network_limited(row):
+    assert fd.judge(LINKS, tcp={(0, 1): row}).faithful
+
+
+def test_probe_below_its_rate_degrades():
+    v = fd.judge(LINKS, probe_rows=[{"src": 0, "dst": 1, "configured_mbit": 40.0,
+                                      "measured_mbit": 30.0}])
+    assert [r.rule for r in v.reasons] == ["probe"] and v.worst_link["dst"] == 1
+
+
+def test_compute_overrun_at_the_median_degrades():
+    v = fd.judge(LINKS, step_time_s=0.1, step_ratios=[1.2, 1.3, 1.0])
+    assert [r.rule for r in v.reasons] == ["compute"]
+    assert v.reasons[0].numbers["p50_ratio"] == pytest.approx(1.2)
+    assert fd.judge(LINKS, step_time_s=None, step_ratios=[2.0]).faithful   # measured steps
+
+
+def test_of_links_record_reads_links_json_rows():
+    rec = {"links": [{"src": 0, "dst": 1, "configured_mbit": 40.0, "configured_latency_ms": 15.0,
+                      "measured_mbit": 39.0,
+                      "tcp_training": {"busy_ms": 1000.0, "bytes_acked": int(2e6),
+                                       "held_by": "path"}}],
+           "packet_line": QUIET}
+    v = fd.of_links_record(rec)
+    assert [r.rule for r in v.reasons] == ["rate"]
+
+
+def test_bad_plan_is_refused_naming_it():
+    with pytest.raises(fd.FidelityError, match="rate_mbit -1"):
+        fd.LinkPlan(0, 1, -1, 1.0)
