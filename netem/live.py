@@ -144,10 +144,18 @@ class LiveLinks:
 
     def _class_changes(self, src: int, dst: int) -> list[Command]:
         """``tc class change`` of every class that enforces src -> dst: src's egress class for
-        dst and, where dst has a download cap, dst's ifb class for src."""
+        dst and, where dst has a download cap, dst's ifb class for src; and the reverse link's
+        classes, whose room for src -> dst's ACKs follows src -> dst's rate
+        (netem.commands.ack_headroom_bps)."""
         out = _changed_flow(egress_tree(self.plan, self.topo, src, self._rate_mbit), dst)
         if self.plan.cap(dst).down_mbit is not None:
             out += _changed_flow(ingress_tree(self.plan, self.topo, dst, self._rate_mbit), src)
+        back = egress_tree(self.plan, self.topo, dst, self._rate_mbit)
+        if any(f.peer == src for f in back.flows):
+            out += _changed_flow(back, src)
+            if self.plan.cap(src).down_mbit is not None:
+                out += _changed_flow(ingress_tree(self.plan, self.topo, src, self._rate_mbit),
+                                     dst)
         return out
 
     def _gso(self, rank: int) -> Command | None:

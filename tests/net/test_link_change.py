@@ -49,8 +49,10 @@ def _ceil_bps(netns: str, dev: str, classid: str) -> float | None:
 
 def _classes(session) -> dict:
     topo = session.topo
-    return {"egress": _ceil_bps(topo.worker_ns(0), "eth0", "1:10"),
-            "ifb": _ceil_bps(topo.worker_ns(1), "ifb0", "1:10")}
+    # the bulk child (1:12) holds the link's rate; its parent (1:10) adds room for the reverse
+    # link's ACKs (netem.commands.ack_headroom_bps)
+    return {"egress": _ceil_bps(topo.worker_ns(0), "eth0", "1:12"),
+            "ifb": _ceil_bps(topo.worker_ns(1), "ifb0", "1:12")}
 
 
 def _leaf_limits(session) -> list[int | None]:
