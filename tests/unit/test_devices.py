@@ -101,10 +101,11 @@ def test_the_launcher_spawns_each_worker_on_one_gpu_as_cuda0(gpus, monkeypatch, 
     spawned: dict[int, dict] = {}
     real_spawn = Zygote.spawn
 
-    def record(self, argv, env, log, append, netns=None):
+    def record(self, argv, env, log, append, netns=None, nice=0):
         spawned[int(argv[1])] = env
         # a run folder without a launch spec: the forked stand-in exits at once
-        return real_spawn(self, [str(tmp_path / "nowhere"), argv[1]], env, log, append, netns)
+        return real_spawn(self, [str(tmp_path / "nowhere"), argv[1]], env, log, append, netns,
+                          nice)
 
     monkeypatch.setattr(Zygote, "spawn", record)
     cfg = config.resolve(overrides={"workers": 3, "model.preset": "tiny", "run.device": "cuda",
