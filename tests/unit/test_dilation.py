@@ -147,3 +147,12 @@ def test_the_capacity_cache_is_kept_per_machine_and_engine(tmp_path):
     assert capacity.read_cache(path, 1000.0 + 60, here | {"host": "b"}, "e1") is None
     assert capacity.read_cache(path, 1000.0 + 60, here, "e2") is None
     assert capacity.read_cache(path, 1000.0 + capacity.MAX_AGE_S + 1, here, "e1") is None
+
+
+def test_a_scenario_at_k_is_refused_until_its_times_are_dilated(tmp_path):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[[event]]\ntype = "link"\nat_s = 1.0\nlinks = [[0, 1]]\n'
+                        'rate_mbit = 5\n')
+    with pytest.raises(ConfigError, match=r"run.time_scale = 2 with a scenario"):
+        build_plan(_cfg(2.0, **{"run.scenario": str(scenario)}), data=False)
+    build_plan(_cfg(1.0, **{"run.scenario": str(scenario)}), data=False)
