@@ -8,6 +8,7 @@ period; the metrics written so far stay, and summary.json records the failure.
 """
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import traceback
@@ -26,7 +27,7 @@ from gasloc_emu.emulator.tally import link_bytes
 from gasloc_emu.emulator.zygote import Zygote
 from gasloc_emu.netplan import used_pairs
 from gasloc_emu.plan import RunPlan
-from gasloc_emu.report import records
+from gasloc_emu.report import fidelity, records
 from gasloc_emu.report.fmt import stolen
 from gasloc_emu.training.checkpoint import ResumePoint
 from gasloc_emu.training.devices import worker_devices
@@ -190,18 +191,64 @@ def supervise(sup: Supervisor) -> tuple[int, dict]:
     finally:
         sup.close()
     summary |= {"mode": "run"} | sup.network.describe_summary()
+    # links.json's record first: the verdict is made of it, and summary.json carries the verdict
+    try:
+        links = sup.network.links_record(link_bytes(sup.slots))
+        sup.goodput.add_to(links["links"])
+    except BaseException:
+        _last_words(sup.rec, summary)   # the summary stands, however links.json failed
+        raise
+    code, summary = _judged(sup, links, code, summary)
     problem = _last_words(sup.rec, summary)
     if problem is None:
-        problem = _write_links(sup)
+        problem = _write_links(sup, links)
     if problem is not None and code == exitcodes.OK:
         code, summary = exitcodes.RUN_FAILED, summary | {"status": "failed", "error": problem}
     return code, summary
 
 
-def _write_links(sup: Supervisor) -> str | None:
+def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int, dict]:
+    """The summary with the run's fidelity verdict (report.fidelity); a finished run that is
+    degraded under run.require_faithful ends with UNFAITHFUL and one line on stderr."""
+    plan = sup.plan
+    step_time_s = plan.compute.record().get("step_time_s")
+    verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
+                                       step_ratios=_step_ratios(sup.rec.path / "metrics.jsonl"))
+    out = summary | {"fidelity": verdict.to_json(),
+                     "time_scale": float(getattr(plan, "time_scale", 1.0))}
+    if links.get("packet_line") and verdict.thresholds.lateness_limit_ms is not None:
+        out["delay_faithful_measured"] = not verdict.line_late
+        if verdict.line_late:
+            # the delay mode can give TCP its delay; this run's line did not
+            out["delay_faithful_to_tcp"] = False
+    if code == exitcodes.OK and not verdict.faithful and plan.cfg.run.require_faithful:
+        worst = verdict.worst_link
+        where = "" if worst is None else f" (worst link {worst['src']}->{worst['dst']})"
+        line = f"run not faithful{where}: {verdict.reasons[0].text}"
+        print(f"gasloc-emu: {line}", file=sys.stderr)
+        return exitcodes.UNFAITHFUL, out | {"status": "degraded", "error": line}
+    return code, out
+
+
+def _step_ratios(path) -> list[float]:
+    """Each worker-round's worst real / nominal step time (metrics.jsonl's overrun_ratio)."""
+    out = []
     try:
-        record = sup.network.links_record(link_bytes(sup.slots))
-        sup.goodput.add_to(record["links"])
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    v = json.loads(line).get("overrun_ratio")
+                except ValueError:   # a last line cut short by a full disk: not a row
+                    continue
+                if isinstance(v, (int, float)) and v > 0:
+                    out.append(float(v))
+    except OSError:
+        return []
+    return out
+
+
+def _write_links(sup: Supervisor, record: dict) -> str | None:
+    try:
         sup.rec.write_json("links.json", record)
     except records.RecordError as exc:
         return str(exc)

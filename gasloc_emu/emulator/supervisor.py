@@ -439,8 +439,10 @@ class Supervisor:
         resumed = None if self.resume is None else {
             "round": self.resume.round, "time_s": self.resume.time_s,
             "refused": list(self.resume.skipped)}
-        return run_summary(self.plan, self.slots, wall_s).replace(
-            control_drops=self.control_drops_total(), resumed=resumed,
+        # under time dilation the record reports emulated time: wall-clock seconds / K
+        k = float(getattr(self.plan, "time_scale", 1.0))
+        return run_summary(self.plan, self.slots, wall_s / k).replace(
+            time_scale=k, control_drops=self.control_drops_total(), resumed=resumed,
             host_cpu=cpu_shares(self.cpu_at_t0, cpu_times()), asynchronous=asynchronous,
             **self.scenario.summary())
 

@@ -28,9 +28,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 2   # 2: schema_version written; 1: the records written before it was
+SCHEMA_VERSION = 3   # 3: fidelity, time_scale, delay_faithful_measured and the status
+                     # "degraded"; 2: schema_version written; 1: the records before it was
 OLDEST_VERSION = 1
-STATUSES = ("ok", "failed", "diverged", "stopped", "error")
+STATUSES = ("ok", "failed", "diverged", "stopped", "error", "degraded")
 MODES = ("run", "simulate")
 
 
@@ -211,7 +212,8 @@ class RunSummary(_Record):
     RECORD: ClassVar[str] = "summary.json"
     GROUPS: ClassVar[dict[str, str]] = {"results": "algorithm", "network": "shaper"}
 
-    status: str = req("how the run ended: ok, failed, diverged, stopped or error (README: exit "
+    status: str = req("how the run ended: ok, failed, diverged, stopped, error or degraded "
+                      "(finished, but not faithful under run.require_faithful; README: exit "
                       "codes)")
     schema_version: int = field(default=SCHEMA_VERSION, metadata=doc(
         "the record's schema version (absent: 1, written before versions were)", since=2))
@@ -299,7 +301,18 @@ class RunSummary(_Record):
     bw_profile: str | None = opt("net.bw_profile (null: unshaped)", group="network")
     delay: str | None = opt("how latency reaches the packets: netem, packet-line or "
                             "release-queue")
-    delay_faithful_to_tcp: bool | None = opt("whether TCP sees that delay")
+    delay_faithful_to_tcp: bool | None = opt("whether TCP sees that delay: the delay mode's "
+                                             "capability, false where the run measured the "
+                                             "packet line late beyond its limit (fidelity)")
+    delay_faithful_measured: bool | None = opt(
+        "whether the packet line released frames within the fidelity limit (null: no packet "
+        "line, or nothing measured)", since=3)
+    fidelity: dict | None = opt(
+        "the run's own verdict (report.fidelity): {version, fidelity: faithful|degraded, "
+        "reasons: [{rule, text, numbers, link}], worst_link, thresholds, recorded}", since=3)
+    time_scale: float | None = opt(
+        "the run's time scale K (run.time_scale resolved): links played at rate / K and delay "
+        "x K, wall_s reported as emulated seconds (wall / K)", since=3)
     netns_mode: str | None = opt("how the namespaces were made (userns or root)")
     profile: str | None = opt("the bandwidth profile's name and note")
     tcp: dict | None = opt("TCP per link as set and as the host has it")
@@ -493,4 +506,13 @@ def render_records() -> str:
             out.append(f"| `{f.name}` | {default} | {meta.get('since', OLDEST_VERSION)} | "
                        f"{text} |")
         out.append("")
+    from gasloc_emu.report import fidelity
+    out += ["## summary.json's `fidelity` (`report.fidelity`)", "",
+            *(fidelity.__doc__ or "").strip().splitlines(), "",
+            f"Limits as this version applies them: lateness cap {fidelity.LATENESS_CAP_MS:g} ms, "
+            f"share {fidelity.LATENESS_SHARE:g}; rate share {fidelity.RATE_SHARE:g}; "
+            f"min busy {fidelity.MIN_BUSY_MS:g} ms; compute slack {fidelity.COMPUTE_SLACK:g}.",
+            "",
+            "Under time dilation (`time_scale` K > 1) `wall_s` is emulated seconds: the "
+            "launcher's wall-clock seconds divided by K.", ""]
     return "\n".join(out)
