@@ -214,13 +214,14 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     step_time_s = plan.compute.record().get("step_time_s")
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
                                        step_ratios=_step_ratios(sup.rec.path / "metrics.jsonl"))
-    out = summary | {"fidelity": verdict.to_json(),
-                     "time_scale": float(getattr(plan, "time_scale", 1.0))}
+    extra = {"fidelity": verdict.to_json(),
+             "time_scale": float(getattr(plan, "time_scale", 1.0))}
     if links.get("packet_line") and verdict.thresholds.lateness_limit_ms is not None:
-        out["delay_faithful_measured"] = not verdict.line_late
+        extra["delay_faithful_measured"] = not verdict.line_late
         if verdict.line_late:
             # the delay mode can give TCP its delay; this run's line did not
-            out["delay_faithful_to_tcp"] = False
+            extra["delay_faithful_to_tcp"] = False
+    out = summary | extra   # summary: a RunSummary or, for a run that ended early, a dict
     if code == exitcodes.OK and not verdict.faithful and plan.cfg.run.require_faithful:
         worst = verdict.worst_link
         where = "" if worst is None else f" (worst link {worst['src']}->{worst['dst']})"
