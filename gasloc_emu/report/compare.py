@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gasloc_emu.config import ConfigError, load_toml
-from gasloc_emu.report import fmt
+from gasloc_emu.report import fidelity, fmt
 from gasloc_emu.report.schema import (
     OLDEST_VERSION,
     MetricRow,
@@ -497,6 +497,10 @@ def show_run(run: Run) -> RenderableType:
     parts: list[RenderableType] = [Text(f"{run.label}  {run.path}", style="bold")]
     parts.extend(Text(f"! {w}", style="yellow") for w in run.warnings)
     parts.append(_summary_table(run))
+    verdict = fidelity.describe(run.summary.get("fidelity"))
+    if verdict:
+        bad = run.summary["fidelity"].get("fidelity") != fidelity.FAITHFUL
+        parts.append(Text("\n".join(verdict), style="yellow" if bad else "green"))
     if run.rows:
         parts.append(time_table([run]))
         parts.append(Text(f"bound by {bottleneck(worker_times(run.rows))}"))
@@ -511,6 +515,7 @@ def _summary_table(run: Run) -> Table:
     table.add_column("value")
     keys = [k for k in _SUMMARY_ORDER if k in run.summary]
     keys += sorted(k for k in run.summary if k not in _SUMMARY_ORDER)  # later additions too
+    keys = [k for k in keys if k != "fidelity"]   # show_run's own lines below the table
     for key in keys:
         table.add_row(key, _value(key, run.summary[key]))
     for key, value in _from_metrics(run):

@@ -267,3 +267,18 @@ def of_links_record(record: dict, *, step_time_s: float | None = None,
     probes = [r for r in rows if r.get("measured_mbit") is not None]
     return judge(plan_links(rows), line=record.get("packet_line"), tcp=tcp_by_link(rows),
                  probe_rows=probes, step_time_s=step_time_s, step_ratios=step_ratios)
+
+
+def describe(record: dict | None) -> list[str]:
+    """summary.json's ``fidelity`` in lines for ``show``: the verdict (with the worst link),
+    then one line per reason; [] for a record without one."""
+    if not record:
+        return []
+    worst = record.get("worst_link")
+    where = "" if not worst else f" (worst link {worst['src']}->{worst['dst']})"
+    lines = [f"fidelity: {record.get('fidelity')}{where}"]
+    lines += [f"  {r['rule']}: {r['text']}" for r in record.get("reasons") or []]
+    engine = (record.get("recorded") or {}).get("engine")
+    if engine:
+        lines.append(f"  packet line engine: {engine}")
+    return lines

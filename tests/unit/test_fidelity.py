@@ -88,3 +88,12 @@ def test_of_links_record_reads_links_json_rows():
 def test_bad_plan_is_refused_naming_it():
     with pytest.raises(fd.FidelityError, match="rate_mbit -1"):
         fd.LinkPlan(0, 1, -1, 1.0)
+
+
+def test_describe_prints_the_verdict_worst_link_and_each_reason():
+    late = QUIET | {"late_release": {"count": 9, "p50_ms": 27.0, "p99_ms": 74.0, "max_ms": 90.0}}
+    lines = fd.describe(fd.judge(LINKS, line=late).to_json())
+    assert lines[0] == "fidelity: degraded (worst link 0->1)"
+    assert lines[1].startswith("  lateness: ") and "p99 74 ms" in lines[1]
+    assert fd.describe(None) == []
+    assert fd.describe(fd.judge(LINKS).to_json()) == ["fidelity: faithful"]
