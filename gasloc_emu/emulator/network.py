@@ -174,6 +174,20 @@ class ShapedNetwork:
                 "netns_mode": self.session.mode, "bw_profile": self.cfg.net.bw_profile,
                 "profile": self.session.plan.profile, "tcp": self.session.tcp_record()}
 
+    def fidelity_now(self):
+        """The fidelity verdict as the packet line's lateness so far makes it
+        (``report.fidelity.judge``); None without a line. Each call is a control round-trip to
+        the line process: the caller asks at most once a second."""
+        line = self.session.packet_line_stats()
+        if line is None:
+            return None
+        from gasloc_emu.report import fidelity
+        plan = self.session.plan
+        links = [fidelity.LinkPlan(src, dst, plan.effective_rate_mbit(src, dst) or None,
+                                   float(link.latency_ms or 0.0))
+                 for (src, dst), link in sorted(plan.links.items())]
+        return fidelity.judge(links, line=line)
+
     def links_record(self, link_bytes: list[dict]) -> dict:
         """Configured vs measured per directed link, with the bytes training moved on it."""
         plan, sent = self.session.plan, {(r["src"], r["dst"]): r for r in link_bytes}

@@ -43,6 +43,7 @@ from netem.hoststat import cpu_shares, cpu_times
 READY_TIMEOUT_S = 300.0  # building a gpt2-sized model and corpus can take a while
 
 EXIT_GRACE_S = 10.0
+FIDELITY_EVERY_S = 1.0   # the dashboard's verdict: one stats round-trip to the line a second
 
 _PEER_TIMEOUT_FLOOR_S = 600.0
 
@@ -84,6 +85,7 @@ class Supervisor:
         self.checkpoints = CheckpointWatch(cfg.run.checkpoint_every, range(cfg.workers),
                                            plan.world.alive if plan.world is not None else None)
         self.devices, self.progress = devices, progress
+        self._fidelity_asked = float("-inf")   # when the line was last asked (monotonic)
         # fresh keys per run; only the workers' Popen environments get them (_spawn)
         self.security = security or auth.Security(auth.RunCredentials.new(cfg.workers),
                                                   auth.resolve_mode(cfg.run.security))
@@ -216,6 +218,20 @@ class Supervisor:
             for row in rows:
                 row.update(tcp.get((row["src"], row["dst"]), {}))
             self.progress({"kind": "links", "links": self.goodput.add_to(rows)})
+        self._show_fidelity()
+
+    def _show_fidelity(self) -> None:
+        """The verdict as it stands, for the dashboard: asked of the packet line at most once
+        a second (each ask is a control round-trip to the line process)."""
+        ask = getattr(self.network, "fidelity_now", None)
+        now = time.monotonic()
+        if self.progress is None or ask is None or now - self._fidelity_asked < FIDELITY_EVERY_S:
+            return
+        self._fidelity_asked = now
+        verdict = ask()
+        if verdict is not None:
+            self.progress({"kind": "fidelity", "fidelity": verdict.to_json(),
+                           "headline": verdict.headline()})
 
     def _check_health(self, done) -> None:
         now = time.monotonic()

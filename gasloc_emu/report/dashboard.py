@@ -76,7 +76,11 @@ def _header_text(snap: Snapshot) -> Text:
                 + (f"compute {h.compute} · " if h.compute else "")
                 + f"{h.workers} workers · round {done}/{h.rounds}\n")
     text.append(f"elapsed {_duration(snap.elapsed_s)} · ETA {_duration(snap.eta_s)}"
-                + (f" · run clock {snap.clock_s:.2f}s" if snap.clock_s is not None else ""))
+                + (f" · run clock {snap.clock_s:.2f}s" if snap.clock_s is not None else "")
+                + (f" · time scale K {h.time_scale:g}" if h.time_scale > 1 else ""))
+    if snap.fidelity is not None:
+        text.append("\nfidelity: ")
+        text.append(snap.fidelity, style="green" if snap.faithful else "bold yellow")
     return text
 
 

@@ -31,6 +31,7 @@ class Header:
     compute: str = ""  # the compute model in words; empty when every worker runs at host speed
     step_time_s: float = 0.0  # nominal step time at speed 1 (0: measured), to tell late phases
     regions: tuple[str, ...] = ()  # each worker's region (net.placement); () without one
+    time_scale: float = 1.0  # the run's time scale K (links at rate / K, delay x K)
 
 
 def header_from_plan(plan, devices=(), shaper: str | None = None) -> Header:
@@ -47,7 +48,7 @@ def header_from_plan(plan, devices=(), shaper: str | None = None) -> Header:
         tokens_per_step=cfg.data.batch_size * cfg.algo.inner.micro_batches
         * shape_from_config(cfg.model).block_size,
         compute=compute_words(cfg.compute), step_time_s=cfg.compute.step_time_s,
-        regions=plan.regions)
+        regions=plan.regions, time_scale=float(getattr(plan, "time_scale", 1.0)))
 
 
 def compute_words(c) -> str:
@@ -126,6 +127,9 @@ class Snapshot:
     # (worker, round) of every round a worker did not commit (DiLoCo after a lost peer broke
     # its All-Reduce: its inner steps of that round are discarded), in the order reported
     uncommitted: tuple[tuple[int, int], ...] = ()
+    # the fidelity verdict as it stands (report.fidelity's headline); None: none asked yet
+    fidelity: str | None = None
+    faithful: bool | None = None
 
 
 class _Worker:
@@ -204,6 +208,7 @@ class DashboardState:
         self._control_drops: dict[str, int] = {}
         self._uncommitted: list[tuple[int, int]] = []
         self._events = 0  # scenario events shown so far (each keeps its own line)
+        self._fidelity: tuple[str, bool] | None = None   # (headline, faithful)
 
     # ---- feeding
 
@@ -334,6 +339,9 @@ class DashboardState:
     def _on_control_drops(self, row: dict, now: float) -> None:
         self._control_drops = _counts(row["drops"])
 
+    def _on_fidelity(self, row: dict, now: float) -> None:
+        self._fidelity = (str(row["headline"]), row["fidelity"]["fidelity"] == "faithful")
+
     def _on_summary(self, row: dict, now: float) -> None:
         if fmt.finite(row.get("consensus_distance")):
             self._consensus = row["consensus_distance"]
@@ -360,6 +368,7 @@ class DashboardState:
                                  if w.drop_reasons is not None])
             control = _most_first(self._control_drops)
             uncommitted = tuple(self._uncommitted)
+            verdict = self._fidelity
         mean, std = _mean_std([w.train_loss for w in workers])
         elapsed = max(0.0, now - self.start)
         return Snapshot(
@@ -372,7 +381,8 @@ class DashboardState:
             eval_history=eval_hist, warnings=warnings,
             drops=None if drops is None else sum(drops.values()),
             drop_reasons=() if drops is None else _most_first(drops), control_drops=control,
-            uncommitted=uncommitted)
+            uncommitted=uncommitted, fidelity=None if verdict is None else verdict[0],
+            faithful=None if verdict is None else verdict[1])
 
     def _eta(self, elapsed: float, reports: int) -> float | None:
         """Remaining time at the rate worker-rounds have been reported so far."""
@@ -413,7 +423,8 @@ _HANDLERS = {"metric": DashboardState._on_metric, "status": DashboardState._on_s
              "event": DashboardState._on_event,
              "links": DashboardState._on_links, "warning": DashboardState._on_warning,
              "summary": DashboardState._on_summary,
-             "control_drops": DashboardState._on_control_drops}
+             "control_drops": DashboardState._on_control_drops,
+             "fidelity": DashboardState._on_fidelity}
 
 
 def worker_rank(w) -> int:

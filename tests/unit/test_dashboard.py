@@ -406,3 +406,18 @@ def test_rounds_not_committed_are_shown_by_worker_and_round():
     assert snap.uncommitted == ((0, 3), (1, 3), (1, 4))
     assert ("not committed: 3 worker-round(s) (worker 1 round 5, worker 1 round 4, worker 0 "
             "round 4)") in as_text(render(snap))
+
+
+def test_the_header_shows_the_fidelity_verdict_as_it_stands_and_the_time_scale():
+    from gasloc_emu.report import fidelity
+    state = DashboardState(Header(workers=2, rounds=3, time_scale=4.0), start=0.0)
+    assert "fidelity" not in as_text(render(state.snapshot(now=1.0)))
+    late = {"late_release": {"count": 9, "p50_ms": 27.0, "p99_ms": 74.0, "max_ms": 90.0}}
+    verdict = fidelity.judge([fidelity.LinkPlan(0, 1, 40.0, 15.0)], line=late)
+    state.update({"kind": "fidelity", "fidelity": verdict.to_json(),
+                  "headline": verdict.headline()}, now=1.0)
+    head = as_text(render(state.snapshot(now=2.0))).splitlines()[:4]
+    assert any("time scale K 4" in ln for ln in head), head
+    assert any(ln.startswith("fidelity: degraded: the packet line released frames late: p99 74")
+               for ln in head), head
+    assert "time scale" not in as_text(render(DashboardState(Header()).snapshot()))
