@@ -209,7 +209,7 @@ def supervise(sup: Supervisor) -> tuple[int, dict]:
 
 def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int, dict]:
     """The summary with the run's fidelity verdict (report.fidelity); a finished run that is
-    degraded under run.require_faithful ends with UNFAITHFUL and one line on stderr."""
+    degraded under run.require_faithful ends with UNFAITHFUL, its error naming the worst link."""
     plan = sup.plan
     step_time_s = plan.compute.record().get("step_time_s")
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
@@ -226,7 +226,7 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
         worst = verdict.worst_link
         where = "" if worst is None else f" (worst link {worst['src']}->{worst['dst']})"
         line = f"run not faithful{where}: {verdict.reasons[0].text}"
-        print(f"gasloc-emu: {line}", file=sys.stderr)
+        # the command's one ending line on stderr is the summary's error (commands.app)
         return exitcodes.UNFAITHFUL, out | {"status": "degraded", "error": line}
     return code, out
 

@@ -1,7 +1,7 @@
 """A run that starves its own packet line says so: with one CPU hog per core and the line at
 normal priority, summary.json's fidelity is degraded, naming the line's lateness (measured by
 the line's own release clock against each frame's due time), and delay_faithful_to_tcp is no
-longer true."""
+longer true; under --require-faithful it ends with its own exit code."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import time
+
+from gasloc_emu import exitcodes
 
 HOG_S = 60.0   # each hog ends by itself even if the finally below never runs
 
@@ -29,15 +31,18 @@ def test_a_starved_packet_line_makes_the_run_degraded(tc_caps, tmp_path):
              "--set", "data.max_corpus_mb=1", "--bw-profile", "uniform", "--latency-ms", "10",
              "--set", "net.delay=packet-line", "--set", "net.line_priority=none",
              "--set", "compute.step_time_s=0.05", "--set", "net.probe=false",
-             "--out", str(out)], capture_output=True, text=True, timeout=120)
+             "--require-faithful", "--out", str(out)], capture_output=True, text=True, timeout=120)
         took_s = time.time() - t0
     finally:
         for p in hogs:
             p.kill()
         for p in hogs:
             p.wait()
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == exitcodes.UNFAITHFUL, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if "run not faithful" in ln]
+    assert len(said) == 1 and "worst link 0->" in said[0], res.stderr
     s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "degraded"
     assert s["fidelity"]["fidelity"] == "degraded", (s["fidelity"], took_s)
     rules = {r["rule"] for r in s["fidelity"]["reasons"]}
     assert rules & {"lateness", "read_lag"}, s["fidelity"]
