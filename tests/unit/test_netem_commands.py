@@ -306,12 +306,13 @@ def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
     from netem.live import link_change_commands
     plan, topo = plan_of(workers=3, rate_mbit=20.0), NetTopology("ab", 3)
     cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=5.0)
-    # 10 ms of each class's ceil; the link class has 1077349 bit/s of room for the ACKs of
+    # the link class has 1077349 bit/s of room for the ACKs of
     # 1 -> 0's 20 Mbit/s on top of the link's 5 (ceil(20911602 * 78 / 1514))
-    burst = ("burst", "7882b", "cburst", "7882b", "quantum", "78815")
-    bulk_burst = ("burst", "6535b", "cburst", "6535b", "quantum", "65348")
-    back_burst = ("burst", "26477b", "cburst", "26477b", "quantum", "200000")
-    back_bulk_burst = ("burst", "26140b", "cburst", "26140b", "quantum", "200000")
+    # bursts of 1 ms, at least two frames (3028 B)
+    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "78815")
+    bulk_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
+    back_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "200000")
+    back_bulk_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "200000")
     head = ("tc", "class", "change", "dev", "eth0")
     assert [(c.netns, c.argv) for c in cmds] == [
         # the slowest link of worker 0 went from 20 to 5 Mbit/s: GSO shrinks first
@@ -500,7 +501,7 @@ def test_host_tc_change_is_a_class_change_of_the_links_classes():
              HostLink(0, 2, "198.18.0.3", 30001, 8.0, "eth0"),
              HostLink(0, 3, "198.18.0.1", 30001, 8.0, "lo")]
     cmds = change_commands(links, 1500, 0x4abc, 0, 2, rate_mbit=5.0)
-    burst = ("burst", "6535b", "cburst", "6535b", "quantum", "65348")   # 10 ms of the ceil
+    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")   # two frames
     head = ("tc", "class", "change", "dev", "eth0")
     leaf = ("tc", "qdisc", "change", "dev", "eth0", "parent")
     assert [c.argv for c in cmds] == [
