@@ -48,14 +48,6 @@ class PacketLineError(RuntimeError):
     """The packet line did not start, stopped early, or refused a change; the message says why."""
 
 
-def _threads(pid: int) -> list[int]:
-    """Every thread of ``pid`` (a scheduling policy is per thread)."""
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return [pid]
-
-
 def take_cpu(pid: int, asked: str) -> dict:
     """Give the line process the CPU before the workers, as ``asked`` (PRIORITIES): its record
     ``{"asked", "got", "why"}``, ``got`` being realtime, nice (the workers are to be started
@@ -67,8 +59,7 @@ def take_cpu(pid: int, asked: str) -> dict:
     if asked == "nice":
         return {"asked": asked, "got": "nice", "why": f"workers at nice {WORKER_NICE}"}
     try:
-        for tid in _threads(pid):
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(LINE_RT_PRIORITY))
+        rtkeeper.make_fifo(pid, LINE_RT_PRIORITY)
     except OSError as exc:
         why = f"SCHED_FIFO refused ({exc.strerror or exc})"
         try:

@@ -70,11 +70,15 @@ def descends_from(pid: int, ancestor: int, parent=parent_of) -> bool:
 
 # ---------------------------------------------------------------- the keeper process
 
-def _threads(pid: int) -> list[int]:
+def make_fifo(pid: int, priority: int) -> None:
+    """Every thread of ``pid`` SCHED_FIFO at ``priority`` (a scheduling policy is per thread);
+    a ProcessLookupError when ``pid`` is gone, the kernel's OSError when it refuses."""
     try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return []
+        raise ProcessLookupError(f"pid {pid} is gone") from None
+    for tid in tids:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
 
 
 def _answer(raw: bytes, launcher: int) -> str:
@@ -84,12 +88,10 @@ def _answer(raw: bytes, launcher: int) -> str:
         return f"refused: {exc}"
     if not descends_from(pid, launcher):
         return f"refused: pid {pid} is not a process of the launcher {launcher}"
-    tids = _threads(pid)
-    if not tids:
-        return f"refused: pid {pid} is gone"
     try:
-        for tid in tids:
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+        make_fifo(pid, priority)
+    except ProcessLookupError:
+        return f"refused: pid {pid} is gone"
     except OSError as exc:
         return f"refused: SCHED_FIFO outside the user namespace: {exc.strerror or exc}"
     return "ok"
