@@ -215,7 +215,7 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
                                        step_ratios=_step_ratios(sup.rec.path / "metrics.jsonl"))
     extra = {"fidelity": verdict.to_json(),
-             "time_scale": float(getattr(plan, "time_scale", 1.0))}
+             "time_scale": plan.time_scale}
     if links.get("packet_line") and verdict.thresholds.lateness_limit_ms is not None:
         extra["delay_faithful_measured"] = not verdict.line_late
         if verdict.line_late:

@@ -456,7 +456,7 @@ class Supervisor:
             "round": self.resume.round, "time_s": self.resume.time_s,
             "refused": list(self.resume.skipped)}
         # under time dilation the record reports emulated time: wall-clock seconds / K
-        k = float(getattr(self.plan, "time_scale", 1.0))
+        k = self.plan.time_scale
         return run_summary(self.plan, self.slots, wall_s / k).replace(
             time_scale=k, control_drops=self.control_drops_total(), resumed=resumed,
             host_cpu=cpu_shares(self.cpu_at_t0, cpu_times()), asynchronous=asynchronous,

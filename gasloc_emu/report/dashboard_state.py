@@ -48,7 +48,7 @@ def header_from_plan(plan, devices=(), shaper: str | None = None) -> Header:
         tokens_per_step=cfg.data.batch_size * cfg.algo.inner.micro_batches
         * shape_from_config(cfg.model).block_size,
         compute=compute_words(cfg.compute), step_time_s=cfg.compute.step_time_s,
-        regions=plan.regions, time_scale=float(getattr(plan, "time_scale", 1.0)))
+        regions=plan.regions, time_scale=plan.time_scale)
 
 
 def compute_words(c) -> str:
