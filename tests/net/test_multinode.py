@@ -236,8 +236,18 @@ duration_median_s = 1.0
 ROUNDS_FAULTS = 20
 
 
-def test_random_faults_and_a_host_killed_without_warning_are_survived_and_replayed(hosts,
-                                                                                   tmp_path):
+# every path of the host's loss, each run every time: the algorithm (GASLoC on random
+# matchings, or DiLoCo, whose rounds broken by the loss are not committed), whether the host
+# comes back, and, for a return, whether its workers come from their own checkpoints; the three
+# cases cover each value of each (a return without checkpoints is taken from a neighbour, one
+# without a return does not read checkpoints), not their every product (about 36 s each)
+FAULT_CASES = [("gasloc", 1, True), ("diloco", 0, True), ("gasloc", 0, False)]
+
+
+@pytest.mark.parametrize("algo,every,comes_back", FAULT_CASES,
+                         ids=["gasloc-checkpoints-back", "diloco-back", "gasloc-not-back"])
+def test_random_faults_and_a_host_killed_without_warning_are_survived_and_replayed(
+        hosts, tmp_path, algo, every, comes_back):
     """Three hosts with 1, 2 and 3 workers, shaped by tc, a random-fault section (crashes and
     restarts, hangs, node 1's host lost and back as the scenario says), and node 2's agent
     (and its workers with it) killed with SIGKILL once worker 3 has crashed; the run does not
@@ -247,20 +257,15 @@ def test_random_faults_and_a_host_killed_without_warning_are_survived_and_replay
     it), one fixed after is not played (the record says why). The run ends ok, every message
     lost with the dead host is counted exactly (``dead_peer``), `simulate --replay` gives the
     run's losses row by row, its drops and its membership, and nothing is left running on
-    any host. Drawn each time (an environment variable picks):
-    - the algorithm (GASLOC_TEST_ALGO): GASLoC on random matchings, or DiLoCo, whose rounds
-      broken by the loss are not committed, the same in the replay;
-    - whether the host comes back (GASLOC_TEST_BACK=1 or 0): its agent started again by hand
-      with the same command, which first removes the tc root its predecessor left; node 0
-      takes every worker lost with it back at a round no worker has started, from their own
-      checkpoints where the run writes them (drawn too) and GASLoC's state is each worker's
-      own, else from a living neighbour; the lost workers have no rows between their death
-      and their return. Else the run ends without them."""
-    import random
-    rng = random.Random()
-    every = rng.choice([0, 1])
-    algo = os.environ.get("GASLOC_TEST_ALGO") or rng.choice(["gasloc", "diloco"])
-    comes_back = os.environ.get("GASLOC_TEST_BACK", rng.choice("01")) == "1"
+    any host. The cases (``FAULT_CASES``):
+    - the algorithm: GASLoC on random matchings, or DiLoCo, whose rounds broken by the loss
+      are not committed, the same in the replay;
+    - whether the host comes back: its agent started again by hand with the same command,
+      which first removes the tc root its predecessor left; node 0 takes every worker lost
+      with it back at a round no worker has started, from their own checkpoints where the run
+      writes them and GASLoC's state is each worker's own, else from a living neighbour; the
+      lost workers have no rows between their death and their return. Else the run ends
+      without them."""
     why = f"{algo}, checkpoints {every}" + (", started again" if comes_back else "")
     out, scenario = tmp_path / "rec", tmp_path / "faults.toml"
     scenario.write_text(RANDOM_FAULTS)

@@ -1,12 +1,11 @@
 """A run on two emulated hosts that survives: kill -9 of node 0's launcher, or of the other
-host's whole agent (its workers die with it), at a random round, then `run --resume` on both
+host's whole agent (its workers die with it), mid-run, then `run --resume` on both
 hosts. Each host keeps its workers' checkpoints in its own folder (as on separate disks); the
 nodes agree on the latest round that every worker has whole, and the record ends as the
 uninterrupted run's would, bit for bit."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +16,10 @@ from gasloc_emu.report.records import rows_by_round
 from gasloc_emu.training.checkpoint import Checkpoints, common_point
 
 ROUNDS = 8
-# the default suite runs one arm, drawn anew each session (both with GASLOC_SLOW_TESTS=1), like
-# the kill's round: each costs two starts of two hosts (the launcher arm about 18 s, the host
-# arm 24 s with its 4 s of silence; 6 rounds instead of 8 saved nothing measurable)
-DRAWN = random.Random().choice(["host", "launcher"])
+# both arms every time, each killed at its own fixed round inside [2, ROUNDS - 2): each costs
+# two starts of two hosts (the launcher arm about 18 s, the host arm 24 s with its 4 s of
+# silence; 6 rounds instead of 8 saved nothing measurable)
+KILL_ROUND = {"launcher": 3, "host": 4}
 MASTER = "198.18.0.1"
 SECRET = {"GASLOC_SECRET": "multi-node test secret, not a real one"}
 # one CPU thread in every worker and in simulate, which then sum in the same order
@@ -71,17 +70,14 @@ def _first_choice(rec: Path) -> int:
     return common_point(held, range(4), rows_by_round(rec)).round
 
 
-@pytest.mark.parametrize("killed", [pytest.param(arm, marks=() if arm == DRAWN else
-                                                 pytest.mark.slow) for arm in ("launcher", "host")])
-def test_two_hosts_killed_at_a_random_round_resume_to_the_uninterrupted_losses(
+@pytest.mark.parametrize("killed", ["launcher", "host"])
+def test_two_hosts_killed_mid_run_resume_to_the_uninterrupted_losses(
         hosts, tmp_path, uninterrupted, killed):
     """``launcher``: node 0 (the record's) is killed, the other host's agent then ends its
     workers. ``host``: node 1's agent is killed with its workers, node 0 ends the run
     failed; one of node 1's files of the round the nodes would choose is then cut short,
-    and the resumed run names it and goes on from the round before.
-
-    The arm not drawn this session (``DRAWN``) is slow, for CI's budget."""
-    kill_round = random.Random().randrange(2, ROUNDS - 2)   # a different one each time
+    and the resumed run names it and goes on from the round before."""
+    kill_round = KILL_ROUND[killed]
     rec, victim = tmp_path / "rec", {"launcher": 0, "host": 1}[killed]
     cut = hosts([_node(k, *RUN, "--nproc-per-node", "2", "--out", str(rec)) for k in range(2)],
                 kill={"node": victim, "after_s": 0.0, "training": {
