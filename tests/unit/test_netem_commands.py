@@ -308,29 +308,26 @@ def test_rate_change_is_a_class_change_of_the_egress_link_and_its_children():
     cmds = link_change_commands(plan, topo, TC_QUEUE, 0, 1, rate_mbit=5.0)
     # the link class has 1077349 bit/s of room for the ACKs of
     # 1 -> 0's 20 Mbit/s on top of the link's 5 (ceil(20911602 * 78 / 1514))
-    # bursts of 1 ms, at least two frames (3028 B)
-    burst = ("burst", "3028b", "cburst", "3028b", "quantum", "78815")
-    bulk_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "65348")
-    back_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "200000")
-    back_bulk_burst = ("burst", "3028b", "cburst", "3028b", "quantum", "200000")
+    def burst(quantum: str) -> tuple:   # 1 ms of these rates is under two frames (3028 B)
+        return ("burst", "3028b", "cburst", "3028b", "quantum", quantum)
     head = ("tc", "class", "change", "dev", "eth0")
     assert [(c.netns, c.argv) for c in cmds] == [
         # the slowest link of worker 0 went from 20 to 5 Mbit/s: GSO shrinks first
         ("glab-w0", ("ip", "link", "set", "dev", "eth0", "gso_max_segs", "4")),
         ("glab-w0", head + ("parent", "1:", "classid", "1:10", "htb", "rate", "6305250bit",
-                            "ceil", "6305250bit") + burst),
+                            "ceil", "6305250bit") + burst("78815")),
         ("glab-w0", head + ("parent", "1:10", "classid", "1:11", "htb", "rate", "1077349bit",
-                            "ceil", "6305250bit", "prio", "0") + burst),
+                            "ceil", "6305250bit", "prio", "0") + burst("78815")),
         ("glab-w0", head + ("parent", "1:10", "classid", "1:12", "htb", "rate", "5227901bit",
-                            "ceil", "5227901bit", "prio", "1") + bulk_burst),
+                            "ceil", "5227901bit", "prio", "1") + burst("65348")),
         # the reverse link 1 -> 0 keeps its 20 Mbit/s, its room for 0 -> 1's ACKs now sized
         # for 5 Mbit/s (ceil(5227901 * 78 / 1514) = 269338 bit/s)
         ("glab-w1", head + ("parent", "1:", "classid", "1:10", "htb", "rate", "21180940bit",
-                            "ceil", "21180940bit") + back_burst),
+                            "ceil", "21180940bit") + burst("200000")),
         ("glab-w1", head + ("parent", "1:10", "classid", "1:11", "htb", "rate", "269338bit",
-                            "ceil", "21180940bit", "prio", "0") + back_burst),
+                            "ceil", "21180940bit", "prio", "0") + burst("200000")),
         ("glab-w1", head + ("parent", "1:10", "classid", "1:12", "htb", "rate", "20911602bit",
-                            "ceil", "20911602bit", "prio", "1") + back_bulk_burst),
+                            "ceil", "20911602bit", "prio", "1") + burst("200000")),
         # the leaves' limit restated: what reopens a link after a cut
         ("glab-w0", ("tc", "qdisc", "change", "dev", "eth0", "parent", "1:11", "handle", "11:",
                      "pfifo", "limit", "1000")),
