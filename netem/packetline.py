@@ -623,14 +623,13 @@ def is_plain(imp: Impairment) -> bool:
     return not (imp.lossy or imp.jitter_ms or imp.reorders)
 
 
-class _CoreBudget(ByteBudget):
-    """The global budget as the compiled core keeps it, for the LinkLines Python decides: they
-    take from the core's count; the core gives back itself when it sends (ByteBudget.give with
-    one frame's cost, as LinkLine.released would), so give is nothing here."""
+class _CoreBudget:
+    """The global budget as the compiled core keeps it, for the LinkLines Python decides (what
+    LinkLine asks of a ByteBudget): they take from the core's count; the core gives back itself
+    when it sends (one frame's cost, as LinkLine.released would), so give is nothing here."""
 
     def __init__(self, core: Any, limit_bytes: int, per_pkt_bytes: int):
-        super().__init__(limit_bytes, per_pkt_bytes)
-        self._core = core
+        self._core, self.limit_bytes, self.per_pkt_bytes = core, limit_bytes, per_pkt_bytes
 
     def take(self, size_bytes: int, frames: int = 1) -> bool:
         return self._core.budget_take(size_bytes + (frames - 1) * self.per_pkt_bytes)
@@ -640,19 +639,11 @@ class _CoreBudget(ByteBudget):
 
     @property
     def held_bytes(self) -> int:
-        return self._core.budget()[0] if self._core is not None else 0
-
-    @held_bytes.setter
-    def held_bytes(self, value: int) -> None:
-        pass
+        return self._core.budget()[0]
 
     @property
     def refused(self) -> int:
-        return self._core.budget()[1] if self._core is not None else 0
-
-    @refused.setter
-    def refused(self, value: int) -> None:
-        pass
+        return self._core.budget()[1]
 
 
 class _CoreEpoll:
