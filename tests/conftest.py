@@ -9,6 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw from a fixed seed (derandomize) and keep no example database: every session
+# and CI try the same examples, so a test's verdict is the code's, not the draw's. A hunt for new
+# counterexamples is a deliberate run: HYPOTHESIS_PROFILE=explore.
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 def pytest_collection_modifyitems(config, items):

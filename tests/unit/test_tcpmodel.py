@@ -216,6 +216,7 @@ def test_monotone_in_bytes(params, rate, rtt, a, b):
 @given(st.builds(TcpParams, congestion_control=CCS, slow_start_after_idle=st.booleans()),
        RATES, st.floats(0.001, 0.4), SIZES, st.integers(2, 16))
 @example(TcpParams("reno", False), 388.0, 0.046875, 18592320, 2)
+@example(TcpParams("reno", False), 213.0, 0.15625, 30014145, 2)
 def test_striping_is_never_slower_than_one_connection(params, rate, rtt, nbytes, streams):
     """...than by one segment at a stream's share of the rate per round (a round's first ACK
     comes back one segment after its start, and a stream's segment takes N times longer) and
@@ -223,21 +224,21 @@ def test_striping_is_never_slower_than_one_connection(params, rate, rtt, nbytes,
     message's window covers (40.0002 segments a stream, a window of 40: a second round for
     the last bytes, as the kernel sends a 41st, short, segment).
 
-    Per message for the first (cold) one, where striping's N initial windows help; for the
-    series as a whole after that. A later message alone can be slower striped: the streams
-    lose together at the shared queue (droptail synchronises them) and in aggregate grow by
-    N segments a round trip, so they reach the queue's loss point N times sooner and a
-    message can take a loss that one connection only takes in a later one (the example:
-    reno without idle restart, 2 streams, the third message 0.465 s against 0.407 s)."""
+    For every message that starts from the initial window: the first (cold) one, and with idle
+    restart every later one, where striping's N initial windows help. Without idle restart a
+    later message reuses the window the last one left, and striped that can be smaller: the
+    streams lose together at the shared queue (droptail synchronises them) and in aggregate
+    grow by N segments a round trip, so they reach the queue's loss point N times sooner and
+    take a loss, and its halved windows, that one connection never takes. Both examples are
+    such: reno, 2 streams, the third message 0.465 s against 0.407 s; and a 30 MB first
+    message that loses once striped (2.247 s against 2.334 s, still faster) and leaves the
+    next two 9 rounds where one connection needs 8 (1.336 s against 1.205 s)."""
     one = after_idle_series(params, rate, rtt, nbytes, 2.0, 3)
     many = after_idle_series(params, rate, rtt, nbytes, 2.0, 3, streams=streams)
     stream_seg_s = params.mss_bytes * 8 * streams / (rate * 1e6)
-    first_one, first_many = one[0], many[0]
-    assert first_many.total_s <= first_one.total_s * (1 + 1e-9) \
-        + first_many.rounds * stream_seg_s + rtt
-    rounds = sum(b.rounds for b in many)
-    assert sum(b.total_s for b in many) <= sum(a.total_s for a in one) * (1 + 1e-9) \
-        + rounds * stream_seg_s + rtt
+    cold = len(one) if params.slow_start_after_idle else 1
+    for a, b in list(zip(one, many, strict=True))[:cold]:
+        assert b.total_s <= a.total_s * (1 + 1e-9) + b.rounds * stream_seg_s + rtt
     for a, b in zip(one, many, strict=True):
         assert b.serialisation_s == pytest.approx(a.serialisation_s)
 
