@@ -18,18 +18,24 @@ is emulated** (emulated = wall / K).
 - Dilated (x K in wall time), what the host and the emulator's machinery play out: the link
   plan the shaper applies (``dilate_link_plan``: rate / K, latency and jitter x K, caps / K,
   the loss and queue in packets kept), a scenario's link changes as the userspace shaper gets
-  them (``dilate_state``), TCP's minimum RTO (the route's rto_min, K x 200 ms; the only TCP
-  timer the kernel lets a namespace stretch, docs/NETWORK.md "Time dilation"), and every
+  them and as the launcher's conductor hands them to tc (``dilate_state``), TCP's minimum
+  RTO (the route's rto_min, K x 200 ms; the only TCP timer the kernel lets a namespace
+  stretch, docs/NETWORK.md "Time dilation"), and every
   sleep of a worker (``WorkerClock.sleep``: a nominal step's pacing, a scenario's pause, the
   failure-detect wait). Scenario, link-trace and fault times and the round budget stay in
   the config's (emulated) seconds and are compared with the emulated clock, so they fall K
-  times later in wall time.
+  times later in wall time (the conductor reads its clock / K and waits K times the emulated
+  distance to its next event); the launcher's silence threshold for a training worker or a
+  node, run.heartbeat_timeout_s x K (``Supervisor.silence_s``), as a worker's failure-detect
+  wait is; a peer's backstop timeout (``peer_timeout_s``: its floor x K, the slowest
+  message at the played rates).
 - Emulated (/ K), what a worker measures and reports (``WorkerClock``): compute_s, comm_s,
   wait_s, the link observations (transfer_s, sent_s), the row's time_s, A2CiD2's step and
   exchange spans and its time unit, and the run clock a timed event is due by.
 - Neither (wall seconds, machinery, not the emulated run): the heartbeat period, the
-  launcher's backstop timeouts for a silent or stuck worker (they must outlast K times longer
-  rounds: the launcher multiplies them by ``plan.time_scale``), TCP sampling intervals.
+  workers' ready timeout, TCP sampling intervals, and a node agent's own wait for the launcher
+  (multi-host: not dilated, so a node agent gives up on a silent launcher K times sooner in
+  emulated time).
 
 What the kernel keeps in wall time whatever K is (delayed-ACK timer, HyStart's thresholds,
 cubic's C, BBR's windows, the initial and maximum RTO) is K times shorter on the emulated

@@ -213,12 +213,6 @@ def build_plan(cfg: Config, corpus: Corpus | None = None, data: bool = True,
     check_recipe(cfg, simulator_device(cfg.run.device))  # run.device = cuda without a GPU
     world = world_from_config(cfg, topo, algo, link_plan, faults)  # every event checked
     _refuse(cfg, algo, topo, world is not None, world is not None and world.reshapes)
-    if scale != 1.0 and world is not None:
-        # the launcher's conductor plays a scenario's times and link values, and its timeouts
-        # wait, on wall time undilated: refused rather than played K times too early
-        raise ConfigError(f"run.time_scale = {scale:g} with a scenario, link trace or faults is "
-                          "not possible yet (their times and link values are not dilated); "
-                          "use run.time_scale = 1 for this run")
     codec = make_codec(cfg.comm.codec, cfg.comm.ratio, cfg.comm.block_size)
     _refuse_codec(cfg, algo, world)
     _refuse_checkpoints(cfg, algo, world)

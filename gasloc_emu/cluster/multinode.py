@@ -218,7 +218,8 @@ class Node:
         return LaunchSpec(
             ctl_addr=master.ctl_addr, heartbeat_addr=master.hb_addr, devices=tuple(devices),
             bind_addrs=tuple(binds), shaping=self.network.shaping_spec(), threads=threads,
-            heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
+            heartbeat_s=0.5,
+            peer_timeout_s=peer_timeout_s(self.cfg, self.network, self.plan.time_scale),
             start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0,
             link_ports=self.network.link_ports, resume_round=self.resume_round)
 
@@ -373,7 +374,7 @@ class ClusterSupervisor(Supervisor):
                 self._died(s, code, f"worker{rank}.log on node {info.node} ({info.host})")
             self._departed(s, leave)
         silent = rdv.silent_s(info.node, now)
-        if silent > self.cfg.run.heartbeat_timeout_s:
+        if silent > self.silence_s:
             if not self._goes_on_without(info):
                 raise self._node_silent(info, silent)
             self._lose_node(info)

@@ -1,15 +1,22 @@
 """A scenario played by the launcher: link changes by round and by time, and leaves, joins and
 partitions at a time fixed at rounds on the run's clock (``fixing.RoundFixer``).
 
-No sockets and no processes: the clock (seconds since the run's start, None before it) and the
-way to answer a worker (``tell``) are injected, so the rules are tested alone. The Supervisor
+No sockets and no processes: the clock (wall seconds since the run's start, None before it) and
+the way to answer a worker (``tell``) are injected, so the rules are tested alone. The Supervisor
 owns one and calls it from its serve loop and its message handlers.
+
+Under time dilation (``time_scale`` K, netplan's "Time dilation") the scenario is written in
+emulated time and values: every time it compares is the clock / K, every wait it asks of the
+launcher is K times its emulated length, and every link value it hands the network is the
+played one (rate / K, latency x K: ``dilate_state``), as the workers' ``LinkApplier`` does for
+the links they change themselves.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from gasloc_emu.emulator.errors import RunFailed
+from gasloc_emu.netplan import dilate_state
 from gasloc_emu.report.schema import MetricRow
 from gasloc_emu.scenario.events import ScenarioError
 from gasloc_emu.scenario.hostloss import (
@@ -29,9 +36,10 @@ Tell = Callable[[int, dict], None]
 class Conductor:
     """The scenario's side of the launcher (a ``World``, or None for a run without one)."""
 
-    def __init__(self, world: World | None, network, rounds: int, clock: Clock, tell: Tell):
+    def __init__(self, world: World | None, network, rounds: int, clock: Clock, tell: Tell,
+                 time_scale: float = 1.0):
         self.world, self.network, self.rounds = world, network, rounds
-        self.clock, self.tell = clock, tell
+        self.clock, self.tell, self.k = clock, tell, time_scale
         self.links_round = 0      # the link changes of rounds < this are applied
         self.timed_upto_s = -1.0  # and the changes by time up to here (the run's clock)
         # {worker, round, recv_links} of each row, when links change: what summary.json's
@@ -51,6 +59,16 @@ class Conductor:
     def fixer(self):
         return self.world.fixer if self.world is not None else None
 
+    def now_s(self) -> float | None:
+        """Emulated seconds since the run's start (the wall clock / K); None before it."""
+        wall_s = self.clock()
+        return None if wall_s is None else wall_s / self.k
+
+    def _change(self, changes: dict) -> None:
+        """Hand the network asked link states {(src, dst): (rate_mbit, latency_ms)}, played."""
+        self.network.change_links({link: dilate_state(state[0], state[1], self.k)
+                                   for link, state in changes.items()})
+
     # -- links
     def keep_link_row(self, row: MetricRow) -> None:
         """Keep what ``link_changes`` needs of a (checked) row, in a run whose links change."""
@@ -64,11 +82,11 @@ class Conductor:
         the userspace shaper's workers apply their own at their round starts)."""
         if self.links is None:
             return
-        now_s = self.clock() or 0.0
+        now_s = self.now_s() or 0.0
         while self.links_round <= min(upto, self.rounds - 1):
             t = self.links_round
-            self.network.change_links({link: self.links.at(*link, t, now_s)
-                                       for link in self.links.changes.get(t, {})})
+            self._change({link: self.links.at(*link, t, now_s)
+                          for link in self.links.changes.get(t, {})})
             self.links_round += 1
 
     def change_links_by_time(self) -> None:
@@ -76,7 +94,7 @@ class Conductor:
         the classes then; under the userspace shaper the workers apply their own). A link a
         partition holds cut stays cut: its restore brings the value in force then."""
         timed = self.links.timed if self.links is not None else None
-        now_s = self.clock()
+        now_s = self.now_s()
         if timed is None or now_s is None:
             return
         cut = self.links.cut(max(self.links_round - 1, 0))
@@ -86,20 +104,21 @@ class Conductor:
                    for ev in due for link in ev.links if link not in cut}
         self.timed_upto_s = now_s
         if changes:
-            self.network.change_links(changes)
+            self._change(changes)
 
     def next_due_s(self) -> float | None:
-        """Seconds on the run's clock until the next event at a time (a link change, or a
-        leave, join or partition to fix); None when none is pending or the clock has not
-        started. The launcher waits no longer than this, so an event fires on time."""
-        now_s = self.clock()
+        """Wall seconds until the next event at a time (a link change, or a leave, join or
+        partition to fix): K times its distance on the emulated clock; None when none is
+        pending or the clock has not started. The launcher waits no longer than this, so an
+        event fires on time."""
+        now_s = self.now_s()
         if now_s is None:
             return None
         times = list(self.fixer.alarms_s[:1]) if self.fixer is not None else []
         timed = self.links.timed if self.links is not None else None
         if timed is not None:
             times += [ev.at_s for ev in timed.events if ev.at_s > self.timed_upto_s][:1]
-        return max(0.0, min(times) - now_s) if times else None
+        return max(0.0, min(times) - now_s) * self.k if times else None
 
     # -- leaves, joins and partitions at a time
     def on_round(self, rank: int, round_idx: int, waiting: bool, slots: Sequence) -> str | None:
@@ -120,7 +139,7 @@ class Conductor:
     def fix_due(self, slots: Sequence) -> None:
         """Fix the events whose time has come; answer the workers whose join that fixes; the
         network's link changes are played again from the first round fixed (a partition's)."""
-        now_s = self.clock()
+        now_s = self.now_s()
         if self.fixer is None or now_s is None:
             return
         new = self.fixer.due(now_s)
@@ -177,7 +196,7 @@ class Conductor:
         leave at the round an event reached now is fixed at, which no worker has started
         (every worker asks before it starts one). The decision, played here; the caller tells
         every survivor."""
-        now_s = self.clock() or 0.0
+        now_s = self.now_s() or 0.0
         loss = HostLoss(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s, ranks),
                         now_s, dict(last_rows), cause=cause)
         self.world.lose(loss)
@@ -188,7 +207,7 @@ class Conductor:
     def back_round(self, ranks: list[int]) -> int:
         """The round workers ``ranks`` coming back now would join at (the rule of
         ``lose_host``: after every event fixed before that touches them)."""
-        return self.fixer.round_at(self.clock() or 0.0, frozenset(ranks))
+        return self.fixer.round_at(self.now_s() or 0.0, frozenset(ranks))
 
     def back_refusal(self, node: int, ranks: list[int]) -> str | None:
         """Why workers ``ranks`` cannot come back now, or None: the run has no round left to
@@ -209,7 +228,7 @@ class Conductor:
         """Node ``node``'s workers ``ranks``, lost earlier, come back: they join at the round
         an event reached now is fixed at, as ``lose_host``'s leave. The decision, played
         here; the caller tells every living worker."""
-        now_s = self.clock() or 0.0
+        now_s = self.now_s() or 0.0
         back = HostBack(node, host, tuple(ranks), self.fixer.fixed_unplanned(now_s, ranks),
                         now_s, from_checkpoint)
         self.world.back(back)

@@ -48,21 +48,24 @@ FIDELITY_EVERY_S = 1.0   # the dashboard's verdict: one stats round-trip to the 
 _PEER_TIMEOUT_FLOOR_S = 600.0
 
 
-def peer_timeout_s(cfg: Config, network) -> float:
+def peer_timeout_s(cfg: Config, network, time_scale: float = 1.0) -> float:
     """How long a worker waits for one peer message before it fails the run itself.
 
     Liveness is the supervisor's job: a worker that dies or goes silent for
     ``run.heartbeat_timeout_s`` stops the run, and that stop also ends every peer's wait. So
     this is only the backstop for a peer that is alive but stuck, and it must outlast every
     legitimate wait: the peer's local steps, and one whole parameter message over the slowest
-    configured link (gpt2 over 5 Mbit/s takes minutes).
+    configured link (gpt2 over 5 Mbit/s takes minutes). Under time dilation the floor and
+    the heartbeats' share are K times longer (a worker's steps are), and the transfer is timed
+    at the played (dilated) rates the network reports.
     """
     rates = [network.configured_mbit(a, b) for a in range(cfg.workers)
              for b in range(cfg.workers) if a != b]
     rates = [r for r in rates if r]
     bits = count_parameters(cfg.model) * 32  # float32 parameters, the whole model in one message
     transfer_s = bits / (min(rates) * 1e6) if rates else 0.0
-    return max(_PEER_TIMEOUT_FLOOR_S, 4 * cfg.run.heartbeat_timeout_s, 4 * transfer_s)
+    return max(_PEER_TIMEOUT_FLOOR_S * time_scale, 4 * cfg.run.heartbeat_timeout_s * time_scale,
+               4 * transfer_s)
 
 
 class Supervisor:
@@ -105,7 +108,7 @@ class Supervisor:
         self.feed = None  # the scenario's events, into events.jsonl and onto the display
         # its link changes and its events at a time, played on the run's clock
         self.scenario = Conductor(plan.world, network, cfg.run.rounds, self._clock,
-                                  lambda rank, msg: self._tell(rank, msg))
+                                  lambda rank, msg: self._tell(rank, msg), plan.time_scale)
         # asynchronous gossip: who exchanges with whom, decided here as each worker gets ready
         self.pairer = async_pairer(plan)
         self.lanes = LaneTally(cfg.workers) if self.pairer is not None else None
@@ -113,6 +116,13 @@ class Supervisor:
         # imports while the launcher sets up
         self.zygote = (zygote or Zygote()).start()
         self.zygote.hand_plan(handed(plan))   # every worker gets this plan, none derives it
+
+    @property
+    def silence_s(self) -> float:
+        """How long a training worker (or a node) may be silent before that means trouble:
+        run.heartbeat_timeout_s of emulated time, K times that on the wall, as a worker that
+        waits for a departed peer idles it (``RoundPlan.detect_s``, emulated)."""
+        return self.cfg.run.heartbeat_timeout_s * self.plan.time_scale
 
     def _clock(self) -> float | None:
         """Seconds since the run's start; None before it."""
@@ -141,7 +151,8 @@ class Supervisor:
             devices=tuple(d.device for d in self.devices),
             bind_addrs=tuple(self.network.bind_address(r) for r in range(self.cfg.workers)),
             shaping=self.network.shaping_spec(), threads=threads_per_worker(self.cfg),
-            heartbeat_s=0.5, peer_timeout_s=peer_timeout_s(self.cfg, self.network),
+            heartbeat_s=0.5,
+            peer_timeout_s=peer_timeout_s(self.cfg, self.network, self.plan.time_scale),
             start_timeout_s=READY_TIMEOUT_S + 60, exit_timeout_s=3600.0, link_ports=False,
             resume_round=self.resume.round if self.resume is not None else -1)
 
@@ -254,7 +265,7 @@ class Supervisor:
             if s.ready is None and self.t0 and now - s.last_seen > READY_TIMEOUT_S:
                 raise RunFailed(f"worker {s.rank}'s new process did not get ready in "
                                 f"{READY_TIMEOUT_S:.0f} s")
-            silent = now - s.last_seen > self.cfg.run.heartbeat_timeout_s
+            silent = now - s.last_seen > self.silence_s
             if silent and s.ready is not None and s.final is None and not self._lost(s) \
                     and not self._exit_reported_soon(s, now):
                 raise self._silent(s, now - s.last_seen)
@@ -408,7 +419,7 @@ class Supervisor:
         once to peers lost with their hosts) and dies without a word, so its exit is still to
         be seen that long past the heartbeat timeout."""
         return self._planned_leave(s) == s.round + 1 and \
-            now - s.last_seen <= self.cfg.run.heartbeat_timeout_s + LEAVE_FLUSH_S
+            now - s.last_seen <= self.silence_s + LEAVE_FLUSH_S * self.plan.time_scale
 
     def _when(self, slot: WorkerSlot) -> str:
         return where_in_run(slot.ready is not None, bool(self.t0), slot.round,

@@ -149,10 +149,27 @@ def test_the_capacity_cache_is_kept_per_machine_and_engine(tmp_path):
     assert capacity.read_cache(path, 1000.0 + capacity.MAX_AGE_S + 1, here, "e1") is None
 
 
-def test_a_scenario_at_k_is_refused_until_its_times_are_dilated(tmp_path):
+def test_simulate_at_k_plays_a_scenarios_times_and_values_in_emulated_time(tmp_path):
+    """A link slowed at 1 s and a worker leaving at round 2, at K = 3: the same rows (losses
+    bit-equal) and, once the link is slow, the same emulated comm times as at K = 1."""
+    from gasloc_emu.simulator.simulate import simulate
     scenario = tmp_path / "s.toml"
-    scenario.write_text('[[event]]\ntype = "link"\nat_s = 1.0\nlinks = [[0, 1]]\n'
-                        'rate_mbit = 5\n')
-    with pytest.raises(ConfigError, match=r"run.time_scale = 2 with a scenario"):
-        build_plan(_cfg(2.0, **{"run.scenario": str(scenario)}), data=False)
-    build_plan(_cfg(1.0, **{"run.scenario": str(scenario)}), data=False)
+    scenario.write_text('[[event]]\ntype = "link"\nat_s = 1.0\nlinks = [[0, 1], [1, 0]]\n'
+                        'rate_mbit = 5\n\n[[event]]\ntype = "leave"\nround = 2\n'
+                        'worker = 2\n')
+    rows = {}
+    for k in (1.0, 3.0):
+        cfg = _cfg(k, **{"run.scenario": str(scenario), "tcp.congestion_control": "bbr",
+                         "workers": 3, "run.rounds": 4})
+        plan = build_plan(cfg, corpus=shared_corpus(cfg))
+        simulate(plan, tmp_path / f"k{k:g}")
+        lines = (tmp_path / f"k{k:g}" / "metrics.jsonl").read_text().splitlines()
+        rows[k] = {(r["worker"], r["round"]): r for r in map(json.loads, lines)
+                   if "train_loss" in r}
+    assert rows[1.0].keys() == rows[3.0].keys()
+    assert {w for w, t in rows[1.0] if t == 3} == {0, 1}   # worker 2 left
+    slow = [key for key, r in rows[1.0].items() if r["comm_s"] > 0.05 and key[0] in (0, 1)]
+    assert slow   # the 5 Mbit/s link shows in its workers' comm times
+    for key, r1 in rows[1.0].items():
+        assert rows[3.0][key]["train_loss"] == r1["train_loss"]
+        assert rows[3.0][key]["comm_s"] == pytest.approx(r1["comm_s"], rel=0.05)

@@ -398,10 +398,11 @@ class FakeNetwork:
         self.calls.append(dict(changes))
 
 
-def conductor(world, links_round=0, ago_s=15.0):
-    """The launcher's scenario player with a fixed clock ``ago_s`` seconds into the run."""
+def conductor(world, links_round=0, ago_s=15.0, time_scale=1.0):
+    """The launcher's scenario player with a fixed clock ``ago_s`` wall seconds into the run."""
     from gasloc_emu.emulator.conductor import Conductor
-    sup = Conductor(world, FakeNetwork(), world.rounds, lambda: ago_s, lambda rank, msg: None)
+    sup = Conductor(world, FakeNetwork(), world.rounds, lambda: ago_s, lambda rank, msg: None,
+                    time_scale)
     sup.links_round = links_round
     return sup
 
@@ -415,6 +416,21 @@ def test_supervisor_passes_changes_whose_time_has_come_once():
     sup.change_links_by_time()
     assert sup.network.calls == [{(0, 1): (2.0, 30.0)}]
     assert sup.timed_upto_s == 15.0
+
+
+def test_under_time_dilation_the_conductor_plays_emulated_times_with_played_values():
+    """At K = 4, 60 wall seconds are 15 emulated: the same events fire as at 15 s undilated,
+    each handed to the network at rate / 4 and latency x 4, and the next one (60 s emulated)
+    is waited for 4 x 45 wall seconds."""
+    sc = Scenario((LinkEvent(at_s=5.0, links=((0, 1),), rate_mbit=2.0),
+                   LinkEvent(at_s=10.0, links=((0, 1),), latency_ms=30.0),
+                   LinkEvent(at_s=60.0, links=((1, 0),), rate_mbit=3.0)), 2, 4)
+    sup = conductor(World(sc, 2, 4, 0.5, ring_peers, base_link=shaped_base), ago_s=60.0,
+                    time_scale=4.0)
+    sup.change_links_by_time()
+    assert sup.network.calls == [{(0, 1): (0.5, 120.0)}]
+    assert sup.timed_upto_s == 15.0
+    assert sup.next_due_s() == pytest.approx(4 * 45.0)
 
 
 def test_supervisor_skips_a_link_a_round_partition_holds_cut():
