@@ -15,6 +15,7 @@ def plan_lines(plan: dict, used: Sequence[tuple[int, int]]) -> list[str]:
     out += _algorithm(plan) + _topology(plan["topology"]) + _compute(plan["compute"])
     out += [f"codec: {plan['codec']}"] + _links(plan["links"], used)
     out += [f"simulate times messages by: {plan['link_model']}"] + _world(plan["world"])
+    out += _time_scale(plan.get("time_scale"))
     return [f"# {line}".rstrip() for line in out]
 
 
@@ -25,6 +26,21 @@ def _algorithm(plan: dict) -> list[str]:
     return [f"algorithm: {algo['name']} ({algo['object']}, {algo['package']} "
             f"{algo['version']})" + (f"; {consts}" if consts else "")
             + (f"; params {params}" if params else "")]
+
+
+def _time_scale(ts: dict | None) -> list[str]:
+    """K, what it plays, and under 'auto' the estimate K was picked from (the links above are
+    the asked ones; the shaper plays them as this line says)."""
+    if ts is None:
+        return []
+    lines = [f"time scale: K = {ts['time_scale']:g} (asked {ts['asked']!r}): {ts['played_as']}"]
+    auto = ts.get("auto")
+    if auto:
+        lines.append(f"  auto: peak {auto['peak_fps']:.0f} frames/s at K = 1, "
+                     f"{auto['peak_fps_at_k']:.0f} at K = {auto['time_scale']:g}, against "
+                     f"{auto['margin']:.0%} of {auto['capacity_fps']:.0f} frames/s the line "
+                     f"moves here ({auto['capacity_source']})")
+    return lines
 
 
 def _topology(graph: dict) -> list[str]:

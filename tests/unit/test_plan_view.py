@@ -96,3 +96,23 @@ def test_a_bad_setting_is_refused_as_run_would():
     res = CliRunner().invoke(main, ["config", "--plan", "-n", "6", "--set",
                                     "run.scenario=runs/scenarios/two-clusters-cut.toml"])
     assert res.exit_code == 2 and "worker 6 is not a worker of this run" in res.output
+
+
+def test_the_time_scale_line_says_k_and_what_auto_picked_it_from(monkeypatch):
+    from netem import capacity
+    monkeypatch.setattr(capacity, "host_capacity",
+                        lambda: capacity.Capacity(20_000.0, "measured", "test"))
+    cfg, plan = _plan({"workers": 8, "topology.name": "expander", "topology.degree": 2,
+                       "net.bw_profile": "uniform", "net.rate_mbit": 400.0,
+                       "net.latency_ms": 10.0, "run.time_scale": "auto"},
+                      ("net.delay=packet-line",))
+    lines = plan_lines(plan.describe(), used_pairs(cfg, plan.topology))
+    k = plan.time_scale
+    assert k > 1
+    assert f"# time scale: K = {k:g} (asked 'auto'): every rate / {k:g}, every delay, step " \
+           f"time and timer x {k:g}; times reported are emulated (wall / K)" in lines
+    auto = next(line for line in lines if line.startswith("#   auto: peak "))
+    assert "against 50% of 20000 frames/s the line moves here (test)" in auto
+    cfg, plan = _plan({"workers": 2})
+    assert "# time scale: K = 1 (asked 1.0): as asked" in \
+        plan_lines(plan.describe(), used_pairs(cfg, plan.topology))
