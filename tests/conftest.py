@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# Property tests draw from a fixed seed (derandomize) and keep no example database: every session
-# and CI try the same examples, so a test's verdict is the code's, not the draw's. A hunt for new
-# counterexamples is a deliberate run: HYPOTHESIS_PROFILE=explore.
-settings.register_profile("fixed", derandomize=True, database=None)
+# Property tests: on CI (.ci/run sets HYPOTHESIS_PROFILE=ci) from a fixed seed (derandomize)
+# with no example database, so CI's verdict is the code's, not the draw's; locally from fresh
+# draws with hypothesis's database of found failures ("dev"), so a developer's runs keep
+# looking; HYPOTHESIS_PROFILE=explore looks harder.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("dev")
 settings.register_profile("explore", max_examples=1000)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_collection_modifyitems(config, items):

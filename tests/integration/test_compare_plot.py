@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 
+import matplotlib  # noqa: F401  (the test extra has it: missing is an error, not a skip)
 import pytest
 from rich.console import Console
 
@@ -12,7 +13,6 @@ from gasloc_emu.report.compare import compare_table, load_run, plot, show_run
 from gasloc_emu.simulator.simulate import simulate
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("matplotlib")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

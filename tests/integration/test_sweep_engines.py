@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import submitit  # noqa: F401  (the test extra has it: missing is an error, not a skip)
 
 from gasloc_emu import config as C
 from gasloc_emu.experiments import data, engines, sweep
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("submitit")
 
 # two workers, two rounds, nominal step times (the clock is the compute model's, not this busy
 # host's); the arm "bad" reads a corpus that does not exist, which only its run finds out

@@ -192,7 +192,6 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
 
 
 def test_plot_of_runs_without_losses_is_an_error(tmp_path):
-    pytest.importorskip("matplotlib")
     run = load_run(make_run(tmp_path / "e"))
     with pytest.raises(CompareError, match="nothing to plot"):
         plot([run], tmp_path / "x.png")

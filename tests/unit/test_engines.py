@@ -6,13 +6,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import submitit  # the test extra has it: missing is an error, not a skip
 from click.testing import CliRunner
 
 from gasloc_emu import config as C
 from gasloc_emu.commands import cli
 from gasloc_emu.experiments import engines
-
-submitit = pytest.importorskip("submitit")
 
 
 def test_the_config_offers_the_registrys_engines():

@@ -90,8 +90,6 @@ def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
 
 
 def test_tensorboard_scalars_read_back(tmp_path):
-    pytest.importorskip("tensorboard", reason="the optional 'tensorboard' extra is not "
-                                              "installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     (tmp_path / "rec").mkdir()
     rec = _record(tmp_path / "rec", [_row(0, 0, tokens=1000), _row(0, 1, tokens=3000)])

@@ -8,15 +8,13 @@ import math
 
 import numpy as np
 import pytest
+import tokenizers  # noqa: F401  (the test extra has it: missing is an error, not a skip)
 from click.testing import CliRunner
 
 from gasloc_emu import config as C
 from gasloc_emu.commands.cli import main
 from gasloc_emu.training import tokens as T
 from gasloc_emu.training.corpora import CORPORA
-
-pytest.importorskip("tokenizers", reason="the optional 'tokens' extra (HuggingFace tokenizers) "
-                                         "is not installed: pip install 'gasloc-emu[tokens]'")
 
 
 @pytest.fixture(scope="module")
