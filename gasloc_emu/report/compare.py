@@ -302,7 +302,7 @@ def _runs_table(runs: list[Run], target_loss: float | None) -> Table:
     estimated = False
     table = Table(box=box.SIMPLE_HEAD, title_justify="left")
     for name in ("run", "algorithm", "topology", "profile", "rounds", "final eval", "wall s",
-                 "clock s", "bytes sent"):
+                 "clock s", "K", "bytes sent"):
         table.add_column(name, no_wrap=True, justify="left" if name in (
             "run", "algorithm", "topology", "profile") else "right")
     if target_loss is not None:
@@ -311,9 +311,20 @@ def _runs_table(runs: list[Run], target_loss: float | None) -> Table:
         cells, from_rows = _table_row(run, target_loss)
         estimated |= from_rows
         table.add_row(*cells)
+    notes = []
     if estimated:
-        table.caption = "~ no final evaluation: the last evaluated round's mean worker eval loss"
+        notes.append("~ no final evaluation: the last evaluated round's mean worker eval loss")
+    if any(_time_scale(run) != 1.0 for run in runs):
+        notes.append("K: the run's time dilation; its seconds are emulated (wall / K), "
+                     "comparable with K = 1 runs and simulate")
+    table.caption = "\n".join(notes) or None
     return table
+
+
+def _time_scale(run: Run) -> float:
+    """The run's K (summary.json ``time_scale``); 1 for a record from before dilation."""
+    k = run.summary.get("time_scale")
+    return float(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else 1.0
 
 
 def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
@@ -324,7 +335,7 @@ def _table_row(run: Run, target_loss: float | None) -> tuple[list[str], bool]:
     cells = [run.name, run.algorithm, run.topology, run.profile, rounds,
              ("~" if from_rows else "") + _num(loss, ".4f"),
              _num(run.summary.get("wall_s"), ".1f"), _num(run.clock_s, ".2f"),
-             fmt.nbytes(run.bytes_sent)]
+             f"{_time_scale(run):g}", fmt.nbytes(run.bytes_sent)]
     if target_loss is not None:
         reached = time_to_target(run, target_loss)
         cells.append("not reached" if reached is None else f"{reached:.2f}")

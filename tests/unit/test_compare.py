@@ -109,6 +109,18 @@ def test_a_missing_summary_falls_back_to_the_metrics(tmp_path):
     assert "~2.5500" in text and "3/4" in text and "no final evaluation" in text
 
 
+def test_a_dilated_run_says_its_k_and_that_its_seconds_are_emulated(tmp_path):
+    plain = load_run(make_run(tmp_path / "k1", rows(), SUMMARY))
+    dilated = load_run(make_run(tmp_path / "k4", rows(), SUMMARY | {"time_scale": 4.0}))
+    text = as_text(compare_table([plain]))
+    assert "emulated" not in text
+    text = as_text(compare_table([plain, dilated]))
+    k_column = [line.split()[8] for line in text.splitlines()
+                if line.split()[:1] in (["k1"], ["k4"]) and len(line.split()) > 8]
+    assert k_column == ["1", "4"]
+    assert "its seconds are emulated (wall / K)" in text
+
+
 def test_a_corrupt_summary_and_config_are_warnings(tmp_path):
     run = load_run(make_run(tmp_path / "bad", rows(), '{"status": "ok", ', config="= nope"))
     assert run.summary == {} and run.config == {}
@@ -157,7 +169,7 @@ def test_the_table_lists_each_run(tmp_path):
         assert col in header
     line_a = next(line for line in text.splitlines() if "run-a" in line).split()
     assert line_a == ["run-a", "diloco", "ring-allreduce", "uniform", "3", "2.2500", "12.5",
-                      "6.50", "6.00", "MB", "4.50"]
+                      "6.50", "1", "6.00", "MB", "4.50"]
     line_b = next(line for line in text.splitlines() if "run-b" in line)
     assert "gasloc" in line_b and "torus" in line_b and "not reached" in line_b
 
