@@ -125,9 +125,12 @@ def test_run_fixes_each_event_at_a_time_at_one_round_for_every_worker(tmp_path):
     assert summary["membership"]["not_fired"] == [
         {"type": "join", "part": "start", "at_s": 600.0, "worker": 5}]
     assert summary["membership"]["alive_at_end"] == [0, 1, 2, 3, 4]
-    # each fired within 10 ms of its time: the launcher waits no longer than the next one
+    # each fired within 25 ms of its time: the launcher waits no longer than the next one.
+    # Without that its 0.1 s polls (woken by 6 workers' heartbeats, ~12 a second) leave an
+    # event up to ~80 ms late; with it, what is left is the scheduler's latency for a launcher
+    # sharing 2 cores with 6 training workers (10.8 ms once, in a full suite)
     assert summary["timed_events"]["fired"] == 4
-    assert summary["timed_events"]["max_late_ms"] < 10
+    assert summary["timed_events"]["max_late_ms"] < 25
     assert leave["round"] < join["round"]
     rows = _rows(tmp_path / "run")
     assert sorted(r["round"] for r in rows if r["worker"] == 1) == \
