@@ -476,6 +476,21 @@ class TcpLinkModel:
         log.append((nbytes, tt))
         return tt.wire_s, latency_s
 
+    def message_s(self, src: int, dst: int, nbytes: int, idle_s: float = 1.0,
+                  messages: int = 3) -> float:
+        """What a message of ``nbytes`` takes on src -> dst (wire and latency: from its offer
+        to its last byte's arrival, as a receiver times it), each offered ``idle_s`` after the
+        previous one arrived on one fresh connection; the mean after the first (the first
+        pays the initial window where later ones pay the restart after idle, or not). What
+        the run's fidelity verdict holds the run's own message times to."""
+        model, t_s, times = self.fresh(), 0.0, []
+        for _ in range(messages):
+            wire_s, latency_s = model.transfer(src, dst, nbytes, t_s)
+            times.append(wire_s + latency_s)
+            t_s += wire_s + latency_s + idle_s
+        later = times[1:] or times
+        return sum(later) / len(later)
+
     @staticmethod
     def _stats(log: list) -> dict:
         """A link's messages (``log``: (bytes, ``TransferTime``) in the order they were

@@ -207,6 +207,10 @@ class PacketLineProcess:
     def set_latency(self, src: int, dst: int, latency_ms: float) -> None:
         self._ask({"op": "set", "src": src, "dst": dst, "delay_ms": latency_ms})
 
+    def mark(self) -> None:
+        """From now on the stats carry ``since_mark`` (the frames after this point alone)."""
+        self._ask({"op": "mark"})
+
     def stats(self) -> dict[str, Any] | None:
         """The line's counters now (running) or at its end (closed)."""
         if self.final is not None or self.proc is None or self.proc.poll() is not None:

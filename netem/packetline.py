@@ -118,6 +118,9 @@ stdin takes JSON lines; each gets one JSON line on stdout:
 - ``{"op": "set", "src": 0, "dst": 1, "delay_ms": 20, ...}``: change fields of one link's
   impairment live (the rest stay); what is held keeps its release time.
 - ``{"op": "stats"}``: write the stats file now (the reply carries them too).
+- ``{"op": "mark"}``: from now on the stats also carry ``since_mark``: the lateness and read
+  lag of the frames after this point alone (a run marks the start of training, so that its
+  pre-run probe's bulk flows are not judged as training's).
 
 EOF on stdin means the parent is gone: write stats and exit 0; so do SIGTERM and SIGINT. The
 process also dies with its parent (PR_SET_PDEATHSIG). ``ready_path`` is written (atomically)
@@ -554,6 +557,27 @@ class Histogram:
                 return min(self.max_s, (j + 1) * self.COARSE_S)
         return self.max_s
 
+    def copy(self) -> Histogram:
+        return type(self).from_bins(self.fine, self.coarse, self.over, self.count, self.max_s)
+
+    def since(self, earlier: Histogram) -> Histogram:
+        """What was added after ``earlier`` (a copy of this one taken then): the bins'
+        differences; the maximum is the upper edge of the highest bin that grew (at most one
+        bin high, and never above the whole maximum)."""
+        h = type(self)()
+        h.fine = [a - b for a, b in zip(self.fine, earlier.fine, strict=True)]
+        h.coarse = [a - b for a, b in zip(self.coarse, earlier.coarse, strict=True)]
+        h.over, h.count = self.over - earlier.over, self.count - earlier.count
+        if h.over:
+            h.max_s = self.max_s
+        elif any(h.coarse):
+            top = max(j for j, n in enumerate(h.coarse) if n)
+            h.max_s = min(self.max_s, (top + 1) * self.COARSE_S)
+        elif any(h.fine):
+            top = max(i for i, n in enumerate(h.fine) if n)
+            h.max_s = min(self.max_s, (top + 1) * self.FINE_S)
+        return h
+
     def summary_ms(self) -> dict:
         return {"count": self.count,
                 "p50_ms": round(self.percentile_s(0.5) * 1e3, 4),
@@ -690,6 +714,7 @@ class PacketLine:
         self.send_errnos: dict[str, int] = {}
         self.late = Histogram()          # actual send - scheduled release
         self.lag = Histogram()           # our read - the kernel's receive stamp
+        self._mark: tuple | None = None  # (late, lag, at) at the last "mark": training starts
         self.stop_reason: str | None = None
         self.started_s = clock()
         self._buf = bytearray(RECV_BUF_BYTES)
@@ -1095,7 +1120,18 @@ class PacketLine:
             if self.spec.stats_path:
                 write_atomically(self.spec.stats_path, stats)
             return {"ok": True, "op": "stats", "stats": stats}
-        raise ValueError(f"op = {op!r} is unknown; expected 'set' or 'stats'")
+        if op == "mark":
+            late, lag = self._histograms()
+            self._mark = (late.copy(), lag.copy(), self.clock())
+            return {"ok": True, "op": "mark"}
+        raise ValueError(f"op = {op!r} is unknown; expected 'set', 'stats' or 'mark'")
+
+    def _histograms(self) -> tuple[Histogram, Histogram]:
+        """(release lateness, read lag) so far, of whichever engine forwards."""
+        if self.core is not None:
+            return (Histogram.from_bins(*self.core.histogram("late")),
+                    Histogram.from_bins(*self.core.histogram("lag")))
+        return self.late, self.lag
 
     def _set(self, msg: dict) -> dict:
         src, dst = msg.get("src"), msg.get("dst")
@@ -1148,9 +1184,14 @@ class PacketLine:
             for is_send, err, n in self.core.errnos():
                 name = f"{'send' if is_send else 'recv'}:{errno.errorcode.get(err, err)}"
                 errors[name] = errors.get(name, 0) + n
-            late = Histogram.from_bins(*self.core.histogram("late"))
-            lag = Histogram.from_bins(*self.core.histogram("lag"))
             held = self.core.held()
+        late, lag = self._histograms()
+        since = None
+        if self._mark is not None:
+            late0, lag0, at_s = self._mark
+            since = {"uptime_s": round(self.clock() - at_s, 3),
+                     "late_release": late.since(late0).summary_ms(),
+                     "read_lag": lag.since(lag0).summary_ms()}
         return {"version": SPEC_VERSION, "pid": os.getpid(), "engine": self.engine,
                 "uptime_s": round(self.clock() - self.started_s, 3),
                 "stop_reason": self.stop_reason, "frames": counts,
@@ -1160,7 +1201,8 @@ class PacketLine:
                            "refused": self.budget.refused},
                 "late_release": late.summary_ms(),
                 "read_lag": lag.summary_ms(),
-                "socket_drops": self._kernel_drops(), "links": links}
+                "socket_drops": self._kernel_drops(), "links": links,
+                **({"since_mark": since} if since is not None else {})}
 
     def close(self) -> None:
         if self.spec.stats_path:

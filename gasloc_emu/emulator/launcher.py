@@ -115,6 +115,7 @@ def _launch(plan, path, rec, network, stack, progress_factory, log,
     cfg = plan.cfg
     devices = worker_devices(cfg.run.device, cfg.workers)
     warnings = _probe_links(plan, network, log) if _probes(cfg, network) else []
+    network.training_starts()   # the line's lateness from here is training's (the verdict's)
     network.watch_tcp()     # from here to links.json: the senders' TCP during training
     prog = None
     if progress_factory is not None:
@@ -212,6 +213,7 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     degraded under run.require_faithful ends with UNFAITHFUL, its error naming the worst link."""
     plan = sup.plan
     step_time_s = plan.compute.record().get("step_time_s")
+    _add_model_times(plan, links, sup.rec.path / "metrics.jsonl")
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
                                        step_ratios=_step_ratios(sup.rec.path / "metrics.jsonl"))
     extra = {"fidelity": verdict.to_json(),
@@ -229,6 +231,40 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
         # the command's one ending line on stderr is the summary's error (commands.app)
         return exitcodes.UNFAITHFUL, out | {"status": "degraded", "error": line}
     return code, out
+
+
+def _add_model_times(plan: RunPlan, links: dict, metrics) -> None:
+    """Each training link's ``tcp_model_message_s`` in links.json: what simulate's TCP model
+    (the plan's ``TcpLinkModel``) says one of its messages takes over the asked link, offered
+    after the rows' median compute time idle (emulated seconds, as the link's own
+    ``training_transfer_s``). Nothing where the plan has no TCP model (unshaped, no delay)."""
+    message_s = getattr(plan.link_model, "message_s", None)
+    if message_s is None:
+        return
+    idle_s = _median_row(metrics, "compute_s") or 1.0
+    for row in links.get("links") or ():
+        n, nbytes = row.get("training_messages") or 0, row.get("bytes") or 0
+        if n > 0 and nbytes > 0:
+            row["tcp_model_message_s"] = round(
+                message_s(row["src"], row["dst"], max(1, round(nbytes / n)), idle_s), 6)
+
+
+def _median_row(path, key: str) -> float | None:
+    """The median of metrics.jsonl's ``key`` over its rows (None without any)."""
+    values = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    v = json.loads(line).get(key)
+                except ValueError:
+                    continue
+                if isinstance(v, (int, float)) and v >= 0:
+                    values.append(float(v))
+    except OSError:
+        return None
+    values.sort()
+    return values[len(values) // 2] if values else None
 
 
 def _step_ratios(path) -> list[float]:

@@ -37,6 +37,9 @@ class LoopbackNetwork:
     def watch_tcp(self) -> None:
         """Nothing to sample: the workers share the host's namespace (``ShapedNetwork``)."""
 
+    def training_starts(self) -> None:
+        """Nothing delays frames here (``ShapedNetwork.training_starts``)."""
+
     def tcp_now(self) -> dict:
         return {}
 
@@ -104,6 +107,12 @@ class ShapedNetwork:
         # what applies a scenario's link changes in the launcher; None: the workers do
         self._changer = self.kind.link_changer(session)
         self._tcp = None    # netem.tcpsample.TcpSampler, while training runs
+
+    def training_starts(self) -> None:
+        """Mark the packet line's stats (``since_mark``): the fidelity verdict judges the
+        lateness and read lag of training's frames, not the pre-run probe's bulk flows."""
+        if self.session.line is not None:
+            self.session.line.mark()
 
     def watch_tcp(self) -> None:
         """Sample the senders' TCP in every worker namespace from now until the record is
@@ -242,6 +251,9 @@ class HostNetwork:
         self.bases: dict[int, tuple[str, int]] = {}
         self.host = shapers.HostPart()   # the shaper's part on this host (decide)
         self.spec = None
+
+    def training_starts(self) -> None:
+        """A host's packet line is its node agent's: its stats are not read across hosts."""
 
     def watch_tcp(self) -> None:
         """Not sampled across hosts yet: a node's workers share its namespace, so the sockets'

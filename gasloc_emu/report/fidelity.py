@@ -18,7 +18,20 @@ The rules (docs/RECORDS.md lists the same):
   receiver's window or its own send buffer: netem.tcpsample.held_by) carried below
   ``RATE_SHARE`` of its configured rate while busy (bytes acknowledged * 8 / busy time). A
   sender that was app-limited is not busy (the kernel's busy chrono stops when nothing is
-  queued), so its idle time does not count against the link;
+  queued), so its idle time does not count against the link. Nor is a link judged whose
+  largest congestion window seen (``cwnd_segs_max`` x ``MSS_B``) over its smallest RTT could
+  not carry ``RATE_SHARE`` of the rate: its messages were spent in slow start (a 0.48 MB
+  message after idle over 100 ms takes 5.5 round trips at 10 to 344 segments), TCP held them
+  by its window, not the shaper by its rate, and their times are TCP's, which simulate's
+  model predicts;
+- ``transfer``: a link's messages took longer on average (links.json's
+  ``training_transfer_s`` / ``training_messages``, as their receivers timed them) than
+  1 + ``TRANSFER_SLACK`` times what simulate's TCP model says one takes over the asked link
+  (``tcp_model_message_s``, set by the launcher): the emulated path was slower than the
+  asked one, whatever made it so (a late line, a short shaper, a starved sender). Where a
+  link has this expectation the ``rate`` rule is not applied to it: a training message is
+  short, its busy time is mostly slow start and round trips, and TCP_INFO's busy rate reads
+  a faithful 0.48 MB exchange over 50 Mbit/s and 100 ms at 11 % of the rate;
 - ``probe``: the pre-run probe read a link below ``RATE_SHARE`` of its configured rate. That
   is degraded too: the probe is a bulk flow over the very link training then used, and a link
   that cannot carry its rate alone cannot carry it under training;
@@ -41,6 +54,10 @@ LATENESS_CAP_MS = 2.0     # the line's p99 lateness may not pass this ...
 LATENESS_SHARE = 0.10     # ... nor this share of the smallest delayed link's one-way delay
 RATE_SHARE = 0.95         # a link must carry this share of its configured rate
 MIN_BUSY_MS = 500.0       # TCP_INFO busy time a link needs before its rate is judged
+TRANSFER_SLACK = 0.10     # a link's messages may take this much longer than the TCP model's
+# TCP's segment at the default 1500 B MTU: a larger MTU's window only reads smaller here, so
+# such a link goes unjudged sooner, never degraded wrongly
+MSS_B = 1448
 COMPUTE_SLACK = 0.05      # the median step may take this much longer than its nominal time
 
 
@@ -131,9 +148,12 @@ def _line_rules(line: dict | None, limit_ms: float | None) -> list[Reason]:
     out = []
     if not line or limit_ms is None:
         return out
+    # training's frames alone where the run marked its start (the probe's bulk flows before
+    # it are the probe's, judged by their own rule)
+    window = line.get("since_mark") or line
     for rule, key, what in (("lateness", "late_release", "released frames late"),
                             ("read_lag", "read_lag", "read frames late")):
-        h = line.get(key) or {}
+        h = window.get(key) or {}
         p99 = h.get("p99_ms")
         if h.get("count") and p99 is not None and p99 > limit_ms:
             out.append(Reason(rule, f"the packet line {what}: p99 {p99:g} ms, p50 "
@@ -153,14 +173,45 @@ def carried_mbit(tcp: dict) -> float | None:
     return acked * 8 / (busy * 1e3)
 
 
-def _rate_rules(links: dict[tuple[int, int], LinkPlan], tcp: dict, th: Thresholds) -> list[Reason]:
+def window_mbit(tcp: dict) -> float | None:
+    """The rate the largest congestion window seen could carry over the smallest RTT seen
+    (Mbit/s); None where the samples do not say."""
+    cwnd, rtt_ms = tcp.get("cwnd_segs_max"), tcp.get("min_rtt_ms")
+    if not cwnd or not rtt_ms:
+        return None
+    return cwnd * MSS_B * 8 / (rtt_ms * 1e3)
+
+
+def _transfer_rules(rows: list[dict], slack: float) -> list[Reason]:
+    out = []
+    for row in rows:
+        n, took = row.get("training_messages") or 0, row.get("training_transfer_s")
+        model = row.get("tcp_model_message_s")
+        if not n or took is None or not model:
+            continue
+        each = took / n
+        if each > (1 + slack) * model:
+            key = (row["src"], row["dst"])
+            out.append(Reason("transfer", f"link {key[0]}->{key[1]}: its {n} messages took "
+                              f"{each:.3f} s each, {each / model:.2f}x the {model:.3f} s TCP "
+                              "takes over the asked link (simulate's model)",
+                              {"message_s": round(each, 6), "model_message_s": model,
+                               "ratio": round(each / model, 4), "messages": n}, key))
+    return out
+
+
+def _rate_rules(links: dict[tuple[int, int], LinkPlan], tcp: dict, th: Thresholds,
+                modelled: frozenset = frozenset()) -> list[Reason]:
     out = []
     for key, row in sorted(tcp.items()):
         lk = links.get(key)
-        if lk is None or lk.rate_mbit is None or not row:
+        if lk is None or lk.rate_mbit is None or not row or key in modelled:
             continue
         if (row.get("busy_ms") or 0) < th.min_busy_ms or row.get("held_by") != "path":
             continue
+        window = window_mbit(row)
+        if window is not None and window < th.rate_share * lk.rate_mbit:
+            continue   # held by TCP's own window (slow start), not by the link's rate
         got = carried_mbit(row)
         if got is not None and got < th.rate_share * lk.rate_mbit:
             out.append(Reason("rate", f"link {key[0]}->{key[1]} carried {got:.2f} Mbit/s while "
@@ -205,22 +256,30 @@ def _severity(r: Reason) -> float:
         return n["p99_ms"] / n["limit_ms"]
     if r.rule in ("rate", "probe"):
         return 1 / max(n["share"], 1e-9)
+    if r.rule == "transfer":
+        return n["ratio"] / (1 + TRANSFER_SLACK)
     return n["p50_ratio"] / n["limit_ratio"]
 
 
 def judge(links: list[LinkPlan], *, line: dict | None = None, tcp: dict | None = None,
           probe_rows: list[dict] | None = None, step_time_s: float | None = None,
-          step_ratios: list[float] | None = None) -> Verdict:
+          step_ratios: list[float] | None = None, transfers: list[dict] | None = None
+          ) -> Verdict:
     """The verdict of a run.
 
     ``line``: the packet line's stats (``late_release``, ``read_lag``: {count, p50_ms, p99_ms,
     max_ms}; ``engine``, ``priority``, ``socket_drops``, ``budget`` recorded); ``tcp``:
     {(src, dst): netem.tcpsample LinkTcp.summary()}; ``probe_rows``: network.probe_rows;
-    ``step_ratios``: each worker-round's worst real / nominal step time."""
+    ``step_ratios``: each worker-round's worst real / nominal step time; ``transfers``:
+    links.json rows with ``training_messages``, ``training_transfer_s`` and the TCP model's
+    ``tcp_model_message_s``."""
     by_key = {(lk.src, lk.dst): lk for lk in links}
     th = Thresholds(lateness_limit_ms(links))
     line_reasons = _line_rules(line, th.lateness_limit_ms)
-    link_reasons = _rate_rules(by_key, tcp or {}, th) + _probe_rules(probe_rows or [], th)
+    transfers = transfers or []
+    modelled = frozenset((r["src"], r["dst"]) for r in transfers if r.get("tcp_model_message_s"))
+    link_reasons = _transfer_rules(transfers, TRANSFER_SLACK) + \
+        _rate_rules(by_key, tcp or {}, th, modelled) + _probe_rules(probe_rows or [], th)
     reasons = sorted(line_reasons + link_reasons + _compute_rules(step_time_s,
                                                                   step_ratios or [], th),
                      key=_severity, reverse=True)
@@ -266,7 +325,8 @@ def of_links_record(record: dict, *, step_time_s: float | None = None,
     rows = record.get("links") or []
     probes = [r for r in rows if r.get("measured_mbit") is not None]
     return judge(plan_links(rows), line=record.get("packet_line"), tcp=tcp_by_link(rows),
-                 probe_rows=probes, step_time_s=step_time_s, step_ratios=step_ratios)
+                 probe_rows=probes, step_time_s=step_time_s, step_ratios=step_ratios,
+                 transfers=rows)
 
 
 def describe(record: dict | None) -> list[str]:

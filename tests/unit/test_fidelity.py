@@ -62,6 +62,37 @@ def test_rate_unjudged_when_short_or_not_network_limited(row):
     assert fd.judge(LINKS, tcp={(0, 1): row}).faithful
 
 
+def test_a_link_held_by_its_own_window_is_not_judged_by_rate():
+    """Slow start after idle: 344 segments at most over 100 ms carry 39.9 Mbit/s, less than
+    95 % of 50; the same link with a window that could fill it is judged."""
+    links = [fd.LinkPlan(0, 1, 50.0, 50.0)]
+    row = {"busy_ms": 5044.0, "bytes_acked": 3573384, "held_by": "path", "cwnd_segs_max": 344,
+           "min_rtt_ms": 100.08}
+    assert fd.window_mbit(row) == pytest.approx(39.8, abs=0.1)
+    assert fd.judge(links, tcp={(0, 1): row}).faithful
+    v = fd.judge(links, tcp={(0, 1): row | {"cwnd_segs_max": 600}})
+    assert [r.rule for r in v.reasons] == ["rate"]
+
+
+def test_messages_slower_than_the_tcp_model_degrade_and_replace_the_busy_rate():
+    """The 8-worker expander at 40 Mbit/s and 15 ms with a late line: 0.213 s a message where
+    TCP over the asked link takes 0.162 s. A faithful 2-worker exchange at 0.556 s against
+    0.557 s is faithful, though its busy rate reads 11 % of the link's."""
+    late = {"src": 0, "dst": 4, "training_messages": 8, "training_transfer_s": 8 * 0.213,
+            "tcp_model_message_s": 0.162}
+    v = fd.judge(LINKS, transfers=[late])
+    assert [r.rule for r in v.reasons] == ["transfer"]
+    assert v.reasons[0].numbers["ratio"] == pytest.approx(0.213 / 0.162, rel=1e-3)
+    assert (v.worst_link["src"], v.worst_link["dst"]) == (0, 4)
+    links = [fd.LinkPlan(0, 1, 50.0, 50.0)]
+    ok = {"src": 0, "dst": 1, "training_messages": 8, "training_transfer_s": 8 * 0.556,
+          "tcp_model_message_s": 0.557}
+    busy = {"busy_ms": 5044.0, "bytes_acked": 3573384, "held_by": "path", "cwnd_segs_max": 600,
+            "min_rtt_ms": 100.0}
+    assert fd.judge(links, tcp={(0, 1): busy}, transfers=[ok]).faithful
+    assert not fd.judge(links, tcp={(0, 1): busy}).faithful   # without the model: judged
+
+
 def test_probe_below_its_rate_degrades():
     v = fd.judge(LINKS, probe_rows=[{"src": 0, "dst": 1, "configured_mbit": 40.0,
                                       "measured_mbit": 30.0}])

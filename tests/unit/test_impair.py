@@ -587,3 +587,33 @@ def test_histogram_percentiles_are_within_one_bin():
         assert exact <= h.percentile_s(q) <= exact + 1e-4
     assert h.max_s == values[-1] and h.summary_ms()["count"] == 20_000
     assert Histogram().percentile_s(0.5) == 0.0
+
+
+def test_a_histogram_since_a_copy_holds_only_what_came_after():
+    h = Histogram()
+    for v in (0.050, 0.090, 0.0001):     # the probe's late frames
+        h.add(v)
+    before = h.copy()
+    for v in (0.0002, 0.0004, 0.0009):   # training's
+        h.add(v)
+    after = h.since(before)
+    assert after.count == 3 and after.percentile_s(0.99) == pytest.approx(0.0009, abs=1.5e-6)
+    assert after.max_s == pytest.approx(0.0009, abs=1.5e-6) and h.max_s == 0.090  # one bin high
+    assert h.since(h.copy()).count == 0
+
+
+def test_control_mark_gives_the_stats_a_window_from_then():
+    line, _, clock, replies = fake_line(links={(0, 1): Impairment(delay_ms=20)})
+    line.late.add(0.080)
+    line._control_line(b'{"op": "stats"}')
+    assert "since_mark" not in replies[-1]["stats"]
+    line._control_line(b'{"op": "mark"}')
+    assert replies[-1] == {"ok": True, "op": "mark"}
+    line.late.add(0.0003)
+    clock.now += 2.0
+    line._control_line(b'{"op": "stats"}')
+    stats = replies[-1]["stats"]
+    assert stats["late_release"]["max_ms"] == 80.0
+    assert stats["since_mark"]["late_release"]["count"] == 1
+    assert stats["since_mark"]["late_release"]["max_ms"] == pytest.approx(0.3, abs=1.5e-3)
+    assert stats["since_mark"]["uptime_s"] == pytest.approx(2.0)
