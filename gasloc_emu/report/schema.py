@@ -28,8 +28,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 3   # 3: fidelity, time_scale, delay_faithful_measured and the status
-                     # "degraded"; 2: schema_version written; 1: the records before it was
+SCHEMA_VERSION = 4   # 4: links.json's tcp_model_message_s; 3: fidelity, time_scale,
+                     # delay_faithful_measured and the status "degraded"; 2: schema_version written; 1: the records before it was
 OLDEST_VERSION = 1
 STATUSES = ("ok", "failed", "diverged", "stopped", "error", "degraded")
 MODES = ("run", "simulate")
@@ -438,6 +438,10 @@ class LinkRow(_Record):
                                               "messages")
     training_messages: int | None = opt("messages measured")
     training_transfer_s: float | None = opt("their summed transfer time")
+    tcp_model_message_s: float | None = opt(
+        "what simulate's TCP model says one of its messages takes over the asked link (the "
+        "fidelity verdict's transfer rule holds training_transfer_s / training_messages to "
+        "it)", since=4)
     busy_s: float | None = opt("simulate: seconds the virtual clock had the link carrying "
                                "bytes (its busy share: over the summary's predicted_wall_s)")
 
@@ -510,7 +514,8 @@ def render_records() -> str:
     out += ["## summary.json's `fidelity` (`report.fidelity`)", "",
             *(fidelity.__doc__ or "").strip().splitlines(), "",
             f"Limits as this version applies them: lateness cap {fidelity.LATENESS_CAP_MS:g} ms, "
-            f"share {fidelity.LATENESS_SHARE:g}; rate share {fidelity.RATE_SHARE:g}; "
+            f"share {fidelity.LATENESS_SHARE:g}; transfer slack {fidelity.TRANSFER_SLACK:g}; "
+            f"rate share {fidelity.RATE_SHARE:g}; "
             f"min busy {fidelity.MIN_BUSY_MS:g} ms; compute slack {fidelity.COMPUTE_SLACK:g}.",
             "",
             "Under time dilation (`time_scale` K > 1) `wall_s` is emulated seconds: the "
