@@ -24,8 +24,10 @@ The rules (docs/RECORDS.md lists the same):
   message after idle over 100 ms takes 5.5 round trips at 10 to 344 segments), TCP held them
   by its window, not the shaper by its rate, and their times are TCP's, which simulate's
   model predicts;
-- ``transfer``: a link's messages took longer on average (links.json's
-  ``training_transfer_s`` / ``training_messages``, as their receivers timed them) than
+- ``transfer``: a link's messages took longer (links.json's ``training_message_s_median``:
+  the median over rounds, as their receivers timed them; the first also waits for its
+  connection's handshakes, which no model of a message has; else the mean,
+  ``training_transfer_s`` / ``training_messages``) than
   1 + ``TRANSFER_SLACK`` times what simulate's TCP model says one takes over the asked link
   (``tcp_model_message_s``, set by the launcher): the emulated path was slower than the
   asked one, whatever made it so (a late line, a short shaper, a starved sender). Where a
@@ -189,11 +191,11 @@ def _transfer_rules(rows: list[dict], slack: float) -> list[Reason]:
         model = row.get("tcp_model_message_s")
         if not n or took is None or not model:
             continue
-        each = took / n
+        each = row.get("training_message_s_median") or took / n
         if each > (1 + slack) * model:
             key = (row["src"], row["dst"])
             out.append(Reason("transfer", f"link {key[0]}->{key[1]}: its {n} messages took "
-                              f"{each:.3f} s each, {each / model:.2f}x the {model:.3f} s TCP "
+                              f"{each:.3f} s (median), {each / model:.2f}x the {model:.3f} s TCP "
                               "takes over the asked link (simulate's model)",
                               {"message_s": round(each, 6), "model_message_s": model,
                                "ratio": round(each / model, 4), "messages": n}, key))

@@ -28,8 +28,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 4   # 4: links.json's tcp_model_message_s; 3: fidelity, time_scale,
-                     # delay_faithful_measured and the status "degraded"; 2: schema_version written; 1: the records before it was
+SCHEMA_VERSION = 4   # 4: links.json's tcp_model_message_s and training_message_s_median;
+                     # 3: fidelity, time_scale, delay_faithful_measured and the status
+                     # "degraded"; 2: schema_version written; 1: the records before it was
 OLDEST_VERSION = 1
 STATUSES = ("ok", "failed", "diverged", "stopped", "error", "degraded")
 MODES = ("run", "simulate")
@@ -438,6 +439,9 @@ class LinkRow(_Record):
                                               "messages")
     training_messages: int | None = opt("messages measured")
     training_transfer_s: float | None = opt("their summed transfer time")
+    training_message_s_median: float | None = opt(
+        "the median over rounds of one of its messages' transfer time (metrics.jsonl's "
+        "recv_links)", since=4)
     tcp_model_message_s: float | None = opt(
         "what simulate's TCP model says one of its messages takes over the asked link (the "
         "fidelity verdict's transfer rule holds training_transfer_s / training_messages to "
