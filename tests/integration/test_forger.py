@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -38,9 +37,8 @@ BASE = ["--workers", str(WORKERS), "--model", "tiny", "-H", "2", "-R", str(ROUND
         "--set", "run.threads_per_worker=1", "--set", "net.probe=false"]
 SHAPERS = {"unshaped": [], "userspace": ["--bw-profile", "uniform", "--shaper", "userspace"]}
 FLOOD_MSGS, FLOOD_S = 2000, 1.5   # per socket, and for all 8 data sockets together
-# the default suite runs one shaper, drawn anew each session (both with GASLOC_SLOW_TESTS=1):
-# the same authentication, which the userspace shaper's held messages must not get around
-DRAWN = random.Random().choice(sorted(SHAPERS))
+# both shapers every time: the same authentication, which the userspace shaper's held messages
+# must not get around
 
 # Runs in its own interpreter: argv = run folder, model size, flood, the launcher's pid, workers.
 # Prints what it managed to queue.
@@ -175,10 +173,8 @@ def clean_loss(tmp_path_factory) -> float:
     return _summary(out)["final_eval_loss"]
 
 
-@pytest.mark.parametrize("shaper", [pytest.param(name, marks=() if name == DRAWN else
-                                                 pytest.mark.slow) for name in sorted(SHAPERS)])
+@pytest.mark.parametrize("shaper", sorted(SHAPERS))
 def test_a_forger_without_the_keys_changes_nothing(tmp_path, clean_loss, shaper):
-    """The shaper not drawn this session (``DRAWN``) is slow, for CI's budget."""
     out = tmp_path / "run"
     numel = count_parameters(C.resolve(overrides={"model.preset": "tiny"}).model)
     proc = _cli("run", *BASE, *SHAPERS[shaper], "--out", str(out))
