@@ -218,9 +218,10 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     degraded under run.require_faithful ends with UNFAITHFUL, its error naming the worst link."""
     plan = sup.plan
     step_time_s = plan.compute.record().get("step_time_s")
-    _add_model_times(plan, links, sup.rec.path / "metrics.jsonl")
+    rows = _metric_rows(sup.rec.path / "metrics.jsonl")
+    _add_model_times(plan, links, rows)
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
-                                       step_ratios=_step_ratios(sup.rec.path / "metrics.jsonl"))
+                                       step_ratios=_step_ratios(rows))
     extra = {"fidelity": verdict.to_json(),
              "time_scale": plan.time_scale}
     if links.get("packet_line") and verdict.thresholds.lateness_limit_ms is not None:
@@ -238,16 +239,19 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     return code, out
 
 
-def _add_model_times(plan: RunPlan, links: dict, metrics) -> None:
+def _add_model_times(plan: RunPlan, links: dict, rows: list[dict]) -> None:
     """Each training link's ``tcp_model_message_s`` in links.json: what simulate's TCP model
     (the plan's ``TcpLinkModel``) says one of its messages takes over the asked link, offered
     after the rows' median compute time idle (emulated seconds, as the link's own
-    ``training_transfer_s``). Nothing where the plan has no TCP model (unshaped, no delay)."""
+    ``training_transfer_s``), and its ``training_message_s_median`` from the rows. Nothing
+    where the plan has no TCP model (unshaped, no delay)."""
     message_s = getattr(plan.link_model, "message_s", None)
     if message_s is None:
         return
-    idle_s = _median_row(metrics, "compute_s") or 1.0
-    medians = _median_messages(metrics)
+    computes = [r["compute_s"] for r in rows
+                if isinstance(r.get("compute_s"), (int, float)) and r["compute_s"] >= 0]
+    idle_s = _median(computes) or 1.0
+    medians = _median_messages(rows)
     for row in links.get("links") or ():
         n, nbytes = row.get("training_messages") or 0, row.get("bytes") or 0
         if n > 0 and nbytes > 0:
@@ -257,12 +261,33 @@ def _add_model_times(plan: RunPlan, links: dict, metrics) -> None:
                 row["training_message_s_median"] = round(medians[(row["src"], row["dst"])], 6)
 
 
-def _median_messages(path) -> dict[tuple[int, int], float]:
+def _median_messages(rows: list[dict]) -> dict[tuple[int, int], float]:
     """Each link's median over rounds of a message's transfer time (the receivers' rows'
     ``recv_links``: transfer_s / messages). A median, as the verdict's: a link's first message
     also waits for its connection (TCP's and ZeroMQ's handshakes, a few round trips) that
     no model of the message has."""
     per: dict[tuple[int, int], list[float]] = {}
+    for row in rows:
+        links = row.get("recv_links")
+        if not isinstance(links, dict) or not isinstance(row.get("worker"), int):
+            continue
+        for src, obs in links.items():
+            n = obs.get("messages") if isinstance(obs, dict) else None
+            if isinstance(n, int) and n > 0 and isinstance(obs.get("transfer_s"), (int, float)) \
+                    and str(src).isdigit():
+                per.setdefault((int(src), row["worker"]), []).append(obs["transfer_s"] / n)
+    return {k: _median(v) for k, v in per.items()}
+
+
+def _median(values: list[float]) -> float | None:
+    """The upper median (an observed value, as the line's percentiles are); None when empty."""
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def _metric_rows(path) -> list[dict]:
+    """metrics.jsonl's rows (objects), read once for the verdict; a line cut short by a full
+    disk is not a row, and an unreadable file has none."""
+    out = []
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -270,50 +295,17 @@ def _median_messages(path) -> dict[tuple[int, int], float]:
                     row = json.loads(line)
                 except ValueError:
                     continue
-                for src, obs in (row.get("recv_links") or {}).items():
-                    n = obs.get("messages") if isinstance(obs, dict) else None
-                    if isinstance(n, int) and n > 0 and isinstance(obs.get("transfer_s"),
-                                                                    (int, float)):
-                        per.setdefault((int(src), int(row["worker"])), []).append(
-                            obs["transfer_s"] / n)
-    except (OSError, KeyError, ValueError, TypeError):
-        return {}
-    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
-
-
-def _median_row(path, key: str) -> float | None:
-    """The median of metrics.jsonl's ``key`` over its rows (None without any)."""
-    values = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    v = json.loads(line).get(key)
-                except ValueError:
-                    continue
-                if isinstance(v, (int, float)) and v >= 0:
-                    values.append(float(v))
-    except OSError:
-        return None
-    values.sort()
-    return values[len(values) // 2] if values else None
-
-
-def _step_ratios(path) -> list[float]:
-    """Each worker-round's worst real / nominal step time (metrics.jsonl's overrun_ratio)."""
-    out = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    v = json.loads(line).get("overrun_ratio")
-                except ValueError:   # a last line cut short by a full disk: not a row
-                    continue
-                if isinstance(v, (int, float)) and v > 0:
-                    out.append(float(v))
+                if isinstance(row, dict):
+                    out.append(row)
     except OSError:
         return []
     return out
+
+
+def _step_ratios(rows: list[dict]) -> list[float]:
+    """Each worker-round's worst real / nominal step time (metrics.jsonl's overrun_ratio)."""
+    return [float(v) for v in (r.get("overrun_ratio") for r in rows)
+            if isinstance(v, (int, float)) and v > 0]
 
 
 def _write_links(sup: Supervisor, record: dict) -> str | None:

@@ -170,7 +170,7 @@ class ShapedNetwork:
     def dry_run_text(self) -> str:
         return self.session.dry_run_text()
 
-    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float = 2.0) -> list[dict]:
+    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float) -> list[dict]:
         """Measure the links training will use; rows of configured vs measured."""
         from netem.probe import probe_links
         self.probe_rows = probe_links(self.session, pairs, seconds_per_link=seconds_per_link)
