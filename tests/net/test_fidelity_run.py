@@ -40,11 +40,14 @@ def test_a_starved_packet_line_makes_the_run_degraded(tc_caps, tmp_path):
             p.wait()
     assert res.returncode == exitcodes.UNFAITHFUL, res.stderr
     said = [ln for ln in res.stderr.splitlines() if "run not faithful" in ln]
-    assert len(said) == 1 and "worst link 0->" in said[0], res.stderr
+    assert len(said) == 1, res.stderr
     s = json.loads((out / "summary.json").read_text())
+    # the line is one process, so its lateness is every link's: the error names whichever link
+    # the verdict ranked worst, and it is the one summary.json records
+    worst = s["fidelity"]["worst_link"]
+    assert worst is not None and f"worst link {worst['src']}->{worst['dst']}" in said[0], said
     assert s["status"] == "degraded"
     assert s["fidelity"]["fidelity"] == "degraded", (s["fidelity"], took_s)
     rules = {r["rule"] for r in s["fidelity"]["reasons"]}
     assert rules & {"lateness", "read_lag"}, s["fidelity"]
     assert s["delay_faithful_to_tcp"] is False and s["delay_faithful_measured"] is False
-    assert s["fidelity"]["worst_link"] is not None
