@@ -6,7 +6,8 @@
 Printed per case: K, the run's emulated training time (the last row's ``time_s``: wall / K)
 against simulate's (its virtual clock), the median of the rows' ``comm_s`` (emulated) against
 simulate's, the median of the per-message transfer times (``recv_links``' transfer_s /
-messages), the packet line's release lateness p99 and read lag p99 in wall ms with the
+messages), the packet line's release lateness p99 and read lag p99 in wall ms over training (the
+line's stats since the launcher's mark, the window the verdict judges) with the
 verdict's limit, the run's own fidelity verdict (and its first reason), and whether every
 row's train loss equals simulate's bit for
 bit. The cases are the must-holds of the WAN-at-scale work:
@@ -107,7 +108,10 @@ def describe(rec: dict) -> dict:
     run_rows, sim_rows = _rows(run_dir), _rows(sim_dir)
     links = json.loads((run_dir / "links.json").read_text()) \
         if (run_dir / "links.json").exists() else {}
-    line = links.get("packet_line") or {}
+    # training's window (the line's stats since the launcher's mark), the one the verdict
+    # judges; the whole line's stats also hold the pre-run probe's bulk flows
+    whole = links.get("packet_line") or {}
+    line = whole.get("since_mark") or whole
     fid = run_sum.get("fidelity") or {}
     reasons = fid.get("reasons") or []
     same = run_rows.keys() == sim_rows.keys() and all(
@@ -123,7 +127,7 @@ def describe(rec: dict) -> dict:
         "lateness_p99_ms": (line.get("late_release") or {}).get("p99_ms"),
         "read_lag_p99_ms": (line.get("read_lag") or {}).get("p99_ms"),
         "limit_ms": (fid.get("thresholds") or {}).get("lateness_limit_ms"),
-        "engine": line.get("engine"),
+        "engine": whole.get("engine"),
         "fidelity": fid.get("fidelity"),
         "reason": reasons[0]["text"] if reasons else "",
         "losses_equal": same, "rows": len(run_rows),

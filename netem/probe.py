@@ -65,9 +65,12 @@ class ProbeError(RuntimeError):
 
 # ---------------------------------------------------------------- job timing (pure)
 
-def warmup_s(seconds: float) -> float:
-    """Skip TCP's start: a quarter of the phase, at most 0.5 s."""
-    return min(0.5, seconds / 4)
+def warmup_s(seconds: float, time_scale: float = 1.0) -> float:
+    """Skip TCP's start: a quarter of the phase, at most 0.5 s of emulated time. TCP's start
+    lasts round trips, and under time dilation (``time_scale`` K) every round trip is K times
+    longer: at K = 4 an undilated 0.5 s skipped little more than one round trip of a 50 ms
+    link, and the window read slow start as a 72 % link."""
+    return min(0.5 * time_scale, seconds / 4)
 
 
 def msg_bytes(rate_mbit: float | None) -> int:
@@ -77,19 +80,26 @@ def msg_bytes(rate_mbit: float | None) -> int:
     return int(min(hi, max(lo, rate_mbit * 1e6 / 8 * MSG_S)))
 
 
-def sndbuf_bytes(rate_mbit: float | None) -> int:
+def sndbuf_bytes(rate_mbit: float | None, time_scale: float = 1.0) -> int:
+    """The sender's socket buffer: ``SNDBUF_S`` of the link's rate, in emulated time. Under
+    dilation the rate is K times lower and the round trip K times longer, so the bytes in
+    flight (the bandwidth-delay product) are K = 1's: the buffer keeps them. Undilated, a
+    50 Mbit/s, 50 ms link at K = 4 was held to 73 % of its rate by its own buffer."""
     lo, hi = SNDBUF_RANGE
     if rate_mbit is None:
         return hi
-    return int(min(hi, max(lo, rate_mbit * 1e6 / 8 * SNDBUF_S)))
+    return int(min(hi, max(lo, rate_mbit * 1e6 / 8 * SNDBUF_S * time_scale)))
 
 
-def job_times(t0: float, pings: int, seconds: float, max_latency_ms: float) -> dict:
-    """Absolute times of one job: pings, bulk start/end, when senders stop, when agents report."""
+def job_times(t0: float, pings: int, seconds: float, max_latency_ms: float,
+              time_scale: float = 1.0) -> dict:
+    """Absolute times of one job: pings, bulk start, the measured window's start (``warm``)
+    and end, when senders stop, when agents report."""
     settle_s = max_latency_ms / 1e3 + 0.1      # the last ping lands before bulk data starts
     bulk = t0 + (pings + 1) * PING_GAP_S + settle_s
     tail_s = max_latency_ms / 1e3 + 0.3        # keep links busy until the window's last release
-    return {"t0": t0, "bulk": bulk, "end": bulk + seconds, "stop": bulk + seconds + tail_s,
+    return {"t0": t0, "bulk": bulk, "warm": bulk + warmup_s(seconds, time_scale),
+            "end": bulk + seconds, "stop": bulk + seconds + tail_s,
             "report": bulk + seconds + tail_s + 0.2}
 
 
@@ -204,7 +214,7 @@ class _Agent:
         buf, sent = bytearray(HDR.size + size), 0
         time.sleep(max(0.0, times["bulk"] - time.time()))
         # the kernel's account of this sender over the window the receiver measures
-        lo = times["bulk"] + warmup_s(times["end"] - times["bulk"])
+        lo = times["warm"]
         first = last = None
         while time.time() < times["stop"] and sent < budget:
             self._frame(buf, BULK, job["id"], peer, size)
@@ -237,7 +247,7 @@ def goodput_mbit(points: list[tuple[float, int]], lo: float, hi: float) -> float
 
 def _summarise(rec: dict, times: dict) -> dict:
     """Latency (ms) of the pings and goodput (Mbit/s) of what was released inside the window."""
-    lo = times["bulk"] + warmup_s(times["end"] - times["bulk"])
+    lo = times["warm"]
     points = [(t, n) for _, t, n in rec["bulk"]]
     lats = sorted(lat * 1e3 for lat, _, _ in rec["lat"])
     return {"pings": len(lats), "latency_ms": statistics.median(lats) if lats else None,
@@ -309,10 +319,11 @@ def _configured(plan, src: int, dst: int) -> tuple[float | None, float]:
     return plan.effective_rate_mbit(src, dst), plan.links[(src, dst)].latency_ms
 
 
-def _job(plan, session, ports: dict, job_id: int, pairs: list, pings: int, seconds: float) -> dict:
+def _job(plan, session, ports: dict, job_id: int, pairs: list, pings: int, seconds: float,
+         time_scale: float) -> dict:
     """Per agent: what to send where. Returns {rank: job}."""
     lat = max((_configured(plan, s, d)[1] for s, d in pairs), default=0.0)
-    times = job_times(time.time() + START_MARGIN_S, pings, seconds, lat)
+    times = job_times(time.time() + START_MARGIN_S, pings, seconds, lat, time_scale)
     jobs = {}
     for s, d in pairs:
         rate = _configured(plan, s, d)[0]
@@ -325,7 +336,8 @@ def _job(plan, session, ports: dict, job_id: int, pairs: list, pings: int, secon
         offset_s = PING_GAP_S * len(jobs[s]["targets"]) / max(1, plan.workers - 1)
         jobs[s]["targets"][str(d)] = {"host": session.address(d), "port": ports[d],
                                       "msg_bytes": msg_bytes(rate), "max_bytes": budget,
-                                      "ping_offset_s": offset_s, "sndbuf": sndbuf_bytes(rate)}
+                                      "ping_offset_s": offset_s,
+                                      "sndbuf": sndbuf_bytes(rate, time_scale)}
         jobs[d]["expect"].append(s)
     return jobs
 
@@ -356,9 +368,10 @@ def _check_args(pairs: list, workers: int, seconds: float, pings: int) -> None:
 
 
 def probe_links(session, pairs: list[tuple[int, int]] | None = None, seconds_per_link: float = 2.0,
-                parallel: bool = True, pings: int = 10) -> list[dict]:
+                parallel: bool = True, pings: int = 10, time_scale: float = 1.0) -> list[dict]:
     """Measure ``pairs`` (default: every directed link) of a running ``NetworkSession``; one row
-    each."""
+    each. ``time_scale``: the run's K, whose links are K times slower and longer (the warm-up
+    skipped before goodput is read lasts K times longer too)."""
     plan = session.plan
     pairs = [tuple(p) for p in (pairs if pairs is not None else
              [(i, j) for i in range(plan.workers) for j in range(plan.workers) if i != j])]
@@ -375,15 +388,16 @@ def probe_links(session, pairs: list[tuple[int, int]] | None = None, seconds_per
         rows = []
         for job_id, round_pairs in enumerate(rounds):
             rows += _run_round(plan, session, agents, ports, job_id, round_pairs, pings,
-                               seconds_per_link)
+                               seconds_per_link, time_scale)
         return rows
     finally:
         for a in agents.values():
             a.stop()
 
 
-def _run_round(plan, session, agents, ports, job_id, pairs, pings, seconds) -> list[dict]:
-    jobs = _job(plan, session, ports, job_id, pairs, pings, seconds)
+def _run_round(plan, session, agents, ports, job_id, pairs, pings, seconds,
+               time_scale) -> list[dict]:
+    jobs = _job(plan, session, ports, job_id, pairs, pings, seconds, time_scale)
     before = cpu_times()
     for rank, job in jobs.items():
         agents[rank].send(job)

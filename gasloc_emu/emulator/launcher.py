@@ -167,7 +167,7 @@ def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
     log(f"probing {len(pairs)} links ...")
     # K times longer under dilation: the played link's slow start takes K times as long, and
     # 2 s of wall is 2 / K emulated seconds (at K = 4 a 50 Mbit/s, 50 ms link read 30 %)
-    rows = network.probe(pairs, PROBE_S * plan.time_scale)
+    rows = network.probe(pairs, PROBE_S * plan.time_scale, plan.time_scale)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
                 f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
                 f"{r['configured_latency_ms']} ms{_steal_note(r)}" for r in rows if not r["ok"]]

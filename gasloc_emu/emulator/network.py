@@ -170,10 +170,12 @@ class ShapedNetwork:
     def dry_run_text(self) -> str:
         return self.session.dry_run_text()
 
-    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float) -> list[dict]:
+    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float,
+              time_scale: float = 1.0) -> list[dict]:
         """Measure the links training will use; rows of configured vs measured."""
         from netem.probe import probe_links
-        self.probe_rows = probe_links(self.session, pairs, seconds_per_link=seconds_per_link)
+        self.probe_rows = probe_links(self.session, pairs, seconds_per_link=seconds_per_link,
+                                      time_scale=time_scale)
         return self.probe_rows
 
     def describe_summary(self) -> dict:

@@ -14,6 +14,24 @@ def test_job_times_are_ordered_and_leave_room_for_latency():
     assert t["bulk"] - t["t0"] >= 10 * P.PING_GAP_S + 0.05
     assert t["end"] - t["bulk"] == pytest.approx(2.0)
     assert t["stop"] - t["end"] >= 0.05
+    assert t["warm"] - t["bulk"] == pytest.approx(0.5)   # a quarter of the phase, at most 0.5 s
+
+
+def test_the_warm_up_lasts_k_times_longer_under_dilation():
+    """TCP's start lasts round trips, which are K times longer at K: the window that reads
+    goodput starts K times later (a phase of 2 K seconds keeps its quarter)."""
+    for k in (1.0, 4.0):
+        t = P.job_times(0.0, pings=10, seconds=2.0 * k, max_latency_ms=50.0 * k, time_scale=k)
+        assert t["warm"] - t["bulk"] == pytest.approx(0.5 * k)
+    assert P.warmup_s(8.0) == 0.5 and P.warmup_s(8.0, time_scale=4.0) == 2.0
+    assert P.warmup_s(1.0, time_scale=4.0) == 0.25   # never more than a quarter of the phase
+
+
+def test_the_senders_buffer_keeps_the_bandwidth_delay_product_under_dilation():
+    """At K the rate is K times lower and the round trip K times longer: the same bytes are
+    in flight, and the buffer that holds them is K = 1's."""
+    assert P.sndbuf_bytes(50.0 / 4, time_scale=4.0) == P.sndbuf_bytes(50.0)
+    assert P.sndbuf_bytes(50.0 / 4) < P.sndbuf_bytes(50.0)
 
 
 def test_message_size_is_20ms_of_data_within_bounds():
@@ -24,7 +42,7 @@ def test_message_size_is_20ms_of_data_within_bounds():
 
 
 def test_summary_counts_only_the_window():
-    times = {"t0": 0.0, "bulk": 1.0, "end": 3.0}          # warm-up 0.5 s: window [1.5, 3.0]
+    times = {"t0": 0.0, "bulk": 1.0, "warm": 1.5, "end": 3.0}   # window [1.5, 3.0]
     rec = {"lat": [(0.020, 0.1, 64), (0.022, 0.12, 64), (0.030, 0.14, 64)],
            "bulk": [(0.0, 1.2, 1000), (0.0, 1.5, 1000), (0.0, 2.9, 1000), (0.0, 3.1, 1000)]}
     s = P._summarise(rec, times)

@@ -6,6 +6,7 @@ function is still a cycle. Read from the source with ``ast``; nothing is importe
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -36,11 +37,18 @@ def _targets(mod: str, is_pkg: bool, node: ast.AST) -> list[str]:
     return [f"{prefix}.{a.name}" for a in node.names] + [prefix]
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per session: each rule walks every module, and the
+    trees are only read."""
+    return ast.parse(path.read_text())
+
+
 def import_graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             for target in _targets(mod, path.name == "__init__.py", node):
@@ -117,8 +125,7 @@ def test_the_layer_check_sees_an_upward_import(monkeypatch):
 def _sizes():
     for pkg in PACKAGES:
         for f in sorted((ROOT / pkg).rglob("*.py")):
-            text = f.read_text()
-            yield f, len(text.splitlines()), ast.parse(text)
+            yield f, len(f.read_text().splitlines()), _tree(f)
 
 
 # Names of a registry's members are compared only inside the registry: elsewhere code asks
