@@ -81,7 +81,8 @@ def launch(plan: RunPlan, path: Path | None, *, dry_run: bool = False,
     """
     with ExitStack() as stack:
         cfg = plan.cfg
-        network = stack.enter_context(open_network(cfg, plan.link_plan, plan.world, dry_run))
+        network = stack.enter_context(open_network(cfg, plan.link_plan, plan.world, dry_run,
+                                                    plan.time_scale))
         if dry_run:
             return LaunchResult(exitcodes.OK, dry_run_text=network.dry_run_text())
         remove_stale_socket_dirs()
@@ -167,7 +168,7 @@ def _probe_links(plan: RunPlan, network, log: Log) -> list[str]:
     log(f"probing {len(pairs)} links ...")
     # K times longer under dilation: the played link's slow start takes K times as long, and
     # 2 s of wall is 2 / K emulated seconds (at K = 4 a 50 Mbit/s, 50 ms link read 30 %)
-    rows = network.probe(pairs, PROBE_S * plan.time_scale, plan.time_scale)
+    rows = network.probe(pairs, PROBE_S * plan.time_scale)
     warnings = [f"link {r['src']}->{r['dst']} measured {r['measured_mbit']:.2f} Mbit/s, "
                 f"{r['measured_latency_ms']} ms; configured {r['configured_mbit']:.2f} Mbit/s, "
                 f"{r['configured_latency_ms']} ms{_steal_note(r)}" for r in rows if not r["ok"]]
@@ -221,7 +222,8 @@ def _judged(sup: Supervisor, links: dict, code: int, summary: dict) -> tuple[int
     rows = _metric_rows(sup.rec.path / "metrics.jsonl")
     _add_model_times(plan, links, rows)
     verdict = fidelity.of_links_record(links, step_time_s=step_time_s,
-                                       step_ratios=_step_ratios(rows))
+                                       step_ratios=_step_ratios(rows),
+                                       time_scale=plan.time_scale)
     extra = {"fidelity": verdict.to_json(),
              "time_scale": plan.time_scale}
     if links.get("packet_line") and verdict.thresholds.lateness_limit_ms is not None:

@@ -99,8 +99,9 @@ class ShapedNetwork:
 
     unshaped_start = False
 
-    def __init__(self, cfg: Config, session):
+    def __init__(self, cfg: Config, session, time_scale: float = 1.0):
         self.cfg, self.session = cfg, session
+        self.time_scale = time_scale   # the run's K: the played links are dilated by it
         self.kind = session.decision.shaper_kind
         self.shaper = self.kind.name
         self.probe_rows: list[dict] = []
@@ -170,12 +171,11 @@ class ShapedNetwork:
     def dry_run_text(self) -> str:
         return self.session.dry_run_text()
 
-    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float,
-              time_scale: float = 1.0) -> list[dict]:
+    def probe(self, pairs: list[tuple[int, int]], seconds_per_link: float) -> list[dict]:
         """Measure the links training will use; rows of configured vs measured."""
         from netem.probe import probe_links
         self.probe_rows = probe_links(self.session, pairs, seconds_per_link=seconds_per_link,
-                                      time_scale=time_scale)
+                                      time_scale=self.time_scale)
         return self.probe_rows
 
     def describe_summary(self) -> dict:
@@ -197,7 +197,7 @@ class ShapedNetwork:
         links = [fidelity.LinkPlan(src, dst, plan.effective_rate_mbit(src, dst) or None,
                                    float(link.latency_ms or 0.0))
                  for (src, dst), link in sorted(plan.links.items())]
-        return fidelity.judge(links, line=line)
+        return fidelity.judge(links, line=line, time_scale=self.time_scale)
 
     def links_record(self, link_bytes: list[dict]) -> dict:
         """Configured vs measured per directed link, with the bytes training moved on it."""
@@ -403,8 +403,10 @@ def enter_userns_if_needed(cfg: Config, argv: list[str], dry_run: bool) -> None:
     shaping_decision(cfg).shaper_kind.before_launch(argv)
 
 @contextmanager
-def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
-    """The network of a run (``link_plan``, ``world``: the run plan's), undone on exit."""
+def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False,
+                 time_scale: float = 1.0):
+    """The network of a run (``link_plan``, ``world``, ``time_scale``: the run plan's), undone
+    on exit."""
     links = world.links if world is not None else None
     if not shaped(cfg):
         off = shapers.turned_off(cfg.net.shaper)
@@ -421,4 +423,4 @@ def open_network(cfg: Config, link_plan, world=None, dry_run: bool = False):
     with NetworkSession(plan, decision, dry_run=dry_run, gso_floor_mbit=floor, seed=cfg.seed,
                         delayed_later=links is not None and links.delays,
                         line_priority=cfg.net.line_priority) as session:
-        yield ShapedNetwork(cfg, session)
+        yield ShapedNetwork(cfg, session, time_scale)

@@ -9,10 +9,17 @@ every reason, its numbers and the link it concerns.
 The rules (docs/RECORDS.md lists the same):
 
 - ``lateness``: the packet line released frames late beyond ``lateness_limit_ms`` at p99,
-  the limit being min(2 ms, 10 % of the smallest delayed link's one-way delay); a frame held
-  for 15 ms and released 27 ms late gave TCP a 42 ms path, not the 15 ms asked;
-- ``read_lag``: the line read frames off its sockets late beyond the same limit at p99 (the
-  delay starts only once a frame is read);
+  the limit being min(2 ms, 10 % of the smallest delayed link's one-way delay) in emulated
+  time (the line's clock is the wall: under dilation by K the limit is min(2 ms x K, 10 % of
+  the dilated delay) wall ms); a frame held for 15 ms and released 27 ms late gave TCP a
+  42 ms path, not the 15 ms asked;
+- ``read_lag``: the line read frames off its sockets later, at p99, than the smallest
+  delayed link's one-way delay (``read_lag_limit_ms``). A frame's delay runs from the
+  kernel's receive timestamp (SO_TIMESTAMPNS), not from when the line reads it, so a frame
+  read within its delay is still released on time (its lateness says whether it was); one
+  read after its delay had passed cannot be. At K = 3 the 8-worker expander's frames were
+  read up to 18 ms after they arrived on 45 ms links and released within 3 ms of their
+  due time, and the run's messages took simulate's times within 3 %;
 - ``rate``: a link busy long enough to judge (``MIN_BUSY_MS`` of TCP_INFO busy time,
   tcpi_busy_time of include/uapi/linux/tcp.h) whose sender was held by the path (not by the
   receiver's window or its own send buffer: netem.tcpsample.held_by) carried below
@@ -49,7 +56,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-FIDELITY_VERSION = 1
+# 2: thresholds carry read_lag_limit_ms (read lag held to the smallest delay, not to the
+# lateness limit) and the lateness cap holds in emulated time under dilation
+FIDELITY_VERSION = 2
 FAITHFUL, DEGRADED = "faithful", "degraded"
 
 LATENESS_CAP_MS = 2.0     # the line's p99 lateness may not pass this ...
@@ -102,6 +111,7 @@ class Reason:
 @dataclass(frozen=True)
 class Thresholds:
     lateness_limit_ms: float | None   # None: no delayed link, no line to judge
+    read_lag_limit_ms: float | None = None   # the smallest delayed link's one-way delay
     rate_share: float = RATE_SHARE
     min_busy_ms: float = MIN_BUSY_MS
     compute_slack: float = COMPUTE_SLACK
@@ -137,25 +147,36 @@ class Verdict:
                 "thresholds": asdict(self.thresholds), "recorded": dict(self.recorded)}
 
 
-def lateness_limit_ms(links: list[LinkPlan]) -> float | None:
-    """min(LATENESS_CAP_MS, LATENESS_SHARE x the smallest positive one-way delay); None when
-    no link is delayed."""
+def lateness_limit_ms(links: list[LinkPlan], time_scale: float = 1.0) -> float | None:
+    """min(LATENESS_CAP_MS x K, LATENESS_SHARE x the smallest positive one-way delay) in wall
+    ms, ``links`` being the played (dilated) plan: the same bound in emulated time at every
+    K; None when no link is delayed."""
     delays = [lk.delay_ms for lk in links if lk.delay_ms > 0]
     if not delays:
         return None
-    return min(LATENESS_CAP_MS, LATENESS_SHARE * min(delays))
+    return min(LATENESS_CAP_MS * time_scale, LATENESS_SHARE * min(delays))
 
 
-def _line_rules(line: dict | None, limit_ms: float | None) -> list[Reason]:
+def read_lag_limit_ms(links: list[LinkPlan]) -> float | None:
+    """The smallest positive one-way delay (wall ms): a frame read later than that after it
+    arrived is released late whatever the line does next; None when no link is delayed."""
+    delays = [lk.delay_ms for lk in links if lk.delay_ms > 0]
+    return min(delays) if delays else None
+
+
+def _line_rules(line: dict | None, th: Thresholds) -> list[Reason]:
     out = []
-    if not line or limit_ms is None:
+    if not line or th.lateness_limit_ms is None:
         return out
     # training's frames alone where the run marked its start (the probe's bulk flows before
     # it are the probe's, judged by their own rule)
     window = line.get("since_mark") or line
-    for rule, key, what in (("lateness", "late_release", "released frames late"),
-                            ("read_lag", "read_lag", "read frames late")):
+    for rule, key, what, limit_ms in (
+            ("lateness", "late_release", "released frames late", th.lateness_limit_ms),
+            ("read_lag", "read_lag", "read frames late", th.read_lag_limit_ms)):
         h = window.get(key) or {}
+        if limit_ms is None:
+            continue
         p99 = h.get("p99_ms")
         if h.get("count") and p99 is not None and p99 > limit_ms:
             out.append(Reason(rule, f"the packet line {what}: p99 {p99:g} ms, p50 "
@@ -265,8 +286,8 @@ def _severity(r: Reason) -> float:
 
 def judge(links: list[LinkPlan], *, line: dict | None = None, tcp: dict | None = None,
           probe_rows: list[dict] | None = None, step_time_s: float | None = None,
-          step_ratios: list[float] | None = None, transfers: list[dict] | None = None
-          ) -> Verdict:
+          step_ratios: list[float] | None = None, transfers: list[dict] | None = None,
+          time_scale: float = 1.0) -> Verdict:
     """The verdict of a run.
 
     ``line``: the packet line's stats (``late_release``, ``read_lag``: {count, p50_ms, p99_ms,
@@ -274,10 +295,11 @@ def judge(links: list[LinkPlan], *, line: dict | None = None, tcp: dict | None =
     {(src, dst): netem.tcpsample LinkTcp.summary()}; ``probe_rows``: network.probe_rows;
     ``step_ratios``: each worker-round's worst real / nominal step time; ``transfers``:
     links.json rows with ``training_messages``, ``training_transfer_s`` and the TCP model's
-    ``tcp_model_message_s``."""
+    ``tcp_model_message_s``; ``time_scale``: the run's K (``links``' delays and the line's
+    stats are wall ms, the limits hold in emulated time)."""
     by_key = {(lk.src, lk.dst): lk for lk in links}
-    th = Thresholds(lateness_limit_ms(links))
-    line_reasons = _line_rules(line, th.lateness_limit_ms)
+    th = Thresholds(lateness_limit_ms(links, time_scale), read_lag_limit_ms(links))
+    line_reasons = _line_rules(line, th)
     transfers = transfers or []
     modelled = frozenset((r["src"], r["dst"]) for r in transfers if r.get("tcp_model_message_s"))
     link_reasons = _transfer_rules(transfers, TRANSFER_SLACK) + \
@@ -322,13 +344,14 @@ def plan_links(link_rows: list[dict]) -> list[LinkPlan]:
 
 
 def of_links_record(record: dict, *, step_time_s: float | None = None,
-                    step_ratios: list[float] | None = None) -> Verdict:
-    """The verdict of a links.json record (``ShapedNetwork.links_record``'s dict)."""
+                    step_ratios: list[float] | None = None, time_scale: float = 1.0) -> Verdict:
+    """The verdict of a links.json record (``ShapedNetwork.links_record``'s dict) of a run at
+    ``time_scale``."""
     rows = record.get("links") or []
     probes = [r for r in rows if r.get("measured_mbit") is not None]
     return judge(plan_links(rows), line=record.get("packet_line"), tcp=tcp_by_link(rows),
                  probe_rows=probes, step_time_s=step_time_s, step_ratios=step_ratios,
-                 transfers=rows)
+                 transfers=rows, time_scale=time_scale)
 
 
 def describe(record: dict | None) -> list[str]:

@@ -34,10 +34,34 @@ def test_lateness_degrades_and_names_the_smallest_delayed_link():
     assert (v.worst_link["src"], v.worst_link["dst"]) == (0, 2)
 
 
-def test_read_lag_degrades():
+def test_read_lag_past_the_delay_degrades():
+    """A frame read after its link's delay had passed is released late whatever the line
+    does: read lag is held to the smallest delay (15 ms here)."""
+    v = fd.judge(LINKS, line=QUIET | {"read_lag": {"count": 5, "p50_ms": 1, "p99_ms": 16.0,
+                                                    "max_ms": 20}})
+    assert [r.rule for r in v.reasons] == ["read_lag"] and v.line_late
+    assert v.reasons[0].numbers["limit_ms"] == 15.0
+    assert v.to_json()["thresholds"]["read_lag_limit_ms"] == 15.0
+
+
+def test_read_lag_within_the_delay_is_not_a_reason():
+    """A frame's delay runs from the kernel's receive stamp: one read 3 ms after it arrived
+    on a 15 ms link is still released at its time (its lateness says so)."""
     v = fd.judge(LINKS, line=QUIET | {"read_lag": {"count": 5, "p50_ms": 1, "p99_ms": 3.0,
                                                     "max_ms": 4}})
-    assert [r.rule for r in v.reasons] == ["read_lag"]
+    assert v.faithful
+
+
+def test_the_lateness_cap_holds_in_emulated_time_under_dilation():
+    """At K the line's wall clock runs K times the emulated one: the 2 ms cap is 2 K wall ms,
+    and the tenth of the (dilated) delay is unchanged."""
+    dilated = [fd.LinkPlan(0, 1, 40.0 / 3, 45.0)]
+    assert fd.lateness_limit_ms(dilated) == 2.0
+    assert fd.lateness_limit_ms(dilated, time_scale=3.0) == pytest.approx(4.5)
+    assert fd.lateness_limit_ms([fd.LinkPlan(0, 1, 10.0, 200.0)], time_scale=4.0) == 8.0
+    late = QUIET | {"late_release": {"count": 900, "p50_ms": 0.1, "p99_ms": 3.0, "max_ms": 9.0}}
+    assert not fd.judge(dilated, line=late).faithful
+    assert fd.judge(dilated, line=late, time_scale=3.0).faithful
 
 
 def test_python_engine_alone_is_recorded_not_a_reason():
