@@ -211,6 +211,13 @@ class PacketLineProcess:
         """From now on the stats carry ``since_mark`` (the frames after this point alone)."""
         self._ask({"op": "mark"})
 
+    def lateness(self) -> dict[str, Any] | None:
+        """The line's release lateness and read lag alone (``{"op": "lateness"}``): cheap for
+        the line to answer, which forwards nothing meanwhile; at its end, the final stats."""
+        if self.final is not None or self.proc is None or self.proc.poll() is not None:
+            return self.final
+        return self._ask({"op": "lateness"})["lateness"]
+
     def stats(self) -> dict[str, Any] | None:
         """The line's counters now (running) or at its end (closed)."""
         if self.final is not None or self.proc is None or self.proc.poll() is not None:

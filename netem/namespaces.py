@@ -371,6 +371,13 @@ class NetworkSession:
             return self.line.stats()
         return self.line_stats
 
+    def packet_line_lateness(self) -> dict | None:
+        """The packet line's release lateness and read lag alone (no link counters), now or
+        as it ended; None without a line."""
+        if self.line is not None:
+            return self.line.lateness()
+        return self.line_stats
+
     def _created_namespaces(self) -> list[str]:
         return [c.argv[3] for c in self.executed if c.argv[:3] == ("ip", "netns", "add")]
 

@@ -189,7 +189,7 @@ class ShapedNetwork:
         """The fidelity verdict as the packet line's lateness so far makes it
         (``report.fidelity.judge``); None without a line. Each call is a control round-trip to
         the line process: the caller asks at most once a second."""
-        line = self.session.packet_line_stats()
+        line = self.session.packet_line_lateness()
         if line is None:
             return None
         from gasloc_emu.report import fidelity

@@ -617,3 +617,26 @@ def test_control_mark_gives_the_stats_a_window_from_then():
     assert stats["since_mark"]["late_release"]["count"] == 1
     assert stats["since_mark"]["late_release"]["max_ms"] == pytest.approx(0.3, abs=1.5e-3)
     assert stats["since_mark"]["uptime_s"] == pytest.approx(2.0)
+
+
+def test_control_lateness_answers_the_histograms_alone_and_writes_no_file(tmp_path):
+    """What a live verdict asks once a second: lateness and read lag (with since_mark), no
+    link counters; the stats file is left as it was."""
+    line, _, clock, replies = fake_line(links={(0, 1): Impairment(delay_ms=20)},
+                                        stats_path=str(tmp_path / "stats.json"))
+    line.late.add(0.080)
+    line._control_line(b'{"op": "mark"}')
+    line.late.add(0.0003)
+    line.lag.add(0.002)
+    clock.now += 1.0
+    line._control_line(b'{"op": "lateness"}')
+    reply = replies[-1]
+    assert reply["ok"] and reply["op"] == "lateness" and not (tmp_path / "stats.json").exists()
+    got = reply["lateness"]
+    assert "links" not in got and got["late_release"]["max_ms"] == 80.0
+    assert got["since_mark"]["late_release"]["count"] == 1
+    assert got["since_mark"]["read_lag"]["count"] == 1
+    line._control_line(b'{"op": "stats"}')
+    whole = replies[-1]["stats"]
+    assert {k: whole[k] for k in ("late_release", "read_lag", "since_mark")} == \
+        {k: got[k] for k in ("late_release", "read_lag")} | {"since_mark": got["since_mark"]}
