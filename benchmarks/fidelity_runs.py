@@ -169,6 +169,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--budget-s", type=float, default=900.0, help="per run or simulate")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting added to every case's run and simulate (repeatable), "
+                         "e.g. net.tcp_sample_s=0 to see what the TCP sampler costs the line")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="fidelity-runs-"))
     rows = []
@@ -176,6 +179,7 @@ def main() -> None:
         if name not in CASES:
             ap.error(f"--cases: {name!r} is not a case; expected one of {', '.join(CASES)}")
         args, k = CASES[name]
+        args = [*args, *(x for kv in a.set for x in ("--set", kv))]
         rows.append(describe(run_case(name, args, a.time_scale or k, out, a.budget_s)))
         print(table(rows[-1:]), flush=True)
     print()
