@@ -211,16 +211,20 @@ class PacketLineProcess:
         """From now on the stats carry ``since_mark`` (the frames after this point alone)."""
         self._ask({"op": "mark"})
 
+    def _ended(self) -> bool:
+        """Whether the line has stopped (its final stats are all there is to read)."""
+        return self.final is not None or self.proc is None or self.proc.poll() is not None
+
     def lateness(self) -> dict[str, Any] | None:
         """The line's release lateness and read lag alone (``{"op": "lateness"}``): cheap for
         the line to answer, which forwards nothing meanwhile; at its end, the final stats."""
-        if self.final is not None or self.proc is None or self.proc.poll() is not None:
+        if self._ended():
             return self.final
         return self._ask({"op": "lateness"})["lateness"]
 
     def stats(self) -> dict[str, Any] | None:
         """The line's counters now (running) or at its end (closed)."""
-        if self.final is not None or self.proc is None or self.proc.poll() is not None:
+        if self._ended():
             return self.final
         return self._ask({"op": "stats"})["stats"] | {"priority": self.priority}
 

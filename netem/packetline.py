@@ -565,16 +565,17 @@ class Histogram:
         if not self.count:
             return [0.0 for _ in qs]
         fine = list(itertools.accumulate(self.fine))
-        coarse = list(itertools.accumulate(self.coarse, initial=fine[-1]))[1:]
+        coarse = None   # summed only for a quantile past the fine bins (rare: lateness > 10 ms)
         out = []
         for q in qs:
             rank = max(1, math.ceil(q * self.count))
             if fine[-1] >= rank:
                 edge = (bisect.bisect_left(fine, rank) + 1) * self.FINE_S
-            elif coarse[-1] >= rank:
-                edge = (bisect.bisect_left(coarse, rank) + 1) * self.COARSE_S
             else:
-                edge = self.max_s
+                if coarse is None:
+                    coarse = list(itertools.accumulate(self.coarse, initial=fine[-1]))[1:]
+                edge = ((bisect.bisect_left(coarse, rank) + 1) * self.COARSE_S
+                        if coarse[-1] >= rank else self.max_s)
             out.append(min(self.max_s, edge))
         return out
 

@@ -151,17 +151,16 @@ def lateness_limit_ms(links: list[LinkPlan], time_scale: float = 1.0) -> float |
     """min(LATENESS_CAP_MS x K, LATENESS_SHARE x the smallest positive one-way delay) in wall
     ms, ``links`` being the played (dilated) plan: the same bound in emulated time at every
     K; None when no link is delayed."""
-    delays = [lk.delay_ms for lk in links if lk.delay_ms > 0]
-    if not delays:
+    smallest = read_lag_limit_ms(links)
+    if smallest is None:
         return None
-    return min(LATENESS_CAP_MS * time_scale, LATENESS_SHARE * min(delays))
+    return min(LATENESS_CAP_MS * time_scale, LATENESS_SHARE * smallest)
 
 
 def read_lag_limit_ms(links: list[LinkPlan]) -> float | None:
     """The smallest positive one-way delay (wall ms): a frame read later than that after it
     arrived is released late whatever the line does next; None when no link is delayed."""
-    delays = [lk.delay_ms for lk in links if lk.delay_ms > 0]
-    return min(delays) if delays else None
+    return min((lk.delay_ms for lk in links if lk.delay_ms > 0), default=None)
 
 
 def _line_rules(line: dict | None, th: Thresholds) -> list[Reason]:
